@@ -1,0 +1,151 @@
+# winattn — plain GNU Make. `make` builds the library (static and shared), the winattn command
+# and the tests; `make test` runs them; `make install PREFIX=...` installs. `make help` lists
+# the rest. Objects go to build/ with dependency files.
+
+CC      ?= cc
+PREFIX  ?= /usr/local
+BUILD   ?= build
+WERROR  ?= 0
+
+WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter
+CFLAGS  ?= -O2 -g
+CFLAGS  += -std=c11 $(WARN) -fPIC -Iinclude -MMD -MP
+ifeq ($(WERROR),1)
+CFLAGS  += -Werror
+endif
+LDLIBS  := -lm -lpthread
+
+# x86-64 gets the AVX-512 and AVX2 builds of the CPU kernels beside the portable one; other
+# targets build the portable one only. This asks the compiler what it targets; it never
+# probes the machine (dispatch happens at run time).
+TARGET_ARCH := $(shell $(CC) -dumpmachine 2>/dev/null)
+ifneq (,$(findstring x86_64,$(TARGET_ARCH)))
+X86 := 1
+endif
+
+LIB_SRC := src/winattn.c src/cpu/pool.c src/cpu/dispatch.c src/cpu/dense.c
+LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o) $(BUILD)/src/cpu/attn_generic.o
+ifdef X86
+LIB_OBJ += $(BUILD)/src/cpu/attn_avx512.o $(BUILD)/src/cpu/attn_avx2.o
+$(BUILD)/src/cpu/dispatch.o: CFLAGS += -DWA_HAVE_X86_KERNELS
+endif
+
+# CUDA: built whenever nvcc is found (NO_CUDA=1 forces it off); otherwise a stub that reports
+# CUDA as unsupported at run time.
+NVCC ?= $(shell command -v nvcc 2>/dev/null)
+ifeq ($(NO_CUDA),1)
+NVCC :=
+endif
+CUDA_SRC := $(wildcard src/cuda/*.cu)
+ifneq ($(NVCC),)
+ifneq ($(CUDA_SRC),)
+CUDA_ON := 1
+endif
+endif
+ifdef CUDA_ON
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+NVCCFLAGS ?= -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -Xcompiler -fPIC -Iinclude -std=c++17
+LIB_OBJ  += $(CUDA_SRC:%.cu=$(BUILD)/%.o)
+LDLIBS   += -L$(CUDA_HOME)/lib64 -lcudart
+else
+LIB_OBJ  += $(BUILD)/src/cuda/stub.o
+endif
+
+REF_OBJ  := $(BUILD)/src/ref/oracle.o $(BUILD)/src/ref/case.o
+TOOL_SRC := $(wildcard tools/*.c)
+TOOL_OBJ := $(TOOL_SRC:%.c=$(BUILD)/%.o)
+TOOL_LIBS := -ljansson
+
+TEST_NAMES := test_geometry test_kernels
+TESTS    := $(TEST_NAMES:%=$(BUILD)/tests/%)
+
+STATIC   := $(BUILD)/libwinattn.a
+SHARED   := $(BUILD)/libwinattn.so
+SONAME   := libwinattn.so.0
+
+.PHONY: all lib test test-long install uninstall clean help fuzz
+all: lib $(BUILD)/winattn $(TESTS)
+	@echo "winattn: built ($(if $(CUDA_ON),CUDA on: $(NVCC),CUDA off: nvcc not found))"
+
+lib: $(STATIC) $(SHARED)
+
+$(STATIC): $(LIB_OBJ)
+	@mkdir -p $(@D)
+	rm -f $@
+	ar rcs $@ $^
+
+$(SHARED): $(LIB_OBJ)
+	@mkdir -p $(@D)
+	$(CC) -shared -Wl,-soname,$(SONAME) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+# One source, three ISAs (src/cpu/simd.h).
+$(BUILD)/src/cpu/attn_avx512.o: src/cpu/attn_cpu.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -DWA_ISA_AVX512 -mavx512f -mavx512bw -mavx512vl -mfma -c $< -o $@
+$(BUILD)/src/cpu/attn_avx2.o: src/cpu/attn_cpu.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -DWA_ISA_AVX2 -mavx2 -mfma -c $< -o $@
+$(BUILD)/src/cpu/attn_generic.o: src/cpu/attn_cpu.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -DWA_ISA_GENERIC -c $< -o $@
+
+$(BUILD)/src/cuda/%.o: src/cuda/%.cu
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(BUILD)/winattn: $(TOOL_OBJ) $(REF_OBJ) $(STATIC)
+	$(CC) -o $@ $^ $(TOOL_LIBS) $(LDLIBS)
+
+$(BUILD)/tests/test_safetensors: $(BUILD)/tests/test_safetensors.o $(BUILD)/tools/safetensors.o
+	$(CC) -o $@ $^ $(TOOL_LIBS) $(LDLIBS)
+
+$(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/tests/check.o $(REF_OBJ) $(STATIC)
+	$(CC) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/tests/%.o: CFLAGS += -Isrc -Itools
+
+test: all
+	@sh tests/run_tests.sh $(BUILD)
+
+# The full parity sweep and probe (tens of minutes on two cores).
+test-long: all
+	$(BUILD)/winattn parity
+	$(BUILD)/winattn probe
+
+# libFuzzer target for the safetensors reader (needs clang and libclang-rt-14-dev or newer).
+fuzz:
+	@mkdir -p $(BUILD)/fuzz
+	clang -g -O1 -fsanitize=fuzzer,address,undefined -Itools tools/safetensors.c tests/fuzz/fuzz_safetensors.c \
+	    -ljansson -o $(BUILD)/fuzz/fuzz_safetensors
+	@echo "run: $(BUILD)/fuzz/fuzz_safetensors tests/fuzz/corpus -max_total_time=600"
+
+install: lib
+	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin
+	install -m 644 include/winattn.h $(DESTDIR)$(PREFIX)/include/
+	install -m 644 $(STATIC) $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(SHARED) $(DESTDIR)$(PREFIX)/lib/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(PREFIX)/lib/libwinattn.so
+	if [ -f $(BUILD)/winattn ]; then install -m 755 $(BUILD)/winattn $(DESTDIR)$(PREFIX)/bin/; fi
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBS@|$(LDLIBS)|' winattn.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/winattn.pc
+
+uninstall:
+	rm -f $(DESTDIR)$(PREFIX)/include/winattn.h $(DESTDIR)$(PREFIX)/lib/libwinattn.a \
+	      $(DESTDIR)$(PREFIX)/lib/libwinattn.so $(DESTDIR)$(PREFIX)/lib/$(SONAME) \
+	      $(DESTDIR)$(PREFIX)/lib/pkgconfig/winattn.pc $(DESTDIR)$(PREFIX)/bin/winattn
+
+clean:
+	rm -rf $(BUILD)
+
+help:
+	@echo "make            library, build/winattn, tests"
+	@echo "make test       unit tests, parity --quick, probe --quick (ends 'N passed, N failed')"
+	@echo "make test-long  the full parity sweep and the full memory probe"
+	@echo "make install    PREFIX=$(PREFIX): header, libwinattn.{a,so}, winattn, pkg-config file"
+	@echo "make fuzz       libFuzzer target for the safetensors reader"
+	@echo "options: NO_CUDA=1, WERROR=1, CC=clang, BUILD=dir"
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,175 @@
+/* winattn.h — exact, memory-efficient attention with sliding windows, forward and backward.
+ *
+ * The only public header of libwinattn. C11, usable from C++ and from Python ctypes (plain structs,
+ * no CUDA types: a CUDA stream travels as void *).
+ *
+ * Dimensions, named once here and everywhere in the code:
+ *   B    batch                      Hq   query heads         Hkv  key/value heads (Hq % Hkv == 0)
+ *   Nq   queries per sequence       Nk   keys per sequence   D    head dim, 1..512
+ *   left, right                     the window, FlashAttention's (left, right) convention
+ *
+ * Tensors are described by logical shape and element strides, always in the logical order
+ *   q, o, dq, do_ : [B, Hq,  Nq, D]      k, v, dk, dv : [B, Hkv, Nk, D]      lse : [B, Hq, Nq, 1] f32
+ * so [B,H,N,D] and [B,N,H,D] memory both work without copies (pass the strides). The head-dim
+ * stride must be 1.
+ *
+ * Visibility (bottom-right aligned, as FlashAttention >= 2.1): with off = Nk - Nq, query row i
+ * sees key j iff  i + off - left <= j <= i + off + right  and  0 <= j < Nk.  -1 on a side means
+ * unbounded on that side. Full attention (-1,-1); causal (-1,0); a "sliding window of W keys
+ * including self" (Hugging Face, Gemma, MLX, cuDNN) is (W-1, 0). README.md has the table.
+ *
+ * Scores s = scale * q.k, optionally softcapped s = c * tanh(s / c); o = softmax(s) v over the
+ * visible keys; lse = log(sum exp(s)) (natural log, scale included). A row with no visible key
+ * gets o = 0, lse = -inf, dq = 0, and contributes nothing to dk, dv.
+ *
+ * The library never prints and never exits: every function returns a wa_status and records a
+ * one-line detail readable with wa_last_error().
+ */
+#ifndef WINATTN_H
+#define WINATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define WINATTN_VERSION_MAJOR 0
+#define WINATTN_VERSION_MINOR 1
+#define WINATTN_VERSION_PATCH 0
+
+#define WA_MAX_HEAD_DIM 512
+#define WA_UNBOUNDED (-1)   /* a window side with no limit */
+
+typedef enum wa_status {
+    WA_OK = 0,
+    WA_ERR_INVALID_ARG,  /* NULL where a value is needed, window < -1, non-finite scale, bad option */
+    WA_ERR_SHAPE,        /* shapes disagree, Hq % Hkv != 0, D outside 1..512, negative sizes */
+    WA_ERR_STRIDE,       /* head-dim stride != 1, negative strides, outputs overlapping inputs */
+    WA_ERR_DTYPE,        /* unknown dtype, tensors of different dtypes, lse not f32 */
+    WA_ERR_DEVICE,       /* tensors on different devices, or an unknown device */
+    WA_ERR_UNSUPPORTED,  /* valid request this build cannot run (e.g. CUDA without nvcc) */
+    WA_ERR_NO_MEMORY,    /* the allocator returned NULL */
+    WA_ERR_CUDA          /* a CUDA runtime call failed; wa_last_error() has the call and message */
+} wa_status;
+
+typedef enum wa_dtype { WA_F32 = 0, WA_F16 = 1, WA_BF16 = 2 } wa_dtype;
+
+typedef enum wa_device { WA_DEVICE_CPU = 0, WA_DEVICE_CUDA = 1 } wa_device;
+
+/* How the attention is computed. TILED is the product; DENSE materialises the whole
+ * [B, Hq, Nq, Nk] score matrix in the input dtype the way a framework's fallback does (scores and
+ * probabilities rounded to the dtype, softmax in f32). DENSE exists as the baseline the probe and
+ * the parity sweep measure against and as the trainer's "dense" arm; it needs O(Nq*Nk) memory. */
+typedef enum wa_algorithm { WA_ALGO_TILED = 0, WA_ALGO_DENSE = 1 } wa_algorithm;
+
+/* A strided view of a 4-d tensor in logical order (see above). shape and stride in elements. */
+typedef struct wa_tensor {
+    void *data;
+    wa_dtype dtype;
+    wa_device device;
+    int64_t shape[4];
+    int64_t stride[4];
+} wa_tensor;
+
+/* The attention itself. Zero-initialise, then set what differs:
+ *   scale         0 means 1/sqrt(D) (Gemma 4 passes 1.0)
+ *   softcap       0 means off; c > 0 applies s = c * tanh(s / c) before masking
+ *   window_left   keys allowed before the (bottom-right aligned) diagonal, -1 = unbounded
+ *   window_right  keys allowed after it, -1 = unbounded; causal is window_right = 0
+ * A zero-initialised descriptor is therefore window (0, 0): each query sees one key. Use
+ * wa_attn_desc_full() / wa_attn_desc_causal() / wa_attn_desc_sliding() to start from the usual ones. */
+typedef struct wa_attn_desc {
+    float scale;
+    float softcap;
+    int64_t window_left;
+    int64_t window_right;
+} wa_attn_desc;
+
+static inline wa_attn_desc wa_attn_desc_full(void) {
+    wa_attn_desc d = {0.0f, 0.0f, WA_UNBOUNDED, WA_UNBOUNDED};
+    return d;
+}
+static inline wa_attn_desc wa_attn_desc_causal(void) {
+    wa_attn_desc d = {0.0f, 0.0f, WA_UNBOUNDED, 0};
+    return d;
+}
+/* Causal sliding window of W keys including the query's own position (Hugging Face's and
+ * Gemma's sliding_window, MLX's window_size): (W - 1, 0). */
+static inline wa_attn_desc wa_attn_desc_sliding(int64_t W) {
+    wa_attn_desc d = {0.0f, 0.0f, W - 1, 0};
+    return d;
+}
+
+/* Contiguous [B, H, N, D] ("bhnd") and [B, N, H, D] ("bnhd") memory, described in logical order. */
+static inline wa_tensor wa_tensor_bhnd(void *data, wa_dtype dt, int64_t B, int64_t H, int64_t N, int64_t D) {
+    wa_tensor t = {data, dt, WA_DEVICE_CPU, {B, H, N, D}, {H * N * D, N * D, D, 1}};
+    return t;
+}
+static inline wa_tensor wa_tensor_bnhd(void *data, wa_dtype dt, int64_t B, int64_t H, int64_t N, int64_t D) {
+    wa_tensor t = {data, dt, WA_DEVICE_CPU, {B, H, N, D}, {N * H * D, D, H * D, 1}};
+    return t;
+}
+/* The lse tensor: f32, contiguous [B, H, N, 1]. */
+static inline wa_tensor wa_tensor_lse(float *data, int64_t B, int64_t H, int64_t N) {
+    wa_tensor t = {data, WA_F32, WA_DEVICE_CPU, {B, H, N, 1}, {H * N, N, 1, 1}};
+    return t;
+}
+
+typedef struct wa_context wa_context;
+
+/* How a context runs. Zero-initialise for the defaults. */
+typedef struct wa_context_params {
+    int threads;            /* CPU worker threads including the caller; 0 = all online CPUs */
+    int tile_q, tile_k;     /* CPU tile sizes in rows (queries, keys), 1..1024; 0 = defaults */
+    wa_algorithm algorithm; /* WA_ALGO_TILED (default) or WA_ALGO_DENSE */
+    void *cuda_stream;      /* cudaStream_t for CUDA tensors; NULL = the default stream */
+    /* Optional allocator for all workspace (both NULL = malloc/free). alloc must return memory
+     * aligned to at least 64 bytes or NULL. */
+    void *(*alloc)(void *user, size_t bytes);
+    void (*free)(void *user, void *ptr);
+    void *alloc_user;
+} wa_context_params;
+
+/* Create a context (thread pool, allocator, stream). params may be NULL for the defaults.
+ * A context may be used by one calling thread at a time. */
+wa_status wa_context_create(const wa_context_params *params, wa_context **out);
+void wa_context_destroy(wa_context *ctx);
+
+/* Forward: writes (overwrites) o [B,Hq,Nq,D] and, if lse is not NULL, lse [B,Hq,Nq,1] f32.
+ * q, k, v, o share one dtype and device. Deterministic: results do not depend on the thread
+ * count. Workspace: O(threads * tile) scratch, nothing of size Nq*Nk (TILED).
+ * Returns WA_OK or WA_ERR_{INVALID_ARG,SHAPE,STRIDE,DTYPE,DEVICE,UNSUPPORTED,NO_MEMORY,CUDA}. */
+wa_status wa_forward(wa_context *ctx, const wa_attn_desc *desc,
+                     const wa_tensor *q, const wa_tensor *k, const wa_tensor *v,
+                     wa_tensor *o, wa_tensor *lse);
+
+/* Backward: given the forward's o and lse and the incoming gradient do_ (like o), writes
+ * (overwrites, never accumulates into) dq like q, dk like k, dv like v. With GQA, dk and dv sum
+ * over the Hq/Hkv query heads of each group. Key rows no query sees get dk = dv = 0.
+ * Workspace: O(B*Hq*Nq) f32 plus per-thread tiles (TILED); never anything of size Nq*Nk.
+ * Deterministic: bit-identical for any thread count. Same status codes as wa_forward. */
+wa_status wa_backward(wa_context *ctx, const wa_attn_desc *desc,
+                      const wa_tensor *q, const wa_tensor *k, const wa_tensor *v,
+                      const wa_tensor *o, const wa_tensor *lse, const wa_tensor *do_,
+                      wa_tensor *dq, wa_tensor *dk, wa_tensor *dv);
+
+/* Bytes of workspace wa_forward (backward = 0) or wa_backward (backward = 1) would allocate
+ * through the context's allocator for these shapes. Validates like the calls themselves. */
+wa_status wa_workspace_size(wa_context *ctx, const wa_attn_desc *desc,
+                            const wa_tensor *q, const wa_tensor *k, const wa_tensor *v,
+                            int backward, size_t *bytes);
+
+const char *wa_status_str(wa_status s);
+/* One line describing the last failure on the calling thread ("" if none). */
+const char *wa_last_error(void);
+size_t wa_dtype_size(wa_dtype dt);
+/* 1 if this build can run on the device (CUDA: built with nvcc and a GPU is present). */
+int wa_device_available(wa_device dev);
+const char *wa_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* WINATTN_H */

@@ -1,0 +1,408 @@
+/* attn_cpu.c — tiled attention forward and backward on the CPU, compiled once per ISA.
+ *
+ * The Makefile builds this file three times (-DWA_ISA_AVX512, -DWA_ISA_AVX2, -DWA_ISA_GENERIC,
+ * each with its -m flags); dispatch.c picks one at run time. Each build exports
+ * wa_cpu_{forward,backward}_<isa>.
+ *
+ * Algorithm (docs/algorithm.md has the derivation):
+ *   forward   one unit per (b, h, query tile). Visit only the key tiles the window lets the tile
+ *             see (tile_geometry.h), mask only edge tiles, online softmax in f32, write o, lse.
+ *   backward  a preprocess delta_i = dO_i . O_i, then two kinds of units in one parallel run:
+ *             (b, kv head, key tile) owns dK, dV of its keys and loops over the group's query
+ *             heads and the query tiles that see it; (b, h, query tile) owns dQ of its rows and
+ *             loops over the key tiles it sees. Every output element has exactly one owner, so
+ *             nothing is reduced across threads: results are bit-identical for any thread
+ *             count, and the workspace is delta (B*Hq*Nq floats) plus per-thread tiles.
+ *             The price is that S, P and dP are computed twice (7 tile GEMMs instead of 5);
+ *             docs/algorithm.md says why that was chosen and what would remove it.
+ *
+ * All tiles live in per-thread f32 scratch with rows padded to a multiple of 16 floats and
+ * zero-filled padding, so the GEMM micro-kernel never needs a column tail.
+ */
+#define _GNU_SOURCE
+#include "../convert.h"
+#include "../internal.h"
+#include "cpu.h"
+#include "simd.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CAT2(a, b) a##b
+#define CAT(a, b) CAT2(a, b)
+#define EXPORT(name) CAT(name, CAT(_, WA_ISA_SUFFIX))
+
+/* ---- tile loads and stores: dtype conversion happens here, once per element ---- */
+
+static void load_row(float *dst, const void *src, wa_dtype dt, int64_t D) {
+    if (dt == WA_F32) {
+        memcpy(dst, src, (size_t)D * 4);
+    } else if (dt == WA_BF16) {
+        const uint16_t *s = src;
+        for (int64_t d = 0; d < D; d++) dst[d] = wa_bf16_to_f32(s[d]);
+    } else {
+        const uint16_t *s = src;
+        for (int64_t d = 0; d < D; d++) dst[d] = wa_f16_to_f32(s[d]);
+    }
+}
+
+static void store_row(void *dst, wa_dtype dt, const float *src, int64_t D) {
+    if (dt == WA_F32) {
+        memcpy(dst, src, (size_t)D * 4);
+    } else if (dt == WA_BF16) {
+        uint16_t *o = dst;
+        for (int64_t d = 0; d < D; d++) o[d] = wa_f32_to_bf16(src[d]);
+    } else {
+        uint16_t *o = dst;
+        for (int64_t d = 0; d < D; d++) o[d] = wa_f32_to_f16(src[d]);
+    }
+}
+
+/* rows [row0, row0+nrows) of head (b, h) into dst[r*ld + d]; columns D..ld-1 and rows
+ * nrows..pad_rows-1 zeroed. */
+static void load_tile(float *dst, int64_t ld, const wa_tensor *t, int64_t b, int64_t h, int64_t row0, int64_t nrows,
+                      int64_t D, int64_t pad_rows) {
+    for (int64_t r = 0; r < nrows; r++) {
+        float *row = dst + r * ld;
+        load_row(row, wa_row_ptr(t, b, h, row0 + r), t->dtype, D);
+        memset(row + D, 0, (size_t)(ld - D) * 4);
+    }
+    if (pad_rows > nrows) memset(dst + nrows * ld, 0, (size_t)((pad_rows - nrows) * ld) * 4);
+}
+
+/* The same rows transposed: dst[d*ld + r] for d < D; columns nrows..ld-1 zeroed. */
+static void load_tile_transposed(float *dst, int64_t ld, const wa_tensor *t, int64_t b, int64_t h, int64_t row0,
+                                 int64_t nrows, int64_t D, float *row_buf) {
+    for (int64_t r = 0; r < nrows; r++) {
+        load_row(row_buf, wa_row_ptr(t, b, h, row0 + r), t->dtype, D);
+        for (int64_t d = 0; d < D; d++) dst[d * ld + r] = row_buf[d];
+    }
+    for (int64_t d = 0; d < D; d++)
+        for (int64_t r = nrows; r < ld; r++) dst[d * ld + r] = 0.0f;
+}
+
+/* ---- the GEMM micro-kernel: C[m x n] += A[m x k] . B[k x n] ----
+ * A is read through strides (A(r, t) = A[r*ars + t*acs]) so that P^T and dS^T need no
+ * transposed copy; B and C are row-major, n is a multiple of VW. Every C element accumulates
+ * over t in order with vfma, whatever the blocking: see simd.h for why that matters. */
+static void gemm_acc(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs, const float *B,
+                     int64_t ldb, float *C, int64_t ldc) {
+    int64_t r = 0;
+    for (; r + 4 <= m; r += 4) {
+        const float *a0 = A + r * ars, *a1 = a0 + ars, *a2 = a1 + ars, *a3 = a2 + ars;
+        float *c0 = C + r * ldc, *c1 = c0 + ldc, *c2 = c1 + ldc, *c3 = c2 + ldc;
+        int64_t c = 0;
+        for (; c + 2 * VW <= n; c += 2 * VW) {
+            vf x00 = vload(c0 + c), x01 = vload(c0 + c + VW), x10 = vload(c1 + c), x11 = vload(c1 + c + VW);
+            vf x20 = vload(c2 + c), x21 = vload(c2 + c + VW), x30 = vload(c3 + c), x31 = vload(c3 + c + VW);
+            const float *bp = B + c;
+            for (int64_t t = 0; t < k; t++, bp += ldb) {
+                vf b0 = vload(bp), b1 = vload(bp + VW);
+                vf y0 = vsplat(a0[t * acs]), y1 = vsplat(a1[t * acs]);
+                vf y2 = vsplat(a2[t * acs]), y3 = vsplat(a3[t * acs]);
+                x00 = vfma(y0, b0, x00), x01 = vfma(y0, b1, x01);
+                x10 = vfma(y1, b0, x10), x11 = vfma(y1, b1, x11);
+                x20 = vfma(y2, b0, x20), x21 = vfma(y2, b1, x21);
+                x30 = vfma(y3, b0, x30), x31 = vfma(y3, b1, x31);
+            }
+            vstore(c0 + c, x00), vstore(c0 + c + VW, x01), vstore(c1 + c, x10), vstore(c1 + c + VW, x11);
+            vstore(c2 + c, x20), vstore(c2 + c + VW, x21), vstore(c3 + c, x30), vstore(c3 + c + VW, x31);
+        }
+        for (; c < n; c += VW) {
+            vf x0 = vload(c0 + c), x1 = vload(c1 + c), x2 = vload(c2 + c), x3 = vload(c3 + c);
+            const float *bp = B + c;
+            for (int64_t t = 0; t < k; t++, bp += ldb) {
+                vf b0 = vload(bp);
+                x0 = vfma(vsplat(a0[t * acs]), b0, x0), x1 = vfma(vsplat(a1[t * acs]), b0, x1);
+                x2 = vfma(vsplat(a2[t * acs]), b0, x2), x3 = vfma(vsplat(a3[t * acs]), b0, x3);
+            }
+            vstore(c0 + c, x0), vstore(c1 + c, x1), vstore(c2 + c, x2), vstore(c3 + c, x3);
+        }
+    }
+    for (; r < m; r++) {
+        const float *a0 = A + r * ars;
+        float *c0 = C + r * ldc;
+        for (int64_t c = 0; c < n; c += VW) {
+            vf x0 = vload(c0 + c);
+            const float *bp = B + c;
+            for (int64_t t = 0; t < k; t++, bp += ldb) x0 = vfma(vsplat(a0[t * acs]), vload(bp), x0);
+            vstore(c0 + c, x0);
+        }
+    }
+}
+
+/* ---- scores: s = softcap(scale * q.k), -inf outside the window and in padding ---- */
+
+/* Columns of row i (global) visible inside key tile [j0, j0+n): [*lo, *hi] in tile coordinates. */
+static void row_visible_cols(const wa_window *w, int64_t i, int64_t j0, int64_t n, int edge, int64_t *lo, int64_t *hi) {
+    *lo = 0, *hi = n - 1;
+    if (edge) {
+        *lo = wa_max64(*lo, wa_row_first_key(w, i) - j0);
+        *hi = wa_min64(*hi, wa_row_last_key(w, i) - j0);
+    }
+}
+
+static void finish_scores(const cpu_tile_args *a, float *S, int64_t ld, int64_t i0, int64_t m, int64_t j0, int64_t n,
+                          int edge) {
+    const float scale = a->p->scale, cap = a->p->softcap;
+    for (int64_t r = 0; r < m; r++) {
+        float *s = S + r * ld;
+        for (int64_t c = 0; c < ld; c += VW) vstore(s + c, vload(s + c) * vsplat(scale));
+        if (cap > 0.0f)
+            for (int64_t c = 0; c < n; c++) s[c] = cap * tanhf(s[c] / cap);
+        int64_t lo, hi;
+        row_visible_cols(&a->p->win, i0 + r, j0, n, edge, &lo, &hi);
+        for (int64_t c = 0; c < ld; c++)
+            if (c < lo || c > hi) s[c] = -INFINITY;
+    }
+}
+
+/* ---- forward ---- */
+
+static void forward_unit(void *arg, int64_t u, int worker) {
+    const cpu_tile_args *a = arg;
+    const wa_problem *p = a->p;
+    const int64_t Bq = a->tile_q, Bk = a->tile_k, D = p->D, Dp = a->Dp, Bkp = a->Bkp;
+    int64_t qt = a->n_qtiles - 1 - u % a->n_qtiles; /* longest (causal) tiles first */
+    int64_t bh = u / a->n_qtiles, b = bh / p->Hq, h = bh % p->Hq, hk = h / p->group;
+    int64_t i0 = qt * Bq, m = wa_min64(Bq, p->Nq - i0);
+
+    float *ws = a->scratch + (size_t)worker * a->scratch_floats;
+    const int64_t Bqp = a->Bqp; /* per-row vectors padded so every buffer stays 64-byte aligned */
+    float *Qs = ws, *KT = Qs + Bq * Dp, *Vs = KT + D * Bkp, *S = Vs + Bkp * Dp, *O = S + Bq * Bkp;
+    float *row_max = O + Bq * Dp, *row_sum = row_max + Bqp, *row_buf = row_sum + Bqp;
+
+    load_tile(Qs, Dp, p->q, b, h, i0, m, D, m);
+    memset(O, 0, (size_t)(m * Dp) * 4);
+    for (int64_t r = 0; r < m; r++) row_max[r] = -INFINITY, row_sum[r] = 0.0f;
+
+    int64_t kt0, kt1;
+    wa_key_tiles_for_rows(&p->win, i0, i0 + m, Bk, &kt0, &kt1);
+    for (int64_t kt = kt0; kt < kt1; kt++) {
+        int64_t j0 = kt * Bk, n = wa_min64(Bk, p->Nk - j0);
+        int edge = wa_tile_needs_mask(&p->win, i0, i0 + m, j0, j0 + n);
+        load_tile_transposed(KT, Bkp, p->k, b, hk, j0, n, D, row_buf);
+        load_tile(Vs, Dp, p->v, b, hk, j0, n, D, n);
+        memset(S, 0, (size_t)(m * Bkp) * 4);
+        gemm_acc(m, Bkp, D, Qs, Dp, 1, KT, Bkp, S, Bkp);
+        finish_scores(a, S, Bkp, i0, m, j0, n, edge);
+        for (int64_t r = 0; r < m; r++) {
+            float *s = S + r * Bkp;
+            vf mx = vsplat(-INFINITY);
+            for (int64_t c = 0; c < Bkp; c += VW) mx = vmax(mx, vload(s + c));
+            float m_new = fmaxf(row_max[r], vhmax(mx));
+            if (m_new == -INFINITY) { /* nothing visible yet: p = 0, keep the state */
+                memset(s, 0, (size_t)Bkp * 4);
+                continue;
+            }
+            float alpha = sexp(row_max[r] - m_new);
+            vf sum = vsplat(0.0f), mv = vsplat(m_new);
+            for (int64_t c = 0; c < Bkp; c += VW) {
+                vf e = vexp(vload(s + c) - mv);
+                vstore(s + c, e);
+                sum += e;
+            }
+            row_sum[r] = row_sum[r] * alpha + vhsum(sum);
+            row_max[r] = m_new;
+            if (alpha != 1.0f) {
+                float *o = O + r * Dp;
+                for (int64_t c = 0; c < Dp; c += VW) vstore(o + c, vload(o + c) * vsplat(alpha));
+            }
+        }
+        gemm_acc(m, Dp, n, S, Bkp, 1, Vs, Dp, O, Dp);
+    }
+
+    for (int64_t r = 0; r < m; r++) {
+        float *o = O + r * Dp;
+        float l = row_sum[r];
+        float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        for (int64_t c = 0; c < Dp; c += VW) vstore(o + c, vload(o + c) * vsplat(inv));
+        store_row(wa_row_ptr(p->o, b, h, i0 + r), p->dtype, o, D);
+        if (p->lse) {
+            float *lse = wa_row_ptr(p->lse, b, h, i0 + r);
+            *lse = l > 0.0f ? row_max[r] + logf(l) : -INFINITY;
+        }
+    }
+}
+
+wa_status EXPORT(wa_cpu_forward)(wa_context *ctx, const wa_problem *p, cpu_tile_args *a) {
+    (void)ctx;
+    wa_pool_run(a->pool, p->B * p->Hq * a->n_qtiles, forward_unit, a);
+    return WA_OK;
+}
+
+/* ---- backward ---- */
+
+/* delta_i = sum_d dO[i,d] * O[i,d], accumulated exactly like the GEMM accumulates dP. */
+static void delta_unit(void *arg, int64_t bh, int worker) {
+    const cpu_tile_args *a = arg;
+    const wa_problem *p = a->p;
+    int64_t b = bh / p->Hq, h = bh % p->Hq, D = p->D;
+    float *ws = a->scratch + (size_t)worker * a->scratch_floats;
+    float *o = ws, *g = ws + a->Dp;
+    float *delta = a->delta + bh * p->Nq;
+    for (int64_t i = 0; i < p->Nq; i++) {
+        load_row(o, wa_row_ptr(p->o, b, h, i), p->dtype, D);
+        load_row(g, wa_row_ptr(p->do_, b, h, i), p->dtype, D);
+        float acc = 0.0f;
+        for (int64_t d = 0; d < D; d++) acc = sfma(g[d], o[d], acc);
+        delta[i] = acc;
+    }
+}
+
+/* For query rows [i0, i0+m) against key tile [j0, j0+n): S (in) becomes P, dP (in) becomes dS,
+ * the gradient with respect to the raw dot product q.k (softcap derivative and scale included). */
+static void scores_to_grads(const cpu_tile_args *a, float *S, float *dP, int64_t b, int64_t h, int64_t i0, int64_t m,
+                            const float *lse, const float *delta) {
+    const wa_problem *p = a->p;
+    const int64_t ld = a->Bkp;
+    const float scale = p->scale, cap = p->softcap;
+    int64_t rb, re;
+    wa_nonempty_rows(&p->win, &rb, &re);
+    (void)b, (void)h;
+    for (int64_t r = 0; r < m; r++) {
+        float *s = S + r * ld, *dp = dP + r * ld;
+        int64_t i = i0 + r;
+        if (i < rb || i >= re) { /* sees no key: P = 0, and lse = -inf must not be touched */
+            memset(s, 0, (size_t)ld * 4);
+            memset(dp, 0, (size_t)ld * 4);
+            continue;
+        }
+        vf lv = vsplat(lse[r]), dv = vsplat(delta[r]);
+        for (int64_t c = 0; c < ld; c += VW) {
+            vf sv = vload(s + c);
+            vf pv = vexp(sv - lv);
+            vf ds = pv * (vload(dp + c) - dv);
+            if (cap > 0.0f) {
+                vf t = sv * vsplat(1.0f / cap);
+                ds = ds * (vsplat(1.0f) - t * t);
+                /* masked entries: s = -inf makes t*t = inf and ds = 0 * -inf; P = 0 there */
+                ds = vselect(pv == vsplat(0.0f), vsplat(0.0f), ds);
+            }
+            vstore(s + c, pv);
+            vstore(dp + c, ds * vsplat(scale));
+        }
+    }
+}
+
+/* Recompute P and dS for one (query tile, key tile) pair into S and dP. Qs, dOs hold the query
+ * tile; KT, VT the key tile transposed. */
+static void tile_pair_grads(const cpu_tile_args *a, const float *Qs, const float *dOs, const float *KT, const float *VT,
+                            float *S, float *dP, int64_t b, int64_t h, int64_t i0, int64_t m, int64_t j0, int64_t n,
+                            const float *lse, const float *delta) {
+    const wa_problem *p = a->p;
+    const int64_t D = p->D, Dp = a->Dp, Bkp = a->Bkp;
+    int edge = wa_tile_needs_mask(&p->win, i0, i0 + m, j0, j0 + n);
+    memset(S, 0, (size_t)(m * Bkp) * 4);
+    memset(dP, 0, (size_t)(m * Bkp) * 4);
+    gemm_acc(m, Bkp, D, Qs, Dp, 1, KT, Bkp, S, Bkp);
+    finish_scores(a, S, Bkp, i0, m, j0, n, edge);
+    gemm_acc(m, Bkp, D, dOs, Dp, 1, VT, Bkp, dP, Bkp);
+    scores_to_grads(a, S, dP, b, h, i0, m, lse, delta);
+}
+
+static void load_lse_delta(const cpu_tile_args *a, int64_t b, int64_t h, int64_t i0, int64_t m, float *lse,
+                           const float **delta) {
+    const wa_problem *p = a->p;
+    for (int64_t r = 0; r < m; r++) lse[r] = *(const float *)wa_row_ptr(p->lse, b, h, i0 + r);
+    *delta = a->delta + (b * p->Hq + h) * p->Nq + i0;
+}
+
+/* The backward's per-thread scratch; cpu_scratch_floats() in dispatch.c sizes it. After the
+ * shared part, `rest` holds dK and dV (key-tile units) or K and dQ (query-tile units). */
+static void backward_scratch(const cpu_tile_args *a, float *ws, float **KT, float **VT, float **Qs, float **dOs,
+                             float **S, float **dP, float **lse, float **row_buf, float **rest) {
+    const int64_t Bq = a->tile_q, D = a->p->D, Dp = a->Dp, Bkp = a->Bkp;
+    *KT = ws, *VT = *KT + D * Bkp, *Qs = *VT + D * Bkp, *dOs = *Qs + Bq * Dp, *S = *dOs + Bq * Dp;
+    *dP = *S + Bq * Bkp, *lse = *dP + Bq * Bkp, *row_buf = *lse + a->Bqp, *rest = *row_buf + Dp;
+}
+
+/* Owner of dK, dV for keys [j0, j0+n) of kv head hk. */
+static void dkdv_unit(const cpu_tile_args *a, int64_t u, float *ws) {
+    const wa_problem *p = a->p;
+    const int64_t Bq = a->tile_q, Bk = a->tile_k, D = p->D, Dp = a->Dp, Bkp = a->Bkp;
+    int64_t kt = u % a->n_ktiles, bhk = u / a->n_ktiles, b = bhk / p->Hkv, hk = bhk % p->Hkv;
+    int64_t j0 = kt * Bk, n = wa_min64(Bk, p->Nk - j0);
+
+    float *KT, *VT, *Qs, *dOs, *S, *dP, *lse, *row_buf, *rest;
+    backward_scratch(a, ws, &KT, &VT, &Qs, &dOs, &S, &dP, &lse, &row_buf, &rest);
+    float *dK = rest, *dV = dK + Bkp * Dp;
+    memset(dK, 0, (size_t)(n * Dp) * 4);
+    memset(dV, 0, (size_t)(n * Dp) * 4);
+
+    int64_t qt0, qt1;
+    wa_query_tiles_for_cols(&p->win, j0, j0 + n, Bq, &qt0, &qt1);
+    if (qt0 < qt1) {
+        load_tile_transposed(KT, Bkp, p->k, b, hk, j0, n, D, row_buf);
+        load_tile_transposed(VT, Bkp, p->v, b, hk, j0, n, D, row_buf);
+    }
+    for (int64_t g = 0; g < p->group; g++) {
+        int64_t h = hk * p->group + g;
+        for (int64_t qt = qt0; qt < qt1; qt++) {
+            int64_t i0 = qt * Bq, m = wa_min64(Bq, p->Nq - i0);
+            const float *delta;
+            load_tile(Qs, Dp, p->q, b, h, i0, m, D, m);
+            load_tile(dOs, Dp, p->do_, b, h, i0, m, D, m);
+            load_lse_delta(a, b, h, i0, m, lse, &delta);
+            tile_pair_grads(a, Qs, dOs, KT, VT, S, dP, b, h, i0, m, j0, n, lse, delta);
+            gemm_acc(n, Dp, m, S, 1, Bkp, dOs, Dp, dV, Dp);  /* dV += P^T dO */
+            gemm_acc(n, Dp, m, dP, 1, Bkp, Qs, Dp, dK, Dp);  /* dK += dS^T Q */
+        }
+    }
+    for (int64_t r = 0; r < n; r++) {
+        store_row(wa_row_ptr(p->dk, b, hk, j0 + r), p->dtype, dK + r * Dp, D);
+        store_row(wa_row_ptr(p->dv, b, hk, j0 + r), p->dtype, dV + r * Dp, D);
+    }
+}
+
+/* Owner of dQ for rows [i0, i0+m) of query head h. */
+static void dq_unit(const cpu_tile_args *a, int64_t u, float *ws) {
+    const wa_problem *p = a->p;
+    const int64_t Bq = a->tile_q, Bk = a->tile_k, D = p->D, Dp = a->Dp, Bkp = a->Bkp;
+    int64_t qt = a->n_qtiles - 1 - u % a->n_qtiles, bh = u / a->n_qtiles, b = bh / p->Hq, h = bh % p->Hq;
+    int64_t hk = h / p->group, i0 = qt * Bq, m = wa_min64(Bq, p->Nq - i0);
+
+    float *KT, *VT, *Qs, *dOs, *S, *dP, *lse, *row_buf, *rest;
+    backward_scratch(a, ws, &KT, &VT, &Qs, &dOs, &S, &dP, &lse, &row_buf, &rest);
+    float *Ks = rest, *dQ = Ks + Bkp * Dp;
+    memset(dQ, 0, (size_t)(m * Dp) * 4);
+
+    int64_t kt0, kt1;
+    wa_key_tiles_for_rows(&p->win, i0, i0 + m, Bk, &kt0, &kt1);
+    if (kt0 < kt1) {
+        const float *delta;
+        load_tile(Qs, Dp, p->q, b, h, i0, m, D, m);
+        load_tile(dOs, Dp, p->do_, b, h, i0, m, D, m);
+        load_lse_delta(a, b, h, i0, m, lse, &delta);
+        for (int64_t kt = kt0; kt < kt1; kt++) {
+            int64_t j0 = kt * Bk, n = wa_min64(Bk, p->Nk - j0);
+            load_tile_transposed(KT, Bkp, p->k, b, hk, j0, n, D, row_buf);
+            load_tile_transposed(VT, Bkp, p->v, b, hk, j0, n, D, row_buf);
+            load_tile(Ks, Dp, p->k, b, hk, j0, n, D, n);
+            tile_pair_grads(a, Qs, dOs, KT, VT, S, dP, b, h, i0, m, j0, n, lse, delta);
+            gemm_acc(m, Dp, n, dP, Bkp, 1, Ks, Dp, dQ, Dp); /* dQ += dS K */
+        }
+    }
+    for (int64_t r = 0; r < m; r++) store_row(wa_row_ptr(p->dq, b, h, i0 + r), p->dtype, dQ + r * Dp, D);
+}
+
+static void backward_unit(void *arg, int64_t u, int worker) {
+    const cpu_tile_args *a = arg;
+    float *ws = a->scratch + (size_t)worker * a->scratch_floats;
+    if (u < a->n_dkdv_units) dkdv_unit(a, u, ws);
+    else dq_unit(a, u - a->n_dkdv_units, ws);
+}
+
+wa_status EXPORT(wa_cpu_backward)(wa_context *ctx, const wa_problem *p, cpu_tile_args *a) {
+    (void)ctx;
+    wa_pool_run(a->pool, p->B * p->Hq, delta_unit, a);
+    wa_pool_run(a->pool, a->n_dkdv_units + p->B * p->Hq * a->n_qtiles, backward_unit, a);
+    return WA_OK;
+}
+
+/* The micro-kernel for the dense baseline (dense.c), through dispatch.c's wa_cpu_gemm(). */
+void EXPORT(wa_cpu_gemm)(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs, const float *B,
+                         int64_t ldb, float *C, int64_t ldc) {
+    gemm_acc(m, n, k, A, ars, acs, B, ldb, C, ldc);
+}

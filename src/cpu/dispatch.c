@@ -1,0 +1,119 @@
+/* dispatch.c — sizes the CPU workspace, picks the kernels this CPU can run (AVX-512, AVX2+FMA
+ * or the portable build of the same source) and hands them a cpu_tile_args.
+ *
+ * WINATTN_ISA=avx512|avx2|generic in the environment forces a choice (tests use it to run every
+ * path the machine supports); asking for one the CPU lacks falls back to the best available.
+ */
+#define _GNU_SOURCE
+#include "cpu.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct cpu_isa {
+    const char *name;
+    wa_status (*forward)(wa_context *, const wa_problem *, cpu_tile_args *);
+    wa_status (*backward)(wa_context *, const wa_problem *, cpu_tile_args *);
+    void (*gemm)(int64_t, int64_t, int64_t, const float *, int64_t, int64_t, const float *, int64_t, float *, int64_t);
+    int (*supported)(void);
+} cpu_isa;
+
+static int have_avx512(void) {
+#if defined(__x86_64__) && defined(WA_HAVE_X86_KERNELS)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma");
+#else
+    return 0;
+#endif
+}
+static int have_avx2(void) {
+#if defined(__x86_64__) && defined(WA_HAVE_X86_KERNELS)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    return 0;
+#endif
+}
+static int have_generic(void) { return 1; }
+
+#if defined(WA_HAVE_X86_KERNELS)
+static const cpu_isa isas[] = {
+    {"avx512", wa_cpu_forward_avx512, wa_cpu_backward_avx512, wa_cpu_gemm_avx512, have_avx512},
+    {"avx2", wa_cpu_forward_avx2, wa_cpu_backward_avx2, wa_cpu_gemm_avx2, have_avx2},
+    {"generic", wa_cpu_forward_generic, wa_cpu_backward_generic, wa_cpu_gemm_generic, have_generic},
+};
+#else
+static const cpu_isa isas[] = {
+    {"generic", wa_cpu_forward_generic, wa_cpu_backward_generic, wa_cpu_gemm_generic, have_generic},
+};
+#endif
+
+static const cpu_isa *pick_isa(void) {
+    const char *want = getenv("WINATTN_ISA");
+    size_t n = sizeof isas / sizeof isas[0];
+    if (want)
+        for (size_t i = 0; i < n; i++)
+            if (strcmp(isas[i].name, want) == 0 && isas[i].supported()) return &isas[i];
+    for (size_t i = 0; i < n; i++)
+        if (isas[i].supported()) return &isas[i];
+    return &isas[n - 1];
+}
+
+const char *wa_cpu_isa(void) { return pick_isa()->name; }
+
+void wa_cpu_gemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs, const float *B, int64_t ldb,
+                 float *C, int64_t ldc) {
+    pick_isa()->gemm(m, n, k, A, ars, acs, B, ldb, C, ldc);
+}
+
+static int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+static void plan(const wa_context *ctx, const wa_problem *p, cpu_tile_args *a) {
+    memset(a, 0, sizeof *a);
+    a->p = p;
+    a->pool = ctx->pool;
+    a->tile_q = ctx->tile_q;
+    a->tile_k = ctx->tile_k;
+    a->Dp = round_up(p->D, WA_CPU_PAD);
+    a->Bkp = round_up(a->tile_k, WA_CPU_PAD);
+    a->Bqp = round_up(a->tile_q, WA_CPU_PAD);
+    a->n_qtiles = (p->Nq + a->tile_q - 1) / a->tile_q;
+    a->n_ktiles = (p->Nk + a->tile_k - 1) / a->tile_k;
+    a->n_dkdv_units = p->B * p->Hkv * a->n_ktiles;
+    /* per-thread scratch, the larger of the forward's and the backward's layout (attn_cpu.c) */
+    int64_t Bq = a->tile_q, D = p->D, Dp = a->Dp, Bkp = a->Bkp, Bqp = a->Bqp;
+    int64_t fwd = Bq * Dp + D * Bkp + Bkp * Dp + Bq * Bkp + Bq * Dp + 2 * Bqp + Dp;
+    int64_t bwd_shared = 2 * D * Bkp + 2 * Bq * Dp + 2 * Bq * Bkp + Bqp + Dp;
+    int64_t bwd = bwd_shared + wa_max64(2 * Bkp * Dp, Bkp * Dp + Bq * Dp);
+    a->scratch_floats = (size_t)round_up(wa_max64(fwd, bwd), WA_CPU_PAD);
+}
+
+static size_t delta_bytes(const wa_problem *p) { return (size_t)(p->B * p->Hq * p->Nq) * sizeof(float); }
+
+size_t wa_cpu_workspace_bytes(const wa_context *ctx, const wa_problem *p, int backward) {
+    cpu_tile_args a;
+    plan(ctx, p, &a);
+    size_t bytes = (size_t)ctx->threads * a.scratch_floats * sizeof(float);
+    if (backward) bytes += (delta_bytes(p) + 63) & ~(size_t)63;
+    return bytes;
+}
+
+static wa_status run(wa_context *ctx, const wa_problem *p, int backward) {
+    if (p->B == 0 || p->Hq == 0 || (p->Nq == 0 && p->Nk == 0)) return WA_OK;
+    cpu_tile_args a;
+    plan(ctx, p, &a);
+    size_t scratch_bytes = (size_t)ctx->threads * a.scratch_floats * sizeof(float);
+    size_t total = wa_cpu_workspace_bytes(ctx, p, backward);
+    char *ws = wa_alloc(ctx, total);
+    if (!ws) return wa_fail(WA_ERR_NO_MEMORY, "cannot allocate %zu bytes of CPU workspace", total);
+    a.scratch = (float *)ws;
+    a.delta = backward ? (float *)(ws + scratch_bytes) : NULL;
+    const cpu_isa *isa = pick_isa();
+    wa_status st = backward ? isa->backward(ctx, p, &a) : isa->forward(ctx, p, &a);
+    wa_free(ctx, ws);
+    return st;
+}
+
+wa_status wa_cpu_forward(wa_context *ctx, const wa_problem *p) { return run(ctx, p, 0); }
+wa_status wa_cpu_backward(wa_context *ctx, const wa_problem *p) { return run(ctx, p, 1); }

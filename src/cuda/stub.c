@@ -1,0 +1,20 @@
+/* stub.c — the CUDA backend of a build without nvcc: every entry point reports that CUDA is
+ * not available, so the library, the tools and the tests build and run everywhere. */
+#include "../internal.h"
+
+int wa_cuda_available(void) { return 0; }
+
+size_t wa_cuda_workspace_bytes(const wa_context *ctx, const wa_problem *p, int backward) {
+    (void)ctx, (void)p, (void)backward;
+    return 0;
+}
+
+wa_status wa_cuda_forward(wa_context *ctx, const wa_problem *p) {
+    (void)ctx, (void)p;
+    return wa_fail(WA_ERR_UNSUPPORTED, "this build of winattn has no CUDA backend (nvcc was not found at build time)");
+}
+
+wa_status wa_cuda_backward(wa_context *ctx, const wa_problem *p) {
+    (void)ctx, (void)p;
+    return wa_fail(WA_ERR_UNSUPPORTED, "this build of winattn has no CUDA backend (nvcc was not found at build time)");
+}

@@ -1,0 +1,76 @@
+/* internal.h — what the library's parts share and callers never see: error recording, the
+ * context, the thread pool, and the normalised description of one attention call (wa_problem)
+ * that validation produces and every backend consumes.
+ */
+#ifndef WA_INTERNAL_H
+#define WA_INTERNAL_H
+
+#include "winattn.h"
+#include "tile_geometry.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Record a one-line detail for wa_last_error() and return the status (printf-style). */
+wa_status wa_fail(wa_status s, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+void wa_clear_error(void);
+
+/* ---- thread pool: persistent workers, units handed out by an atomic counter. Each unit writes
+ * its own outputs, so results never depend on which worker ran it. ---- */
+typedef struct wa_pool wa_pool;
+typedef void (*wa_unit_fn)(void *arg, int64_t unit, int worker);
+wa_pool *wa_pool_create(int threads); /* NULL on failure; threads includes the caller */
+void wa_pool_destroy(wa_pool *pool);
+int wa_pool_threads(const wa_pool *pool);
+/* Run fn(arg, u, worker) for u in [0, units); returns when all are done. worker < threads. */
+void wa_pool_run(wa_pool *pool, int64_t units, wa_unit_fn fn, void *arg);
+
+struct wa_context {
+    wa_context_params params;
+    int threads;
+    int tile_q, tile_k;
+    wa_pool *pool;
+};
+
+void *wa_alloc(wa_context *ctx, size_t bytes);
+void wa_free(wa_context *ctx, void *ptr);
+
+/* One validated attention call, dimensions resolved, scale defaulted. */
+typedef struct wa_problem {
+    int64_t B, Hq, Hkv, Nq, Nk, D;
+    int64_t group; /* Hq / Hkv */
+    float scale, softcap;
+    wa_window win;
+    wa_dtype dtype;
+    wa_device device;
+    const wa_tensor *q, *k, *v, *o, *lse, *do_, *dq, *dk, *dv;
+} wa_problem;
+
+/* Address of element (b, h, n, 0) of a tensor. */
+static inline void *wa_row_ptr(const wa_tensor *t, int64_t b, int64_t h, int64_t n) {
+    int64_t e = b * t->stride[0] + h * t->stride[1] + n * t->stride[2];
+    return (char *)t->data + e * (int64_t)wa_dtype_size(t->dtype);
+}
+
+/* ---- CPU backend (src/cpu) ---- */
+size_t wa_cpu_workspace_bytes(const wa_context *ctx, const wa_problem *p, int backward);
+wa_status wa_cpu_forward(wa_context *ctx, const wa_problem *p);
+wa_status wa_cpu_backward(wa_context *ctx, const wa_problem *p);
+const char *wa_cpu_isa(void); /* "avx512", "avx2" or "generic": the kernels this CPU runs */
+
+/* ---- dense baseline (src/cpu/dense.c) ---- */
+size_t wa_dense_workspace_bytes(const wa_context *ctx, const wa_problem *p, int backward);
+wa_status wa_dense_forward(wa_context *ctx, const wa_problem *p);
+wa_status wa_dense_backward(wa_context *ctx, const wa_problem *p);
+
+/* ---- CUDA backend (src/cuda, or src/cuda/stub.c without nvcc) ---- */
+int wa_cuda_available(void);
+size_t wa_cuda_workspace_bytes(const wa_context *ctx, const wa_problem *p, int backward);
+wa_status wa_cuda_forward(wa_context *ctx, const wa_problem *p);
+wa_status wa_cuda_backward(wa_context *ctx, const wa_problem *p);
+
+#endif /* WA_INTERNAL_H */

@@ -1,0 +1,264 @@
+/* case.c — see case.h. */
+#define _GNU_SOURCE
+#include "case.h"
+#include "oracle.h"
+#include "../convert.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+const char *const wa_out_names[WA_N_OUT] = {"o", "lse", "dq", "dk", "dv"};
+
+/* 0xFF bytes are a NaN in f32, f16 and bf16 alike: no kernel produces that pattern from
+ * finite inputs, so an element still holding it was never written. */
+#define POISON 0xFF
+#define GUARD 256
+
+typedef struct buf {
+    unsigned char *base;
+    void *data;
+    size_t bytes;
+} buf;
+
+static void *buf_alloc(buf *b, size_t bytes) {
+    b->bytes = bytes;
+    b->base = malloc(bytes + 2 * GUARD);
+    if (!b->base) return b->data = NULL;
+    memset(b->base, POISON, bytes + 2 * GUARD);
+    return b->data = b->base + GUARD;
+}
+static int buf_guards_ok(const buf *b) {
+    for (size_t i = 0; i < GUARD; i++)
+        if (b->base[i] != POISON || b->base[GUARD + b->bytes + i] != POISON) return 0;
+    return 1;
+}
+
+static double seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+typedef struct rng64 { uint64_t s; } rng64;
+static uint64_t next(rng64 *r) {
+    uint64_t x = r->s;
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    return r->s = x;
+}
+static double normal(rng64 *r) {
+    double u1 = (double)(next(r) >> 11) * (1.0 / 9007199254740992.0), u2 = (double)(next(r) >> 11) * (1.0 / 9007199254740992.0);
+    if (u1 < 1e-300) u1 = 1e-300;
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+static void fill(void *data, wa_dtype dt, size_t n, rng64 *r) {
+    for (size_t i = 0; i < n; i++) {
+        float x = (float)normal(r);
+        if (dt == WA_F32) ((float *)data)[i] = x;
+        else if (dt == WA_BF16) ((uint16_t *)data)[i] = wa_f32_to_bf16(x);
+        else ((uint16_t *)data)[i] = wa_f32_to_f16(x);
+    }
+}
+
+static wa_tensor make_tensor(void *data, wa_dtype dt, int bnhd, int64_t B, int64_t H, int64_t N, int64_t D) {
+    return bnhd ? wa_tensor_bnhd(data, dt, B, H, N, D) : wa_tensor_bhnd(data, dt, B, H, N, D);
+}
+
+double wa_rounding_atol(const double *ref, size_t n) {
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(ref[i])) continue;
+        double noise = fabs((double)(float)(ref[i] + 0.3) - 0.3 - ref[i]);
+        if (noise > worst) worst = noise;
+    }
+    return 2 * worst;
+}
+
+/* max |t - ref| over a strided tensor; equal infinities count as 0, NaN as infinite error.
+ * Also reports elements still holding the poison pattern (never written). */
+static double max_err(const wa_tensor *t, const double *ref, int *unwritten) {
+    double *got = malloc((size_t)(t->shape[0] * t->shape[1] * t->shape[2] * t->shape[3]) * sizeof *got + 8);
+    size_t n = (size_t)(t->shape[0] * t->shape[1] * t->shape[2] * t->shape[3]);
+    wa_tensor_to_f64(t, got);
+    double worst = 0;
+    size_t es = wa_dtype_size(t->dtype);
+    for (int64_t b = 0; b < t->shape[0]; b++)
+        for (int64_t h = 0; h < t->shape[1]; h++)
+            for (int64_t r = 0; r < t->shape[2]; r++)
+                for (int64_t d = 0; d < t->shape[3]; d++) {
+                    const unsigned char *e =
+                        (const unsigned char *)t->data + (b * t->stride[0] + h * t->stride[1] + r * t->stride[2] + d * t->stride[3]) * (int64_t)es;
+                    int poisoned = 1;
+                    for (size_t k = 0; k < es; k++) poisoned &= e[k] == POISON;
+                    if (poisoned) *unwritten = 1;
+                }
+    for (size_t i = 0; i < n; i++) {
+        double e;
+        if (isnan(got[i]) || isnan(ref[i])) e = isnan(got[i]) && isnan(ref[i]) ? 0 : INFINITY;
+        else if (isinf(got[i]) || isinf(ref[i])) e = got[i] == ref[i] ? 0 : INFINITY;
+        else e = fabs(got[i] - ref[i]);
+        if (e > worst) worst = e;
+    }
+    free(got);
+    return worst;
+}
+
+void wa_case_name(const wa_case *c, char *out, size_t n) {
+    static const char *const dt[3] = {"f32", "f16", "bf16"};
+    char cap[32] = "";
+    if (c->softcap > 0) snprintf(cap, sizeof cap, " cap=%g", (double)c->softcap);
+    char sc[32] = "";
+    if (c->scale != 0) snprintf(sc, sizeof sc, " scale=%g", (double)c->scale);
+    snprintf(out, n, "%s B=%lld Hq=%lld Hkv=%lld Nq=%lld Nk=%lld D=%lld win=(%lld,%lld)%s%s%s", dt[c->dtype],
+             (long long)c->B, (long long)c->Hq, (long long)c->Hkv, (long long)c->Nq, (long long)c->Nk, (long long)c->D,
+             (long long)c->left, (long long)c->right, cap, sc, c->bnhd ? " bnhd" : "");
+}
+
+typedef struct outputs {
+    buf o, lse, dq, dk, dv;
+    wa_tensor to, tlse, tdq, tdk, tdv;
+} outputs;
+
+static int outputs_alloc(outputs *x, const wa_case *c) {
+    size_t es = wa_dtype_size(c->dtype);
+    size_t nq = (size_t)(c->B * c->Hq * c->Nq * c->D), nk = (size_t)(c->B * c->Hkv * c->Nk * c->D);
+    memset(x, 0, sizeof *x);
+    if (!buf_alloc(&x->o, nq * es) || !buf_alloc(&x->lse, (size_t)(c->B * c->Hq * c->Nq) * 4) ||
+        !buf_alloc(&x->dq, nq * es) || !buf_alloc(&x->dk, nk * es) || !buf_alloc(&x->dv, nk * es))
+        return 0;
+    x->to = make_tensor(x->o.data, c->dtype, c->bnhd, c->B, c->Hq, c->Nq, c->D);
+    x->tlse = wa_tensor_lse(x->lse.data, c->B, c->Hq, c->Nq);
+    x->tdq = make_tensor(x->dq.data, c->dtype, c->bnhd, c->B, c->Hq, c->Nq, c->D);
+    x->tdk = make_tensor(x->dk.data, c->dtype, c->bnhd, c->B, c->Hkv, c->Nk, c->D);
+    x->tdv = make_tensor(x->dv.data, c->dtype, c->bnhd, c->B, c->Hkv, c->Nk, c->D);
+    return 1;
+}
+static void outputs_free(outputs *x) {
+    free(x->o.base), free(x->lse.base), free(x->dq.base), free(x->dk.base), free(x->dv.base);
+}
+static int outputs_guards_ok(const outputs *x) {
+    return buf_guards_ok(&x->o) && buf_guards_ok(&x->lse) && buf_guards_ok(&x->dq) && buf_guards_ok(&x->dk) &&
+           buf_guards_ok(&x->dv);
+}
+
+static void note(wa_case_result *r, const char *fmt, const char *a, double x) {
+    if (r->detail[0]) return;
+    snprintf(r->detail, sizeof r->detail, fmt, a, x);
+}
+
+void wa_run_case(const wa_case *c, wa_context *kernel, wa_context *baseline, double grad_mult, wa_case_result *r) {
+    memset(r, 0, sizeof *r);
+    size_t es = wa_dtype_size(c->dtype);
+    size_t nq = (size_t)(c->B * c->Hq * c->Nq * c->D), nk = (size_t)(c->B * c->Hkv * c->Nk * c->D);
+    size_t nrows = (size_t)(c->B * c->Hq * c->Nq);
+    rng64 g = {c->seed * 0x9E3779B97F4A7C15ull + 12345};
+    void *q = malloc(nq * es + 8), *k = malloc(nk * es + 8), *v = malloc(nk * es + 8), *go = malloc(nq * es + 8);
+    double *rq = malloc(nq * 8 + 8), *rk = malloc(nk * 8 + 8), *rv = malloc(nk * 8 + 8), *rdo = malloc(nq * 8 + 8);
+    double *ro = malloc(nq * 8 + 8), *rlse = malloc(nrows * 8 + 8), *rdq = malloc(nq * 8 + 8);
+    double *rdk = malloc(nk * 8 + 8), *rdv = malloc(nk * 8 + 8);
+    outputs ker, base;
+    int have_ker = outputs_alloc(&ker, c), have_base = outputs_alloc(&base, c);
+    if (!q || !k || !v || !go || !rq || !rk || !rv || !rdo || !ro || !rlse || !rdq || !rdk || !rdv || !have_ker || !have_base) {
+        r->status = WA_ERR_NO_MEMORY;
+        snprintf(r->detail, sizeof r->detail, "test harness out of memory");
+        goto done;
+    }
+    fill(q, c->dtype, nq, &g), fill(k, c->dtype, nk, &g), fill(v, c->dtype, nk, &g), fill(go, c->dtype, nq, &g);
+    wa_tensor tq = make_tensor(q, c->dtype, c->bnhd, c->B, c->Hq, c->Nq, c->D);
+    wa_tensor tk = make_tensor(k, c->dtype, c->bnhd, c->B, c->Hkv, c->Nk, c->D);
+    wa_tensor tv = make_tensor(v, c->dtype, c->bnhd, c->B, c->Hkv, c->Nk, c->D);
+    wa_tensor tdo = make_tensor(go, c->dtype, c->bnhd, c->B, c->Hq, c->Nq, c->D);
+    wa_attn_desc desc = {c->scale, c->softcap, c->left, c->right};
+
+    double t0 = seconds();
+    r->status = wa_forward(kernel, &desc, &tq, &tk, &tv, &ker.to, &ker.tlse);
+    double t1 = seconds();
+    if (r->status == WA_OK) r->status = wa_backward(kernel, &desc, &tq, &tk, &tv, &ker.to, &ker.tlse, &tdo, &ker.tdq, &ker.tdk, &ker.tdv);
+    double t2 = seconds();
+    r->fwd_seconds = t1 - t0, r->bwd_seconds = t2 - t1;
+    if (r->status != WA_OK) {
+        snprintf(r->detail, sizeof r->detail, "%s: %s", wa_status_str(r->status), wa_last_error());
+        goto done;
+    }
+    wa_status bs = wa_forward(baseline, &desc, &tq, &tk, &tv, &base.to, &base.tlse);
+    if (bs == WA_OK) bs = wa_backward(baseline, &desc, &tq, &tk, &tv, &base.to, &base.tlse, &tdo, &base.tdq, &base.tdk, &base.tdv);
+    if (bs != WA_OK) {
+        snprintf(r->detail, sizeof r->detail, "baseline failed: %s: %s", wa_status_str(bs), wa_last_error());
+        goto done;
+    }
+
+    wa_tensor_to_f64(&tq, rq), wa_tensor_to_f64(&tk, rk), wa_tensor_to_f64(&tv, rv), wa_tensor_to_f64(&tdo, rdo);
+    wa_oracle_shape s = {c->B, c->Hq, c->Hkv, c->Nq, c->Nk, c->D,
+                         c->scale != 0 ? (double)c->scale : 1.0 / sqrt((double)c->D), c->softcap,
+                         {c->Nq, c->Nk, c->left, c->right}};
+    /* the kernel's scale is a float: use exactly that value */
+    s.scale = (double)(c->scale != 0 ? c->scale : (float)(1.0 / sqrt((double)c->D)));
+    wa_oracle(&s, rq, rk, rv, rdo, ro, rlse, rdq, rdk, rdv);
+
+    /* oracle arrays are contiguous bhnd; compare through bhnd views of the same order */
+    const double *refs[WA_N_OUT] = {ro, rlse, rdq, rdk, rdv};
+    size_t counts[WA_N_OUT] = {nq, nrows, nq, nk, nk};
+    const wa_tensor *kt[WA_N_OUT] = {&ker.to, &ker.tlse, &ker.tdq, &ker.tdk, &ker.tdv};
+    const wa_tensor *bt[WA_N_OUT] = {&base.to, &base.tlse, &base.tdq, &base.tdk, &base.tdv};
+    r->pass = 1;
+    for (int t = 0; t < WA_N_OUT; t++) {
+        int unwritten = 0, base_unwritten = 0;
+        r->err[t] = max_err(kt[t], refs[t], &unwritten);
+        r->base_err[t] = max_err(bt[t], refs[t], &base_unwritten);
+        r->atol[t] = wa_rounding_atol(refs[t], counts[t]);
+        r->mult[t] = 2.0;
+        r->bound[t] = 2.0 * r->base_err[t] + r->atol[t];
+        if (t >= WA_OUT_DQ && grad_mult > 2.0 && !(r->err[t] <= r->bound[t])) {
+            /* DESIGN.md section 4: gradients may use the looser multiple; the case says so */
+            r->mult[t] = grad_mult;
+            r->bound[t] = grad_mult * r->base_err[t] + r->atol[t];
+            if (r->err[t] <= r->bound[t]) r->used_grad_mult = 1;
+        }
+        if (unwritten) {
+            r->pass = 0;
+            note(r, "%s has elements the kernel never wrote%.0f", wa_out_names[t], 0);
+        }
+        if (!(r->err[t] <= r->bound[t])) {
+            r->pass = 0;
+            note(r, "%s error %.3g above bound", wa_out_names[t], r->err[t]);
+        }
+    }
+    if (!outputs_guards_ok(&ker)) {
+        r->pass = 0;
+        note(r, "%s: a write landed outside an output buffer%.0f", "guard bytes", 0);
+    }
+    /* exact contracts: rows that see no key, keys no query sees */
+    wa_window w = {c->Nq, c->Nk, c->left, c->right};
+    double *got = malloc((nq > nk ? nq : nk) * 8 + 8);
+    if (got) {
+        wa_tensor_to_f64(&ker.to, got);
+        for (size_t row = 0; row < nrows; row++)
+            if (isinf(rlse[row])) {
+                for (int64_t d = 0; d < c->D; d++)
+                    if (got[row * (size_t)c->D + (size_t)d] != 0.0) {
+                        r->pass = 0;
+                        note(r, "%s: a row with no visible key has o != 0 (%g)", "o", got[row * (size_t)c->D + (size_t)d]);
+                    }
+            }
+        wa_tensor_to_f64(&ker.tdk, got);
+        for (int64_t j = 0; j < c->Nk; j++) {
+            int seen = 0;
+            for (int64_t i = 0; i < c->Nq && !seen; i++) seen = wa_visible(&w, i, j);
+            if (seen) continue;
+            for (int64_t bh = 0; bh < c->B * c->Hkv; bh++)
+                for (int64_t d = 0; d < c->D; d++)
+                    if (got[((size_t)bh * (size_t)c->Nk + (size_t)j) * (size_t)c->D + (size_t)d] != 0.0) {
+                        r->pass = 0;
+                        note(r, "%s: a key no query sees has dk != 0 (%g)", "dk", got[((size_t)bh * (size_t)c->Nk + (size_t)j) * (size_t)c->D + (size_t)d]);
+                    }
+        }
+        free(got);
+    }
+done:
+    free(q), free(k), free(v), free(go), free(rq), free(rk), free(rv), free(rdo), free(ro), free(rlse), free(rdq);
+    free(rdk), free(rdv);
+    if (have_ker) outputs_free(&ker);
+    if (have_base) outputs_free(&base);
+}

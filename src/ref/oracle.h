@@ -1,0 +1,26 @@
+/* oracle.h — the float64 dense reference: forward and backward over the mask predicate
+ * wa_visible(), written for clarity and never tuned to match a kernel. tests/test_oracle.c
+ * checks it against central finite differences; everything else is checked against it.
+ * Not part of libwinattn: tests and tools link it from build/ref. */
+#ifndef WA_ORACLE_H
+#define WA_ORACLE_H
+
+#include "winattn.h"
+#include "../tile_geometry.h"
+
+typedef struct wa_oracle_shape {
+    int64_t B, Hq, Hkv, Nq, Nk, D;
+    double scale;   /* the actual scale (no 0-means-default here) */
+    double softcap; /* 0 = off */
+    wa_window win;
+} wa_oracle_shape;
+
+/* All arrays contiguous [B, H, N, D] (lse [B, Hq, Nq]). do_ may be NULL (forward only); then
+ * dq, dk, dv are not touched. o and lse may be NULL when only gradients are wanted. */
+void wa_oracle(const wa_oracle_shape *s, const double *q, const double *k, const double *v, const double *do_,
+               double *o, double *lse, double *dq, double *dk, double *dv);
+
+/* Copy a strided wa_tensor (any dtype) into a contiguous double array: exact. */
+void wa_tensor_to_f64(const wa_tensor *t, double *out);
+
+#endif
