@@ -56,7 +56,7 @@ TOOL_SRC := $(wildcard tools/*.c)
 TOOL_OBJ := $(TOOL_SRC:%.c=$(BUILD)/%.o)
 TOOL_LIBS := -ljansson
 
-TEST_NAMES := test_geometry test_kernels
+TEST_NAMES := test_geometry test_convert test_oracle test_kernels test_api
 TESTS    := $(TEST_NAMES:%=$(BUILD)/tests/%)
 
 STATIC   := $(BUILD)/libwinattn.a

@@ -223,8 +223,9 @@ static wa_status validate(wa_context *ctx, const wa_attn_desc *desc, const wa_te
         if (i == 4) {
             if (lse->dtype != WA_F32) return wa_fail(WA_ERR_DTYPE, "lse must be f32");
         } else if (all[i]->dtype != q->dtype) {
-            return wa_fail(WA_ERR_DTYPE, "%s has dtype %d but q has %d; all of q, k, v, o, do, dq, dk, dv share one dtype",
-                           names[i], (int)all[i]->dtype, (int)q->dtype);
+            static const char *const dtype_names[3] = {"f32", "f16", "bf16"};
+            return wa_fail(WA_ERR_DTYPE, "%s is %s but q is %s; q, k, v, o, do, dq, dk, dv must share one dtype",
+                           names[i], dtype_names[all[i]->dtype], dtype_names[q->dtype]);
         }
     }
 
