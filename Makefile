@@ -107,6 +107,7 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/tests/check.o $(REF_OBJ) $(STATIC)
 	$(CC) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/tests/%.o: CFLAGS += -Isrc -Itools
+$(BUILD)/tools/%.o: CFLAGS += -Isrc
 
 test: all
 	@sh tests/run_tests.sh $(BUILD)

@@ -168,6 +168,9 @@ size_t wa_dtype_size(wa_dtype dt);
 /* 1 if this build can run on the device (CUDA: built with nvcc and a GPU is present). */
 int wa_device_available(wa_device dev);
 const char *wa_version(void);
+/* The CPU kernels this process runs: "avx512", "avx2" or "generic" (chosen at run time;
+ * WINATTN_ISA in the environment can force a supported one). */
+const char *wa_cpu_kernels(void);
 
 #ifdef __cplusplus
 }

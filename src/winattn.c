@@ -56,6 +56,8 @@ size_t wa_dtype_size(wa_dtype dt) {
 
 const char *wa_version(void) { return "0.1.0"; }
 
+const char *wa_cpu_kernels(void) { return wa_cpu_isa(); }
+
 int wa_device_available(wa_device dev) {
     if (dev == WA_DEVICE_CPU) return 1;
     if (dev == WA_DEVICE_CUDA) return wa_cuda_available();

@@ -1,0 +1,118 @@
+/* tool.c — helpers shared by the winattn subcommands (see tool.h). */
+#define _GNU_SOURCE
+#include "tool.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+const char *tool_cmd = "";
+
+void die(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "winattn%s%s: ", tool_cmd[0] ? " " : "", tool_cmd);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(1);
+}
+
+void usage_error(const char *usage, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "winattn%s%s: ", tool_cmd[0] ? " " : "", tool_cmd);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, " (usage: %s)\n", usage);
+    va_end(ap);
+    exit(2);
+}
+
+int parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
+    if (!s || !*s) return -1;
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || *end || v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+
+int parse_f32(const char *s, float *out) {
+    if (!s || !*s) return -1;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || *end || !isfinite(v) || fabs(v) > 3.0e38) return -1;
+    *out = (float)v;
+    return 0;
+}
+
+const char *flag_value(int argc, char **argv, int *i, const char *name, const char *usage) {
+    size_t n = strlen(name);
+    const char *a = argv[*i];
+    if (strncmp(a, name, n) != 0) return NULL;
+    if (a[n] == '=') return a + n + 1;
+    if (a[n] != '\0') return NULL;
+    if (*i + 1 >= argc) usage_error(usage, "%s needs a value", name);
+    return argv[++*i];
+}
+
+double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static size_t proc_field_kb(const char *file, const char *field) {
+    FILE *f = fopen(file, "r");
+    if (!f) return 0;
+    char line[256];
+    size_t n = strlen(field), kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, field, n) == 0 && line[n] == ':') {
+            kb = (size_t)strtoull(line + n + 1, NULL, 10);
+            break;
+        }
+    fclose(f);
+    return kb;
+}
+
+size_t peak_rss_bytes(void) { return proc_field_kb("/proc/self/status", "VmHWM") * 1024; }
+size_t current_rss_bytes(void) { return proc_field_kb("/proc/self/status", "VmRSS") * 1024; }
+size_t mem_available_bytes(void) { return proc_field_kb("/proc/meminfo", "MemAvailable") * 1024; }
+
+void *xmalloc(size_t bytes, const char *what) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0)
+        die("out of memory allocating %zu bytes for %s", bytes, what);
+    return p;
+}
+
+const char *dtype_name(wa_dtype dt) {
+    static const char *const names[3] = {"f32", "f16", "bf16"};
+    return (unsigned)dt < 3 ? names[dt] : "?";
+}
+
+void write_file_atomic(const char *path, const char *text) {
+    size_t n = strlen(path) + 32;
+    char *tmp = xmalloc(n, "a file name");
+    snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (!f) die("cannot write %s: %s", path, strerror(errno));
+    int ok = fputs(text, f) >= 0;
+    ok &= fflush(f) == 0;
+    ok &= fsync(fileno(f)) == 0;
+    ok &= fclose(f) == 0;
+    if (!ok || rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        die("cannot write %s: %s", path, strerror(e));
+    }
+    free(tmp);
+}

@@ -1,0 +1,43 @@
+/* tool.h — what the winattn subcommands share. Tools may exit (the library never does): every
+ * exit on error prints one line "winattn <cmd>: <problem>" to stderr and returns status 1 (2 for
+ * usage errors). */
+#ifndef WA_TOOL_H
+#define WA_TOOL_H
+
+#include "winattn.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+extern const char *tool_cmd; /* "attn", "probe", ... for messages */
+
+_Noreturn void die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+_Noreturn void usage_error(const char *usage, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Strict parsers: the whole string must be a number in range. 0 on success, -1 otherwise. */
+int parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
+int parse_f32(const char *s, float *out);
+
+/* Flag matching for "--name value" and "--name=value". Returns the value (advancing *i) when
+ * argv[*i] is the flag, NULL when it is a different argument; dies if the value is missing. */
+const char *flag_value(int argc, char **argv, int *i, const char *name, const char *usage);
+
+double now_seconds(void);
+/* From /proc/self/status: VmHWM (peak resident) and VmRSS, in bytes; 0 if unavailable. */
+size_t peak_rss_bytes(void);
+size_t current_rss_bytes(void);
+/* MemAvailable from /proc/meminfo in bytes; 0 if unknown. */
+size_t mem_available_bytes(void);
+/* malloc that dies with a message naming what it was for. */
+void *xmalloc(size_t bytes, const char *what);
+const char *dtype_name(wa_dtype dt);
+
+/* Write text to path atomically (temporary + rename); dies on failure. */
+void write_file_atomic(const char *path, const char *text);
+
+int cmd_attn(int argc, char **argv);
+int cmd_probe(int argc, char **argv);
+int cmd_probe_child(int argc, char **argv);
+int cmd_parity(int argc, char **argv);
+
+#endif
