@@ -56,8 +56,8 @@ TOOL_SRC := $(wildcard tools/*.c)
 TOOL_OBJ := $(TOOL_SRC:%.c=$(BUILD)/%.o)
 TOOL_LIBS := -ljansson
 
-TEST_NAMES := test_geometry test_convert test_oracle test_kernels test_api
-TESTS    := $(TEST_NAMES:%=$(BUILD)/tests/%)
+TEST_NAMES := test_geometry test_convert test_oracle test_kernels test_api test_safetensors
+TESTS    := $(TEST_NAMES:%=$(BUILD)/tests/%) $(BUILD)/tests/cli_helper
 
 STATIC   := $(BUILD)/libwinattn.a
 SHARED   := $(BUILD)/libwinattn.so
@@ -101,6 +101,9 @@ $(BUILD)/winattn: $(TOOL_OBJ) $(REF_OBJ) $(STATIC)
 	$(CC) -o $@ $^ $(TOOL_LIBS) $(LDLIBS)
 
 $(BUILD)/tests/test_safetensors: $(BUILD)/tests/test_safetensors.o $(BUILD)/tools/safetensors.o
+	$(CC) -o $@ $^ $(TOOL_LIBS) $(LDLIBS)
+
+$(BUILD)/tests/cli_helper: $(BUILD)/tests/cli_helper.o $(BUILD)/tests/check.o $(BUILD)/tools/safetensors.o $(STATIC)
 	$(CC) -o $@ $^ $(TOOL_LIBS) $(LDLIBS)
 
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/tests/check.o $(REF_OBJ) $(STATIC)

@@ -76,12 +76,13 @@ static int utf8_ok(const char *s)
 }
 
 /* A failure must come with a non-empty single-line message mentioning `expect`, and leave the
- * st_file empty. Returns 1 if so, else 0 with a reason in detail. */
+ * st_file empty. Returns 1 if so, else 0 with a reason in detail (quotes are length-limited so
+ * the reason fits a 512-byte detail buffer). */
 static int check_failure(int rc, const st_file *f, const char *err, const char *expect,
                          char *detail, size_t dlen)
 {
     if (rc == 0) {
-        snprintf(detail, dlen, "accepted, expected an error mentioning '%s'", expect);
+        snprintf(detail, dlen, "accepted, expected an error mentioning '%.120s'", expect);
         return 0;
     }
     if (rc != -1) {
@@ -93,7 +94,7 @@ static int check_failure(int rc, const st_file *f, const char *err, const char *
         return 0;
     }
     if (strchr(err, '\n') != NULL || strchr(err, '\r') != NULL) {
-        snprintf(detail, dlen, "error message spans lines: %s", err);
+        snprintf(detail, dlen, "error message spans lines: %.300s", err);
         return 0;
     }
     if (!utf8_ok(err)) {
@@ -101,7 +102,7 @@ static int check_failure(int rc, const st_file *f, const char *err, const char *
         return 0;
     }
     if (strstr(err, expect) == NULL) {
-        snprintf(detail, dlen, "message '%s' does not mention '%s'", err, expect);
+        snprintf(detail, dlen, "message '%.300s' does not mention '%.120s'", err, expect);
         return 0;
     }
     if (f != NULL && (f->count != 0 || f->tensors != NULL || f->meta != NULL || f->map != NULL)) {
@@ -437,7 +438,8 @@ static int dir_entries(const char *dir)
         if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
             n++;
     }
-    closedir(d);
+    if (closedir(d) != 0)
+        return -1;
     return n;
 }
 
@@ -663,11 +665,10 @@ static void test_truncation_and_mutation(void)
             exit(2);
         memcpy(cut, full, len);
         int rc = st_parse(len ? cut : NULL, len, &f, err, sizeof err);
-        if (!check_failure(rc, &f, err, "", detail, sizeof detail)) {
+        char why[512];
+        if (!check_failure(rc, &f, err, "", why, sizeof why)) {
             ok = 0;
-            char tmp[1024];
-            snprintf(tmp, sizeof tmp, "length %zu of %zu: %s", len, full_len, detail);
-            snprintf(detail, sizeof detail, "%s", tmp);
+            snprintf(detail, sizeof detail, "length %zu of %zu: %s", len, full_len, why);
         }
         st_close(&f);
         free(cut);
@@ -878,7 +879,8 @@ static void remove_tree(const char *path)
             snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
             remove_tree(sub);
         }
-        closedir(d);
+        if (closedir(d) != 0)
+            fprintf(stderr, "warning: cannot close %s: %s\n", path, strerror(errno));
         if (rmdir(path) != 0)
             fprintf(stderr, "warning: cannot remove %s: %s\n", path, strerror(errno));
     } else if (unlink(path) != 0) {

@@ -22,7 +22,7 @@
 #include <string.h>
 #include <unistd.h>
 
-static const char parity_usage[] = "winattn parity [--quick] [--device cpu|cuda] [--json F] [--threads T] [--verbose]";
+static const char parity_usage[] = "winattn parity [--quick] [--device cpu|cuda] [--json F] [--threads T] [--verbose] [--case I]";
 
 /* The two tile configurations every case may run under: the default, and a non-square one whose
  * key tile is not a power of two. */
@@ -168,24 +168,28 @@ static void *worker(void *arg) {
     return NULL;
 }
 
-static void line(const pcase *pc, const wa_case_result *r, char *buf, size_t n) {
+static void line(int index, const pcase *pc, const wa_case_result *r, char *buf, size_t n) {
     char name[200];
     wa_case_name(&pc->c, name, sizeof name);
-    snprintf(buf, n, "%s %s tiles=%dx%d o=%.2g/%.2g lse=%.2g/%.2g dq=%.2g/%.2g dk=%.2g/%.2g dv=%.2g/%.2g%s%s%s",
-             r->pass ? "PASS" : "FAIL", name, tile_configs[pc->cfg][0], tile_configs[pc->cfg][1], r->err[0], r->bound[0],
+    snprintf(buf, n, "%s #%d %s tiles=%dx%d o=%.2g/%.2g lse=%.2g/%.2g dq=%.2g/%.2g dk=%.2g/%.2g dv=%.2g/%.2g%s%s%s",
+             r->pass ? "PASS" : "FAIL", index, name, tile_configs[pc->cfg][0], tile_configs[pc->cfg][1], r->err[0], r->bound[0],
              r->err[1], r->bound[1], r->err[2], r->bound[2], r->err[3], r->bound[3], r->err[4], r->bound[4],
              r->used_grad_mult ? " [gradient bound 3x]" : "", r->detail[0] ? " : " : "", r->detail);
 }
 
 int cmd_parity(int argc, char **argv) {
     int quick = 0, verbose = 0;
-    int64_t threads = 0;
+    int64_t threads = 0, only = -1;
     const char *json_path = NULL, *v;
     wa_device device = WA_DEVICE_CPU;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) quick = 1;
         else if (strcmp(argv[i], "--verbose") == 0) verbose = 1;
         else if ((v = flag_value(argc, argv, &i, "--json", parity_usage))) json_path = v;
+        else if ((v = flag_value(argc, argv, &i, "--case", parity_usage))) {
+            if (parse_i64(v, 0, 1 << 20, &only)) usage_error(parity_usage, "--case '%s': need a case number", v);
+            verbose = 1;
+        }
         else if ((v = flag_value(argc, argv, &i, "--threads", parity_usage))) {
             if (parse_i64(v, 0, 1024, &threads)) usage_error(parity_usage, "--threads '%s': need 0 (all) to 1024", v);
         } else if ((v = flag_value(argc, argv, &i, "--device", parity_usage))) {
@@ -203,6 +207,7 @@ int cmd_parity(int argc, char **argv) {
     int n_todo = 0;
     for (int i = 0; i < l.n; i++) {
         const wa_case *c = &l.v[i].c;
+        if (only >= 0 && i != only) continue;
         if (quick && (i % 10 != 0 || c->Nq > 1100 || c->Nk > 1100)) continue;
         todo[n_todo++] = i;
     }
@@ -230,7 +235,7 @@ int cmd_parity(int argc, char **argv) {
         if (r->pass) passed++;
         else failed++, per_group_fail[pc->group]++;
         used3 += r->pass && r->used_grad_mult;
-        line(pc, r, buf, sizeof buf);
+        line(todo[i], pc, r, buf, sizeof buf);
         if (!r->pass || verbose || r->used_grad_mult) printf("%s\n", buf);
         if (json_path) {
             json_t *jc = json_object(), *je = json_object();

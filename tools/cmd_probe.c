@@ -1,1 +1,242 @@
-int cmd_probe(int argc, char **argv){(void)argc;(void)argv;return 1;} int cmd_probe_child(int argc, char **argv){(void)argc;(void)argv;return 1;}
+/* cmd_probe.c — `winattn probe`: the write-up's memory table, measured by the operating system.
+ *
+ * Shape: bf16, B=1, Hq=32, Hkv=16, D=256, sliding window 1024, N = 8192, 16384, 32768
+ * (--quick: 1024, 2048, 4096). For each N and each path (winattn's tiled kernels, and the dense
+ * path that materialises the score matrix like a framework fallback) a fresh child process
+ * (`winattn probe-child`) allocates and fills q, k, v, dO, records its peak resident set
+ * (VmHWM) as the baseline, runs forward then backward, and exits. The parent takes the child's
+ * peak from wait4()'s rusage: peak above inputs = ru_maxrss - baseline. That includes every
+ * output (o, lse, dq, dk, dv: 1.61 GB at 32K), as the write-up's mx.grad measurement did.
+ * The dense path runs only where it fits in RAM; elsewhere the table shows the bytes it would
+ * need (from wa_workspace_size plus outputs), marked as not measured. */
+#define _GNU_SOURCE
+#include "tool.h"
+#include "tile_geometry.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static const char probe_usage[] = "winattn probe [--quick] [--json F] [--threads T]";
+
+enum { P_B = 1, P_HQ = 32, P_HKV = 16, P_D = 256, P_WINDOW = 1024 };
+
+/* the write-up's figures (GB, peak above inputs): the fork's tiled backward and MLX's dense
+ * fallback with mlx-lm's boolean mask, at 8K / 16K / 32K */
+static const double writeup_fork_gb[3] = {1.24, 2.49, 4.74};
+static const double writeup_dense_gb[3] = {12.94, 50.25, 198.0};
+
+typedef struct measurement {
+    int run;             /* 0: not run (see why) */
+    const char *why;
+    double peak_gb;      /* above inputs, from the OS */
+    double need_gb;      /* what the library says it will allocate, plus outputs */
+    double fwd_s, bwd_s;
+} measurement;
+
+/* ---- the child ---- */
+
+static void fill_bf16(uint16_t *p, size_t n, uint64_t seed) {
+    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (size_t i = 0; i < n; i++) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        /* a bf16 in [-2, 2): sign, exponent 126 or 127, 7 random mantissa bits */
+        p[i] = (uint16_t)(((s >> 8) & 0x8000u) | (0x3f00u + ((s >> 20) & 0x80u)) | ((s >> 32) & 0x7fu));
+    }
+}
+
+int cmd_probe_child(int argc, char **argv) {
+    int64_t N = 0, threads = 0;
+    int dense = 0;
+    const char *v;
+    for (int i = 1; i < argc; i++) {
+        if ((v = flag_value(argc, argv, &i, "--n", probe_usage))) {
+            if (parse_i64(v, 1, 1 << 22, &N)) die("--n '%s'", v);
+        } else if ((v = flag_value(argc, argv, &i, "--algo", probe_usage))) {
+            dense = strcmp(v, "dense") == 0;
+        } else if ((v = flag_value(argc, argv, &i, "--threads", probe_usage))) {
+            if (parse_i64(v, 0, 1024, &threads)) die("--threads '%s'", v);
+        } else die("unknown argument '%s'", argv[i]);
+    }
+    size_t nq = (size_t)(P_B * P_HQ * N * P_D), nk = (size_t)(P_B * P_HKV * N * P_D);
+    uint16_t *q = xmalloc(nq * 2, "q"), *k = xmalloc(nk * 2, "k"), *vv = xmalloc(nk * 2, "v"), *g = xmalloc(nq * 2, "do");
+    fill_bf16(q, nq, 1), fill_bf16(k, nk, 2), fill_bf16(vv, nk, 3), fill_bf16(g, nq, 4);
+    size_t baseline = peak_rss_bytes();
+
+    wa_context_params cp = {0};
+    cp.threads = (int)threads;
+    cp.algorithm = dense ? WA_ALGO_DENSE : WA_ALGO_TILED;
+    wa_context *ctx;
+    if (wa_context_create(&cp, &ctx) != WA_OK) die("%s", wa_last_error());
+    uint16_t *o = xmalloc(nq * 2, "o"), *dq = xmalloc(nq * 2, "dq"), *dk = xmalloc(nk * 2, "dk"), *dv = xmalloc(nk * 2, "dv");
+    float *lse = xmalloc((size_t)(P_B * P_HQ * N) * 4, "lse");
+    wa_tensor tq = wa_tensor_bhnd(q, WA_BF16, P_B, P_HQ, N, P_D), tk = wa_tensor_bhnd(k, WA_BF16, P_B, P_HKV, N, P_D);
+    wa_tensor tv = wa_tensor_bhnd(vv, WA_BF16, P_B, P_HKV, N, P_D), tg = wa_tensor_bhnd(g, WA_BF16, P_B, P_HQ, N, P_D);
+    wa_tensor to = wa_tensor_bhnd(o, WA_BF16, P_B, P_HQ, N, P_D), tl = wa_tensor_lse(lse, P_B, P_HQ, N);
+    wa_tensor tdq = wa_tensor_bhnd(dq, WA_BF16, P_B, P_HQ, N, P_D), tdk = wa_tensor_bhnd(dk, WA_BF16, P_B, P_HKV, N, P_D);
+    wa_tensor tdv = wa_tensor_bhnd(dv, WA_BF16, P_B, P_HKV, N, P_D);
+    wa_attn_desc desc = wa_attn_desc_sliding(P_WINDOW);
+    double t0 = now_seconds();
+    if (wa_forward(ctx, &desc, &tq, &tk, &tv, &to, &tl) != WA_OK) die("forward: %s", wa_last_error());
+    double t1 = now_seconds();
+    if (wa_backward(ctx, &desc, &tq, &tk, &tv, &to, &tl, &tg, &tdq, &tdk, &tdv) != WA_OK) die("backward: %s", wa_last_error());
+    double t2 = now_seconds();
+    printf("baseline=%zu fwd=%.6f bwd=%.6f hwm=%zu\n", baseline, t1 - t0, t2 - t1, peak_rss_bytes());
+    wa_context_destroy(ctx);
+    return 0;
+}
+
+/* ---- the parent ---- */
+
+static int run_child(int64_t N, int dense, int64_t threads, measurement *m) {
+    char n_arg[32], t_arg[32];
+    snprintf(n_arg, sizeof n_arg, "%lld", (long long)N);
+    snprintf(t_arg, sizeof t_arg, "%lld", (long long)threads);
+    int fds[2];
+    if (pipe(fds) != 0) die("pipe: %s", strerror(errno));
+    pid_t pid = fork();
+    if (pid < 0) die("fork: %s", strerror(errno));
+    if (pid == 0) {
+        dup2(fds[1], 1);
+        close(fds[0]), close(fds[1]);
+        execl("/proc/self/exe", "winattn", "probe-child", "--n", n_arg, "--algo", dense ? "dense" : "tiled", "--threads",
+              t_arg, (char *)NULL);
+        _exit(127);
+    }
+    close(fds[1]);
+    char out[512] = "";
+    size_t got = 0;
+    ssize_t r;
+    while (got + 1 < sizeof out && (r = read(fds[0], out + got, sizeof out - 1 - got)) > 0) got += (size_t)r;
+    out[got] = '\0';
+    close(fds[0]);
+    int status;
+    struct rusage ru;
+    if (wait4(pid, &status, 0, &ru) < 0) die("wait4: %s", strerror(errno));
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return -1;
+    size_t baseline = 0, hwm = 0;
+    if (sscanf(out, "baseline=%zu fwd=%lf bwd=%lf hwm=%zu", &baseline, &m->fwd_s, &m->bwd_s, &hwm) != 4) return -1;
+    size_t peak = (size_t)ru.ru_maxrss * 1024; /* kilobytes on Linux */
+    m->peak_gb = (double)(peak - baseline) / 1e9;
+    m->run = 1;
+    return 0;
+}
+
+static double bytes_needed_gb(int64_t N, int dense) {
+    wa_context_params cp = {0};
+    cp.algorithm = dense ? WA_ALGO_DENSE : WA_ALGO_TILED;
+    wa_context *ctx;
+    if (wa_context_create(&cp, &ctx) != WA_OK) die("%s", wa_last_error());
+    static char dummy[64]; /* descriptors only: wa_workspace_size never touches data */
+    wa_tensor tq = wa_tensor_bhnd(dummy, WA_BF16, P_B, P_HQ, N, P_D), tk = wa_tensor_bhnd(dummy, WA_BF16, P_B, P_HKV, N, P_D);
+    wa_attn_desc desc = wa_attn_desc_sliding(P_WINDOW);
+    size_t ws = 0;
+    if (wa_workspace_size(ctx, &desc, &tq, &tk, &tk, 1, &ws) != WA_OK) die("%s", wa_last_error());
+    wa_context_destroy(ctx);
+    double outputs = 2.0 * (2.0 * P_HQ + 2.0 * P_HKV) * (double)N * P_D + 4.0 * P_HQ * (double)N;
+    return ((double)ws + outputs) / 1e9;
+}
+
+static double tflops(int64_t N, double seconds, double mult) {
+    wa_window w = {N, N, P_WINDOW - 1, 0};
+    double pairs = (double)wa_visible_pairs(&w) * P_HQ * P_B;
+    return seconds > 0 ? mult * 4.0 * P_D * pairs / seconds / 1e12 : 0;
+}
+
+static void fmt_mem(char *buf, size_t n, const measurement *m) {
+    if (m->run) snprintf(buf, n, "%.2f GB", m->peak_gb);
+    else snprintf(buf, n, "needs %.1f GB (%s)", m->need_gb, m->why);
+}
+static void fmt_time(char *buf, size_t n, const measurement *m, double s) {
+    if (m->run) snprintf(buf, n, "%.2f", s);
+    else snprintf(buf, n, "-");
+}
+
+int cmd_probe(int argc, char **argv) {
+    int quick = 0;
+    int64_t threads = 0;
+    const char *json_path = NULL, *v;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--quick") == 0) quick = 1;
+        else if ((v = flag_value(argc, argv, &i, "--json", probe_usage))) json_path = v;
+        else if ((v = flag_value(argc, argv, &i, "--threads", probe_usage))) {
+            if (parse_i64(v, 0, 1024, &threads)) usage_error(probe_usage, "--threads '%s': need 0 (all) to 1024", v);
+        } else usage_error(probe_usage, "unknown argument '%s'", argv[i]);
+    }
+    const int64_t full[3] = {8192, 16384, 32768}, small[3] = {1024, 2048, 4096};
+    const int64_t *sizes = quick ? small : full;
+    measurement tiled[3], dense[3];
+    memset(tiled, 0, sizeof tiled), memset(dense, 0, sizeof dense);
+    printf("probe: bf16, B=%d, Hq=%d, Hkv=%d, D=%d, sliding window %d, forward + backward; peak RSS above inputs of a "
+           "child process (wait4 ru_maxrss - VmHWM after inputs); CPU kernels %s\n\n",
+           P_B, P_HQ, P_HKV, P_D, P_WINDOW, wa_cpu_kernels());
+    fflush(stdout);
+    for (int s = 0; s < 3; s++) {
+        int64_t N = sizes[s];
+        tiled[s].need_gb = bytes_needed_gb(N, 0);
+        if (run_child(N, 0, threads, &tiled[s]) != 0) die("the tiled child at N=%lld failed", (long long)N);
+        dense[s].need_gb = bytes_needed_gb(N, 1);
+        double avail = (double)mem_available_bytes() / 1e9;
+        if (quick && N > 2048) dense[s].why = "not run under --quick";
+        else if (dense[s].need_gb > 0.85 * avail) dense[s].why = "does not fit in RAM: not run";
+        else if (run_child(N, 1, threads, &dense[s]) != 0) dense[s].why = "child failed";
+    }
+    printf("| N | winattn peak above inputs | fwd s | bwd s | fwd TFLOP/s | bwd TFLOP/s | dense peak above inputs | dense fwd s | dense bwd s |%s\n",
+           quick ? "" : " write-up: fork | write-up: MLX dense |");
+    printf("|---|---|---|---|---|---|---|---|---|%s\n", quick ? "" : "---|---|");
+    for (int s = 0; s < 3; s++) {
+        char tm[64], dm[80], df[32], db[32];
+        fmt_mem(tm, sizeof tm, &tiled[s]), fmt_mem(dm, sizeof dm, &dense[s]);
+        fmt_time(df, sizeof df, &dense[s], dense[s].fwd_s), fmt_time(db, sizeof db, &dense[s], dense[s].bwd_s);
+        printf("| %lld | %s | %.2f | %.2f | %.3f | %.3f | %s | %s | %s |", (long long)sizes[s], tm, tiled[s].fwd_s,
+               tiled[s].bwd_s, tflops(sizes[s], tiled[s].fwd_s, 1.0), tflops(sizes[s], tiled[s].bwd_s, 2.5), dm, df, db);
+        if (!quick) printf(" %.2f GB | %.2f GB |", writeup_fork_gb[s], writeup_dense_gb[s]);
+        printf("\n");
+    }
+    printf("\n");
+    int passed = 0, failed = 0;
+    double ratio = tiled[2].peak_gb / tiled[0].peak_gb;
+    int ok = ratio <= 4.4;
+    printf("%s linear memory: peak(%lld) / peak(%lld) = %.2f (target <= 4.4 for 4x the tokens)\n", ok ? "PASS" : "FAIL",
+           (long long)sizes[2], (long long)sizes[0], ratio);
+    ok ? passed++ : failed++;
+    if (!quick) {
+        ok = tiled[2].peak_gb <= 2.0;
+        printf("%s backward peak above inputs at 32768 = %.2f GB (target <= 2.0 GB incl. 1.61 GB of outputs; fork 4.74 GB, "
+               "MLX dense 198 GB)\n", ok ? "PASS" : "FAIL", tiled[2].peak_gb);
+        ok ? passed++ : failed++;
+    }
+    for (int s = 0; s < 3; s++) {
+        ok = tiled[s].peak_gb < tiled[s].need_gb * 1.25 + 0.05;
+        printf("%s N=%lld: measured %.2f GB vs %.2f GB the library reports it allocates (workspace + outputs)\n",
+               ok ? "PASS" : "FAIL", (long long)sizes[s], tiled[s].peak_gb, tiled[s].need_gb);
+        ok ? passed++ : failed++;
+    }
+    if (json_path) {
+        json_t *rows = json_array();
+        for (int s = 0; s < 3; s++) {
+            json_t *r = json_pack("{s:I,s:f,s:f,s:f,s:f,s:f}", "n", (json_int_t)sizes[s], "tiled_peak_gb", tiled[s].peak_gb,
+                                  "tiled_need_gb", tiled[s].need_gb, "tiled_fwd_s", tiled[s].fwd_s, "tiled_bwd_s",
+                                  tiled[s].bwd_s, "dense_need_gb", dense[s].need_gb);
+            json_object_set_new(r, "dense_measured", json_boolean(dense[s].run));
+            if (dense[s].run)
+                json_object_update_new(r, json_pack("{s:f,s:f,s:f}", "dense_peak_gb", dense[s].peak_gb, "dense_fwd_s",
+                                                    dense[s].fwd_s, "dense_bwd_s", dense[s].bwd_s));
+            else json_object_set_new(r, "dense_not_run", json_string(dense[s].why));
+            json_array_append_new(rows, r);
+        }
+        json_t *root = json_pack("{s:s,s:s,s:b,s:o}", "shape", "bf16 B=1 Hq=32 Hkv=16 D=256 window=(1023,0)",
+                                 "cpu_kernels", wa_cpu_kernels(), "quick", quick, "rows", rows);
+        char *text = json_dumps(root, JSON_INDENT(1));
+        write_file_atomic(json_path, text);
+        free(text);
+        json_decref(root);
+    }
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}

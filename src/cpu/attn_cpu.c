@@ -254,7 +254,7 @@ static void delta_unit(void *arg, int64_t bh, int worker) {
 /* For query rows [i0, i0+m) against key tile [j0, j0+n): S (in) becomes P, dP (in) becomes dS,
  * the gradient with respect to the raw dot product q.k (softcap derivative and scale included). */
 static void scores_to_grads(const cpu_tile_args *a, float *S, float *dP, int64_t b, int64_t h, int64_t i0, int64_t m,
-                            const float *lse, const float *delta) {
+                            const float *lse, const float *delta, const float *rnorm) {
     const wa_problem *p = a->p;
     const int64_t ld = a->Bkp;
     const float scale = p->scale, cap = p->softcap;
@@ -269,10 +269,11 @@ static void scores_to_grads(const cpu_tile_args *a, float *S, float *dP, int64_t
             memset(dp, 0, (size_t)ld * 4);
             continue;
         }
-        vf lv = vsplat(lse[r]), dv = vsplat(delta[r]);
+        vf lv = vsplat(lse[r]), dv = vsplat(delta[r]), rv = vsplat(rnorm ? rnorm[r] : 1.0f);
         for (int64_t c = 0; c < ld; c += VW) {
             vf sv = vload(s + c);
             vf pv = vexp(sv - lv);
+            if (rnorm) pv = pv * rv;
             vf ds = pv * (vload(dp + c) - dv);
             if (cap > 0.0f) {
                 vf t = sv * vsplat(1.0f / cap);
@@ -290,7 +291,7 @@ static void scores_to_grads(const cpu_tile_args *a, float *S, float *dP, int64_t
  * tile; KT, VT the key tile transposed. */
 static void tile_pair_grads(const cpu_tile_args *a, const float *Qs, const float *dOs, const float *KT, const float *VT,
                             float *S, float *dP, int64_t b, int64_t h, int64_t i0, int64_t m, int64_t j0, int64_t n,
-                            const float *lse, const float *delta) {
+                            const float *lse, const float *delta, const float *rnorm) {
     const wa_problem *p = a->p;
     const int64_t D = p->D, Dp = a->Dp, Bkp = a->Bkp;
     int edge = wa_tile_needs_mask(&p->win, i0, i0 + m, j0, j0 + n);
@@ -299,14 +300,15 @@ static void tile_pair_grads(const cpu_tile_args *a, const float *Qs, const float
     gemm_acc(m, Bkp, D, Qs, Dp, 1, KT, Bkp, S, Bkp);
     finish_scores(a, S, Bkp, i0, m, j0, n, edge);
     gemm_acc(m, Bkp, D, dOs, Dp, 1, VT, Bkp, dP, Bkp);
-    scores_to_grads(a, S, dP, b, h, i0, m, lse, delta);
+    scores_to_grads(a, S, dP, b, h, i0, m, lse, delta, rnorm);
 }
 
 static void load_lse_delta(const cpu_tile_args *a, int64_t b, int64_t h, int64_t i0, int64_t m, float *lse,
-                           const float **delta) {
+                           const float **delta, const float **rnorm) {
     const wa_problem *p = a->p;
     for (int64_t r = 0; r < m; r++) lse[r] = *(const float *)wa_row_ptr(p->lse, b, h, i0 + r);
     *delta = a->delta + (b * p->Hq + h) * p->Nq + i0;
+    *rnorm = a->rnorm ? a->rnorm + (b * p->Hq + h) * p->Nq + i0 : NULL;
 }
 
 /* The backward's per-thread scratch; cpu_scratch_floats() in dispatch.c sizes it. After the
@@ -341,11 +343,11 @@ static void dkdv_unit(const cpu_tile_args *a, int64_t u, float *ws) {
         int64_t h = hk * p->group + g;
         for (int64_t qt = qt0; qt < qt1; qt++) {
             int64_t i0 = qt * Bq, m = wa_min64(Bq, p->Nq - i0);
-            const float *delta;
+            const float *delta, *rnorm;
             load_tile(Qs, Dp, p->q, b, h, i0, m, D, m);
             load_tile(dOs, Dp, p->do_, b, h, i0, m, D, m);
-            load_lse_delta(a, b, h, i0, m, lse, &delta);
-            tile_pair_grads(a, Qs, dOs, KT, VT, S, dP, b, h, i0, m, j0, n, lse, delta);
+            load_lse_delta(a, b, h, i0, m, lse, &delta, &rnorm);
+            tile_pair_grads(a, Qs, dOs, KT, VT, S, dP, b, h, i0, m, j0, n, lse, delta, rnorm);
             gemm_acc(n, Dp, m, S, 1, Bkp, dOs, Dp, dV, Dp);  /* dV += P^T dO */
             gemm_acc(n, Dp, m, dP, 1, Bkp, Qs, Dp, dK, Dp);  /* dK += dS^T Q */
         }
@@ -371,20 +373,74 @@ static void dq_unit(const cpu_tile_args *a, int64_t u, float *ws) {
     int64_t kt0, kt1;
     wa_key_tiles_for_rows(&p->win, i0, i0 + m, Bk, &kt0, &kt1);
     if (kt0 < kt1) {
-        const float *delta;
+        const float *delta, *rnorm;
         load_tile(Qs, Dp, p->q, b, h, i0, m, D, m);
         load_tile(dOs, Dp, p->do_, b, h, i0, m, D, m);
-        load_lse_delta(a, b, h, i0, m, lse, &delta);
+        load_lse_delta(a, b, h, i0, m, lse, &delta, &rnorm);
         for (int64_t kt = kt0; kt < kt1; kt++) {
             int64_t j0 = kt * Bk, n = wa_min64(Bk, p->Nk - j0);
             load_tile_transposed(KT, Bkp, p->k, b, hk, j0, n, D, row_buf);
             load_tile_transposed(VT, Bkp, p->v, b, hk, j0, n, D, row_buf);
             load_tile(Ks, Dp, p->k, b, hk, j0, n, D, n);
-            tile_pair_grads(a, Qs, dOs, KT, VT, S, dP, b, h, i0, m, j0, n, lse, delta);
+            tile_pair_grads(a, Qs, dOs, KT, VT, S, dP, b, h, i0, m, j0, n, lse, delta, rnorm);
             gemm_acc(m, Dp, n, dP, Bkp, 1, Ks, Dp, dQ, Dp); /* dQ += dS K */
         }
     }
     for (int64_t r = 0; r < m; r++) store_row(wa_row_ptr(p->dq, b, h, i0 + r), p->dtype, dQ + r * Dp, D);
+}
+
+/* f32 only: the row statistics recomputed from the scores instead of taken from O and lse.
+ *   r_i     = 1 / sum_j exp(s_ij - lse_i)                     (exactly 1 in exact arithmetic)
+ *   delta_i = r_i * sum_j exp(s_ij - lse_i) * dP_ij           (= dO_i . O_i in exact arithmetic)
+ * Why: dS = P (dP - delta) cancels. With delta = dO . O (the bf16/f16 path, FlashAttention's) the
+ * rounding of dP_ij and of delta are independent, so a row whose probability sits on one or two
+ * keys keeps an error of ~ulp(|dP|) that a dense f32 softmax VJP (which subtracts sum_l P dP
+ * built from the same dP values) mostly cancels: the parity sweep measured up to 4.4x the dense
+ * f32 error. Taking delta from the same dP values the tile passes recompute (bit for bit: same
+ * micro-kernel, same inputs) restores the cancellation, and r_i removes the f32 rounding of lse.
+ * Cost: two more tile GEMMs (S and dP) over the visible pairs, in f32 only; in bf16/f16 the
+ * inputs' own rounding dwarfs both effects. docs/algorithm.md has the measurements. */
+static void rowstats_unit(void *arg, int64_t u, int worker) {
+    const cpu_tile_args *a = arg;
+    const wa_problem *p = a->p;
+    const int64_t Bq = a->tile_q, Bk = a->tile_k, D = p->D, Dp = a->Dp, Bkp = a->Bkp;
+    int64_t qt = u % a->n_qtiles, bh = u / a->n_qtiles, b = bh / p->Hq, h = bh % p->Hq, hk = h / p->group;
+    int64_t i0 = qt * Bq, m = wa_min64(Bq, p->Nq - i0);
+    float *KT, *VT, *Qs, *dOs, *S, *dP, *lse, *row_buf, *rest;
+    backward_scratch(a, a->scratch + (size_t)worker * a->scratch_floats, &KT, &VT, &Qs, &dOs, &S, &dP, &lse, &row_buf, &rest);
+    float *sums = rest, *dots = rest + a->Bqp;
+    for (int64_t r = 0; r < m; r++) sums[r] = dots[r] = 0.0f, lse[r] = *(const float *)wa_row_ptr(p->lse, b, h, i0 + r);
+    int64_t kt0, kt1;
+    wa_key_tiles_for_rows(&p->win, i0, i0 + m, Bk, &kt0, &kt1);
+    if (kt0 < kt1) {
+        load_tile(Qs, Dp, p->q, b, h, i0, m, D, m);
+        load_tile(dOs, Dp, p->do_, b, h, i0, m, D, m);
+    }
+    for (int64_t kt = kt0; kt < kt1; kt++) {
+        int64_t j0 = kt * Bk, n = wa_min64(Bk, p->Nk - j0);
+        load_tile_transposed(KT, Bkp, p->k, b, hk, j0, n, D, row_buf);
+        load_tile_transposed(VT, Bkp, p->v, b, hk, j0, n, D, row_buf);
+        memset(S, 0, (size_t)(m * Bkp) * 4);
+        memset(dP, 0, (size_t)(m * Bkp) * 4);
+        gemm_acc(m, Bkp, D, Qs, Dp, 1, KT, Bkp, S, Bkp);
+        finish_scores(a, S, Bkp, i0, m, j0, n, wa_tile_needs_mask(&p->win, i0, i0 + m, j0, j0 + n));
+        gemm_acc(m, Bkp, D, dOs, Dp, 1, VT, Bkp, dP, Bkp);
+        for (int64_t r = 0; r < m; r++) {
+            vf acc = vsplat(0.0f), dot = vsplat(0.0f), lv = vsplat(lse[r]);
+            for (int64_t c = 0; c < Bkp; c += VW) {
+                vf e = vexp(vload(S + r * Bkp + c) - lv);
+                acc += e;
+                dot += e * vload(dP + r * Bkp + c);
+            }
+            sums[r] += vhsum(acc);
+            dots[r] += vhsum(dot);
+        }
+    }
+    float *rn = a->rnorm + bh * p->Nq + i0, *delta = a->delta + bh * p->Nq + i0;
+    for (int64_t r = 0; r < m; r++) {
+        rn[r] = sums[r] > 0.0f ? 1.0f / sums[r] : 0.0f;
+        delta[r] = dots[r] * rn[r];
+    }
 }
 
 static void backward_unit(void *arg, int64_t u, int worker) {
@@ -396,7 +452,8 @@ static void backward_unit(void *arg, int64_t u, int worker) {
 
 wa_status EXPORT(wa_cpu_backward)(wa_context *ctx, const wa_problem *p, cpu_tile_args *a) {
     (void)ctx;
-    wa_pool_run(a->pool, p->B * p->Hq, delta_unit, a);
+    if (a->rnorm) wa_pool_run(a->pool, p->B * p->Hq * a->n_qtiles, rowstats_unit, a);
+    else wa_pool_run(a->pool, p->B * p->Hq, delta_unit, a);
     wa_pool_run(a->pool, a->n_dkdv_units + p->B * p->Hq * a->n_qtiles, backward_unit, a);
     return WA_OK;
 }

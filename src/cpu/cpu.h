@@ -19,6 +19,7 @@ typedef struct cpu_tile_args {
     float *scratch;          /* threads * scratch_floats */
     size_t scratch_floats;
     float *delta;            /* backward: [B, Hq, Nq] rowsum(dO * O) */
+    float *rnorm;            /* backward, f32 only: [B, Hq, Nq] row renormalisation (attn_cpu.c) */
 } cpu_tile_args;
 
 #define WA_DECLARE_ISA(isa)                                                                   \

@@ -85,7 +85,7 @@ static void plan(const wa_context *ctx, const wa_problem *p, cpu_tile_args *a) {
     int64_t Bq = a->tile_q, D = p->D, Dp = a->Dp, Bkp = a->Bkp, Bqp = a->Bqp;
     int64_t fwd = Bq * Dp + D * Bkp + Bkp * Dp + Bq * Bkp + Bq * Dp + 2 * Bqp + Dp;
     int64_t bwd_shared = 2 * D * Bkp + 2 * Bq * Dp + 2 * Bq * Bkp + Bqp + Dp;
-    int64_t bwd = bwd_shared + wa_max64(2 * Bkp * Dp, Bkp * Dp + Bq * Dp);
+    int64_t bwd = bwd_shared + wa_max64(wa_max64(2 * Bkp * Dp, Bkp * Dp + Bq * Dp), 2 * Bqp);
     a->scratch_floats = (size_t)round_up(wa_max64(fwd, bwd), WA_CPU_PAD);
 }
 
@@ -96,6 +96,7 @@ size_t wa_cpu_workspace_bytes(const wa_context *ctx, const wa_problem *p, int ba
     plan(ctx, p, &a);
     size_t bytes = (size_t)ctx->threads * a.scratch_floats * sizeof(float);
     if (backward) bytes += (delta_bytes(p) + 63) & ~(size_t)63;
+    if (backward && p->dtype == WA_F32) bytes += (delta_bytes(p) + 63) & ~(size_t)63; /* rnorm */
     return bytes;
 }
 
@@ -109,6 +110,7 @@ static wa_status run(wa_context *ctx, const wa_problem *p, int backward) {
     if (!ws) return wa_fail(WA_ERR_NO_MEMORY, "cannot allocate %zu bytes of CPU workspace", total);
     a.scratch = (float *)ws;
     a.delta = backward ? (float *)(ws + scratch_bytes) : NULL;
+    if (backward && p->dtype == WA_F32) a.rnorm = (float *)(ws + scratch_bytes + ((delta_bytes(p) + 63) & ~(size_t)63));
     const cpu_isa *isa = pick_isa();
     wa_status st = backward ? isa->backward(ctx, p, &a) : isa->forward(ctx, p, &a);
     wa_free(ctx, ws);

@@ -1,0 +1,35 @@
+#!/bin/sh
+# run_tests.sh — `make test`: every unit test, the CLI test, then `winattn parity --quick` and
+# `winattn probe --quick`. Each prints its own PASS/FAIL lines and an "N passed, N failed"
+# line; this script adds them up and ends with the total in the same form. A program that
+# crashes or exits non-zero without reporting a failure counts as one failure.
+BUILD=${1:-build}
+total_pass=0 total_fail=0
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+
+run() {
+    name=$1; shift
+    echo "== $name"
+    start=$(date +%s)
+    "$@" >"$log" 2>&1
+    rc=$?
+    cat "$log"
+    summary=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1)
+    p=$(echo "$summary" | sed -n 's/^\([0-9]*\) passed, \([0-9]*\) failed.*/\1/p')
+    f=$(echo "$summary" | sed -n 's/^\([0-9]*\) passed, \([0-9]*\) failed.*/\2/p')
+    if [ -z "$p" ]; then p=0 f=1; echo "FAIL $name printed no summary (exit $rc)"; fi
+    if [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then f=1; echo "FAIL $name exited $rc"; fi
+    echo "== $name: $p passed, $f failed ($(( $(date +%s) - start )) s)"
+    total_pass=$((total_pass + p)) total_fail=$((total_fail + f))
+}
+
+for t in test_geometry test_convert test_oracle test_api test_safetensors test_kernels; do
+    run "$t" "$BUILD/tests/$t"
+done
+run "test_cli" sh tests/test_cli.sh "$BUILD"
+run "parity --quick" "$BUILD/winattn" parity --quick
+run "probe --quick" "$BUILD/winattn" probe --quick
+
+echo "$total_pass passed, $total_fail failed"
+[ $total_fail -eq 0 ]

@@ -1,0 +1,72 @@
+#!/bin/sh
+# test_cli.sh — `winattn attn` end to end: valid inputs give the library's exact results in
+# OUT; every kind of bad input gives one line on stderr, a non-zero exit, and no OUT file.
+# usage: tests/test_cli.sh BUILD_DIR
+BUILD=${1:-build}
+W=$BUILD/winattn
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+pass=0 fail=0
+ok() { echo "PASS cli $1"; pass=$((pass + 1)); }
+no() { echo "FAIL cli $1"; fail=$((fail + 1)); }
+
+"$BUILD/tests/cli_helper" gen "$T" || { echo "FAIL cli: cannot generate inputs"; echo "0 passed, 1 failed"; exit 1; }
+
+# expect_error NAME ARGS...: non-zero exit, exactly one stderr line, no output file
+expect_error() {
+    name=$1; shift
+    rm -f "$T/out.safetensors"
+    "$W" "$@" >"$T/stdout" 2>"$T/stderr"
+    rc=$?
+    lines=$(wc -l <"$T/stderr")
+    if [ $rc -ne 0 ] && [ $rc -lt 128 ] && [ "$lines" -eq 1 ] && [ ! -e "$T/out.safetensors" ] &&
+        [ -z "$(ls "$T" | grep '\.tmp\.')" ]; then
+        ok "$name -> exit $rc: $(cat "$T/stderr")"
+    else
+        no "$name -> exit $rc, $lines stderr lines, out exists: $([ -e "$T/out.safetensors" ] && echo yes || echo no): $(head -c 300 "$T/stderr")"
+    fi
+}
+
+expect_ok() {
+    name=$1 left=$2 right=$3 layout=$4; shift 4
+    rm -f "$T/out.safetensors"
+    if "$W" attn "$@" "$T/out.safetensors" 2>"$T/stderr" &&
+        "$BUILD/tests/cli_helper" verify "$1" "$T/out.safetensors" "$left" "$right" "$layout" 2>>"$T/stderr"; then
+        ok "$name"
+    else
+        no "$name: $(cat "$T/stderr")"
+    fi
+}
+
+expect_ok "sliding window 65, bhnd, forward and backward" 64 0 bhnd "$T/ok_bhnd.safetensors" --sliding-window 65
+expect_ok "window flags (30, 7), bnhd layout" 30 7 bnhd "$T/ok_bnhd.safetensors" --window-left 30 --window-right 7 --layout bnhd
+expect_ok "causal, forward only (no dq in OUT)" -1 0 bhnd "$T/ok_fwd_only.safetensors" --causal
+expect_ok "causal with a left window = sliding" 99 0 bhnd "$T/ok_bhnd.safetensors" --causal --window-left 99 --threads 1
+
+for f in bad_rank bad_dtype_mix bad_dtype_i32 bad_gqa bad_headdim bad_do_shape bad_extra_tensor bad_missing_v \
+    bad_truncated bad_lying_header bad_short; do
+    expect_error "$f" attn "$T/$f.safetensors" "$T/out.safetensors"
+done
+expect_error "missing input file" attn "$T/nope.safetensors" "$T/out.safetensors"
+expect_error "unknown flag" attn "$T/ok_bhnd.safetensors" "$T/out.safetensors" --windowleft 3
+expect_error "window -2" attn "$T/ok_bhnd.safetensors" "$T/out.safetensors" --window-left -2
+expect_error "window not a number" attn "$T/ok_bhnd.safetensors" "$T/out.safetensors" --window-right 5x
+expect_error "sliding window 0" attn "$T/ok_bhnd.safetensors" "$T/out.safetensors" --sliding-window 0
+expect_error "sliding window with window-left" attn "$T/ok_bhnd.safetensors" "$T/out.safetensors" --sliding-window 8 --window-left 3
+expect_error "causal with window-right 4" attn "$T/ok_bhnd.safetensors" "$T/out.safetensors" --causal --window-right 4
+expect_error "bad layout" attn "$T/ok_bhnd.safetensors" "$T/out.safetensors" --layout nhd
+expect_error "negative softcap" attn "$T/ok_bhnd.safetensors" "$T/out.safetensors" --softcap -3
+expect_error "scale nan" attn "$T/ok_bhnd.safetensors" "$T/out.safetensors" --scale nan
+expect_error "missing OUT" attn "$T/ok_bhnd.safetensors"
+expect_error "OUT in a missing directory" attn "$T/ok_bhnd.safetensors" "$T/no/such/dir/out.safetensors"
+expect_error "unknown command" frobnicate
+expect_error "parity: unknown flag" parity --fast
+expect_error "probe: unknown flag" probe --slow
+if "$W" version | grep -q "CUDA: available"; then
+    echo "SKIP cli --device cuda without CUDA: this build has CUDA"
+else
+    expect_error "--device cuda without CUDA" attn "$T/ok_bhnd.safetensors" "$T/out.safetensors" --device cuda
+fi
+
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]
