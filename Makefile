@@ -64,6 +64,8 @@ SHARED   := $(BUILD)/libwinattn.so
 SONAME   := libwinattn.so.0
 
 .PHONY: all lib test test-long install uninstall clean help fuzz
+# keep intermediate objects (and keep make quiet after the test summary)
+.SECONDARY:
 all: lib $(BUILD)/winattn $(TESTS)
 	@echo "winattn: built ($(if $(CUDA_ON),CUDA on: $(NVCC),CUDA off: nvcc not found))"
 
