@@ -127,7 +127,7 @@ fuzz:
 	@mkdir -p $(BUILD)/fuzz
 	clang -g -O1 -fsanitize=fuzzer,address,undefined -Itools tools/safetensors.c tests/fuzz/fuzz_safetensors.c \
 	    -ljansson -o $(BUILD)/fuzz/fuzz_safetensors
-	@echo "run: $(BUILD)/fuzz/fuzz_safetensors tests/fuzz/corpus -max_total_time=600"
+	@echo "run: mkdir -p $(BUILD)/fuzz/new && $(BUILD)/fuzz/fuzz_safetensors $(BUILD)/fuzz/new tests/fuzz/corpus -max_total_time=600"
 
 install: lib
 	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin

@@ -28,6 +28,7 @@ for t in test_geometry test_convert test_oracle test_api test_safetensors test_k
     run "$t" "$BUILD/tests/$t"
 done
 run "test_cli" sh tests/test_cli.sh "$BUILD"
+run "test_install" sh tests/test_install.sh "$BUILD"
 run "parity --quick" "$BUILD/winattn" parity --quick
 run "probe --quick" "$BUILD/winattn" probe --quick
 
