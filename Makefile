@@ -43,10 +43,12 @@ CUDA_ON := 1
 endif
 endif
 ifdef CUDA_ON
-CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(realpath $(NVCC)))
 NVCCFLAGS ?= -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -Xcompiler -fPIC -Iinclude -std=c++17
 LIB_OBJ  += $(CUDA_SRC:%.cu=$(BUILD)/%.o)
-LDLIBS   += -L$(CUDA_HOME)/lib64 -lcudart
+# the static runtime: binaries start on machines without the CUDA toolkit's libraries (CI),
+# where wa_device_available(WA_DEVICE_CUDA) then reports 0
+LDLIBS   += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 else
 LIB_OBJ  += $(BUILD)/src/cuda/stub.o
 endif
@@ -54,7 +56,11 @@ endif
 REF_OBJ  := $(BUILD)/src/ref/oracle.o $(BUILD)/src/ref/case.o
 TOOL_SRC := $(wildcard tools/*.c)
 TOOL_OBJ := $(TOOL_SRC:%.c=$(BUILD)/%.o)
-TOOL_LIBS := -ljansson
+# jansson for the command's JSON; JANSSON_CFLAGS/JANSSON_LIBS point elsewhere when the
+# machine has no libjansson-dev (e.g. a carried copy on the GPU machine)
+JANSSON_CFLAGS ?=
+JANSSON_LIBS ?= -ljansson
+TOOL_LIBS := $(JANSSON_LIBS)
 
 TEST_NAMES := test_geometry test_convert test_oracle test_kernels test_api test_safetensors
 TESTS    := $(TEST_NAMES:%=$(BUILD)/tests/%) $(BUILD)/tests/cli_helper
@@ -111,8 +117,8 @@ $(BUILD)/tests/cli_helper: $(BUILD)/tests/cli_helper.o $(BUILD)/tests/check.o $(
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/tests/check.o $(REF_OBJ) $(STATIC)
 	$(CC) -o $@ $^ $(LDLIBS)
 
-$(BUILD)/tests/%.o: CFLAGS += -Isrc -Itools
-$(BUILD)/tools/%.o: CFLAGS += -Isrc
+$(BUILD)/tests/%.o: CFLAGS += -Isrc -Itools $(JANSSON_CFLAGS)
+$(BUILD)/tools/%.o: CFLAGS += -Isrc $(JANSSON_CFLAGS)
 
 test: all
 	@sh tests/run_tests.sh $(BUILD)

@@ -161,6 +161,15 @@ wa_status wa_workspace_size(wa_context *ctx, const wa_attn_desc *desc,
                             const wa_tensor *q, const wa_tensor *k, const wa_tensor *v,
                             int backward, size_t *bytes);
 
+/* Memory helpers for tools and bindings that hold no CUDA headers of their own. dev selects
+ * the device (CPU: aligned host memory from the context's allocator; CUDA: cudaMalloc).
+ * wa_memcpy copies bytes between any two devices on the context's stream and waits for it. */
+wa_status wa_malloc(wa_context *ctx, wa_device dev, size_t bytes, void **ptr);
+void wa_free_memory(wa_context *ctx, wa_device dev, void *ptr);
+wa_status wa_memcpy(wa_context *ctx, void *dst, wa_device dst_dev, const void *src, wa_device src_dev, size_t bytes);
+/* Wait until all work this context queued (CUDA) is done; reports an asynchronous failure. */
+wa_status wa_synchronize(wa_context *ctx);
+
 const char *wa_status_str(wa_status s);
 /* One line describing the last failure on the calling thread ("" if none). */
 const char *wa_last_error(void);

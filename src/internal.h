@@ -72,5 +72,10 @@ int wa_cuda_available(void);
 size_t wa_cuda_workspace_bytes(const wa_context *ctx, const wa_problem *p, int backward);
 wa_status wa_cuda_forward(wa_context *ctx, const wa_problem *p);
 wa_status wa_cuda_backward(wa_context *ctx, const wa_problem *p);
+wa_status wa_cuda_malloc(size_t bytes, void **ptr);
+void wa_cuda_free(void *ptr);
+/* kind: 0 host->device, 1 device->host, 2 device->device */
+wa_status wa_cuda_memcpy(wa_context *ctx, void *dst, const void *src, size_t bytes, int kind);
+wa_status wa_cuda_synchronize(wa_context *ctx);
 
 #endif /* WA_INTERNAL_H */

@@ -128,6 +128,47 @@ void wa_context_destroy(wa_context *ctx) {
     else free(ctx);
 }
 
+/* ---- memory helpers ---- */
+
+wa_status wa_malloc(wa_context *ctx, wa_device dev, size_t bytes, void **ptr) {
+    wa_clear_error();
+    if (!ctx || !ptr) return wa_fail(WA_ERR_INVALID_ARG, "wa_malloc: context or ptr is NULL");
+    *ptr = NULL;
+    if (dev == WA_DEVICE_CPU) {
+        *ptr = wa_alloc(ctx, bytes);
+        return *ptr ? WA_OK : wa_fail(WA_ERR_NO_MEMORY, "cannot allocate %zu bytes", bytes);
+    }
+    if (dev == WA_DEVICE_CUDA) return wa_cuda_malloc(bytes, ptr);
+    return wa_fail(WA_ERR_DEVICE, "unknown device %d", (int)dev);
+}
+
+void wa_free_memory(wa_context *ctx, wa_device dev, void *ptr) {
+    if (!ctx || !ptr) return;
+    if (dev == WA_DEVICE_CPU) wa_free(ctx, ptr);
+    else if (dev == WA_DEVICE_CUDA) wa_cuda_free(ptr);
+}
+
+wa_status wa_memcpy(wa_context *ctx, void *dst, wa_device dst_dev, const void *src, wa_device src_dev, size_t bytes) {
+    wa_clear_error();
+    if (!ctx) return wa_fail(WA_ERR_INVALID_ARG, "wa_memcpy: context is NULL");
+    if (bytes == 0) return WA_OK;
+    if (!dst || !src) return wa_fail(WA_ERR_INVALID_ARG, "wa_memcpy: NULL pointer");
+    if ((unsigned)dst_dev > WA_DEVICE_CUDA || (unsigned)src_dev > WA_DEVICE_CUDA)
+        return wa_fail(WA_ERR_DEVICE, "wa_memcpy: unknown device");
+    if (dst_dev == WA_DEVICE_CPU && src_dev == WA_DEVICE_CPU) {
+        memmove(dst, src, bytes);
+        return WA_OK;
+    }
+    int kind = dst_dev == WA_DEVICE_CUDA ? (src_dev == WA_DEVICE_CUDA ? 2 : 0) : 1;
+    return wa_cuda_memcpy(ctx, dst, src, bytes, kind);
+}
+
+wa_status wa_synchronize(wa_context *ctx) {
+    wa_clear_error();
+    if (!ctx) return wa_fail(WA_ERR_INVALID_ARG, "wa_synchronize: context is NULL");
+    return wa_cuda_available() ? wa_cuda_synchronize(ctx) : WA_OK;
+}
+
 /* ---- validation ---- */
 
 static const char *const shape_names[4] = {"B", "H", "N", "D"};

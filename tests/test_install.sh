@@ -16,7 +16,7 @@ if command -v pkg-config >/dev/null 2>&1; then
     step "pkg-config knows winattn" pkg-config --exists winattn
     step "example builds against the shared library" sh -c "cc examples/sliding_window.c \$(pkg-config --cflags --libs winattn) -o '$P/ex_shared'"
     step "example runs (shared)" env LD_LIBRARY_PATH="$P/lib" "$P/ex_shared"
-    step "example builds statically" sh -c "cc examples/sliding_window.c \$(pkg-config --cflags winattn) '$P/lib/libwinattn.a' \$(pkg-config --libs-only-other --static winattn | tr -d '\n') -lm -lpthread -o '$P/ex_static'"
+    step "example builds statically" sh -c "cc examples/sliding_window.c \$(pkg-config --cflags winattn) '$P/lib/libwinattn.a' \$(pkg-config --static --libs winattn | sed 's/-lwinattn//') -o '$P/ex_static'"
     step "example runs (static)" "$P/ex_static"
 else
     echo "SKIP install pkg-config is not installed"

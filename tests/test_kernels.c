@@ -40,7 +40,7 @@ static const tcase cases[] = {
 
 static const int tile_configs[][2] = {{64, 64}, {16, 48}};
 
-static void run_table(const char *isa) {
+static void run_table(const char *isa, wa_device device) {
     for (size_t t = 0; t < sizeof tile_configs / sizeof *tile_configs; t++) {
         wa_context_params kp = {0}, bp = {0};
         kp.threads = 2, kp.tile_q = tile_configs[t][0], kp.tile_k = tile_configs[t][1];
@@ -53,7 +53,7 @@ static void run_table(const char *isa) {
         for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
             const tcase *tc = &cases[i];
             wa_case c = {tc->B, tc->Hq, tc->Hkv, tc->Nq, tc->Nk, tc->D, tc->dt, tc->bnhd, tc->left, tc->right,
-                         tc->scale, tc->softcap, 1000 + i};
+                         tc->scale, tc->softcap, 1000 + i, device};
             wa_case_result r;
             char name[200];
             wa_case_name(&c, name, sizeof name);
@@ -120,9 +120,11 @@ int main(void) {
             check_skip("kernels %s: this CPU cannot run it", isas[i]);
             continue;
         }
-        run_table(isas[i]);
+        run_table(isas[i], WA_DEVICE_CPU);
     }
     unsetenv("WINATTN_ISA");
+    if (wa_device_available(WA_DEVICE_CUDA)) run_table("cuda", WA_DEVICE_CUDA);
+    else check_skip("kernels cuda: no usable CUDA device in this build or machine");
     determinism();
     return check_summary();
 }

@@ -160,11 +160,39 @@ int cmd_attn(int argc, char **argv) {
     wa_context *ctx;
     if (wa_context_create(&cp, &ctx) != WA_OK) die("%s", wa_last_error());
     wa_attn_desc desc = {o.scale, o.softcap, o.left, o.right};
+    /* with --device cuda every tensor gets a device twin; results come back into the host buffers */
+    wa_tensor *all[9] = {&q, &k, &v, &g, &out, &lse, &dq, &dk, &dv};
+    int n_all = sdo ? 9 : 6, is_input[9] = {1, 1, 1, 1, 0, 0, 0, 0, 0};
+    void *host[9] = {0}, *dev[9] = {0};
+    if (o.device == WA_DEVICE_CUDA) {
+        for (int i = 0; i < n_all; i++) {
+            if (i == 3 && !sdo) continue;
+            wa_tensor *t = all[i];
+            size_t bytes = (size_t)(t->shape[0] * t->shape[1] * t->shape[2] * t->shape[3]) * wa_dtype_size(t->dtype);
+            host[i] = t->data;
+            if (wa_malloc(ctx, WA_DEVICE_CUDA, bytes, &dev[i]) != WA_OK) die("%s", wa_last_error());
+            if (is_input[i] && wa_memcpy(ctx, dev[i], WA_DEVICE_CUDA, host[i], WA_DEVICE_CPU, bytes) != WA_OK)
+                die("%s", wa_last_error());
+            t->data = dev[i], t->device = WA_DEVICE_CUDA;
+        }
+    }
     wa_status st = wa_forward(ctx, &desc, &q, &k, &v, &out, &lse);
     if (st != WA_OK) die("%s: %s", wa_status_str(st), wa_last_error());
     if (sdo) {
         st = wa_backward(ctx, &desc, &q, &k, &v, &out, &lse, &g, &dq, &dk, &dv);
         if (st != WA_OK) die("%s: %s", wa_status_str(st), wa_last_error());
+    }
+    if ((st = wa_synchronize(ctx)) != WA_OK) die("%s: %s", wa_status_str(st), wa_last_error());
+    if (o.device == WA_DEVICE_CUDA) {
+        for (int i = 0; i < n_all; i++) {
+            if (!dev[i]) continue;
+            wa_tensor *t = all[i];
+            size_t bytes = (size_t)(t->shape[0] * t->shape[1] * t->shape[2] * t->shape[3]) * wa_dtype_size(t->dtype);
+            if (!is_input[i] && wa_memcpy(ctx, host[i], WA_DEVICE_CPU, dev[i], WA_DEVICE_CUDA, bytes) != WA_OK)
+                die("%s", wa_last_error());
+            wa_free_memory(ctx, WA_DEVICE_CUDA, dev[i]);
+            t->data = host[i], t->device = WA_DEVICE_CPU;
+        }
     }
     wa_context_destroy(ctx);
 

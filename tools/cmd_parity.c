@@ -51,7 +51,7 @@ static void add(case_list *l, int group, int cfg, wa_dtype dt, int64_t Hq, int64
     }
     pcase *p = &l->v[l->n];
     memset(p, 0, sizeof *p);
-    p->c = (wa_case){1, Hq, Hkv, Nq, Nk, D, dt, l->n % 2, left, right, scale, cap, (uint64_t)l->n + 1};
+    p->c = (wa_case){1, Hq, Hkv, Nq, Nk, D, dt, l->n % 2, left, right, scale, cap, (uint64_t)l->n + 1, WA_DEVICE_CPU};
     p->cfg = cfg, p->group = group;
     l->n++;
 }
@@ -160,7 +160,9 @@ static void *worker(void *arg) {
         int i = atomic_fetch_add(&run->next, 1);
         if (i >= run->n_todo) break;
         const pcase *pc = &run->cases[run->todo[i]];
-        wa_run_case(&pc->c, kernel[pc->cfg], baseline, 3.0, &run->results[i]);
+        wa_case c = pc->c;
+        c.device = run->device;
+        wa_run_case(&c, kernel[pc->cfg], baseline, 3.0, &run->results[i]);
         int done = atomic_fetch_add(&run->done, 1) + 1;
         if (run->progress && done % 50 == 0) fprintf(stderr, "\rparity: %d / %d cases", done, run->n_todo);
     }
@@ -212,8 +214,8 @@ int cmd_parity(int argc, char **argv) {
         todo[n_todo++] = i;
     }
     if (threads == 0) threads = sysconf(_SC_NPROCESSORS_ONLN) > 0 ? sysconf(_SC_NPROCESSORS_ONLN) : 1;
-    printf("parity: %d cases%s (grid of %d), CPU kernels %s, %lld worker threads\n", n_todo, quick ? " (--quick)" : "",
-           l.n, wa_cpu_kernels(), (long long)threads);
+    printf("parity: %d cases%s (grid of %d), kernels under test: %s, %lld worker threads\n", n_todo,
+           quick ? " (--quick)" : "", l.n, device == WA_DEVICE_CUDA ? "CUDA" : wa_cpu_kernels(), (long long)threads);
     fflush(stdout);
 
     parity_run run = {l.v, todo, n_todo, xmalloc((size_t)n_todo * sizeof(wa_case_result), "results"), device, 0, 0,
@@ -227,7 +229,7 @@ int cmd_parity(int argc, char **argv) {
 
     int passed = 0, failed = 0, used3 = 0, per_group_fail[8] = {0}, per_group[8] = {0};
     json_t *jcases = json_array();
-    char buf[600];
+    char buf[1024];
     for (int i = 0; i < n_todo; i++) {
         const pcase *pc = &l.v[todo[i]];
         const wa_case_result *r = &run.results[i];

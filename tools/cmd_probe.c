@@ -22,7 +22,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static const char probe_usage[] = "winattn probe [--quick] [--json F] [--threads T]";
+static const char probe_usage[] = "winattn probe [--quick] [--device cpu|cuda] [--json F] [--threads T]";
 
 enum { P_B = 1, P_HQ = 32, P_HKV = 16, P_D = 256, P_WINDOW = 1024 };
 
@@ -50,12 +50,50 @@ static void fill_bf16(uint16_t *p, size_t n, uint64_t seed) {
     }
 }
 
+/* The CUDA child: inputs copied to the GPU, one warm-up, then forward and backward timed to
+ * completion. Device memory is not measured here (see cmd_probe). */
+static int probe_child_cuda(int64_t N, const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint16_t *g) {
+    size_t nq = (size_t)(P_B * P_HQ * N * P_D) * 2, nk = (size_t)(P_B * P_HKV * N * P_D) * 2, nl = (size_t)(P_B * P_HQ * N) * 4;
+    wa_context *ctx;
+    if (wa_context_create(NULL, &ctx) != WA_OK) die("%s", wa_last_error());
+    void *buf[10];
+    const size_t sizes[10] = {nq, nk, nk, nq, nq, nl, nq, nk, nk, 0};
+    for (int i = 0; i < 9; i++)
+        if (wa_malloc(ctx, WA_DEVICE_CUDA, sizes[i], &buf[i]) != WA_OK) die("%s", wa_last_error());
+    const void *host[4] = {q, k, v, g};
+    for (int i = 0; i < 4; i++)
+        if (wa_memcpy(ctx, buf[i], WA_DEVICE_CUDA, host[i], WA_DEVICE_CPU, sizes[i]) != WA_OK) die("%s", wa_last_error());
+    wa_tensor t[9];
+    const int64_t heads[9] = {P_HQ, P_HKV, P_HKV, P_HQ, P_HQ, P_HQ, P_HQ, P_HKV, P_HKV};
+    for (int i = 0; i < 9; i++) {
+        t[i] = i == 5 ? wa_tensor_lse(buf[i], P_B, P_HQ, N) : wa_tensor_bhnd(buf[i], WA_BF16, P_B, heads[i], N, P_D);
+        t[i].device = WA_DEVICE_CUDA;
+    }
+    wa_attn_desc desc = wa_attn_desc_sliding(P_WINDOW);
+    double fwd = 0, bwd = 0;
+    for (int rep = 0; rep < 2; rep++) { /* the first run is the warm-up */
+        double t0 = now_seconds();
+        if (wa_forward(ctx, &desc, &t[0], &t[1], &t[2], &t[4], &t[5]) != WA_OK || wa_synchronize(ctx) != WA_OK)
+            die("forward: %s", wa_last_error());
+        double t1 = now_seconds();
+        if (wa_backward(ctx, &desc, &t[0], &t[1], &t[2], &t[4], &t[5], &t[3], &t[6], &t[7], &t[8]) != WA_OK ||
+            wa_synchronize(ctx) != WA_OK)
+            die("backward: %s", wa_last_error());
+        fwd = t1 - t0, bwd = now_seconds() - t1;
+    }
+    printf("baseline=0 fwd=%.6f bwd=%.6f hwm=0\n", fwd, bwd);
+    for (int i = 0; i < 9; i++) wa_free_memory(ctx, WA_DEVICE_CUDA, buf[i]);
+    wa_context_destroy(ctx);
+    return 0;
+}
+
 int cmd_probe_child(int argc, char **argv) {
     int64_t N = 0, threads = 0;
-    int dense = 0;
+    int dense = 0, cuda = 0;
     const char *v;
     for (int i = 1; i < argc; i++) {
-        if ((v = flag_value(argc, argv, &i, "--n", probe_usage))) {
+        if (strcmp(argv[i], "--cuda") == 0) cuda = 1;
+        else if ((v = flag_value(argc, argv, &i, "--n", probe_usage))) {
             if (parse_i64(v, 1, 1 << 22, &N)) die("--n '%s'", v);
         } else if ((v = flag_value(argc, argv, &i, "--algo", probe_usage))) {
             dense = strcmp(v, "dense") == 0;
@@ -67,6 +105,7 @@ int cmd_probe_child(int argc, char **argv) {
     uint16_t *q = xmalloc(nq * 2, "q"), *k = xmalloc(nk * 2, "k"), *vv = xmalloc(nk * 2, "v"), *g = xmalloc(nq * 2, "do");
     fill_bf16(q, nq, 1), fill_bf16(k, nk, 2), fill_bf16(vv, nk, 3), fill_bf16(g, nq, 4);
     size_t baseline = peak_rss_bytes();
+    if (cuda) return probe_child_cuda(N, q, k, vv, g);
 
     wa_context_params cp = {0};
     cp.threads = (int)threads;
@@ -93,7 +132,7 @@ int cmd_probe_child(int argc, char **argv) {
 
 /* ---- the parent ---- */
 
-static int run_child(int64_t N, int dense, int64_t threads, measurement *m) {
+static int run_child(int64_t N, int dense, int cuda, int64_t threads, measurement *m) {
     char n_arg[32], t_arg[32];
     snprintf(n_arg, sizeof n_arg, "%lld", (long long)N);
     snprintf(t_arg, sizeof t_arg, "%lld", (long long)threads);
@@ -105,7 +144,7 @@ static int run_child(int64_t N, int dense, int64_t threads, measurement *m) {
         dup2(fds[1], 1);
         close(fds[0]), close(fds[1]);
         execl("/proc/self/exe", "winattn", "probe-child", "--n", n_arg, "--algo", dense ? "dense" : "tiled", "--threads",
-              t_arg, (char *)NULL);
+              t_arg, cuda ? "--cuda" : (char *)NULL, (char *)NULL);
         _exit(127);
     }
     close(fds[1]);
@@ -122,7 +161,7 @@ static int run_child(int64_t N, int dense, int64_t threads, measurement *m) {
     size_t baseline = 0, hwm = 0;
     if (sscanf(out, "baseline=%zu fwd=%lf bwd=%lf hwm=%zu", &baseline, &m->fwd_s, &m->bwd_s, &hwm) != 4) return -1;
     size_t peak = (size_t)ru.ru_maxrss * 1024; /* kilobytes on Linux */
-    m->peak_gb = (double)(peak - baseline) / 1e9;
+    m->peak_gb = cuda ? m->need_gb : (double)(peak - baseline) / 1e9;
     m->run = 1;
     return 0;
 }
@@ -158,11 +197,15 @@ static void fmt_time(char *buf, size_t n, const measurement *m, double s) {
 }
 
 int cmd_probe(int argc, char **argv) {
-    int quick = 0;
+    int quick = 0, cuda = 0;
     int64_t threads = 0;
     const char *json_path = NULL, *v;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) quick = 1;
+        else if ((v = flag_value(argc, argv, &i, "--device", probe_usage))) {
+            if (strcmp(v, "cuda") == 0) cuda = 1;
+            else if (strcmp(v, "cpu") != 0) usage_error(probe_usage, "--device '%s': must be cpu or cuda", v);
+        }
         else if ((v = flag_value(argc, argv, &i, "--json", probe_usage))) json_path = v;
         else if ((v = flag_value(argc, argv, &i, "--threads", probe_usage))) {
             if (parse_i64(v, 0, 1024, &threads)) usage_error(probe_usage, "--threads '%s': need 0 (all) to 1024", v);
@@ -170,6 +213,7 @@ int cmd_probe(int argc, char **argv) {
     }
     const int64_t full[3] = {8192, 16384, 32768}, small[3] = {1024, 2048, 4096};
     const int64_t *sizes = quick ? small : full;
+    if (cuda && !wa_device_available(WA_DEVICE_CUDA)) die("--device cuda: this build has no usable CUDA device");
     measurement tiled[3], dense[3];
     memset(tiled, 0, sizeof tiled), memset(dense, 0, sizeof dense);
     printf("probe: bf16, B=%d, Hq=%d, Hkv=%d, D=%d, sliding window %d, forward + backward; peak RSS above inputs of a "
@@ -179,12 +223,13 @@ int cmd_probe(int argc, char **argv) {
     for (int s = 0; s < 3; s++) {
         int64_t N = sizes[s];
         tiled[s].need_gb = bytes_needed_gb(N, 0);
-        if (run_child(N, 0, threads, &tiled[s]) != 0) die("the tiled child at N=%lld failed", (long long)N);
+        if (run_child(N, 0, cuda, threads, &tiled[s]) != 0) die("the tiled child at N=%lld failed", (long long)N);
         dense[s].need_gb = bytes_needed_gb(N, 1);
         double avail = (double)mem_available_bytes() / 1e9;
-        if (quick && N > 2048) dense[s].why = "not run under --quick";
+        if (cuda) dense[s].why = "the dense path is CPU-only";
+        else if (quick && N > 2048) dense[s].why = "not run under --quick";
         else if (dense[s].need_gb > 0.85 * avail) dense[s].why = "does not fit in RAM: not run";
-        else if (run_child(N, 1, threads, &dense[s]) != 0) dense[s].why = "child failed";
+        else if (run_child(N, 1, 0, threads, &dense[s]) != 0) dense[s].why = "child failed";
     }
     printf("| N | winattn peak above inputs | fwd s | bwd s | fwd TFLOP/s | bwd TFLOP/s | dense peak above inputs | dense fwd s | dense bwd s |%s\n",
            quick ? "" : " write-up: fork | write-up: MLX dense |");
@@ -200,6 +245,12 @@ int cmd_probe(int argc, char **argv) {
     }
     printf("\n");
     int passed = 0, failed = 0;
+    if (cuda) {
+        printf("CUDA: times measured (second run, synchronised); the memory column is what the library allocates (outputs "
+               "+ workspace, wa_workspace_size), not a measurement\n");
+        printf("%d passed, %d failed\n", passed, failed);
+        return 0;
+    }
     double ratio = tiled[2].peak_gb / tiled[0].peak_gb;
     int ok = ratio <= 4.4;
     printf("%s linear memory: peak(%lld) / peak(%lld) = %.2f (target <= 4.4 for 4x the tokens)\n", ok ? "PASS" : "FAIL",

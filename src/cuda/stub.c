@@ -18,3 +18,21 @@ wa_status wa_cuda_backward(wa_context *ctx, const wa_problem *p) {
     (void)ctx, (void)p;
     return wa_fail(WA_ERR_UNSUPPORTED, "this build of winattn has no CUDA backend (nvcc was not found at build time)");
 }
+
+wa_status wa_cuda_malloc(size_t bytes, void **ptr) {
+    (void)bytes;
+    *ptr = NULL;
+    return wa_fail(WA_ERR_UNSUPPORTED, "this build of winattn has no CUDA backend (nvcc was not found at build time)");
+}
+
+void wa_cuda_free(void *ptr) { (void)ptr; }
+
+wa_status wa_cuda_memcpy(wa_context *ctx, void *dst, const void *src, size_t bytes, int kind) {
+    (void)ctx, (void)dst, (void)src, (void)bytes, (void)kind;
+    return wa_fail(WA_ERR_UNSUPPORTED, "this build of winattn has no CUDA backend (nvcc was not found at build time)");
+}
+
+wa_status wa_cuda_synchronize(wa_context *ctx) {
+    (void)ctx;
+    return WA_OK;
+}

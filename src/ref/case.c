@@ -111,7 +111,8 @@ void wa_case_name(const wa_case *c, char *out, size_t n) {
     if (c->softcap > 0) snprintf(cap, sizeof cap, " cap=%g", (double)c->softcap);
     char sc[32] = "";
     if (c->scale != 0) snprintf(sc, sizeof sc, " scale=%g", (double)c->scale);
-    snprintf(out, n, "%s B=%lld Hq=%lld Hkv=%lld Nq=%lld Nk=%lld D=%lld win=(%lld,%lld)%s%s%s", dt[c->dtype],
+    snprintf(out, n, "%s%s B=%lld Hq=%lld Hkv=%lld Nq=%lld Nk=%lld D=%lld win=(%lld,%lld)%s%s%s",
+             c->device == WA_DEVICE_CUDA ? "cuda " : "", dt[c->dtype],
              (long long)c->B, (long long)c->Hq, (long long)c->Hkv, (long long)c->Nq, (long long)c->Nk, (long long)c->D,
              (long long)c->left, (long long)c->right, cap, sc, c->bnhd ? " bnhd" : "");
 }
@@ -119,7 +120,50 @@ void wa_case_name(const wa_case *c, char *out, size_t n) {
 typedef struct outputs {
     buf o, lse, dq, dk, dv;
     wa_tensor to, tlse, tdq, tdk, tdv;
+    void *dev[5]; /* CUDA: device copies of the guarded buffers (guards included) */
 } outputs;
+
+/* CUDA kernels under test: mirror each guarded host buffer (poison and guards included) on the
+ * device and point the tensors there; after the run, copy everything back so the host-side
+ * checks (unwritten elements, guard bytes) see what the kernel did. */
+static int outputs_to_device(outputs *x, wa_context *ctx) {
+    buf *bufs[5] = {&x->o, &x->lse, &x->dq, &x->dk, &x->dv};
+    wa_tensor *ts[5] = {&x->to, &x->tlse, &x->tdq, &x->tdk, &x->tdv};
+    for (int i = 0; i < 5; i++) {
+        size_t total = bufs[i]->bytes + 2 * GUARD;
+        if (wa_malloc(ctx, WA_DEVICE_CUDA, total, &x->dev[i]) != WA_OK ||
+            wa_memcpy(ctx, x->dev[i], WA_DEVICE_CUDA, bufs[i]->base, WA_DEVICE_CPU, total) != WA_OK)
+            return 0;
+        ts[i]->data = (char *)x->dev[i] + GUARD;
+        ts[i]->device = WA_DEVICE_CUDA;
+    }
+    return 1;
+}
+static int outputs_from_device(outputs *x, wa_context *ctx) {
+    buf *bufs[5] = {&x->o, &x->lse, &x->dq, &x->dk, &x->dv};
+    wa_tensor *ts[5] = {&x->to, &x->tlse, &x->tdq, &x->tdk, &x->tdv};
+    int ok = 1;
+    for (int i = 0; i < 5; i++) {
+        if (!x->dev[i]) continue;
+        ok &= wa_memcpy(ctx, bufs[i]->base, WA_DEVICE_CPU, x->dev[i], WA_DEVICE_CUDA, bufs[i]->bytes + 2 * GUARD) == WA_OK;
+        wa_free_memory(ctx, WA_DEVICE_CUDA, x->dev[i]);
+        x->dev[i] = NULL;
+        ts[i]->data = bufs[i]->data;
+        ts[i]->device = WA_DEVICE_CPU;
+    }
+    return ok;
+}
+
+/* a device copy of an input tensor's whole buffer, or NULL */
+static void *input_to_device(wa_context *ctx, const void *host, size_t bytes) {
+    void *d = NULL;
+    if (wa_malloc(ctx, WA_DEVICE_CUDA, bytes ? bytes : 1, &d) != WA_OK) return NULL;
+    if (wa_memcpy(ctx, d, WA_DEVICE_CUDA, host, WA_DEVICE_CPU, bytes) != WA_OK) {
+        wa_free_memory(ctx, WA_DEVICE_CUDA, d);
+        return NULL;
+    }
+    return d;
+}
 
 static int outputs_alloc(outputs *x, const wa_case *c) {
     size_t es = wa_dtype_size(c->dtype);
@@ -172,16 +216,39 @@ void wa_run_case(const wa_case *c, wa_context *kernel, wa_context *baseline, dou
     wa_tensor tdo = make_tensor(go, c->dtype, c->bnhd, c->B, c->Hq, c->Nq, c->D);
     wa_attn_desc desc = {c->scale, c->softcap, c->left, c->right};
 
-    double t0 = seconds();
-    r->status = wa_forward(kernel, &desc, &tq, &tk, &tv, &ker.to, &ker.tlse);
-    double t1 = seconds();
-    if (r->status == WA_OK) r->status = wa_backward(kernel, &desc, &tq, &tk, &tv, &ker.to, &ker.tlse, &tdo, &ker.tdq, &ker.tdk, &ker.tdv);
+    wa_tensor kq = tq, kk = tk, kv = tv, kdo = tdo;
+    void *dq_in = NULL, *dk_in = NULL, *dv_in = NULL, *ddo_in = NULL;
+    if (c->device == WA_DEVICE_CUDA) {
+        dq_in = input_to_device(kernel, q, nq * es), dk_in = input_to_device(kernel, k, nk * es);
+        dv_in = input_to_device(kernel, v, nk * es), ddo_in = input_to_device(kernel, go, nq * es);
+        if (!dq_in || !dk_in || !dv_in || !ddo_in || !outputs_to_device(&ker, kernel)) {
+            r->status = WA_ERR_CUDA;
+            snprintf(r->detail, sizeof r->detail, "cannot stage the case on the GPU: %s", wa_last_error());
+        }
+        kq.data = dq_in, kk.data = dk_in, kv.data = dv_in, kdo.data = ddo_in;
+        kq.device = kk.device = kv.device = kdo.device = WA_DEVICE_CUDA;
+    }
+    double t0 = seconds(), t1 = t0;
+    if (r->status == WA_OK) {
+        r->status = wa_forward(kernel, &desc, &kq, &kk, &kv, &ker.to, &ker.tlse);
+        if (r->status == WA_OK) r->status = wa_synchronize(kernel);
+        t1 = seconds();
+        if (r->status == WA_OK)
+            r->status = wa_backward(kernel, &desc, &kq, &kk, &kv, &ker.to, &ker.tlse, &kdo, &ker.tdq, &ker.tdk, &ker.tdv);
+        if (r->status == WA_OK) r->status = wa_synchronize(kernel);
+    }
     double t2 = seconds();
     r->fwd_seconds = t1 - t0, r->bwd_seconds = t2 - t1;
-    if (r->status != WA_OK) {
-        snprintf(r->detail, sizeof r->detail, "%s: %s", wa_status_str(r->status), wa_last_error());
-        goto done;
+    if (r->status != WA_OK) snprintf(r->detail, sizeof r->detail, "%s: %s", wa_status_str(r->status), wa_last_error());
+    if (c->device == WA_DEVICE_CUDA) {
+        if (!outputs_from_device(&ker, kernel) && r->status == WA_OK) {
+            r->status = WA_ERR_CUDA;
+            snprintf(r->detail, sizeof r->detail, "cannot copy results back: %s", wa_last_error());
+        }
+        wa_free_memory(kernel, WA_DEVICE_CUDA, dq_in), wa_free_memory(kernel, WA_DEVICE_CUDA, dk_in);
+        wa_free_memory(kernel, WA_DEVICE_CUDA, dv_in), wa_free_memory(kernel, WA_DEVICE_CUDA, ddo_in);
     }
+    if (r->status != WA_OK) goto done;
     wa_status bs = wa_forward(baseline, &desc, &tq, &tk, &tv, &base.to, &base.tlse);
     if (bs == WA_OK) bs = wa_backward(baseline, &desc, &tq, &tk, &tv, &base.to, &base.tlse, &tdo, &base.tdq, &base.tdk, &base.tdv);
     if (bs != WA_OK) {

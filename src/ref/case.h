@@ -15,6 +15,7 @@ typedef struct wa_case {
     float scale;          /* 0: 1/sqrt(D) */
     float softcap;
     uint64_t seed;
+    wa_device device;     /* where the kernel under test runs; the oracle and baseline run on the CPU */
 } wa_case;
 
 enum { WA_OUT_O, WA_OUT_LSE, WA_OUT_DQ, WA_OUT_DK, WA_OUT_DV, WA_N_OUT };
