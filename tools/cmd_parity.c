@@ -22,7 +22,7 @@
 #include <string.h>
 #include <unistd.h>
 
-static const char parity_usage[] = "winattn parity [--quick] [--device cpu|cuda] [--json F] [--threads T] [--verbose] [--case I]";
+static const char parity_usage[] = "winattn parity [--quick] [--device cpu|cuda] [--json F] [--threads T] [--verbose] [--case I] [--list]";
 
 /* The two tile configurations every case may run under: the default, and a non-square one whose
  * key tile is not a power of two. */
@@ -180,13 +180,14 @@ static void line(int index, const pcase *pc, const wa_case_result *r, char *buf,
 }
 
 int cmd_parity(int argc, char **argv) {
-    int quick = 0, verbose = 0;
+    int quick = 0, verbose = 0, list = 0;
     int64_t threads = 0, only = -1;
     const char *json_path = NULL, *v;
     wa_device device = WA_DEVICE_CPU;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) quick = 1;
         else if (strcmp(argv[i], "--verbose") == 0) verbose = 1;
+        else if (strcmp(argv[i], "--list") == 0) list = 1;
         else if ((v = flag_value(argc, argv, &i, "--json", parity_usage))) json_path = v;
         else if ((v = flag_value(argc, argv, &i, "--case", parity_usage))) {
             if (parse_i64(v, 0, 1 << 20, &only)) usage_error(parity_usage, "--case '%s': need a case number", v);
@@ -212,6 +213,15 @@ int cmd_parity(int argc, char **argv) {
         if (only >= 0 && i != only) continue;
         if (quick && (i % 10 != 0 || c->Nq > 1100 || c->Nk > 1100)) continue;
         todo[n_todo++] = i;
+    }
+    if (list) { /* the grid, one case per line, without running anything */
+        for (int i = 0; i < n_todo; i++) {
+            char name[200];
+            wa_case_name(&l.v[todo[i]].c, name, sizeof name);
+            printf("#%d %s %s tiles=%dx%d\n", todo[i], group_names[l.v[todo[i]].group], name,
+                   tile_configs[l.v[todo[i]].cfg][0], tile_configs[l.v[todo[i]].cfg][1]);
+        }
+        return 0;
     }
     if (threads == 0) threads = sysconf(_SC_NPROCESSORS_ONLN) > 0 ? sysconf(_SC_NPROCESSORS_ONLN) : 1;
     printf("parity: %d cases%s (grid of %d), kernels under test: %s, %lld worker threads\n", n_todo,

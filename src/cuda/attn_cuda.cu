@@ -128,9 +128,9 @@ template <typename T> __global__ void __launch_bounds__(kThreads) forward_kernel
         }
         __syncthreads();
         for (int r = warp; r < m; r += warps) { /* one warp per row: online softmax update */
-            float mx = -INFINITY;
+            float mx = -INFINITY, m_old = row_max[r];
             for (int c = lane; c < Bt; c += 32) mx = fmaxf(mx, S[r * ls + c]);
-            float m_new = fmaxf(row_max[r], warp_max(mx));
+            float m_new = fmaxf(m_old, warp_max(mx));
             float sum = 0.0f;
             for (int c = lane; c < Bt; c += 32) {
                 float e = m_new == -INFINITY ? 0.0f : expf(S[r * ls + c] - m_new);
@@ -138,8 +138,9 @@ template <typename T> __global__ void __launch_bounds__(kThreads) forward_kernel
                 sum += e;
             }
             sum = warp_sum(sum);
+            __syncwarp(); /* every lane has read row_max[r] before lane 0 rewrites it */
             if (lane == 0) {
-                float a = m_new == -INFINITY ? 1.0f : expf(row_max[r] - m_new);
+                float a = m_new == -INFINITY ? 1.0f : expf(m_old - m_new);
                 alpha[r] = a;
                 row_sum[r] = row_sum[r] * a + sum;
                 row_max[r] = m_new;
@@ -363,6 +364,16 @@ static size_t rowstats_smem(int Bt, int D) { return sizeof(float) * ((size_t)4 *
 static size_t dkdv_smem(int Bt, int D) { return sizeof(float) * ((size_t)4 * Bt * (D + 1) + 2 * Bt * D + 2 * Bt * (Bt + 1) + 3 * Bt); }
 static size_t dq_smem(int Bt, int D) { return sizeof(float) * ((size_t)4 * Bt * (D + 1) + Bt * D + 2 * Bt * (Bt + 1) + 3 * Bt); }
 
+static size_t max_smem_bytes(void) {
+    size_t worst = 0;
+    for (int D = 1; D <= WA_MAX_HEAD_DIM; D++) {
+        int Bt = tile_for(D);
+        size_t sizes[4] = {fwd_smem(Bt, D), rowstats_smem(Bt, D), dkdv_smem(Bt, D), dq_smem(Bt, D)};
+        for (int i = 0; i < 4; i++) worst = sizes[i] > worst ? sizes[i] : worst;
+    }
+    return worst;
+}
+
 static dev_tensor dev_of(const wa_tensor *t) {
     dev_tensor d = {nullptr, 0, 0, 0};
     if (t) d.data = (char *)t->data, d.s0 = t->stride[0], d.s1 = t->stride[1], d.s2 = t->stride[2];
@@ -384,9 +395,19 @@ static kparams params_of(const wa_problem *p) {
 
 static cudaStream_t stream_of(const wa_context *ctx) { return (cudaStream_t)ctx->params.cuda_stream; }
 
+/* The dynamic shared-memory limit is a property of the kernel, shared by every host thread.
+ * Setting it per launch to that launch's size raced between threads with different sizes
+ * (compute-sanitizer caught "too many resources requested"), so it is raised once per kernel to
+ * the largest size any head dim needs; every launch asks for less. */
+static size_t max_smem_bytes(void);
 template <typename K> static wa_status launch(K kernel, dim3 grid, size_t smem, cudaStream_t stream, const kparams &kp) {
     if (grid.x == 0 || grid.y == 0 || grid.z == 0) return WA_OK;
-    CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    static volatile int raised = 0; /* one per kernel instantiation; setting the same value twice is harmless */
+    if (!raised) {
+        CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)max_smem_bytes()));
+        raised = 1;
+    }
+    
     kernel<<<grid, kThreads, smem, stream>>>(kp);
     CUDA_TRY(cudaGetLastError());
     return WA_OK;
