@@ -395,19 +395,34 @@ static kparams params_of(const wa_problem *p) {
 
 static cudaStream_t stream_of(const wa_context *ctx) { return (cudaStream_t)ctx->params.cuda_stream; }
 
-/* The dynamic shared-memory limit is a property of the kernel, shared by every host thread.
+/* The dynamic shared-memory limit is a property of each kernel, shared by every host thread.
  * Setting it per launch to that launch's size raced between threads with different sizes
- * (compute-sanitizer caught "too many resources requested"), so it is raised once per kernel to
- * the largest size any head dim needs; every launch asks for less. */
-static size_t max_smem_bytes(void);
+ * (compute-sanitizer caught "too many resources requested"), so raise_smem_limits() raises it
+ * once, for every kernel, to the largest size any head dim needs; every launch asks for less. */
+
+template <typename T> static cudaError_t raise_for_dtype(int bytes) {
+    cudaError_t e = cudaSuccess;
+    void (*kernels[4])(kparams) = {forward_kernel<T>, rowstats_kernel<T>, dkdv_kernel<T>, dq_kernel<T>};
+    for (int i = 0; i < 4 && e == cudaSuccess; i++)
+        e = cudaFuncSetAttribute(kernels[i], cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    return e;
+}
+
+static wa_status raise_smem_limits(void) {
+    static volatile int done = 0; /* racing first calls set the same values: harmless */
+    if (done) return WA_OK;
+    int bytes = (int)max_smem_bytes();
+    CUDA_TRY(raise_for_dtype<float>(bytes));
+    CUDA_TRY(raise_for_dtype<__half>(bytes));
+    CUDA_TRY(raise_for_dtype<__nv_bfloat16>(bytes));
+    done = 1;
+    return WA_OK;
+}
+
 template <typename K> static wa_status launch(K kernel, dim3 grid, size_t smem, cudaStream_t stream, const kparams &kp) {
     if (grid.x == 0 || grid.y == 0 || grid.z == 0) return WA_OK;
-    static volatile int raised = 0; /* one per kernel instantiation; setting the same value twice is harmless */
-    if (!raised) {
-        CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)max_smem_bytes()));
-        raised = 1;
-    }
-    
+    wa_status st = raise_smem_limits();
+    if (st != WA_OK) return st;
     kernel<<<grid, kThreads, smem, stream>>>(kp);
     CUDA_TRY(cudaGetLastError());
     return WA_OK;
