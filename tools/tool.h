@@ -39,5 +39,6 @@ int cmd_attn(int argc, char **argv);
 int cmd_probe(int argc, char **argv);
 int cmd_probe_child(int argc, char **argv);
 int cmd_parity(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
 
 #endif

@@ -17,6 +17,9 @@ static const char usage[] =
     "                        backward memory and time, tiled vs dense, measured by the OS\n"
     "  parity [--quick] [--device cpu|cuda] [--json F] [--threads T] [--verbose]\n"
     "                        gradient parity sweep against the float64 oracle\n"
+    "  bench [--n N,...] [--dtype D] [--hq H --hkv H --d D] [--sliding-window W|--causal|--full]\n"
+    "        [--threads T] [--tile-q Q --tile-k K] [--reps R] [--algo tiled|dense] [--device cpu|cuda] [--json F]\n"
+    "                        time forward and backward, TFLOP/s on visible pairs\n"
     "  version               print the library version and the CPU kernels in use\n"
     "\n"
     "README.md has the full reference.\n";
@@ -32,6 +35,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "probe") == 0) return cmd_probe(argc - 1, argv + 1);
     if (strcmp(cmd, "probe-child") == 0) return cmd_probe_child(argc - 1, argv + 1);
     if (strcmp(cmd, "parity") == 0) return cmd_parity(argc - 1, argv + 1);
+    if (strcmp(cmd, "bench") == 0) return cmd_bench(argc - 1, argv + 1);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("winattn %s (CPU kernels: %s, CUDA: %s)\n", wa_version(), wa_cpu_kernels(),
                wa_device_available(WA_DEVICE_CUDA) ? "available" : "not available");

@@ -39,11 +39,23 @@ static void load_row(float *dst, const void *src, wa_dtype dt, int64_t D) {
     if (dt == WA_F32) {
         memcpy(dst, src, (size_t)D * 4);
     } else if (dt == WA_BF16) {
+        /* bf16 is the top half of an f32: widen and shift, VW lanes at a time */
         const uint16_t *s = src;
-        for (int64_t d = 0; d < D; d++) dst[d] = wa_bf16_to_f32(s[d]);
+        int64_t d = 0;
+        for (; d + VW <= D; d += VW) {
+            vu16 h;
+            memcpy(&h, s + d, sizeof h);
+            vi w = __builtin_convertvector(h, vi) << 16;
+            vstore(dst + d, (vf)w);
+        }
+        for (; d < D; d++) dst[d] = wa_bf16_to_f32(s[d]);
     } else {
         const uint16_t *s = src;
-        for (int64_t d = 0; d < D; d++) dst[d] = wa_f16_to_f32(s[d]);
+        int64_t d = 0;
+#if defined(WA_ISA_AVX512)
+        for (; d + 16 <= D; d += 16) _mm512_storeu_ps(dst + d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + d))));
+#endif
+        for (; d < D; d++) dst[d] = wa_f16_to_f32(s[d]);
     }
 }
 
@@ -158,77 +170,110 @@ static void finish_scores(const cpu_tile_args *a, float *S, int64_t ld, int64_t 
     }
 }
 
-/* ---- forward ---- */
+/* S^T (keys as rows, n of them; queries as columns, ld wide): s = softcap(scale * k.q), and on
+ * edge tiles -inf outside each query's visible keys. Padding columns (queries past the tile)
+ * are left finite: nothing reads them. */
+static void scores_transposed(const cpu_tile_args *a, float *ST, int64_t ld, int64_t i0, int64_t m, int64_t j0, int64_t n,
+                              int edge) {
+    const float scale = a->p->scale, cap = a->p->softcap;
+    for (int64_t j = 0; j < n; j++) {
+        float *s = ST + j * ld;
+        for (int64_t c = 0; c < ld; c += VW) vstore(s + c, vload(s + c) * vsplat(scale));
+        if (cap > 0.0f)
+            for (int64_t c = 0; c < m; c++) s[c] = cap * tanhf(s[c] / cap);
+    }
+    if (!edge) return;
+    for (int64_t c = 0; c < m; c++) {
+        int64_t lo, hi;
+        row_visible_cols(&a->p->win, i0 + c, j0, n, 1, &lo, &hi);
+        for (int64_t j = 0; j < n; j++)
+            if (j < lo || j > hi) ST[j * ld + c] = -INFINITY;
+    }
+}
+
+/* ---- forward ----
+ * Scores are computed transposed, S^T = K Q^T (keys as rows, queries as columns), for two
+ * reasons: K is used as stored (row-major) while Q^T is built once per unit, so no tile is
+ * transposed per key tile; and the online softmax runs down columns, so the per-query
+ * maximum, sum and rescale are plain vector operations across queries, with no horizontal
+ * reductions. One unit is (b, kv head, group of up to WA_FWD_HEADS query heads, query tile):
+ * each K and V tile is converted once and used by every query head of its GQA group. */
+
+#define WA_FWD_HEADS 8
 
 static void forward_unit(void *arg, int64_t u, int worker) {
     const cpu_tile_args *a = arg;
     const wa_problem *p = a->p;
-    const int64_t Bq = a->tile_q, Bk = a->tile_k, D = p->D, Dp = a->Dp, Bkp = a->Bkp;
+    const int64_t Bq = a->tile_q, Bk = a->tile_k, D = p->D, Dp = a->Dp, Bkp = a->Bkp, Bqp = a->Bqp;
+    const int64_t chunks = (p->group + WA_FWD_HEADS - 1) / WA_FWD_HEADS;
     int64_t qt = a->n_qtiles - 1 - u % a->n_qtiles; /* longest (causal) tiles first */
-    int64_t bh = u / a->n_qtiles, b = bh / p->Hq, h = bh % p->Hq, hk = h / p->group;
+    int64_t rest = u / a->n_qtiles, chunk = rest % chunks, bhk = rest / chunks, b = bhk / p->Hkv, hk = bhk % p->Hkv;
+    int64_t h0 = hk * p->group + chunk * WA_FWD_HEADS, nh = wa_min64(WA_FWD_HEADS, p->group - chunk * WA_FWD_HEADS);
     int64_t i0 = qt * Bq, m = wa_min64(Bq, p->Nq - i0);
 
     float *ws = a->scratch + (size_t)worker * a->scratch_floats;
-    const int64_t Bqp = a->Bqp; /* per-row vectors padded so every buffer stays 64-byte aligned */
-    float *Qs = ws, *KT = Qs + Bq * Dp, *Vs = KT + D * Bkp, *S = Vs + Bkp * Dp, *O = S + Bq * Bkp;
-    float *row_max = O + Bq * Dp, *row_sum = row_max + Bqp, *row_buf = row_sum + Bqp;
+    float *Ks = ws, *Vs = Ks + Bkp * Dp, *ST = Vs + Bkp * Dp, *row_buf = ST + Bkp * Bqp, *heads = row_buf + wa_max64(Dp, Bqp);
+    const int64_t per_head = D * Bqp + Bq * Dp + 2 * Bqp; /* Q^T, O, running max, running sum */
 
-    load_tile(Qs, Dp, p->q, b, h, i0, m, D, m);
-    memset(O, 0, (size_t)(m * Dp) * 4);
-    for (int64_t r = 0; r < m; r++) row_max[r] = -INFINITY, row_sum[r] = 0.0f;
-
+    for (int64_t g = 0; g < nh; g++) {
+        float *QT = heads + g * per_head, *O = QT + D * Bqp, *mx = O + Bq * Dp, *sum = mx + Bqp;
+        load_tile_transposed(QT, Bqp, p->q, b, h0 + g, i0, m, D, row_buf);
+        memset(O, 0, (size_t)(m * Dp) * 4);
+        for (int64_t c = 0; c < Bqp; c++) mx[c] = -INFINITY, sum[c] = 0.0f;
+    }
     int64_t kt0, kt1;
     wa_key_tiles_for_rows(&p->win, i0, i0 + m, Bk, &kt0, &kt1);
     for (int64_t kt = kt0; kt < kt1; kt++) {
         int64_t j0 = kt * Bk, n = wa_min64(Bk, p->Nk - j0);
         int edge = wa_tile_needs_mask(&p->win, i0, i0 + m, j0, j0 + n);
-        load_tile_transposed(KT, Bkp, p->k, b, hk, j0, n, D, row_buf);
+        load_tile(Ks, Dp, p->k, b, hk, j0, n, D, n);
         load_tile(Vs, Dp, p->v, b, hk, j0, n, D, n);
-        memset(S, 0, (size_t)(m * Bkp) * 4);
-        gemm_acc(m, Bkp, D, Qs, Dp, 1, KT, Bkp, S, Bkp);
-        finish_scores(a, S, Bkp, i0, m, j0, n, edge);
-        for (int64_t r = 0; r < m; r++) {
-            float *s = S + r * Bkp;
-            vf mx = vsplat(-INFINITY);
-            for (int64_t c = 0; c < Bkp; c += VW) mx = vmax(mx, vload(s + c));
-            float m_new = fmaxf(row_max[r], vhmax(mx));
-            if (m_new == -INFINITY) { /* nothing visible yet: p = 0, keep the state */
-                memset(s, 0, (size_t)Bkp * 4);
-                continue;
+        for (int64_t g = 0; g < nh; g++) {
+            float *QT = heads + g * per_head, *O = QT + D * Bqp, *mx = O + Bq * Dp, *sum = mx + Bqp;
+            memset(ST, 0, (size_t)(n * Bqp) * 4);
+            gemm_acc(n, Bqp, D, Ks, Dp, 1, QT, Bqp, ST, Bqp);
+            scores_transposed(a, ST, Bqp, i0, m, j0, n, edge);
+            /* column-wise online softmax: new maxima, rescale factors, probabilities, sums */
+            for (int64_t c = 0; c < Bqp; c += VW) {
+                vf m_old = vload(mx + c), m_new = m_old;
+                for (int64_t j = 0; j < n; j++) m_new = vmax(m_new, vload(ST + j * Bqp + c));
+                /* columns that have seen nothing yet keep shift 0, so exp(-inf - 0) = 0, never NaN */
+                vf shift = vselect(m_new == vsplat(-INFINITY), vsplat(0.0f), m_new);
+                vf alpha = vexp(m_old - shift), acc = vsplat(0.0f);
+                for (int64_t j = 0; j < n; j++) {
+                    vf e = vexp(vload(ST + j * Bqp + c) - shift);
+                    vstore(ST + j * Bqp + c, e);
+                    acc += e;
+                }
+                vstore(sum + c, vload(sum + c) * alpha + acc);
+                vstore(mx + c, m_new);
+                vstore(row_buf + c, alpha);
             }
-            float alpha = sexp(row_max[r] - m_new);
-            vf sum = vsplat(0.0f), mv = vsplat(m_new);
-            for (int64_t c = 0; c < Bkp; c += VW) {
-                vf e = vexp(vload(s + c) - mv);
-                vstore(s + c, e);
-                sum += e;
+            for (int64_t r = 0; r < m; r++) {
+                float al = row_buf[r];
+                if (al != 1.0f) {
+                    float *o = O + r * Dp;
+                    for (int64_t c = 0; c < Dp; c += VW) vstore(o + c, vload(o + c) * vsplat(al));
+                }
             }
-            row_sum[r] = row_sum[r] * alpha + vhsum(sum);
-            row_max[r] = m_new;
-            if (alpha != 1.0f) {
-                float *o = O + r * Dp;
-                for (int64_t c = 0; c < Dp; c += VW) vstore(o + c, vload(o + c) * vsplat(alpha));
-            }
+            gemm_acc(m, Dp, n, ST, 1, Bqp, Vs, Dp, O, Dp); /* O += P V, P read through S^T's strides */
         }
-        gemm_acc(m, Dp, n, S, Bkp, 1, Vs, Dp, O, Dp);
     }
-
-    for (int64_t r = 0; r < m; r++) {
-        float *o = O + r * Dp;
-        float l = row_sum[r];
-        float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        for (int64_t c = 0; c < Dp; c += VW) vstore(o + c, vload(o + c) * vsplat(inv));
-        store_row(wa_row_ptr(p->o, b, h, i0 + r), p->dtype, o, D);
-        if (p->lse) {
-            float *lse = wa_row_ptr(p->lse, b, h, i0 + r);
-            *lse = l > 0.0f ? row_max[r] + logf(l) : -INFINITY;
+    for (int64_t g = 0; g < nh; g++) {
+        float *QT = heads + g * per_head, *O = QT + D * Bqp, *mx = O + Bq * Dp, *sum = mx + Bqp;
+        for (int64_t r = 0; r < m; r++) {
+            float *o = O + r * Dp, l = sum[r], inv = l > 0.0f ? 1.0f / l : 0.0f;
+            for (int64_t c = 0; c < Dp; c += VW) vstore(o + c, vload(o + c) * vsplat(inv));
+            store_row(wa_row_ptr(p->o, b, h0 + g, i0 + r), p->dtype, o, D);
+            if (p->lse) *(float *)wa_row_ptr(p->lse, b, h0 + g, i0 + r) = l > 0.0f ? mx[r] + logf(l) : -INFINITY;
         }
     }
 }
 
 wa_status EXPORT(wa_cpu_forward)(wa_context *ctx, const wa_problem *p, cpu_tile_args *a) {
     (void)ctx;
-    wa_pool_run(a->pool, p->B * p->Hq * a->n_qtiles, forward_unit, a);
+    int64_t chunks = (p->group + WA_FWD_HEADS - 1) / WA_FWD_HEADS;
+    wa_pool_run(a->pool, p->B * p->Hkv * chunks * a->n_qtiles, forward_unit, a);
     return WA_OK;
 }
 

@@ -83,7 +83,8 @@ static void plan(const wa_context *ctx, const wa_problem *p, cpu_tile_args *a) {
     a->n_dkdv_units = p->B * p->Hkv * a->n_ktiles;
     /* per-thread scratch, the larger of the forward's and the backward's layout (attn_cpu.c) */
     int64_t Bq = a->tile_q, D = p->D, Dp = a->Dp, Bkp = a->Bkp, Bqp = a->Bqp;
-    int64_t fwd = Bq * Dp + D * Bkp + Bkp * Dp + Bq * Bkp + Bq * Dp + 2 * Bqp + Dp;
+    int64_t heads = wa_min64(p->group, 8); /* WA_FWD_HEADS in attn_cpu.c */
+    int64_t fwd = 2 * Bkp * Dp + Bkp * Bqp + wa_max64(Dp, Bqp) + heads * (D * Bqp + Bq * Dp + 2 * Bqp);
     int64_t bwd_shared = 2 * D * Bkp + 2 * Bq * Dp + 2 * Bq * Bkp + Bqp + Dp;
     int64_t bwd = bwd_shared + wa_max64(wa_max64(2 * Bkp * Dp, Bkp * Dp + Bq * Dp), 2 * Bqp);
     a->scratch_floats = (size_t)round_up(wa_max64(fwd, bwd), WA_CPU_PAD);

@@ -19,6 +19,7 @@
 #define WA_ISA_SUFFIX avx512
 typedef float vf __attribute__((vector_size(64)));
 typedef int32_t vi __attribute__((vector_size(64)));
+typedef uint16_t vu16 __attribute__((vector_size(32)));
 static inline vf vfma(vf a, vf b, vf c) { return (vf)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c); }
 static inline float sfma(float a, float b, float c) { return fmaf(a, b, c); }
 #elif defined(WA_ISA_AVX2)
@@ -27,6 +28,7 @@ static inline float sfma(float a, float b, float c) { return fmaf(a, b, c); }
 #define WA_ISA_SUFFIX avx2
 typedef float vf __attribute__((vector_size(32)));
 typedef int32_t vi __attribute__((vector_size(32)));
+typedef uint16_t vu16 __attribute__((vector_size(16)));
 static inline vf vfma(vf a, vf b, vf c) { return (vf)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c); }
 static inline float sfma(float a, float b, float c) { return fmaf(a, b, c); }
 #elif defined(WA_ISA_GENERIC)
@@ -34,6 +36,7 @@ static inline float sfma(float a, float b, float c) { return fmaf(a, b, c); }
 #define WA_ISA_SUFFIX generic
 typedef float vf __attribute__((vector_size(16)));
 typedef int32_t vi __attribute__((vector_size(16)));
+typedef uint16_t vu16 __attribute__((vector_size(8)));
 /* No guaranteed FMA here: multiply, round, add, round. sfma matches it exactly. */
 static inline vf vfma(vf a, vf b, vf c) { return a * b + c; }
 static inline float sfma(float a, float b, float c) {

@@ -1,0 +1,184 @@
+/* cmd_bench.c — `winattn bench`: time winattn's forward and backward on one shape and a list of
+ * lengths; TFLOP/s counted on visible (query, key) pairs (DESIGN.md section 5: forward
+ * 4*D*pairs per query head, backward 2.5x that). Each figure is the median of --reps timed runs
+ * after one warm-up. Memory is the process's peak RSS growth during the runs (VmHWM, in-process;
+ * `winattn probe` gives the isolated per-child measurement). bench/cpu_peers.py runs this
+ * beside the peers. */
+#define _GNU_SOURCE
+#include "tile_geometry.h"
+#include "tool.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char bench_usage[] =
+    "winattn bench [--n N[,N...]] [--dtype f32|f16|bf16] [--b B] [--hq H] [--hkv H] [--d D] "
+    "[--sliding-window W | --causal | --full | --window-left L --window-right R] [--scale S] [--threads T] "
+    "[--tile-q Q] [--tile-k K] [--reps R] [--algo tiled|dense] [--device cpu|cuda] [--forward-only] [--json F]";
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static void fill(void *p, wa_dtype dt, size_t n, uint64_t seed) {
+    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 7;
+    for (size_t i = 0; i < n; i++) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        float x = (float)((double)(s >> 11) * (1.0 / 9007199254740992.0) * 4.0 - 2.0);
+        if (dt == WA_F32) ((float *)p)[i] = x;
+        else {
+            uint32_t u;
+            memcpy(&u, &x, 4);
+            ((uint16_t *)p)[i] = dt == WA_BF16 ? (uint16_t)(u >> 16) : (uint16_t)0x3c00u ^ (uint16_t)(s & 0x83ffu);
+        }
+    }
+}
+
+int cmd_bench(int argc, char **argv) {
+    int64_t lens[16] = {8192}, n_lens = 1, B = 1, Hq = 32, Hkv = 16, D = 256, threads = 0, tq = 0, tk = 0, reps = 3;
+    int64_t left = 1023, right = 0;
+    float scale = 0;
+    wa_dtype dt = WA_BF16;
+    int dense = 0, forward_only = 0;
+    wa_device dev = WA_DEVICE_CPU;
+    const char *json_path = NULL, *v;
+    for (int i = 1; i < argc; i++) {
+        int64_t x;
+        if ((v = flag_value(argc, argv, &i, "--n", bench_usage))) {
+            char *copy = strdup(v), *save = NULL;
+            n_lens = 0;
+            for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+                if (n_lens == 16 || parse_i64(t, 1, 1 << 24, &lens[n_lens])) usage_error(bench_usage, "--n '%s': up to 16 lengths >= 1", v);
+                n_lens++;
+            }
+            free(copy);
+            if (!n_lens) usage_error(bench_usage, "--n needs at least one length");
+        } else if ((v = flag_value(argc, argv, &i, "--dtype", bench_usage))) {
+            if (!strcmp(v, "f32")) dt = WA_F32;
+            else if (!strcmp(v, "f16")) dt = WA_F16;
+            else if (!strcmp(v, "bf16")) dt = WA_BF16;
+            else usage_error(bench_usage, "--dtype '%s': f32, f16 or bf16", v);
+        } else if ((v = flag_value(argc, argv, &i, "--b", bench_usage))) {
+            if (parse_i64(v, 1, 4096, &B)) usage_error(bench_usage, "--b '%s'", v);
+        } else if ((v = flag_value(argc, argv, &i, "--hq", bench_usage))) {
+            if (parse_i64(v, 1, 4096, &Hq)) usage_error(bench_usage, "--hq '%s'", v);
+        } else if ((v = flag_value(argc, argv, &i, "--hkv", bench_usage))) {
+            if (parse_i64(v, 1, 4096, &Hkv)) usage_error(bench_usage, "--hkv '%s'", v);
+        } else if ((v = flag_value(argc, argv, &i, "--d", bench_usage))) {
+            if (parse_i64(v, 1, WA_MAX_HEAD_DIM, &D)) usage_error(bench_usage, "--d '%s': 1 to 512", v);
+        } else if ((v = flag_value(argc, argv, &i, "--sliding-window", bench_usage))) {
+            if (parse_i64(v, 1, INT64_MAX / 4, &x)) usage_error(bench_usage, "--sliding-window '%s'", v);
+            left = x - 1, right = 0;
+        } else if ((v = flag_value(argc, argv, &i, "--window-left", bench_usage))) {
+            if (parse_i64(v, -1, INT64_MAX / 4, &left)) usage_error(bench_usage, "--window-left '%s'", v);
+        } else if ((v = flag_value(argc, argv, &i, "--window-right", bench_usage))) {
+            if (parse_i64(v, -1, INT64_MAX / 4, &right)) usage_error(bench_usage, "--window-right '%s'", v);
+        } else if (!strcmp(argv[i], "--causal")) {
+            left = -1, right = 0;
+        } else if (!strcmp(argv[i], "--full")) {
+            left = -1, right = -1;
+        } else if ((v = flag_value(argc, argv, &i, "--scale", bench_usage))) {
+            if (parse_f32(v, &scale)) usage_error(bench_usage, "--scale '%s'", v);
+        } else if ((v = flag_value(argc, argv, &i, "--threads", bench_usage))) {
+            if (parse_i64(v, 0, 1024, &threads)) usage_error(bench_usage, "--threads '%s'", v);
+        } else if ((v = flag_value(argc, argv, &i, "--tile-q", bench_usage))) {
+            if (parse_i64(v, 1, 1024, &tq)) usage_error(bench_usage, "--tile-q '%s'", v);
+        } else if ((v = flag_value(argc, argv, &i, "--tile-k", bench_usage))) {
+            if (parse_i64(v, 1, 1024, &tk)) usage_error(bench_usage, "--tile-k '%s'", v);
+        } else if ((v = flag_value(argc, argv, &i, "--reps", bench_usage))) {
+            if (parse_i64(v, 1, 1000, &reps)) usage_error(bench_usage, "--reps '%s'", v);
+        } else if ((v = flag_value(argc, argv, &i, "--algo", bench_usage))) {
+            if (!strcmp(v, "dense")) dense = 1;
+            else if (strcmp(v, "tiled")) usage_error(bench_usage, "--algo '%s': tiled or dense", v);
+        } else if ((v = flag_value(argc, argv, &i, "--device", bench_usage))) {
+            if (!strcmp(v, "cuda")) dev = WA_DEVICE_CUDA;
+            else if (strcmp(v, "cpu")) usage_error(bench_usage, "--device '%s': cpu or cuda", v);
+        } else if (!strcmp(argv[i], "--forward-only")) {
+            forward_only = 1;
+        } else if ((v = flag_value(argc, argv, &i, "--json", bench_usage))) {
+            json_path = v;
+        } else usage_error(bench_usage, "unknown argument '%s'", argv[i]);
+    }
+    if (dev == WA_DEVICE_CUDA && !wa_device_available(WA_DEVICE_CUDA)) die("--device cuda: this build has no usable CUDA device");
+    wa_context_params cp = {0};
+    cp.threads = (int)threads, cp.tile_q = (int)tq, cp.tile_k = (int)tk;
+    cp.algorithm = dense ? WA_ALGO_DENSE : WA_ALGO_TILED;
+    wa_context *ctx;
+    if (wa_context_create(&cp, &ctx) != WA_OK) die("%s", wa_last_error());
+    wa_attn_desc desc = {scale, 0, left, right};
+    printf("bench: %s B=%lld Hq=%lld Hkv=%lld D=%lld window=(%lld,%lld) %s %s, %d reps (median)\n", dtype_name(dt),
+           (long long)B, (long long)Hq, (long long)Hkv, (long long)D, (long long)left, (long long)right,
+           dense ? "dense" : "tiled", dev == WA_DEVICE_CUDA ? "cuda" : wa_cpu_kernels(), (int)reps);
+    printf("| N | fwd ms | bwd ms | fwd TFLOP/s | bwd TFLOP/s | peak RSS growth GB |\n|---|---|---|---|---|---|\n");
+    json_t *rows = json_array();
+    size_t es = wa_dtype_size(dt);
+    for (int64_t li = 0; li < n_lens; li++) {
+        int64_t N = lens[li];
+        size_t nq = (size_t)(B * Hq * N * D) * es, nk = (size_t)(B * Hkv * N * D) * es, nl = (size_t)(B * Hq * N) * 4;
+        const size_t sizes[9] = {nq, nk, nk, nq, nq, nl, nq, nk, nk};
+        void *buf[9];
+        size_t before = peak_rss_bytes();
+        for (int i = 0; i < 9; i++)
+            if (wa_malloc(ctx, dev, sizes[i], &buf[i]) != WA_OK) die("%s", wa_last_error());
+        for (int i = 0; i < 4; i++) {
+            if (dev == WA_DEVICE_CPU) fill(buf[i], dt, sizes[i] / es, (uint64_t)i + 1);
+            else {
+                void *h = xmalloc(sizes[i], "staging");
+                fill(h, dt, sizes[i] / es, (uint64_t)i + 1);
+                if (wa_memcpy(ctx, buf[i], dev, h, WA_DEVICE_CPU, sizes[i]) != WA_OK) die("%s", wa_last_error());
+                free(h);
+            }
+        }
+        const int64_t heads[9] = {Hq, Hkv, Hkv, Hq, Hq, Hq, Hq, Hkv, Hkv};
+        wa_tensor t[9];
+        for (int i = 0; i < 9; i++) {
+            t[i] = i == 5 ? wa_tensor_lse(buf[i], B, Hq, N) : wa_tensor_bhnd(buf[i], dt, B, heads[i], N, D);
+            t[i].device = dev;
+        }
+        double *fw = xmalloc((size_t)reps * 8, "times"), *bw = xmalloc((size_t)reps * 8, "times");
+        size_t base = peak_rss_bytes();
+        for (int64_t r = -1; r < reps; r++) { /* r = -1 is the warm-up */
+            double t0 = now_seconds();
+            if (wa_forward(ctx, &desc, &t[0], &t[1], &t[2], &t[4], &t[5]) != WA_OK || wa_synchronize(ctx) != WA_OK)
+                die("forward: %s", wa_last_error());
+            double t1 = now_seconds();
+            if (!forward_only &&
+                (wa_backward(ctx, &desc, &t[0], &t[1], &t[2], &t[4], &t[5], &t[3], &t[6], &t[7], &t[8]) != WA_OK ||
+                 wa_synchronize(ctx) != WA_OK))
+                die("backward: %s", wa_last_error());
+            if (r >= 0) fw[r] = t1 - t0, bw[r] = now_seconds() - t1;
+        }
+        qsort(fw, (size_t)reps, 8, cmp_double), qsort(bw, (size_t)reps, 8, cmp_double);
+        double f = fw[reps / 2], bb = bw[reps / 2];
+        wa_window w = {N, N, left, right};
+        double flops = 4.0 * (double)D * (double)wa_visible_pairs(&w) * (double)(B * Hq);
+        double grow = (double)(peak_rss_bytes() - (before < base ? before : base)) / 1e9;
+        if (dev == WA_DEVICE_CUDA) grow = 0;
+        char bms[32] = "-", btf[32] = "-";
+        if (!forward_only) snprintf(bms, sizeof bms, "%.2f", bb * 1e3), snprintf(btf, sizeof btf, "%.3f", 2.5 * flops / bb / 1e12);
+        printf("| %lld | %.2f | %s | %.3f | %s | %.2f |\n", (long long)N, f * 1e3, bms, flops / f / 1e12, btf, grow);
+        json_array_append_new(rows, json_pack("{s:I,s:f,s:f,s:f,s:f,s:f}", "n", (json_int_t)N, "fwd_s", f, "bwd_s",
+                                              forward_only ? 0.0 : bb, "fwd_tflops", flops / f / 1e12, "bwd_tflops",
+                                              forward_only ? 0.0 : 2.5 * flops / bb / 1e12, "rss_growth_gb", grow));
+        for (int i = 0; i < 9; i++) wa_free_memory(ctx, dev, buf[i]);
+        free(fw), free(bw);
+    }
+    if (json_path) {
+        json_t *root = json_pack("{s:s,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:s,s:o}", "dtype", dtype_name(dt), "kernels",
+                                 dev == WA_DEVICE_CUDA ? "cuda" : dense ? "dense" : wa_cpu_kernels(), "B", (json_int_t)B,
+                                 "Hq", (json_int_t)Hq, "Hkv", (json_int_t)Hkv, "D", (json_int_t)D, "window_left",
+                                 (json_int_t)left, "window_right", (json_int_t)right, "device",
+                                 dev == WA_DEVICE_CUDA ? "cuda" : "cpu", "rows", rows);
+        char *text = json_dumps(root, JSON_INDENT(1));
+        write_file_atomic(json_path, text);
+        free(text);
+        json_decref(root);
+    } else {
+        json_decref(rows);
+    }
+    wa_context_destroy(ctx);
+    return 0;
+}
