@@ -403,32 +403,59 @@ static void dkdv_unit(const cpu_tile_args *a, int64_t u, float *ws) {
     }
 }
 
-/* Owner of dQ for rows [i0, i0+m) of query head h. */
+/* Owner of dQ for rows [i0, i0+m) of query head h. Works on transposed tiles like the forward:
+ * S^T = K Q^T and dP^T = V dO^T, so K and V are used as stored and only Q^T, dO^T are built,
+ * once per unit; P and dS are formed down columns with per-query statistics as vectors. */
 static void dq_unit(const cpu_tile_args *a, int64_t u, float *ws) {
     const wa_problem *p = a->p;
-    const int64_t Bq = a->tile_q, Bk = a->tile_k, D = p->D, Dp = a->Dp, Bkp = a->Bkp;
+    const int64_t Bq = a->tile_q, Bk = a->tile_k, D = p->D, Dp = a->Dp, Bkp = a->Bkp, Bqp = a->Bqp;
     int64_t qt = a->n_qtiles - 1 - u % a->n_qtiles, bh = u / a->n_qtiles, b = bh / p->Hq, h = bh % p->Hq;
     int64_t hk = h / p->group, i0 = qt * Bq, m = wa_min64(Bq, p->Nq - i0);
+    const float scale = p->scale, cap = p->softcap;
 
-    float *KT, *VT, *Qs, *dOs, *S, *dP, *lse, *row_buf, *rest;
-    backward_scratch(a, ws, &KT, &VT, &Qs, &dOs, &S, &dP, &lse, &row_buf, &rest);
-    float *Ks = rest, *dQ = Ks + Bkp * Dp;
+    float *QT = ws, *dOT = QT + D * Bqp, *Ks = dOT + D * Bqp, *Vs = Ks + Bkp * Dp, *ST = Vs + Bkp * Dp;
+    float *dPT = ST + Bkp * Bqp, *dQ = dPT + Bkp * Bqp, *lse = dQ + Bq * Dp, *delta = lse + Bqp, *rnorm = delta + Bqp;
+    float *row_buf = rnorm + Bqp;
     memset(dQ, 0, (size_t)(m * Dp) * 4);
 
-    int64_t kt0, kt1;
+    int64_t kt0, kt1, rb, re;
     wa_key_tiles_for_rows(&p->win, i0, i0 + m, Bk, &kt0, &kt1);
     if (kt0 < kt1) {
-        const float *delta, *rnorm;
-        load_tile(Qs, Dp, p->q, b, h, i0, m, D, m);
-        load_tile(dOs, Dp, p->do_, b, h, i0, m, D, m);
-        load_lse_delta(a, b, h, i0, m, lse, &delta, &rnorm);
+        wa_nonempty_rows(&p->win, &rb, &re);
+        const float *dl = a->delta + (b * p->Hq + h) * p->Nq + i0;
+        const float *rn = a->rnorm ? a->rnorm + (b * p->Hq + h) * p->Nq + i0 : NULL;
+        /* columns past the tile or seeing no key get lse = +inf, so P = exp(s - inf) = 0 there */
+        for (int64_t c = 0; c < Bqp; c++) {
+            int live = c < m && i0 + c >= rb && i0 + c < re;
+            lse[c] = live ? *(const float *)wa_row_ptr(p->lse, b, h, i0 + c) : INFINITY;
+            delta[c] = live ? dl[c] : 0.0f;
+            rnorm[c] = live ? (rn ? rn[c] : 1.0f) : 0.0f;
+        }
+        load_tile_transposed(QT, Bqp, p->q, b, h, i0, m, D, row_buf);
+        load_tile_transposed(dOT, Bqp, p->do_, b, h, i0, m, D, row_buf);
         for (int64_t kt = kt0; kt < kt1; kt++) {
             int64_t j0 = kt * Bk, n = wa_min64(Bk, p->Nk - j0);
-            load_tile_transposed(KT, Bkp, p->k, b, hk, j0, n, D, row_buf);
-            load_tile_transposed(VT, Bkp, p->v, b, hk, j0, n, D, row_buf);
+            int edge = wa_tile_needs_mask(&p->win, i0, i0 + m, j0, j0 + n);
             load_tile(Ks, Dp, p->k, b, hk, j0, n, D, n);
-            tile_pair_grads(a, Qs, dOs, KT, VT, S, dP, b, h, i0, m, j0, n, lse, delta, rnorm);
-            gemm_acc(m, Dp, n, dP, Bkp, 1, Ks, Dp, dQ, Dp); /* dQ += dS K */
+            load_tile(Vs, Dp, p->v, b, hk, j0, n, D, n);
+            memset(ST, 0, (size_t)(n * Bqp) * 4);
+            memset(dPT, 0, (size_t)(n * Bqp) * 4);
+            gemm_acc(n, Bqp, D, Ks, Dp, 1, QT, Bqp, ST, Bqp);
+            scores_transposed(a, ST, Bqp, i0, m, j0, n, edge);
+            gemm_acc(n, Bqp, D, Vs, Dp, 1, dOT, Bqp, dPT, Bqp);
+            for (int64_t j = 0; j < n; j++)
+                for (int64_t c = 0; c < Bqp; c += VW) {
+                    vf sv = vload(ST + j * Bqp + c);
+                    vf pv = vexp(sv - vload(lse + c)) * vload(rnorm + c);
+                    vf ds = pv * (vload(dPT + j * Bqp + c) - vload(delta + c));
+                    if (cap > 0.0f) {
+                        vf t = sv * vsplat(1.0f / cap);
+                        ds = ds * (vsplat(1.0f) - t * t);
+                        ds = vselect(pv == vsplat(0.0f), vsplat(0.0f), ds); /* masked: 0 * inf */
+                    }
+                    vstore(dPT + j * Bqp + c, ds * vsplat(scale));
+                }
+            gemm_acc(m, Dp, n, dPT, 1, Bqp, Ks, Dp, dQ, Dp); /* dQ += dS K */
         }
     }
     for (int64_t r = 0; r < m; r++) store_row(wa_row_ptr(p->dq, b, h, i0 + r), p->dtype, dQ + r * Dp, D);

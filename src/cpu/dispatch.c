@@ -86,7 +86,9 @@ static void plan(const wa_context *ctx, const wa_problem *p, cpu_tile_args *a) {
     int64_t heads = wa_min64(p->group, 8); /* WA_FWD_HEADS in attn_cpu.c */
     int64_t fwd = 2 * Bkp * Dp + Bkp * Bqp + wa_max64(Dp, Bqp) + heads * (D * Bqp + Bq * Dp + 2 * Bqp);
     int64_t bwd_shared = 2 * D * Bkp + 2 * Bq * Dp + 2 * Bq * Bkp + Bqp + Dp;
-    int64_t bwd = bwd_shared + wa_max64(wa_max64(2 * Bkp * Dp, Bkp * Dp + Bq * Dp), 2 * Bqp);
+    int64_t bwd = bwd_shared + wa_max64(2 * Bkp * Dp, 2 * Bqp);
+    int64_t dq = 2 * D * Bqp + 2 * Bkp * Dp + 2 * Bkp * Bqp + Bq * Dp + 3 * Bqp + wa_max64(Dp, Bqp);
+    bwd = wa_max64(bwd, dq);
     a->scratch_floats = (size_t)round_up(wa_max64(fwd, bwd), WA_CPU_PAD);
 }
 
