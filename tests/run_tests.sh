@@ -29,6 +29,11 @@ for t in test_geometry test_convert test_oracle test_api test_safetensors test_k
 done
 run "test_cli" sh tests/test_cli.sh "$BUILD"
 run "test_install" sh tests/test_install.sh "$BUILD"
+if python3 -c "import numpy" >/dev/null 2>&1; then
+    run "python" env WINATTN_LIBRARY="$BUILD/libwinattn.so" PYTHONPATH=python python3 python/tests/test_python.py
+else
+    echo "SKIP python: numpy is not installed (pip install numpy ml_dtypes; torch optional)"
+fi
 run "parity --quick" "$BUILD/winattn" parity --quick
 run "probe --quick" "$BUILD/winattn" probe --quick
 

@@ -155,14 +155,19 @@ static void row_visible_cols(const wa_window *w, int64_t i, int64_t j0, int64_t 
     }
 }
 
+/* s = softcap(scale * dot) over a row of raw dot products: ld entries scaled, the first
+ * `live` of them capped (the rest are padding). */
+static void scale_and_cap(const wa_problem *p, float *s, int64_t ld, int64_t live) {
+    for (int64_t c = 0; c < ld; c += VW) vstore(s + c, vload(s + c) * vsplat(p->scale));
+    if (p->softcap > 0.0f)
+        for (int64_t c = 0; c < live; c++) s[c] = p->softcap * tanhf(s[c] / p->softcap);
+}
+
 static void finish_scores(const cpu_tile_args *a, float *S, int64_t ld, int64_t i0, int64_t m, int64_t j0, int64_t n,
                           int edge) {
-    const float scale = a->p->scale, cap = a->p->softcap;
     for (int64_t r = 0; r < m; r++) {
         float *s = S + r * ld;
-        for (int64_t c = 0; c < ld; c += VW) vstore(s + c, vload(s + c) * vsplat(scale));
-        if (cap > 0.0f)
-            for (int64_t c = 0; c < n; c++) s[c] = cap * tanhf(s[c] / cap);
+        scale_and_cap(a->p, s, ld, n);
         int64_t lo, hi;
         row_visible_cols(&a->p->win, i0 + r, j0, n, edge, &lo, &hi);
         for (int64_t c = 0; c < ld; c++)
@@ -175,13 +180,7 @@ static void finish_scores(const cpu_tile_args *a, float *S, int64_t ld, int64_t 
  * are left finite: nothing reads them. */
 static void scores_transposed(const cpu_tile_args *a, float *ST, int64_t ld, int64_t i0, int64_t m, int64_t j0, int64_t n,
                               int edge) {
-    const float scale = a->p->scale, cap = a->p->softcap;
-    for (int64_t j = 0; j < n; j++) {
-        float *s = ST + j * ld;
-        for (int64_t c = 0; c < ld; c += VW) vstore(s + c, vload(s + c) * vsplat(scale));
-        if (cap > 0.0f)
-            for (int64_t c = 0; c < m; c++) s[c] = cap * tanhf(s[c] / cap);
-    }
+    for (int64_t j = 0; j < n; j++) scale_and_cap(a->p, ST + j * ld, ld, m);
     if (!edge) return;
     for (int64_t c = 0; c < m; c++) {
         int64_t lo, hi;

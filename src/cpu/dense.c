@@ -105,28 +105,42 @@ static size_t mat_index(const wa_problem *p, int64_t b, int64_t h, int64_t i, in
     return (((size_t)b * (size_t)p->Hq + (size_t)h) * (size_t)p->Nq + (size_t)i) * (size_t)p->Nk + (size_t)j;
 }
 
-/* S = round(scale * Q K^T), softcapped (and rounded again), -inf where the mask says so */
-static void scores_unit(void *arg, int64_t bh, int worker) {
-    dense_args *a = arg;
+/* For one head (b, h): each block of rows of `rows` times the whole kv head transposed,
+ * Sb = rows . kv^T (f32), handed to emit() one row block at a time. The shared shape of the
+ * scores (Q K^T) and dP (dO V^T) passes. */
+typedef void (*emit_fn)(dense_args *a, int64_t b, int64_t h, int64_t i0, int64_t m, const float *Sb);
+
+static void rows_times_kv(dense_args *a, int worker, const wa_tensor *rows, const wa_tensor *kv, int64_t bh, emit_fn emit) {
     const wa_problem *p = a->p;
     int64_t b = bh / p->Hq, h = bh % p->Hq, hk = h / p->group, D = p->D, Dp = a->Dp, Nkp = a->Nkp;
     float *ws = a->scratch + (size_t)worker * a->scratch_floats;
-    float *KT = ws, *Kf = KT + D * Nkp, *Qb = Kf + Nkp * Dp, *Sb = Qb + ROW_BLOCK * Dp;
-    load_head_rows(Kf, Dp, p->k, b, hk, 0, p->Nk, D);
+    float *KT = ws, *Kf = KT + D * Nkp, *Xb = Kf + Nkp * Dp, *Sb = Xb + ROW_BLOCK * Dp;
+    load_head_rows(Kf, Dp, kv, b, hk, 0, p->Nk, D);
     transpose_into(KT, Nkp, Kf, Dp, p->Nk, D);
     for (int64_t i0 = 0; i0 < p->Nq; i0 += ROW_BLOCK) {
         int64_t m = wa_min64(ROW_BLOCK, p->Nq - i0);
-        load_head_rows(Qb, Dp, p->q, b, h, i0, m, D);
+        load_head_rows(Xb, Dp, rows, b, h, i0, m, D);
         memset(Sb, 0, (size_t)(m * Nkp) * 4);
-        wa_cpu_gemm(m, Nkp, D, Qb, Dp, 1, KT, Nkp, Sb, Nkp);
-        for (int64_t r = 0; r < m; r++)
-            for (int64_t j = 0; j < p->Nk; j++) {
-                float s = wa_round_to(p->dtype, Sb[r * Nkp + j] * p->scale);
-                if (p->softcap > 0.0f) s = wa_round_to(p->dtype, p->softcap * tanhf(s / p->softcap));
-                if (!a->mask[(size_t)(i0 + r) * (size_t)p->Nk + (size_t)j]) s = -INFINITY;
-                mat_put(&a->S, mat_index(p, b, h, i0 + r, j), s);
-            }
+        wa_cpu_gemm(m, Nkp, D, Xb, Dp, 1, KT, Nkp, Sb, Nkp);
+        emit(a, b, h, i0, m, Sb);
     }
+}
+
+/* S = round(scale * Q K^T), softcapped (and rounded again), -inf where the mask says so */
+static void emit_scores(dense_args *a, int64_t b, int64_t h, int64_t i0, int64_t m, const float *Sb) {
+    const wa_problem *p = a->p;
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t j = 0; j < p->Nk; j++) {
+            float s = wa_round_to(p->dtype, Sb[r * a->Nkp + j] * p->scale);
+            if (p->softcap > 0.0f) s = wa_round_to(p->dtype, p->softcap * tanhf(s / p->softcap));
+            if (!a->mask[(size_t)(i0 + r) * (size_t)p->Nk + (size_t)j]) s = -INFINITY;
+            mat_put(&a->S, mat_index(p, b, h, i0 + r, j), s);
+        }
+}
+
+static void scores_unit(void *arg, int64_t bh, int worker) {
+    dense_args *a = arg;
+    rows_times_kv(a, worker, a->p->q, a->p->k, bh, emit_scores);
 }
 
 /* P = round(softmax_f32(S)); a row with no visible key is all zeros. Writes lse when asked. */
@@ -182,22 +196,14 @@ static void dq_unit(void *arg, int64_t bh, int worker) {
 }
 
 /* dP = round(dO V^T) */
+static void emit_dp(dense_args *a, int64_t b, int64_t h, int64_t i0, int64_t m, const float *Sb) {
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t j = 0; j < a->p->Nk; j++) mat_put(&a->dP, mat_index(a->p, b, h, i0 + r, j), Sb[r * a->Nkp + j]);
+}
+
 static void dp_unit(void *arg, int64_t bh, int worker) {
     dense_args *a = arg;
-    const wa_problem *p = a->p;
-    int64_t b = bh / p->Hq, h = bh % p->Hq, hk = h / p->group, D = p->D, Dp = a->Dp, Nkp = a->Nkp;
-    float *ws = a->scratch + (size_t)worker * a->scratch_floats;
-    float *VT = ws, *Vf = VT + D * Nkp, *Gb = Vf + Nkp * Dp, *Sb = Gb + ROW_BLOCK * Dp;
-    load_head_rows(Vf, Dp, p->v, b, hk, 0, p->Nk, D);
-    transpose_into(VT, Nkp, Vf, Dp, p->Nk, D);
-    for (int64_t i0 = 0; i0 < p->Nq; i0 += ROW_BLOCK) {
-        int64_t m = wa_min64(ROW_BLOCK, p->Nq - i0);
-        load_head_rows(Gb, Dp, p->do_, b, h, i0, m, D);
-        memset(Sb, 0, (size_t)(m * Nkp) * 4);
-        wa_cpu_gemm(m, Nkp, D, Gb, Dp, 1, VT, Nkp, Sb, Nkp);
-        for (int64_t r = 0; r < m; r++)
-            for (int64_t j = 0; j < p->Nk; j++) mat_put(&a->dP, mat_index(p, b, h, i0 + r, j), Sb[r * Nkp + j]);
-    }
+    rows_times_kv(a, worker, a->p->do_, a->p->v, bh, emit_dp);
 }
 
 /* dS = round(P * (dP - rowsum(P * dP))), times the softcap derivative (rounded) */

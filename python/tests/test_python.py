@@ -1,0 +1,231 @@
+"""test_python.py — the Python package against a float64 numpy reference and, where installed,
+PyTorch. One line per case (PASS|FAIL|SKIP), closing "N passed, N failed"; exit 1 on failure.
+Run from the repository root after `make`:
+    WINATTN_LIBRARY=build/libwinattn.so PYTHONPATH=python python3 python/tests/test_python.py
+
+Tolerances: winattn accumulates in f32 and rounds outputs to the dtype once, so its error against
+float64 is a few units of the dtype's rounding at the values' scale (inputs are N(0, 1), outputs
+and gradients O(1)): f32 2e-4, f16 4e-3, bf16 3e-2 absolute. The C test suite (`winattn parity`)
+holds the kernels to FlashAttention's stricter relative criterion; this file tests the binding:
+layouts, strides, dtypes, GQA, windows, errors and autograd.
+"""
+import sys
+import traceback
+
+import numpy as np
+
+import winattn
+
+passed = failed = skipped = 0
+TOL = {"float32": 2e-4, "float16": 4e-3, "bfloat16": 3e-2}
+
+
+def report(ok, name, detail=""):
+    global passed, failed
+    print("%s python %s%s" % ("PASS" if ok else "FAIL", name, (" " + detail) if detail else ""), flush=True)
+    if ok:
+        passed += 1
+    else:
+        failed += 1
+
+
+def skip(name, why):
+    global skipped
+    skipped += 1
+    print("SKIP python %s: %s" % (name, why))
+
+
+def case(name):
+    def wrap(fn):
+        try:
+            fn()
+        except Exception:  # a crash in a case is a failure, with the traceback's last line
+            report(False, name, traceback.format_exc().strip().splitlines()[-1])
+        return fn
+    return wrap
+
+
+def reference(q, k, v, do, left, right, scale, softcap):
+    """float64 forward and backward straight from the definitions (bottom-right aligned window)."""
+    q, k, v, do = (x.astype(np.float64) for x in (q, k, v, do))
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    rep = Hq // Hkv
+    kk, vv = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
+    i = np.arange(Nq)[:, None] + (Nk - Nq)
+    j = np.arange(Nk)[None, :]
+    mask = np.ones((Nq, Nk), bool)
+    if left >= 0:
+        mask &= j >= i - left
+    if right >= 0:
+        mask &= j <= i + right
+    raw = scale * q @ kk.transpose(0, 1, 3, 2)
+    s = softcap * np.tanh(raw / softcap) if softcap > 0 else raw
+    s = np.where(mask, s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0)
+    p = np.exp(s - m)
+    l = p.sum(-1, keepdims=True)
+    p = np.divide(p, l, out=np.zeros_like(p), where=l > 0)
+    o = p @ vv
+    dp = do @ vv.transpose(0, 1, 3, 2)
+    ds = p * (dp - (p * dp).sum(-1, keepdims=True))
+    if softcap > 0:
+        ds = ds * (1 - np.tanh(raw / softcap) ** 2)
+    ds *= scale
+    dq = ds @ kk
+    dk = (ds.transpose(0, 1, 3, 2) @ q).reshape(B, Hkv, rep, Nk, D).sum(2)
+    dv = (p.transpose(0, 1, 3, 2) @ do).reshape(B, Hkv, rep, Nk, D).sum(2)
+    return o, dq, dk, dv
+
+
+def dtypes():
+    out = [np.float32, np.float16]
+    try:
+        import ml_dtypes
+        out.append(ml_dtypes.bfloat16)
+    except ImportError:
+        skip("bfloat16 arrays", "ml_dtypes is not installed")
+    return out
+
+
+def run_numpy_grid():
+    rng = np.random.default_rng(0)
+    shapes = [(1, 2, 2, 65, 65, 32), (2, 4, 2, 40, 97, 24), (1, 4, 1, 97, 40, 16), (1, 8, 2, 130, 130, 8)]
+    windows = [(-1, -1), (-1, 0), (16, 0), (5, 3), (-1, 4), (0, 0), (20, -1)]
+    n = 0
+    for dt in dtypes():
+        for (B, Hq, Hkv, Nq, Nk, D) in shapes:
+            for (left, right) in windows:
+                n += 1
+                layout = "bnhd" if n % 2 else "bhnd"
+                softcap = 5.0 if n % 5 == 0 else 0.0
+                q, k, v, do = (rng.standard_normal((B, H, N, D)).astype(dt)
+                               for H, N in ((Hq, Nq), (Hkv, Nk), (Hkv, Nk), (Hq, Nq)))
+                scale = 1.0 / np.sqrt(D)
+                tr = (lambda x: np.ascontiguousarray(x.transpose(0, 2, 1, 3))) if layout == "bnhd" else (lambda x: x)
+                o, lse = winattn.attention(tr(q), tr(k), tr(v), window=(left, right), softcap=softcap,
+                                           return_lse=True, layout=layout)
+                dq, dk, dv = winattn.attention_backward(tr(q), tr(k), tr(v), o, lse, tr(do), window=(left, right),
+                                                        softcap=softcap, layout=layout)
+                back = (lambda x: x.transpose(0, 2, 1, 3)) if layout == "bnhd" else (lambda x: x)
+                ref = reference(q, k, v, do, left, right, scale, softcap)
+                errs = [np.abs(back(x).astype(np.float64) - r).max() for x, r in zip((o, dq, dk, dv), ref)]
+                tol = TOL[np.dtype(dt).name]
+                report(max(errs) <= tol, "numpy %s B=%d Hq=%d Hkv=%d Nq=%d Nk=%d D=%d win=(%d,%d)%s %s" % (
+                    np.dtype(dt).name, B, Hq, Hkv, Nq, Nk, D, left, right, " cap=5" if softcap else "", layout),
+                    "max err o/dq/dk/dv %s (tol %g)" % ("/".join("%.1e" % e for e in errs), tol))
+
+
+@case("numpy strided views need no copy and give identical results")
+def _():
+    rng = np.random.default_rng(1)
+    big = rng.standard_normal((1, 3, 70, 40)).astype(np.float32)  # q, k, v interleaved in one buffer
+    q, k, v = big[:, 0:1, :, :32], big[:, 1:2, :, :32], big[:, 2:3, :, :32]
+    a = winattn.attention(q, k, v, window=(7, 0))
+    b = winattn.attention(*(np.ascontiguousarray(x) for x in (q, k, v)), window=(7, 0))
+    report(np.array_equal(a, b), "numpy strided views need no copy and give identical results")
+
+
+@case("numpy bad input")
+def _():
+    x = np.zeros((1, 2, 8, 4), np.float32)
+    for name, call, exc, text in [
+        ("float64", lambda: winattn.attention(x.astype(np.float64), x, x), TypeError, "dtype"),
+        ("rank 3", lambda: winattn.attention(x[0], x[0], x[0]), ValueError, "4-d"),
+        ("Hq % Hkv", lambda: winattn.attention(np.zeros((1, 3, 8, 4), np.float32), x, x), winattn.WinattnError,
+         "multiple"),
+        ("window -2", lambda: winattn.attention(x, x, x, window=(-2, 0)), ValueError, "window"),
+        ("causal with right 3", lambda: winattn.attention(x, x, x, window=(4, 3), causal=True), ValueError, "causal"),
+        ("mixed dtypes", lambda: winattn.attention(x, x.astype(np.float16), x), winattn.WinattnError, "dtype"),
+        ("bad layout", lambda: winattn.attention(x, x, x, layout="nhd"), ValueError, "layout"),
+    ]:
+        try:
+            call()
+            report(False, "numpy bad input: %s" % name, "no error raised")
+        except exc as e:
+            report(text in str(e), "numpy bad input: %s raises %s" % (name, exc.__name__), str(e))
+
+
+def run_torch():
+    try:
+        import torch
+        import torch.nn.functional as F
+        import winattn.torch as wt
+    except ImportError as e:
+        skip("torch", "PyTorch is not installed (%s)" % e)
+        return
+    torch.manual_seed(0)
+
+    def dense_ref(q, k, v, left, right):
+        Nq, Nk = q.shape[2], k.shape[2]
+        i = torch.arange(Nq)[:, None] + (Nk - Nq)
+        j = torch.arange(Nk)[None, :]
+        m = torch.ones(Nq, Nk, dtype=torch.bool)
+        if left >= 0:
+            m &= j >= i - left
+        if right >= 0:
+            m &= j <= i + right
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=q.shape[1] != k.shape[1])
+
+    for dt, tol in ((torch.float32, 2e-4), (torch.bfloat16, 3e-2)):
+        for (Hq, Hkv, Nq, Nk, left, right) in ((4, 2, 70, 70, 15, 0), (2, 2, 50, 90, -1, 0), (8, 1, 64, 64, 4, 4)):
+            q = torch.randn(1, Hq, Nq, 32, dtype=dt, requires_grad=True)
+            k = torch.randn(1, Hkv, Nk, 32, dtype=dt, requires_grad=True)
+            v = torch.randn(1, Hkv, Nk, 32, dtype=dt, requires_grad=True)
+            g = torch.randn(1, Hq, Nq, 32, dtype=dt)
+            o = wt.attention(q, k, v, window=(left, right))
+            o.backward(g)
+            q2, k2, v2 = (t.detach().double().requires_grad_() for t in (q, k, v))
+            o2 = dense_ref(q2, k2, v2, left, right)
+            o2.backward(g.double())
+            errs = [(a.double() - b).abs().max().item() for a, b in
+                    ((o, o2), (q.grad, q2.grad), (k.grad, k2.grad), (v.grad, v2.grad))]
+            report(max(errs) <= tol, "torch autograd %s Hq=%d Hkv=%d Nq=%d Nk=%d win=(%d,%d) vs float64 SDPA with mask" % (
+                str(dt).replace("torch.", ""), Hq, Hkv, Nq, Nk, left, right),
+                "max err o/dq/dk/dv %s (tol %g)" % ("/".join("%.1e" % e for e in errs), tol))
+
+    @case("torch opcheck")
+    def _():
+        q = torch.randn(1, 4, 33, 16, requires_grad=True)
+        k = torch.randn(1, 2, 33, 16, requires_grad=True)
+        v = torch.randn(1, 2, 33, 16, requires_grad=True)
+        torch.library.opcheck(torch.ops.winattn.forward.default, (q, k, v, 7, 0, 0.0, 0.0))
+        report(True, "torch.library.opcheck: schema, fake tensor, autograd registration of winattn::forward")
+
+    @case("torch compile")
+    def _():
+        q = torch.randn(1, 4, 40, 16)
+        k = torch.randn(1, 2, 40, 16)
+        v = torch.randn(1, 2, 40, 16)
+        f = torch.compile(lambda q, k, v: wt.attention(q, k, v, window=(9, 0)) * 2, backend="aot_eager", fullgraph=True)
+        report(torch.equal(f(q, k, v), wt.attention(q, k, v, window=(9, 0)) * 2),
+               "torch.compile(fullgraph=True, backend=aot_eager) traces winattn.torch.attention")
+
+    @case("torch bad input")
+    def _():
+        x = torch.zeros(1, 2, 8, 4, dtype=torch.float64)
+        try:
+            wt.attention(x, x, x)
+            report(False, "torch float64 input", "no error")
+        except TypeError as e:
+            report("dtype" in str(e), "torch float64 input raises TypeError", str(e))
+
+    if torch.cuda.is_available():
+        q = torch.randn(1, 4, 70, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        k = torch.randn(1, 2, 70, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        v = torch.randn(1, 2, 70, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        o = wt.attention(q, k, v, window=(15, 0))
+        o.sum().backward()
+        oc = wt.attention(*(t.detach().cpu() for t in (q, k, v)), window=(15, 0))
+        report((o.detach().cpu().float() - oc.float()).abs().max().item() < 3e-2, "torch CUDA tensors match CPU")
+    else:
+        skip("torch CUDA", "no CUDA device")
+
+
+if __name__ == "__main__":
+    print("winattn %s" % winattn.version())
+    run_numpy_grid()
+    run_torch()
+    print("%d passed, %d failed%s" % (passed, failed, ", %d skipped" % skipped if skipped else ""))
+    sys.exit(1 if failed else 0)

@@ -1,0 +1,133 @@
+"""winattn for PyTorch: `winattn.torch.attention(q, k, v, window=..., causal=..., scale=..., softcap=...)`,
+a torch.library custom op with autograd, for CPU tensors and CUDA tensors (on the current
+stream), with fake implementations so torch.compile can trace it.
+
+q [B, Hq, N, D], k and v [B, Hkv, N, D] (SDPA's layout; any strides with a unit head-dim stride);
+Hq % Hkv == 0 with the same head grouping as F.scaled_dot_product_attention(..., enable_gqa=True).
+window=(left, right) is bottom-right aligned (FlashAttention's rule); note that SDPA's is_causal
+is top-left aligned, which differs when Nq != Nk.
+"""
+import ctypes
+
+import torch
+
+from . import _lib
+from ._lib import WA_BF16, WA_DEVICE_CPU, WA_DEVICE_CUDA, WA_F16, WA_F32, Context, Tensor, check, lib
+
+__all__ = ["attention"]
+
+_DTYPES = {torch.float32: WA_F32, torch.float16: WA_F16, torch.bfloat16: WA_BF16}
+_contexts = {}
+
+
+def _context_for(t):
+    if t.device.type == "cpu":
+        key = ("cpu",)
+        if key not in _contexts:
+            _contexts[key] = Context(threads=torch.get_num_threads())
+        return _contexts[key]
+    if t.device.type == "cuda":
+        stream = torch.cuda.current_stream(t.device).cuda_stream
+        key = ("cuda", t.device.index, stream)
+        if key not in _contexts:
+            with torch.cuda.device(t.device):
+                _contexts[key] = Context(threads=1, cuda_stream=stream)
+        return _contexts[key]
+    raise ValueError("winattn: tensors on %s are not supported (cpu or cuda)" % t.device)
+
+
+def _wa(t, name):
+    if t.dtype not in _DTYPES:
+        raise TypeError("winattn: %s has dtype %s; float32, float16 or bfloat16 are supported" % (name, t.dtype))
+    if t.dim() not in (3, 4):
+        raise ValueError("winattn: %s must be [B, H, N, D], got shape %s" % (name, tuple(t.shape)))
+    w = Tensor()
+    w.data = t.data_ptr()
+    w.dtype = _DTYPES[t.dtype] if t.dim() == 4 else WA_F32
+    w.device = WA_DEVICE_CPU if t.device.type == "cpu" else WA_DEVICE_CUDA
+    if t.dim() == 4:
+        w.shape[:] = list(t.shape)
+        w.stride[:] = list(t.stride())
+    else:  # lse [B, H, N]
+        w.shape[:] = list(t.shape) + [1]
+        w.stride[:] = list(t.stride()) + [1]
+    return w
+
+
+def _unit_stride(t):
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _desc(left, right, scale, softcap):
+    d = _lib.AttnDesc()
+    d.scale, d.softcap, d.window_left, d.window_right = scale, softcap, left, right
+    return d
+
+
+@torch.library.custom_op("winattn::forward", mutates_args=())
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, left: int, right: int, scale: float,
+             softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
+    q, k, v = _unit_stride(q), _unit_stride(k), _unit_stride(v)
+    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+    args = [_wa(q, "q"), _wa(k, "k"), _wa(v, "v"), _wa(o, "o"), _wa(lse, "lse")]
+    d = _desc(left, right, scale, softcap)
+    check(lib.wa_forward(_context_for(q).ptr, ctypes.byref(d), *[ctypes.byref(a) for a in args]))
+    return o, lse
+
+
+@_forward.register_fake
+def _(q, k, v, left, right, scale, softcap):
+    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+@torch.library.custom_op("winattn::backward", mutates_args=())
+def _backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                 do: torch.Tensor, left: int, right: int, scale: float,
+                 softcap: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    q, k, v, o, do = (_unit_stride(t) for t in (q, k, v, o, do))
+    lse = lse.contiguous()
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+    args = [_wa(q, "q"), _wa(k, "k"), _wa(v, "v"), _wa(o, "o"), _wa(lse, "lse"), _wa(do, "do"), _wa(dq, "dq"),
+            _wa(dk, "dk"), _wa(dv, "dv")]
+    d = _desc(left, right, scale, softcap)
+    check(lib.wa_backward(_context_for(q).ptr, ctypes.byref(d), *[ctypes.byref(a) for a in args]))
+    return dq, dk, dv
+
+
+@_backward_op.register_fake
+def _(q, k, v, o, lse, do, left, right, scale, softcap):
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+            torch.empty_like(k, memory_format=torch.contiguous_format),
+            torch.empty_like(v, memory_format=torch.contiguous_format))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, left, right, scale, softcap = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.params = (left, right, scale, softcap)
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, do, dlse):
+    q, k, v, o, lse = ctx.saved_tensors
+    dq, dk, dv = _backward_op(q, k, v, o, lse, do, *ctx.params)
+    return dq, dk, dv, None, None, None, None
+
+
+_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+def attention(q, k, v, window=(-1, -1), causal=False, scale=None, softcap=0.0, return_lse=False):
+    """Exact attention with a (left, right) window; differentiable in q, k and v."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError("winattn: %s must be a torch.Tensor" % name)
+    if not (q.device == k.device == v.device):
+        raise ValueError("winattn: q, k, v are on different devices (%s, %s, %s)" % (q.device, k.device, v.device))
+    left, right, scale, softcap = _lib.window_args(window, causal, scale, softcap)
+    o, lse = _forward(q, k, v, left, right, scale, softcap)
+    return (o, lse) if return_lse else o
