@@ -4,6 +4,7 @@
 #   kernel tests (CUDA table), full parity sweep on CUDA, a determinism check, the probe's
 #   shape timed on CUDA, compute-sanitizer memcheck and racecheck on a subset.
 # The machine has no libjansson-dev: the caller carries Debian's package unpacked in .devdeps.
+# `sh scripts/cuda_check.sh quick` stops before the sanitizers.
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 J=.devdeps/usr
@@ -12,6 +13,11 @@ nvidia-smi -L
 $MK >"$OUT/build.txt" 2>&1 || { tail -30 "$OUT/build.txt"; exit 1; }
 nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -Iinclude -std=c++17 -Xptxas -v -c src/cuda/attn_cuda.cu -o /tmp/x.o >"$OUT/ptxas.txt" 2>&1
 build/winattn version
+echo "== test_api (CUDA status codes)"
+build/tests/test_api >"$OUT/test_api.txt" 2>&1; grep -E '^FAIL|CUDA' "$OUT/test_api.txt"; tail -1 "$OUT/test_api.txt"
+echo "== python (numpy and PyTorch bindings, CUDA tensors included)"
+WINATTN_LIBRARY=build/libwinattn.so PYTHONPATH=python python3 python/tests/test_python.py >"$OUT/python.txt" 2>&1
+grep -E '^FAIL|^SKIP|CUDA' "$OUT/python.txt"; tail -1 "$OUT/python.txt"
 echo "== test_kernels"
 build/tests/test_kernels >"$OUT/test_kernels.txt" 2>&1
 grep -E '^FAIL|cuda' "$OUT/test_kernels.txt" | grep -v '^PASS' | head -20; tail -1 "$OUT/test_kernels.txt"
@@ -20,6 +26,7 @@ build/winattn parity --device cuda --threads 16 --json "$OUT/parity_cuda.json" >
 grep '^FAIL' "$OUT/parity_cuda.txt" | head -10; tail -13 "$OUT/parity_cuda.txt"
 echo "== probe --device cuda"
 build/winattn probe --device cuda >"$OUT/probe_cuda.txt" 2>&1; cat "$OUT/probe_cuda.txt"
+if [ "${1:-}" = "quick" ]; then exit 0; fi
 echo "== compute-sanitizer memcheck (parity --quick on CUDA)"
 timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 build/winattn parity --device cuda --quick --threads 8 \
     >"$OUT/memcheck.txt" 2>&1; echo "memcheck exit $?"; grep -E 'ERROR SUMMARY|passed' "$OUT/memcheck.txt" | tail -3
