@@ -62,6 +62,11 @@ expect_error "OUT in a missing directory" attn "$T/ok_bhnd.safetensors" "$T/no/s
 expect_error "unknown command" frobnicate
 expect_error "parity: unknown flag" parity --fast
 expect_error "probe: unknown flag" probe --slow
+expect_error "bench: unknown flag" bench --fast
+expect_error "bench: bad dtype" bench --dtype f64
+expect_error "bench: head dim 513" bench --d 513
+expect_error "bench: GQA mismatch" bench --hq 3 --hkv 2 --n 16
+expect_error "parity: bad case number" parity --case -4
 if "$W" version | grep -q "CUDA: available"; then
     echo "SKIP cli --device cuda without CUDA: this build has CUDA"
 else
