@@ -70,7 +70,8 @@ static void run_table(const char *isa, wa_device device) {
 
 /* Same inputs, 1 / 2 / 3 threads: every output byte identical. */
 static void determinism(void) {
-    const int64_t B = 1, Hq = 4, Hkv = 2, N = 333, D = 80;
+    /* long enough for several backward chunks (32 key tiles each), so both dQ paths run */
+    const int64_t B = 1, Hq = 4, Hkv = 2, N = 2500, D = 80;
     size_t nq = (size_t)(B * Hq * N * D), nk = (size_t)(B * Hkv * N * D);
     rng g;
     rng_seed(&g, 7);

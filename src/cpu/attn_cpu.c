@@ -364,41 +364,66 @@ static void backward_scratch(const cpu_tile_args *a, float *ws, float **KT, floa
     *dP = *S + Bq * Bkp, *lse = *dP + Bq * Bkp, *row_buf = *lse + a->Bqp, *rest = *row_buf + Dp;
 }
 
-/* Owner of dK, dV for keys [j0, j0+n) of kv head hk. */
+/* Does the key-tile unit own query tile qt's dQ? Yes when dQ fusion is on and every key tile qt
+ * sees lies in one chunk: then that chunk's unit visits all of them in order and can finish dQ
+ * in a rolling buffer. Other query tiles ("straddlers") get their dQ from dq_unit. Chunks are a
+ * fixed number of key tiles, independent of the thread count, so the split (and every rounding)
+ * is the same for any number of threads. */
+static int dq_fused(const cpu_tile_args *a, int64_t qt, int64_t *k0, int64_t *k1) {
+    const wa_problem *p = a->p;
+    int64_t i0 = qt * a->tile_q;
+    wa_key_tiles_for_rows(&p->win, i0, wa_min64(i0 + a->tile_q, p->Nq), a->tile_k, k0, k1);
+    return a->dq_slots > 0 && *k0 < *k1 && *k0 / a->chunk_tiles == (*k1 - 1) / a->chunk_tiles;
+}
+
+/* Owner of dK, dV for the key tiles of one chunk of kv head hk, visited in order; with dQ
+ * fusion also the owner of dQ for the query tiles whose keys all lie in the chunk: their dQ
+ * accumulates in a ring of slots (slot qt % dq_slots), zeroed at the first key tile the query
+ * tile sees and written out after the last. Five tile GEMMs per pair instead of seven. */
 static void dkdv_unit(const cpu_tile_args *a, int64_t u, float *ws) {
     const wa_problem *p = a->p;
     const int64_t Bq = a->tile_q, Bk = a->tile_k, D = p->D, Dp = a->Dp, Bkp = a->Bkp;
-    int64_t kt = u % a->n_ktiles, bhk = u / a->n_ktiles, b = bhk / p->Hkv, hk = bhk % p->Hkv;
-    int64_t j0 = kt * Bk, n = wa_min64(Bk, p->Nk - j0);
+    int64_t chunk = u % a->n_chunks, bhk = u / a->n_chunks, b = bhk / p->Hkv, hk = bhk % p->Hkv;
+    int64_t kt_begin = chunk * a->chunk_tiles, kt_end = wa_min64(kt_begin + a->chunk_tiles, a->n_ktiles);
 
     float *KT, *VT, *Qs, *dOs, *S, *dP, *lse, *row_buf, *rest;
     backward_scratch(a, ws, &KT, &VT, &Qs, &dOs, &S, &dP, &lse, &row_buf, &rest);
-    float *dK = rest, *dV = dK + Bkp * Dp;
-    memset(dK, 0, (size_t)(n * Dp) * 4);
-    memset(dV, 0, (size_t)(n * Dp) * 4);
+    float *dK = rest, *dV = dK + Bkp * Dp, *Ks = dV + Bkp * Dp, *slots = Ks + Bkp * Dp;
 
-    int64_t qt0, qt1;
-    wa_query_tiles_for_cols(&p->win, j0, j0 + n, Bq, &qt0, &qt1);
-    if (qt0 < qt1) {
-        load_tile_transposed(KT, Bkp, p->k, b, hk, j0, n, D, row_buf);
-        load_tile_transposed(VT, Bkp, p->v, b, hk, j0, n, D, row_buf);
-    }
-    for (int64_t g = 0; g < p->group; g++) {
-        int64_t h = hk * p->group + g;
-        for (int64_t qt = qt0; qt < qt1; qt++) {
-            int64_t i0 = qt * Bq, m = wa_min64(Bq, p->Nq - i0);
-            const float *delta, *rnorm;
-            load_tile(Qs, Dp, p->q, b, h, i0, m, D, m);
-            load_tile(dOs, Dp, p->do_, b, h, i0, m, D, m);
-            load_lse_delta(a, b, h, i0, m, lse, &delta, &rnorm);
-            tile_pair_grads(a, Qs, dOs, KT, VT, S, dP, b, h, i0, m, j0, n, lse, delta, rnorm);
-            gemm_acc(n, Dp, m, S, 1, Bkp, dOs, Dp, dV, Dp);  /* dV += P^T dO */
-            gemm_acc(n, Dp, m, dP, 1, Bkp, Qs, Dp, dK, Dp);  /* dK += dS^T Q */
+    for (int64_t kt = kt_begin; kt < kt_end; kt++) {
+        int64_t j0 = kt * Bk, n = wa_min64(Bk, p->Nk - j0);
+        memset(dK, 0, (size_t)(n * Dp) * 4);
+        memset(dV, 0, (size_t)(n * Dp) * 4);
+        int64_t qt0, qt1;
+        wa_query_tiles_for_cols(&p->win, j0, j0 + n, Bq, &qt0, &qt1);
+        if (qt0 < qt1) {
+            load_tile_transposed(KT, Bkp, p->k, b, hk, j0, n, D, row_buf);
+            load_tile_transposed(VT, Bkp, p->v, b, hk, j0, n, D, row_buf);
+            if (a->dq_slots) load_tile(Ks, Dp, p->k, b, hk, j0, n, D, n);
         }
-    }
-    for (int64_t r = 0; r < n; r++) {
-        store_row(wa_row_ptr(p->dk, b, hk, j0 + r), p->dtype, dK + r * Dp, D);
-        store_row(wa_row_ptr(p->dv, b, hk, j0 + r), p->dtype, dV + r * Dp, D);
+        for (int64_t g = 0; g < p->group; g++) {
+            int64_t h = hk * p->group + g;
+            for (int64_t qt = qt0; qt < qt1; qt++) {
+                int64_t i0 = qt * Bq, m = wa_min64(Bq, p->Nq - i0), k0, k1;
+                const float *delta, *rnorm;
+                load_tile(Qs, Dp, p->q, b, h, i0, m, D, m);
+                load_tile(dOs, Dp, p->do_, b, h, i0, m, D, m);
+                load_lse_delta(a, b, h, i0, m, lse, &delta, &rnorm);
+                tile_pair_grads(a, Qs, dOs, KT, VT, S, dP, b, h, i0, m, j0, n, lse, delta, rnorm);
+                gemm_acc(n, Dp, m, S, 1, Bkp, dOs, Dp, dV, Dp);  /* dV += P^T dO */
+                gemm_acc(n, Dp, m, dP, 1, Bkp, Qs, Dp, dK, Dp);  /* dK += dS^T Q */
+                if (!dq_fused(a, qt, &k0, &k1)) continue;
+                float *dQ = slots + ((qt % a->dq_slots) * p->group + g) * Bq * Dp;
+                if (kt == k0) memset(dQ, 0, (size_t)(m * Dp) * 4); /* first key tile this query tile sees */
+                gemm_acc(m, Dp, n, dP, Bkp, 1, Ks, Dp, dQ, Dp);   /* dQ += dS K */
+                if (kt == k1 - 1)                                   /* its last: dQ is complete */
+                    for (int64_t r = 0; r < m; r++) store_row(wa_row_ptr(p->dq, b, h, i0 + r), p->dtype, dQ + r * Dp, D);
+            }
+        }
+        for (int64_t r = 0; r < n; r++) {
+            store_row(wa_row_ptr(p->dk, b, hk, j0 + r), p->dtype, dK + r * Dp, D);
+            store_row(wa_row_ptr(p->dv, b, hk, j0 + r), p->dtype, dV + r * Dp, D);
+        }
     }
 }
 
@@ -411,6 +436,8 @@ static void dq_unit(const cpu_tile_args *a, int64_t u, float *ws) {
     int64_t qt = a->n_qtiles - 1 - u % a->n_qtiles, bh = u / a->n_qtiles, b = bh / p->Hq, h = bh % p->Hq;
     int64_t hk = h / p->group, i0 = qt * Bq, m = wa_min64(Bq, p->Nq - i0);
     const float scale = p->scale, cap = p->softcap;
+    int64_t fk0, fk1;
+    if (dq_fused(a, qt, &fk0, &fk1)) return; /* its key-tile unit writes this dQ */
 
     float *QT = ws, *dOT = QT + D * Bqp, *Ks = dOT + D * Bqp, *Vs = Ks + Bkp * Dp, *ST = Vs + Bkp * Dp;
     float *dPT = ST + Bkp * Bqp, *dQ = dPT + Bkp * Bqp, *lse = dQ + Bq * Dp, *delta = lse + Bqp, *rnorm = delta + Bqp;

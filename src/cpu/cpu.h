@@ -15,7 +15,10 @@ typedef struct cpu_tile_args {
     int64_t tile_q, tile_k;  /* Bq, Bk */
     int64_t Dp, Bkp, Bqp;    /* D, Bk, Bq rounded up to WA_CPU_PAD */
     int64_t n_qtiles, n_ktiles;
-    int64_t n_dkdv_units;    /* backward: B * Hkv * n_ktiles, then B * Hq * n_qtiles dQ units */
+    int64_t n_dkdv_units;    /* backward: B * Hkv * n_chunks key-tile units, then B * Hq * n_qtiles dQ units */
+    int64_t chunk_tiles;     /* key tiles per backward unit (fixed: results must not depend on threads) */
+    int64_t n_chunks;        /* ceil(n_ktiles / chunk_tiles) */
+    int64_t dq_slots;        /* rolling dQ slots per GQA head; 0 = dQ fusion off (attn_cpu.c: dq_fused) */
     float *scratch;          /* threads * scratch_floats */
     size_t scratch_floats;
     float *delta;            /* backward: [B, Hq, Nq] rowsum(dO * O) */

@@ -69,6 +69,9 @@ void wa_cpu_gemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, i
 
 static int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
+#define WA_CHUNK_TILES 32                    /* key tiles per backward unit */
+#define WA_DQ_RING_BYTES ((size_t)8 << 20)   /* per-thread budget for rolling dQ slots */
+
 static void plan(const wa_context *ctx, const wa_problem *p, cpu_tile_args *a) {
     memset(a, 0, sizeof *a);
     a->p = p;
@@ -80,13 +83,29 @@ static void plan(const wa_context *ctx, const wa_problem *p, cpu_tile_args *a) {
     a->Bqp = round_up(a->tile_q, WA_CPU_PAD);
     a->n_qtiles = (p->Nq + a->tile_q - 1) / a->tile_q;
     a->n_ktiles = (p->Nk + a->tile_k - 1) / a->tile_k;
-    a->n_dkdv_units = p->B * p->Hkv * a->n_ktiles;
+    /* backward key-tile units cover WA_CHUNK_TILES key tiles each, so a query tile whose keys
+     * fit in one chunk gets its dQ from that unit (5 tile GEMMs instead of 7) */
+    a->chunk_tiles = WA_CHUNK_TILES;
+    a->n_chunks = (a->n_ktiles + a->chunk_tiles - 1) / a->chunk_tiles;
+    a->n_dkdv_units = p->B * p->Hkv * a->n_chunks;
+    /* ring size: the most query tiles that see one key tile (an owned tile is open exactly
+     * while its key tiles are visited, and the open ones are consecutive) */
+    int64_t most = 0;
+    for (int64_t kt = 0; kt < a->n_ktiles; kt++) {
+        int64_t q0, q1;
+        wa_query_tiles_for_cols(&p->win, kt * a->tile_k, wa_min64((kt + 1) * a->tile_k, p->Nk), a->tile_q, &q0, &q1);
+        most = wa_max64(most, q1 - q0);
+    }
+    /* fusion only where the ring stays small: windowed layers; unbounded causal rows span the
+     * whole sequence, and their dQ comes from the dQ units as before */
+    size_t ring = (size_t)(most * p->group * a->tile_q * round_up(p->D, WA_CPU_PAD)) * sizeof(float);
+    a->dq_slots = most > 0 && ring <= WA_DQ_RING_BYTES ? most : 0;
     /* per-thread scratch, the larger of the forward's and the backward's layout (attn_cpu.c) */
     int64_t Bq = a->tile_q, D = p->D, Dp = a->Dp, Bkp = a->Bkp, Bqp = a->Bqp;
     int64_t heads = wa_min64(p->group, 8); /* WA_FWD_HEADS in attn_cpu.c */
     int64_t fwd = 2 * Bkp * Dp + Bkp * Bqp + wa_max64(Dp, Bqp) + heads * (D * Bqp + Bq * Dp + 2 * Bqp);
     int64_t bwd_shared = 2 * D * Bkp + 2 * Bq * Dp + 2 * Bq * Bkp + Bqp + Dp;
-    int64_t bwd = bwd_shared + wa_max64(2 * Bkp * Dp, 2 * Bqp);
+    int64_t bwd = bwd_shared + wa_max64(3 * Bkp * Dp + a->dq_slots * p->group * Bq * Dp, 2 * Bqp);
     int64_t dq = 2 * D * Bqp + 2 * Bkp * Dp + 2 * Bkp * Bqp + Bq * Dp + 3 * Bqp + wa_max64(Dp, Bqp);
     bwd = wa_max64(bwd, dq);
     a->scratch_floats = (size_t)round_up(wa_max64(fwd, bwd), WA_CPU_PAD);
