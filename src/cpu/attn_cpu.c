@@ -5,16 +5,16 @@
  * wa_cpu_{forward,backward}_<isa>.
  *
  * Algorithm (docs/algorithm.md has the derivation):
- *   forward   one unit per (b, h, query tile). Visit only the key tiles the window lets the tile
- *             see (tile_geometry.h), mask only edge tiles, online softmax in f32, write o, lse.
- *   backward  a preprocess delta_i = dO_i . O_i, then two kinds of units in one parallel run:
- *             (b, kv head, key tile) owns dK, dV of its keys and loops over the group's query
- *             heads and the query tiles that see it; (b, h, query tile) owns dQ of its rows and
- *             loops over the key tiles it sees. Every output element has exactly one owner, so
- *             nothing is reduced across threads: results are bit-identical for any thread
- *             count, and the workspace is delta (B*Hq*Nq floats) plus per-thread tiles.
- *             The price is that S, P and dP are computed twice (7 tile GEMMs instead of 5);
- *             docs/algorithm.md says why that was chosen and what would remove it.
+ *   forward   one unit per (b, kv head, group of query heads, query tile). Visit only the key
+ *             tiles the window lets the tile see (tile_geometry.h), mask only edge tiles, online
+ *             softmax in f32 on transposed score tiles, write o and lse.
+ *   backward  a preprocess delta_i = dO_i . O_i (f32: the row statistics pass), then two kinds
+ *             of units in one parallel run: (b, kv head, chunk of 32 key tiles) owns dK, dV of
+ *             its keys, and dQ of the query tiles whose keys all lie in the chunk (rolling
+ *             slots); (b, h, query tile) owns the dQ of every other query tile. Every output
+ *             element has exactly one owner and the split does not depend on the thread count,
+ *             so results are bit-identical for any number of threads; the workspace is delta
+ *             (B*Hq*Nq floats) plus per-thread tiles and slots (at most 8 MB).
  *
  * All tiles live in per-thread f32 scratch with rows padded to a multiple of 16 floats and
  * zero-filled padding, so the GEMM micro-kernel never needs a column tail.
