@@ -69,7 +69,8 @@ void wa_cpu_gemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, i
 
 static int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
-#define WA_CHUNK_TILES 32                    /* key tiles per backward unit */
+#define WA_CHUNK_TILES_MIN 32                /* key tiles per backward unit: bounds */
+#define WA_CHUNK_TILES_MAX 256
 #define WA_DQ_RING_BYTES ((size_t)8 << 20)   /* per-thread budget for rolling dQ slots */
 
 static void plan(const wa_context *ctx, const wa_problem *p, cpu_tile_args *a) {
@@ -83,9 +84,17 @@ static void plan(const wa_context *ctx, const wa_problem *p, cpu_tile_args *a) {
     a->Bqp = round_up(a->tile_q, WA_CPU_PAD);
     a->n_qtiles = (p->Nq + a->tile_q - 1) / a->tile_q;
     a->n_ktiles = (p->Nk + a->tile_k - 1) / a->tile_k;
-    /* backward key-tile units cover WA_CHUNK_TILES key tiles each, so a query tile whose keys
-     * fit in one chunk gets its dQ from that unit (5 tile GEMMs instead of 7) */
-    a->chunk_tiles = WA_CHUNK_TILES;
+    /* backward key-tile units cover chunk_tiles key tiles each, so a query tile whose keys fit
+     * in one chunk gets its dQ from that unit (5 tile GEMMs instead of 7) */
+    /* A query tile straddles a chunk boundary with probability about span / chunk, so chunks are
+     * made several times the longest span (the shape decides, never the thread count). */
+    int64_t span = 1;
+    for (int64_t qt = 0; qt < a->n_qtiles; qt++) {
+        int64_t k0, k1;
+        wa_key_tiles_for_rows(&p->win, qt * a->tile_q, wa_min64((qt + 1) * a->tile_q, p->Nq), a->tile_k, &k0, &k1);
+        span = wa_max64(span, k1 - k0);
+    }
+    a->chunk_tiles = wa_min64(WA_CHUNK_TILES_MAX, wa_max64(WA_CHUNK_TILES_MIN, 8 * span));
     a->n_chunks = (a->n_ktiles + a->chunk_tiles - 1) / a->chunk_tiles;
     a->n_dkdv_units = p->B * p->Hkv * a->n_chunks;
     /* ring size: the most query tiles that see one key tile (an owned tile is open exactly
