@@ -3,7 +3,11 @@
 # correctness and timing checks in one call, writing full logs to $OUT and a short summary last.
 #   kernel tests (CUDA table), full parity sweep on CUDA, a determinism check, the probe's
 #   shape timed on CUDA, compute-sanitizer memcheck and racecheck on a subset.
-# The machine has no libjansson-dev: the caller carries Debian's package unpacked in .devdeps.
+# The machine has no libjansson-dev: the caller carries Debian's package unpacked in .devdeps
+# (ignored by git; make it once per machine with
+#   mkdir -p .devdeps && cd .devdeps && apt-get download libjansson-dev libjansson4 &&
+#   for f in *.deb; do dpkg -x "$f" .; done && cd .. && echo /.devdeps/ >> .git/info/exclude
+# and pass carry=[".devdeps"] to the device tool).
 # `sh scripts/cuda_check.sh quick` stops before the sanitizers.
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
