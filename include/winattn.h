@@ -167,6 +167,11 @@ wa_status wa_workspace_size(wa_context *ctx, const wa_attn_desc *desc,
 wa_status wa_malloc(wa_context *ctx, wa_device dev, size_t bytes, void **ptr);
 void wa_free_memory(wa_context *ctx, wa_device dev, void *ptr);
 wa_status wa_memcpy(wa_context *ctx, void *dst, wa_device dst_dev, const void *src, wa_device src_dev, size_t bytes);
+/* Device memory as the CUDA driver reports it, for measurements: *in_use = total - free
+ * (cudaMemGetInfo, the whole device), *workspace_peak = the high-water mark of the stream-ordered
+ * pool the library's CUDA workspace comes from since the last call (which resets it).
+ * WA_ERR_UNSUPPORTED on builds or machines without CUDA. */
+wa_status wa_cuda_memory(wa_context *ctx, size_t *in_use, size_t *workspace_peak);
 /* Wait until all work this context queued (CUDA) is done; reports an asynchronous failure. */
 wa_status wa_synchronize(wa_context *ctx);
 

@@ -77,5 +77,6 @@ void wa_cuda_free(void *ptr);
 /* kind: 0 host->device, 1 device->host, 2 device->device */
 wa_status wa_cuda_memcpy(wa_context *ctx, void *dst, const void *src, size_t bytes, int kind);
 wa_status wa_cuda_synchronize(wa_context *ctx);
+wa_status wa_cuda_memory_impl(wa_context *ctx, size_t *in_use, size_t *workspace_peak);
 
 #endif /* WA_INTERNAL_H */

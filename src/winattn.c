@@ -163,6 +163,14 @@ wa_status wa_memcpy(wa_context *ctx, void *dst, wa_device dst_dev, const void *s
     return wa_cuda_memcpy(ctx, dst, src, bytes, kind);
 }
 
+wa_status wa_cuda_memory(wa_context *ctx, size_t *in_use, size_t *workspace_peak) {
+    wa_clear_error();
+    if (!ctx || !in_use || !workspace_peak) return wa_fail(WA_ERR_INVALID_ARG, "wa_cuda_memory: NULL argument");
+    *in_use = *workspace_peak = 0;
+    if (!wa_cuda_available()) return wa_fail(WA_ERR_UNSUPPORTED, "no usable CUDA device in this build or machine");
+    return wa_cuda_memory_impl(ctx, in_use, workspace_peak);
+}
+
 wa_status wa_synchronize(wa_context *ctx) {
     wa_clear_error();
     if (!ctx) return wa_fail(WA_ERR_INVALID_ARG, "wa_synchronize: context is NULL");

@@ -533,6 +533,22 @@ wa_status wa_cuda_memcpy(wa_context *ctx, void *dst, const void *src, size_t byt
     return WA_OK;
 }
 
+wa_status wa_cuda_memory_impl(wa_context *ctx, size_t *in_use, size_t *workspace_peak) {
+    size_t free_b = 0, total_b = 0;
+    int dev = 0;
+    cudaMemPool_t pool;
+    uint64_t high = 0, zero = 0; /* cuuint64_t in the driver API */
+    CUDA_TRY(cudaStreamSynchronize(stream_of(ctx)));
+    CUDA_TRY(cudaMemGetInfo(&free_b, &total_b));
+    CUDA_TRY(cudaGetDevice(&dev));
+    CUDA_TRY(cudaDeviceGetDefaultMemPool(&pool, dev));
+    CUDA_TRY(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high));
+    CUDA_TRY(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
+    *in_use = total_b - free_b;
+    *workspace_peak = (size_t)high;
+    return WA_OK;
+}
+
 wa_status wa_cuda_synchronize(wa_context *ctx) {
     CUDA_TRY(cudaStreamSynchronize(stream_of(ctx)));
     return WA_OK;
