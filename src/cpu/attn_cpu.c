@@ -295,6 +295,22 @@ static void delta_unit(void *arg, int64_t bh, int worker) {
     }
 }
 
+/* The one place P and dS are formed from a score s, dP, and the row's lse, delta and renormaliser
+ * rn (1 outside f32): P = exp(s - lse) * rn, dS = P (dP - delta) * softcap'(s) * scale, the
+ * gradient with respect to the raw q.k. Both backward layouts call it, so they round alike. */
+static inline vf score_grad(vf sv, vf dpv, vf lse, vf delta, vf rn, float cap, float scale, vf *p_out) {
+    vf pv = vexp(sv - lse) * rn;
+    vf ds = pv * (dpv - delta);
+    if (cap > 0.0f) {
+        vf t = sv * vsplat(1.0f / cap);
+        ds = ds * (vsplat(1.0f) - t * t);
+        /* masked entries: s = -inf makes t*t = inf and ds = 0 * -inf; P = 0 there */
+        ds = vselect(pv == vsplat(0.0f), vsplat(0.0f), ds);
+    }
+    *p_out = pv;
+    return ds * vsplat(scale);
+}
+
 /* For query rows [i0, i0+m) against key tile [j0, j0+n): S (in) becomes P, dP (in) becomes dS,
  * the gradient with respect to the raw dot product q.k (softcap derivative and scale included). */
 static void scores_to_grads(const cpu_tile_args *a, float *S, float *dP, int64_t b, int64_t h, int64_t i0, int64_t m,
@@ -315,18 +331,9 @@ static void scores_to_grads(const cpu_tile_args *a, float *S, float *dP, int64_t
         }
         vf lv = vsplat(lse[r]), dv = vsplat(delta[r]), rv = vsplat(rnorm ? rnorm[r] : 1.0f);
         for (int64_t c = 0; c < ld; c += VW) {
-            vf sv = vload(s + c);
-            vf pv = vexp(sv - lv);
-            if (rnorm) pv = pv * rv;
-            vf ds = pv * (vload(dp + c) - dv);
-            if (cap > 0.0f) {
-                vf t = sv * vsplat(1.0f / cap);
-                ds = ds * (vsplat(1.0f) - t * t);
-                /* masked entries: s = -inf makes t*t = inf and ds = 0 * -inf; P = 0 there */
-                ds = vselect(pv == vsplat(0.0f), vsplat(0.0f), ds);
-            }
+            vf pv, ds = score_grad(vload(s + c), vload(dp + c), lv, dv, rv, cap, scale, &pv);
             vstore(s + c, pv);
-            vstore(dp + c, ds * vsplat(scale));
+            vstore(dp + c, ds);
         }
     }
 }
@@ -471,15 +478,9 @@ static void dq_unit(const cpu_tile_args *a, int64_t u, float *ws) {
             gemm_acc(n, Bqp, D, Vs, Dp, 1, dOT, Bqp, dPT, Bqp);
             for (int64_t j = 0; j < n; j++)
                 for (int64_t c = 0; c < Bqp; c += VW) {
-                    vf sv = vload(ST + j * Bqp + c);
-                    vf pv = vexp(sv - vload(lse + c)) * vload(rnorm + c);
-                    vf ds = pv * (vload(dPT + j * Bqp + c) - vload(delta + c));
-                    if (cap > 0.0f) {
-                        vf t = sv * vsplat(1.0f / cap);
-                        ds = ds * (vsplat(1.0f) - t * t);
-                        ds = vselect(pv == vsplat(0.0f), vsplat(0.0f), ds); /* masked: 0 * inf */
-                    }
-                    vstore(dPT + j * Bqp + c, ds * vsplat(scale));
+                    vf pv, ds = score_grad(vload(ST + j * Bqp + c), vload(dPT + j * Bqp + c), vload(lse + c),
+                                           vload(delta + c), vload(rnorm + c), cap, scale, &pv);
+                    vstore(dPT + j * Bqp + c, ds);
                 }
             gemm_acc(m, Dp, n, dPT, 1, Bqp, Ks, Dp, dQ, Dp); /* dQ += dS K */
         }
