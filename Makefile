@@ -111,7 +111,7 @@ $(BUILD)/winattn: $(TOOL_OBJ) $(REF_OBJ) $(STATIC)
 $(BUILD)/tests/test_safetensors: $(BUILD)/tests/test_safetensors.o $(BUILD)/tools/safetensors.o
 	$(CC) -o $@ $^ $(TOOL_LIBS) $(LDLIBS)
 
-$(BUILD)/tests/cli_helper: $(BUILD)/tests/cli_helper.o $(BUILD)/tests/check.o $(BUILD)/tools/safetensors.o $(STATIC)
+$(BUILD)/tests/cli_helper: $(BUILD)/tests/cli_helper.o $(BUILD)/tests/check.o $(BUILD)/tools/safetensors.o $(REF_OBJ) $(STATIC)
 	$(CC) -o $@ $^ $(TOOL_LIBS) $(LDLIBS)
 
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/tests/check.o $(REF_OBJ) $(STATIC)

@@ -34,10 +34,10 @@ static st_out tensor(const char *name, st_dtype dt, int64_t a, int64_t b, int64_
 static int gen(const char *dir) {
     static uint16_t q[B * HQ * N * D], k[B * HKV * N * D], v[B * HKV * N * D], g[B * HQ * N * D];
     static int32_t ints[B * HQ * N * D];
-    rng r;
-    rng_seed(&r, 5);
-    fill_normal(q, WA_BF16, sizeof q / 2, &r, 1), fill_normal(k, WA_BF16, sizeof k / 2, &r, 1);
-    fill_normal(v, WA_BF16, sizeof v / 2, &r, 1), fill_normal(g, WA_BF16, sizeof g / 2, &r, 1);
+    wa_rng r;
+    wa_rng_seed(&r, 5);
+    wa_fill_normal(q, WA_BF16, sizeof q / 2, &r, 1), wa_fill_normal(k, WA_BF16, sizeof k / 2, &r, 1);
+    wa_fill_normal(v, WA_BF16, sizeof v / 2, &r, 1), wa_fill_normal(g, WA_BF16, sizeof g / 2, &r, 1);
     st_out ok[4] = {tensor("q", ST_BF16, B, HQ, N, D, q), tensor("k", ST_BF16, B, HKV, N, D, k),
                     tensor("v", ST_BF16, B, HKV, N, D, v), tensor("do", ST_BF16, B, HQ, N, D, g)};
     write_or_die(dir, "ok_bhnd.safetensors", ok, 4);

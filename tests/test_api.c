@@ -55,10 +55,10 @@ static void counting_free(void *user, void *p) {
 }
 
 int main(void) {
-    rng g;
-    rng_seed(&g, 11);
-    fill_normal(q, WA_F32, sizeof q / 4, &g, 1), fill_normal(k, WA_F32, sizeof k / 4, &g, 1);
-    fill_normal(v, WA_F32, sizeof v / 4, &g, 1), fill_normal(go, WA_F32, sizeof go / 4, &g, 1);
+    wa_rng g;
+    wa_rng_seed(&g, 11);
+    wa_fill_normal(q, WA_F32, sizeof q / 4, &g, 1), wa_fill_normal(k, WA_F32, sizeof k / 4, &g, 1);
+    wa_fill_normal(v, WA_F32, sizeof v / 4, &g, 1), wa_fill_normal(go, WA_F32, sizeof go / 4, &g, 1);
     wa_context *ctx;
     expect(wa_context_create(NULL, &ctx), WA_OK, "a context with default parameters");
     wa_attn_desc d = wa_attn_desc_sliding(9);

@@ -20,7 +20,6 @@ static int check_config(const wa_window *w, int64_t Bq, int64_t Bk, char *why, s
             int vis = wa_visible(w, i, j);
             cnt += vis;
             if (vis != (j >= lo && j <= hi)) return snprintf(why, n, "row range of %lld wrong at key %lld", (long long)i, (long long)j), 0;
-            int cvis = j >= wa_col_first_query(w, j) && 0; (void)cvis;
             if (vis != (i >= wa_col_first_query(w, j) && i <= wa_col_last_query(w, j)))
                 return snprintf(why, n, "column range of key %lld wrong at row %lld", (long long)j, (long long)i), 0;
         }

@@ -73,11 +73,11 @@ static void determinism(void) {
     /* long enough for several backward chunks (32 key tiles each), so both dQ paths run */
     const int64_t B = 1, Hq = 4, Hkv = 2, N = 2500, D = 80;
     size_t nq = (size_t)(B * Hq * N * D), nk = (size_t)(B * Hkv * N * D);
-    rng g;
-    rng_seed(&g, 7);
+    wa_rng g;
+    wa_rng_seed(&g, 7);
     uint16_t *q = malloc(nq * 2), *k = malloc(nk * 2), *v = malloc(nk * 2), *go = malloc(nq * 2);
-    fill_normal(q, WA_BF16, nq, &g, 1), fill_normal(k, WA_BF16, nk, &g, 1), fill_normal(v, WA_BF16, nk, &g, 1);
-    fill_normal(go, WA_BF16, nq, &g, 1);
+    wa_fill_normal(q, WA_BF16, nq, &g, 1), wa_fill_normal(k, WA_BF16, nk, &g, 1), wa_fill_normal(v, WA_BF16, nk, &g, 1);
+    wa_fill_normal(go, WA_BF16, nq, &g, 1);
     wa_tensor tq = wa_tensor_bhnd(q, WA_BF16, B, Hq, N, D), tk = wa_tensor_bhnd(k, WA_BF16, B, Hkv, N, D);
     wa_tensor tv = wa_tensor_bhnd(v, WA_BF16, B, Hkv, N, D), tdo = wa_tensor_bhnd(go, WA_BF16, B, Hq, N, D);
     wa_attn_desc desc = wa_attn_desc_sliding(77);

@@ -29,10 +29,10 @@ static void fd_check(const fd_case *c, uint64_t seed) {
     size_t nq = (size_t)(c->B * c->Hq * c->Nq * c->D), nk = (size_t)(c->B * c->Hkv * c->Nk * c->D);
     double *q = malloc(nq * 8), *k = malloc(nk * 8), *v = malloc(nk * 8), *go = malloc(nq * 8), *o = malloc(nq * 8);
     double *dq = malloc(nq * 8), *dk = malloc(nk * 8), *dv = malloc(nk * 8);
-    rng g;
-    rng_seed(&g, seed);
-    for (size_t i = 0; i < nq; i++) q[i] = 1.5 * rng_normal(&g), go[i] = rng_normal(&g);
-    for (size_t i = 0; i < nk; i++) k[i] = 1.5 * rng_normal(&g), v[i] = rng_normal(&g);
+    wa_rng g;
+    wa_rng_seed(&g, seed);
+    for (size_t i = 0; i < nq; i++) q[i] = 1.5 * wa_rng_normal(&g), go[i] = wa_rng_normal(&g);
+    for (size_t i = 0; i < nk; i++) k[i] = 1.5 * wa_rng_normal(&g), v[i] = wa_rng_normal(&g);
     wa_oracle(&s, q, k, v, go, o, NULL, dq, dk, dv);
     double *xs[3] = {q, k, v}, *gs[3] = {dq, dk, dv};
     size_t ns[3] = {nq, nk, nk};
@@ -62,11 +62,11 @@ static void forward_sanity(void) {
     /* v constant along keys: every nonempty row of o equals it; rows with no key are 0 / -inf */
     wa_oracle_shape s = {1, 2, 1, 9, 5, 3, 0.7, 0, {9, 5, 1, 0}};
     double q[2 * 9 * 3], k[5 * 3], v[5 * 3], o[2 * 9 * 3], lse[2 * 9];
-    rng g;
-    rng_seed(&g, 3);
-    for (int i = 0; i < 54; i++) q[i] = rng_normal(&g);
+    wa_rng g;
+    wa_rng_seed(&g, 3);
+    for (int i = 0; i < 54; i++) q[i] = wa_rng_normal(&g);
     for (int j = 0; j < 5; j++)
-        for (int d = 0; d < 3; d++) k[j * 3 + d] = rng_normal(&g), v[j * 3 + d] = d + 1.0;
+        for (int d = 0; d < 3; d++) k[j * 3 + d] = wa_rng_normal(&g), v[j * 3 + d] = d + 1.0;
     wa_oracle(&s, q, k, v, NULL, o, lse, NULL, NULL, NULL);
     int ok = 1;
     for (int h = 0; h < 2; h++)

@@ -42,20 +42,23 @@ static double seconds(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-typedef struct rng64 { uint64_t s; } rng64;
-static uint64_t next(rng64 *r) {
+void wa_rng_seed(wa_rng *r, uint64_t seed) { r->s = seed * 0x9E3779B97F4A7C15ull + 12345; }
+
+static uint64_t next(wa_rng *r) {
     uint64_t x = r->s;
     x ^= x << 13, x ^= x >> 7, x ^= x << 17;
     return r->s = x;
 }
-static double normal(rng64 *r) {
+
+double wa_rng_normal(wa_rng *r) {
     double u1 = (double)(next(r) >> 11) * (1.0 / 9007199254740992.0), u2 = (double)(next(r) >> 11) * (1.0 / 9007199254740992.0);
     if (u1 < 1e-300) u1 = 1e-300;
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
-static void fill(void *data, wa_dtype dt, size_t n, rng64 *r) {
+
+void wa_fill_normal(void *data, wa_dtype dt, size_t n, wa_rng *r, double scale) {
     for (size_t i = 0; i < n; i++) {
-        float x = (float)normal(r);
+        float x = (float)(wa_rng_normal(r) * scale);
         if (dt == WA_F32) ((float *)data)[i] = x;
         else if (dt == WA_BF16) ((uint16_t *)data)[i] = wa_f32_to_bf16(x);
         else ((uint16_t *)data)[i] = wa_f32_to_f16(x);
@@ -197,7 +200,8 @@ void wa_run_case(const wa_case *c, wa_context *kernel, wa_context *baseline, dou
     size_t es = wa_dtype_size(c->dtype);
     size_t nq = (size_t)(c->B * c->Hq * c->Nq * c->D), nk = (size_t)(c->B * c->Hkv * c->Nk * c->D);
     size_t nrows = (size_t)(c->B * c->Hq * c->Nq);
-    rng64 g = {c->seed * 0x9E3779B97F4A7C15ull + 12345};
+    wa_rng g;
+    wa_rng_seed(&g, c->seed);
     void *q = malloc(nq * es + 8), *k = malloc(nk * es + 8), *v = malloc(nk * es + 8), *go = malloc(nq * es + 8);
     double *rq = malloc(nq * 8 + 8), *rk = malloc(nk * 8 + 8), *rv = malloc(nk * 8 + 8), *rdo = malloc(nq * 8 + 8);
     double *ro = malloc(nq * 8 + 8), *rlse = malloc(nrows * 8 + 8), *rdq = malloc(nq * 8 + 8);
@@ -209,7 +213,8 @@ void wa_run_case(const wa_case *c, wa_context *kernel, wa_context *baseline, dou
         snprintf(r->detail, sizeof r->detail, "test harness out of memory");
         goto done;
     }
-    fill(q, c->dtype, nq, &g), fill(k, c->dtype, nk, &g), fill(v, c->dtype, nk, &g), fill(go, c->dtype, nq, &g);
+    wa_fill_normal(q, c->dtype, nq, &g, 1), wa_fill_normal(k, c->dtype, nk, &g, 1), wa_fill_normal(v, c->dtype, nk, &g, 1);
+    wa_fill_normal(go, c->dtype, nq, &g, 1);
     wa_tensor tq = make_tensor(q, c->dtype, c->bnhd, c->B, c->Hq, c->Nq, c->D);
     wa_tensor tk = make_tensor(k, c->dtype, c->bnhd, c->B, c->Hkv, c->Nk, c->D);
     wa_tensor tv = make_tensor(v, c->dtype, c->bnhd, c->B, c->Hkv, c->Nk, c->D);

@@ -39,6 +39,15 @@ typedef struct wa_case_result {
 void wa_run_case(const wa_case *c, wa_context *kernel, wa_context *baseline, double grad_mult, wa_case_result *r);
 void wa_case_name(const wa_case *c, char *buf, size_t n);
 
+/* Seeded xorshift generator, reproducible on every platform: the cases' inputs and the tests'. */
+typedef struct wa_rng {
+    uint64_t s;
+} wa_rng;
+void wa_rng_seed(wa_rng *r, uint64_t seed);
+double wa_rng_normal(wa_rng *r);
+/* n elements of N(0, 1) * scale, rounded to the dtype */
+void wa_fill_normal(void *data, wa_dtype dt, size_t n, wa_rng *r, double scale);
+
 /* 2 * max |fl32(x + 0.3) - 0.3 - x|: FlashAttention's rounding-noise atol. */
 double wa_rounding_atol(const double *ref, size_t n);
 
