@@ -23,20 +23,6 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-static void fill(void *p, wa_dtype dt, size_t n, uint64_t seed) {
-    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 7;
-    for (size_t i = 0; i < n; i++) {
-        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-        float x = (float)((double)(s >> 11) * (1.0 / 9007199254740992.0) * 4.0 - 2.0);
-        if (dt == WA_F32) ((float *)p)[i] = x;
-        else {
-            uint32_t u;
-            memcpy(&u, &x, 4);
-            ((uint16_t *)p)[i] = dt == WA_BF16 ? (uint16_t)(u >> 16) : (uint16_t)0x3c00u ^ (uint16_t)(s & 0x83ffu);
-        }
-    }
-}
-
 int cmd_bench(int argc, char **argv) {
     int64_t lens[16] = {8192}, n_lens = 1, B = 1, Hq = 32, Hkv = 16, D = 256, threads = 0, tq = 0, tk = 0, reps = 3;
     int64_t left = 1023, right = 0;
@@ -124,10 +110,10 @@ int cmd_bench(int argc, char **argv) {
         for (int i = 0; i < 9; i++)
             if (wa_malloc(ctx, dev, sizes[i], &buf[i]) != WA_OK) die("%s", wa_last_error());
         for (int i = 0; i < 4; i++) {
-            if (dev == WA_DEVICE_CPU) fill(buf[i], dt, sizes[i] / es, (uint64_t)i + 1);
+            if (dev == WA_DEVICE_CPU) fill_uniform(buf[i], dt, sizes[i] / es, (uint64_t)i + 1);
             else {
                 void *h = xmalloc(sizes[i], "staging");
-                fill(h, dt, sizes[i] / es, (uint64_t)i + 1);
+                fill_uniform(h, dt, sizes[i] / es, (uint64_t)i + 1);
                 if (wa_memcpy(ctx, buf[i], dev, h, WA_DEVICE_CPU, sizes[i]) != WA_OK) die("%s", wa_last_error());
                 free(h);
             }

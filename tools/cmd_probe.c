@@ -41,15 +41,6 @@ typedef struct measurement {
 
 /* ---- the child ---- */
 
-static void fill_bf16(uint16_t *p, size_t n, uint64_t seed) {
-    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-    for (size_t i = 0; i < n; i++) {
-        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-        /* a bf16 in [-2, 2): sign, exponent 126 or 127, 7 random mantissa bits */
-        p[i] = (uint16_t)(((s >> 8) & 0x8000u) | (0x3f00u + ((s >> 20) & 0x80u)) | ((s >> 32) & 0x7fu));
-    }
-}
-
 /* The CUDA child: inputs copied to the GPU, one warm-up, then forward and backward timed to
  * completion. Device memory is not measured here (see cmd_probe). */
 static int probe_child_cuda(int64_t N, const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint16_t *g) {
@@ -110,7 +101,8 @@ int cmd_probe_child(int argc, char **argv) {
     }
     size_t nq = (size_t)(P_B * P_HQ * N * P_D), nk = (size_t)(P_B * P_HKV * N * P_D);
     uint16_t *q = xmalloc(nq * 2, "q"), *k = xmalloc(nk * 2, "k"), *vv = xmalloc(nk * 2, "v"), *g = xmalloc(nq * 2, "do");
-    fill_bf16(q, nq, 1), fill_bf16(k, nk, 2), fill_bf16(vv, nk, 3), fill_bf16(g, nq, 4);
+    fill_uniform(q, WA_BF16, nq, 1), fill_uniform(k, WA_BF16, nk, 2), fill_uniform(vv, WA_BF16, nk, 3);
+    fill_uniform(g, WA_BF16, nq, 4);
     size_t baseline = peak_rss_bytes();
     if (cuda) return probe_child_cuda(N, q, k, vv, g);
 

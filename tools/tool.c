@@ -1,6 +1,7 @@
 /* tool.c — helpers shared by the winattn subcommands (see tool.h). */
 #define _GNU_SOURCE
 #include "tool.h"
+#include "convert.h"
 
 #include <errno.h>
 #include <math.h>
@@ -97,6 +98,17 @@ void *xmalloc(size_t bytes, const char *what) {
 const char *dtype_name(wa_dtype dt) {
     static const char *const names[3] = {"f32", "f16", "bf16"};
     return (unsigned)dt < 3 ? names[dt] : "?";
+}
+
+void fill_uniform(void *data, wa_dtype dt, size_t n, uint64_t seed) {
+    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 7;
+    for (size_t i = 0; i < n; i++) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        float x = (float)((double)(s >> 11) * (1.0 / 9007199254740992.0) * 4.0 - 2.0);
+        if (dt == WA_F32) ((float *)data)[i] = x;
+        else if (dt == WA_BF16) ((uint16_t *)data)[i] = wa_f32_to_bf16(x);
+        else ((uint16_t *)data)[i] = wa_f32_to_f16(x);
+    }
 }
 
 void write_file_atomic(const char *path, const char *text) {

@@ -31,6 +31,9 @@ size_t mem_available_bytes(void);
 /* malloc that dies with a message naming what it was for. */
 void *xmalloc(size_t bytes, const char *what);
 const char *dtype_name(wa_dtype dt);
+/* n elements uniform in [-2, 2), rounded to the dtype: fast inputs for timing and memory runs
+ * (the correctness cases use src/ref/case.h's normal draws) */
+void fill_uniform(void *data, wa_dtype dt, size_t n, uint64_t seed);
 
 /* Write text to path atomically (temporary + rename); dies on failure. */
 void write_file_atomic(const char *path, const char *text);
