@@ -63,8 +63,9 @@ JANSSON_LIBS ?= -ljansson
 TOOL_LIBS := $(JANSSON_LIBS)
 
 # The trainer (train/, `winattn train`): part of the command, not of the library. Its matrix
-# products use OpenBLAS when <cblas.h> is found (libopenblas-dev), else built-in loops.
-HAVE_CBLAS := $(shell printf '\043include <cblas.h>\n' | $(CC) -E -x c - >/dev/null 2>&1 && echo 1)
+# products use OpenBLAS when it links (libopenblas-dev), else built-in loops.
+HAVE_CBLAS := $(shell printf '\043include <cblas.h>\nint main(void){openblas_set_num_threads(1);return 0;}\n' | \
+                $(CC) -x c - -lopenblas -o /dev/null >/dev/null 2>&1 && echo 1)
 TRAIN_SRC  := train/config.c train/checkpoint.c train/data.c train/linalg.c train/trainer.c
 TRAIN_OBJ  := $(TRAIN_SRC:%.c=$(BUILD)/%.o) $(BUILD)/train/model_f32.o $(BUILD)/train/model_f64.o
 TRAIN_LIBS :=

@@ -15,12 +15,31 @@
 #include <string.h>
 #include <sys/stat.h>
 
-static const char train_usage[] =
-    "winattn train --model DIR --data DIR [--attn fused|dense|chunked] [--chunk Q] [--epochs E | --iters N]\n"
+static const char train_usage[] = "winattn train --model DIR --data DIR [options]; winattn train --help lists them";
+static const char train_help[] =
+    "usage: winattn train --model DIR --data DIR [--attn fused|dense|chunked] [--chunk Q] [--epochs E | --iters N]\n"
     "       [--batch-size B] [--grad-accum K] [--lr LR] [--optimizer adam|adamw] [--weight-decay WD]\n"
     "       [--bias-correction] [--lora-rank R] [--lora-scale S] [--lora-keys q,k,v,o,gate,up,down]\n"
     "       [--lora-layers N] [--seed S] [--adapters FILE] [--resume DIR] [--out DIR] [--log FILE]\n"
-    "       [--eval] [--eval-every N] [--eval-only] [--max-seq-length N] [--pad-target] [--threads T]";
+    "       [--eval] [--eval-every N] [--eval-only] [--max-seq-length N] [--pad-target] [--threads T]\n"
+    "\n"
+    "  --model DIR        config.json + model.safetensors (or model.safetensors.index.json and shards)\n"
+    "  --data DIR         train.jsonl and valid.jsonl: {\"tokens\": [...], \"mask\": [...]} or {\"text\": \"...\"}\n"
+    "  --attn A           fused (winattn, default), dense (full score matrices), chunked (query blocks of --chunk)\n"
+    "  --epochs E         passes over train.jsonl (default 2): ceil(E * records / batch) batches; or --iters N\n"
+    "  --batch-size B     records per batch (default 4); loss = token-weighted mean over the batch\n"
+    "  --grad-accum K     batches per optimizer update (default 1)\n"
+    "  --lr LR            learning rate (default 1e-5); Adam (MLX's, no bias correction) or AdamW\n"
+    "  --lora-rank R      default 32; --lora-scale S default 20; --lora-keys default q,k,v,o;\n"
+    "                     --lora-layers N adapts the last N layers (default all)\n"
+    "  --adapters FILE    start from (or with --eval-only, evaluate) these adapters\n"
+    "  --resume DIR       continue a run saved with --out DIR (adapters, optimizer state, step)\n"
+    "  --out DIR          write adapters.safetensors, adapter_config.json (mlx-lm layout),\n"
+    "                     optimizer.safetensors and log.jsonl (or --log FILE)\n"
+    "  --eval             held-out loss and next-token agreement on valid.jsonl at the end;\n"
+    "                     --eval-every N also every N batches; --eval-only just evaluates\n"
+    "  --max-seq-length N truncate records (default: none); --pad-target adds mlx-lm's extra pad target\n"
+    "  --seed S           adapter initialisation and batch order (default 0)\n";
 
 static unsigned parse_keys(const char *v) {
     unsigned mask = 0;
@@ -62,6 +81,10 @@ int cmd_train(int argc, char **argv) {
     const char *v;
     int saw_epochs = 0, saw_iters = 0;
     for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            fputs(train_help, stdout);
+            return 0;
+        }
         if ((v = flag_value(argc, argv, &i, "--model", train_usage))) o.model_dir = v;
         else if ((v = flag_value(argc, argv, &i, "--data", train_usage))) o.data_dir = v;
         else if ((v = flag_value(argc, argv, &i, "--attn", train_usage))) {
