@@ -20,11 +20,16 @@
 #define MT(name) name##_f64
 #define mm mm_f64
 #define REAL_IS_FLOAT 0
+#define rtanh tanh
+#define rexp exp
 #else
 #define REAL float
 #define MT(name) name##_f32
 #define mm mm_f32
 #define REAL_IS_FLOAT 1
+/* the transcendental functions in the model's own precision, as a float framework computes them */
+#define rtanh tanhf
+#define rexp expf
 #endif
 typedef REAL real;
 typedef MT(gemma_model) model;
@@ -342,14 +347,14 @@ static void rope_apply(real *x, int T, int heads, int D, const real *cosv, const
 }
 
 /* gelu_pytorch_tanh and its derivative */
-static const double gelu_k = 0.7978845608028654; /* sqrt(2/pi) */
+static const real gelu_k = (real)0.7978845608028654; /* sqrt(2/pi) */
 static real gelu(real x) {
-    double t = tanh(gelu_k * ((double)x + 0.044715 * (double)x * x * x));
-    return (real)(0.5 * x * (1 + t));
+    real t = rtanh(gelu_k * (x + (real)0.044715 * x * x * x));
+    return (real)0.5 * x * (1 + t);
 }
 static real gelu_grad(real x) {
-    double xd = x, t = tanh(gelu_k * (xd + 0.044715 * xd * xd * xd));
-    return (real)(0.5 * (1 + t) + 0.5 * xd * (1 - t * t) * gelu_k * (1 + 3 * 0.044715 * xd * xd));
+    real t = rtanh(gelu_k * (x + (real)0.044715 * x * x * x));
+    return (real)0.5 * (1 + t) + (real)0.5 * x * (1 - t * t) * gelu_k * (1 + 3 * (real)0.044715 * x * x);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -434,12 +439,20 @@ static void block_scores(const attn_args *a, const real *q, const real *k, int h
     }
 }
 
+/* Elements of one block's scratch in the backward (dP, and the raw scores under a softcap). */
+static size_t block_scratch_count(const model *m, const attn_args *a) {
+    int rows = block_rows(m, a);
+    return (size_t)rows * (size_t)(m->arm == ATTN_DENSE ? a->T : rows + (a->window ? a->window : a->T));
+}
+
 static int attn_matmul_fwd(model *m, const attn_args *a, const real *q, const real *k, const real *v, real *o,
                            real **probs) {
     size_t n = stored_prob_count(m, a);
-    if (m->mem_limit && n * sizeof(real) > m->mem_limit)
-        return set_err(m, "%s attention at %d tokens needs %.2f GB for its probabilities; %.2f GB available: out of memory",
-                       attn_arm_name(m->arm), a->T, n * sizeof(real) / 1e9, m->mem_limit / 1e9);
+    /* refuse up front what the layer's backward would need, instead of being killed half way */
+    size_t need = (n + block_scratch_count(m, a) * (a->softcap > 0 ? 2 : 1)) * sizeof(real);
+    if (m->mem_limit && need > m->mem_limit)
+        return set_err(m, "%s attention at %d tokens needs %.2f GB (probabilities and scratch); %.2f GB allowed: out of memory",
+                       attn_arm_name(m->arm), a->T, need / 1e9, m->mem_limit / 1e9);
     real *P = malloc(n * sizeof(real));
     if (!P) return set_err(m, "%s attention at %d tokens: out of memory (%.2f GB)", attn_arm_name(m->arm), a->T,
                            n * sizeof(real) / 1e9);
@@ -475,7 +488,7 @@ static int attn_matmul_bwd(model *m, const attn_args *a, const real *q, const re
                            const real *dout, real *dq, real *dk, real *dv) {
     int rows = block_rows(m, a), group = a->Hq / a->Hkv;
     long qs = (long)a->Hq * a->D, ks = (long)a->Hkv * a->D;
-    size_t tmp = (size_t)rows * (size_t)(m->arm == ATTN_DENSE ? a->T : rows + (a->window ? a->window : a->T));
+    size_t tmp = block_scratch_count(m, a);
     real *dP = malloc(tmp * sizeof(real)), *S = a->softcap > 0 ? malloc(tmp * sizeof(real)) : NULL;
     if (!dP || (a->softcap > 0 && !S)) {
         free(dP);
@@ -748,7 +761,7 @@ static int head(model *m, const real *xL, const int32_t *tokens, int T, const ui
     mm(0, 1, T, V, H, 1, f, H, m->lm_head, H, 0, lg, V);
     double cap = c->final_softcap;
     if (cap > 0)
-        for (long i = 0; i < (long)T * V; i++) lg[i] = (real)(cap * tanh((double)lg[i] / cap));
+        for (long i = 0; i < (long)T * V; i++) lg[i] = (real)cap * rtanh(lg[i] / (real)cap);
     if (logits_out) memcpy(logits_out, lg, (size_t)T * V * sizeof(real));
     for (int t = 0; t < T; t++) {
         real *row = lg + (long)t * V;
@@ -758,14 +771,14 @@ static int head(model *m, const real *xL, const int32_t *tokens, int T, const ui
             int arg = 0;
             for (int j = 1; j < V; j++) arg = row[j] > row[arg] ? j : arg;
             double mx = row[arg], sum = 0;
-            for (int j = 0; j < V; j++) sum += exp((double)row[j] - mx);
+            for (int j = 0; j < V; j++) sum += rexp(row[j] - (real)mx);
             double lse = mx + log(sum);
             st->loss_sum += lse - row[y];
             st->tokens++;
             st->agree += arg == y;
             if (dxL) /* d CE / d logit = softmax − onehot, then through the cap: 1 − (capped/cap)² */
                 for (int j = 0; j < V; j++) {
-                    double g = exp((double)row[j] - lse) - (j == y);
+                    double g = rexp(row[j] - (real)lse) - (j == y);
                     if (cap > 0) g *= 1 - ((double)row[j] / cap) * ((double)row[j] / cap);
                     row[j] = (real)(grad_scale * g);
                 }

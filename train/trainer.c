@@ -349,8 +349,10 @@ int train_run(const train_options *o, char *err, size_t errlen) {
         fail(err, errlen, "%s", m.err);
         goto done;
     }
-    /* the dense and chunked arms refuse up front what would not fit, instead of being killed */
-    m.mem_limit = (size_t)(mem_available_bytes() * 0.9);
+    /* the dense and chunked arms refuse up front what would not fit, instead of being killed (or
+     * pushing the machine into swap); 80% of what the kernel calls available leaves room for the
+     * activations and whatever else runs */
+    m.mem_limit = (size_t)(mem_available_bytes() * 0.8);
     printf("attention: %s%s; matrix products: %s\n", attn_arm_name(o->arm),
            o->arm == ATTN_CHUNKED ? " (query blocks of the chunk size)" : "", linalg_backend());
 
