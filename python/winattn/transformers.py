@@ -1,0 +1,117 @@
+"""winattn as a Hugging Face transformers attention implementation.
+
+    import winattn.transformers
+    winattn.transformers.register()
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="winattn")
+    # or, on a model already loaded: model.set_attn_implementation("winattn")
+
+Each attention layer then calls winattn.torch.attention (CPU or CUDA tensors, float32, float16,
+bfloat16, autograd) with its own window, scale and softcap, taken from what the model passes to
+its attention function:
+
+- window: the `sliding_window` keyword (else `module.sliding_window`, else `config.sliding_window`
+  on a layer whose `layer_type` is "sliding_attention"). transformers' sliding window of W keys
+  (`sliding_window_overlay`: key kv visible to query q iff q - W < kv <= q) is winattn's window
+  (W-1, 0); layers without one are causal, (-1, 0).
+- scale: the `scaling` keyword (else `module.scaling`, else 1/sqrt(head_dim)), so Gemma 3's
+  query_pre_attn_scalar and Gemma 4's 1.0 come through unchanged.
+- softcap: the `softcap` keyword (Gemma 2 passes its attn_logit_softcapping). Gemma 3 keeps the
+  field in its config but does not pass it, and its eager attention does not apply it; neither
+  does this.
+- GQA: key and value arrive with the model's KV heads and are used without repeating them.
+
+Masks. winattn computes the causal or sliding band itself, so the attention mask is only checked,
+never applied. register() also registers transformers' SDPA mask builder under the same name,
+which hands over no mask at all in the plain cases (no padding, Nq == Nk or Nq == 1) and
+otherwise a boolean mask. A given mask must equal the layer's own band, bottom-right aligned
+(query i at position i + Nk - Nq): that holds for training and for prefill and decoding with
+transformers' dynamic caches. Anything else (padding, packed sequences, a custom 4-d mask, a
+bidirectional layer) raises ValueError rather than silently computing something else. For a
+right-padded batch, pass no attention_mask: causality already hides the padding from every real
+token, and labels of -100 keep the padded positions out of the loss. Attention dropout and
+attention sinks are refused the same way.
+"""
+import torch
+
+from .torch import attention as _attention
+
+__all__ = ["register", "attention_forward"]
+
+
+def _window(module, sliding_window):
+    if sliding_window is None:
+        sliding_window = getattr(module, "sliding_window", None)
+    if sliding_window is None and getattr(module, "layer_type", None) == "sliding_attention":
+        sliding_window = getattr(module.config, "sliding_window", None)
+    if sliding_window is None:
+        return -1
+    if int(sliding_window) < 1:
+        raise ValueError("winattn: sliding_window must be >= 1, got %r" % (sliding_window,))
+    return int(sliding_window) - 1
+
+
+def _band(Nq, Nk, left, device):
+    """The visible (query, key) pairs of window (left, 0), bottom-right aligned."""
+    i = torch.arange(Nq, device=device)[:, None] + (Nk - Nq)
+    j = torch.arange(Nk, device=device)[None, :]
+    band = j <= i
+    if left >= 0:
+        band &= j >= i - left
+    return band
+
+
+def _check_mask(mask, Nq, Nk, left):
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 4 or tuple(mask.shape[-2:]) != (Nq, Nk):
+        raise ValueError("winattn: attention_mask must be None or a 4-d [B, 1, Nq, Nk] tensor with Nq=%d, Nk=%d; "
+                         "got %s" % (Nq, Nk, type(mask).__name__ if not isinstance(mask, torch.Tensor)
+                                     else tuple(mask.shape)))
+    if mask.dtype == torch.bool:
+        visible = mask
+    elif mask.is_floating_point():  # additive: 0 where visible, a large negative number elsewhere
+        visible = mask > torch.finfo(mask.dtype).min / 2
+        if not torch.all(mask[visible.expand_as(mask)] == 0):
+            raise ValueError("winattn: an additive attention_mask with values other than 0 and -inf is not supported")
+    else:
+        raise ValueError("winattn: attention_mask has dtype %s (bool or floating point expected)" % mask.dtype)
+    if not torch.equal(visible, _band(Nq, Nk, left, mask.device).expand_as(visible)):
+        what = "sliding window of %d keys" % (left + 1) if left >= 0 else "causal"
+        raise ValueError("winattn: attention_mask differs from this layer's %s mask (padding, packed sequences "
+                         "or a custom mask?); winattn applies only the band itself. For right padding pass no "
+                         "attention_mask and label padded positions -100; otherwise use attn_implementation='sdpa'"
+                         % what)
+
+
+def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, sliding_window=None,
+                      softcap=None, **kwargs):
+    """transformers' attention-function signature: query [B, Hq, Nq, D], key and value
+    [B, Hkv, Nk, D]; returns (output [B, Nq, Hq, D], None). No attention weights are formed,
+    so none are returned."""
+    if dropout:
+        raise ValueError("winattn: attention dropout is not supported (got p=%g); set attention_dropout=0" % dropout)
+    if kwargs.get("s_aux") is not None or kwargs.get("sinks") is not None:
+        raise ValueError("winattn: attention sinks are not supported")
+    if not getattr(module, "is_causal", True):
+        raise ValueError("winattn: bidirectional attention layers are not supported (module.is_causal is False)")
+    left = _window(module, sliding_window)
+    if scaling is None:
+        scaling = getattr(module, "scaling", None)
+    Nq, Nk = query.shape[2], key.shape[2]
+    if attention_mask is not None:
+        _check_mask(attention_mask, Nq, Nk, left)
+    elif 1 < Nq < Nk:
+        # With no mask transformers means SDPA's is_causal, which is top-left aligned (a prefill
+        # into a static cache whose tail is empty): query i sees keys up to i, none past Nq.
+        key, value = key[:, :, :Nq], value[:, :, :Nq]
+    o = _attention(query, key, value, window=(left, 0), scale=scaling, softcap=softcap or 0.0)
+    return o.transpose(1, 2), None
+
+
+def register(name="winattn"):
+    """Registers attention_forward (and transformers' SDPA mask builder) under `name`, so that
+    attn_implementation=name selects it. Idempotent."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    AttentionInterface.register(name, attention_forward)
+    # Without a mask builder registered under the same name, transformers hands custom
+    # implementations no mask at all, so a padded batch would be computed as if unpadded.
+    AttentionMaskInterface.register(name, sdpa_mask)
