@@ -48,8 +48,8 @@ def build(cls, config, seed):
     model = cls(config).float()
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.dim() >= 2:  # projections and embedding: std 1/sqrt(fan_in), embedding ~ 1
-                p.normal_(0.0, 1.0 / p.shape[1] ** 0.5 if "embed" not in name else 1.0)
+            if p.dim() >= 2:  # std 1/sqrt(fan_in); the embedding too, as Gemma multiplies it by sqrt(hidden)
+                p.normal_(0.0, p.shape[1] ** -0.5)
             else:  # norm weights and layer scalars: around their neutral value, never all equal
                 p.copy_(p + torch.empty_like(p).uniform_(-0.5, 0.5))
     return model
@@ -66,8 +66,17 @@ def run(model, impl, ids, **kw):
     return out.logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def rel_err(a, b):
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+def rel_err(a, b, floor=1e-30):
+    return ((a - b).abs().max() / b.abs().max().clamp_min(floor)).item()
+
+
+def worst_of(got, ref):
+    """The largest error over a model's tensors, each relative to its own largest element but
+    never to less than 1e-3 of the largest in the model: a gradient that is zero in exact
+    arithmetic (Gemma 4's last layer_scalar, which the final RMSNorm makes irrelevant to the
+    loss) holds only rounding noise."""
+    floor = 1e-3 * max(r.abs().max().item() for r in ref.values())
+    return max(((rel_err(got[n], ref[n], floor), n) for n in ref if n in got), default=(0.0, "-"))
 
 
 def main():
@@ -97,7 +106,7 @@ def main():
             logits, grads = run(model, "winattn", ids)
             ref_logits, ref_grads = run(model, "eager", ids)
             missing = sorted(set(ref_grads) ^ set(grads))
-            worst = max(((rel_err(grads[n], ref_grads[n]), n) for n in ref_grads if n in grads), default=(0.0, "-"))
+            worst = worst_of(grads, ref_grads)
             e = rel_err(logits, ref_logits)
             report(e <= TOL and worst[0] <= TOL and not missing and len(grads) > 10,
                    "transformers %s N=%d window=%d: attn_implementation=winattn vs eager, logits and %d "
