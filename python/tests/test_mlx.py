@@ -83,6 +83,27 @@ def run_mask_recognition(mx, wm):
                and wm._window_of(mx.zeros((10, 10)), 10, 10) is None and wm._window_of("other", 10, 10) is None,
                "mlx padding, additive and unknown masks are not taken for a window (they go to MLX)")
 
+    @case("mlx patched attention with a padding mask")
+    def _():
+        from mlx_lm.models import gemma4_text
+        mx.random.seed(3)
+        q, k, v = (mx.random.normal((2, 4, 12, 16)) for _ in range(3))
+        pad = create_causal_mask(12, window_size=5, right_padding=mx.array([0, 4]))
+        ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.25, mask=pad)
+        for strict in (False, True):
+            wm.patch_mlx_lm(models=("gemma4_text",), strict=strict, disable_compile=False)
+            try:
+                if strict:
+                    expect_error("mlx patch_mlx_lm(strict=True) padding mask",
+                                 lambda: gemma4_text.scaled_dot_product_attention(q, k, v, None, 0.25, pad),
+                                 ValueError, "strict")
+                else:
+                    o = gemma4_text.scaled_dot_product_attention(q, k, v, None, 0.25, pad)
+                    report(mx.array_equal(o, ref).item(),
+                           "mlx patch_mlx_lm() hands a padding mask to mx.fast SDPA unchanged")
+            finally:
+                wm.unpatch_mlx_lm()
+
     @case("mlx bad input")
     def _():
         x = mx.zeros((1, 2, 8, 4))

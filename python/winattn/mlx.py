@@ -182,7 +182,9 @@ def _make_mask_builder(original):
 def patch_mlx_lm(models=("gemma4_text", "gemma3_text"), strict=False, disable_compile=True):
     """Routes the attention of mlx-lm's Gemma 4 and Gemma 3 text models (mlx_lm.models.<name> for
     each name in models) through winattn.mlx.attention, in place, for models built before or
-    after the call.
+    after the call. Other mlx-lm model modules that take both names below from mlx_lm.models.base
+    can be listed too; base itself is left alone, since each model module holds its own
+    reference to base's functions.
 
     In each module it replaces scaled_dot_product_attention, which then sends plain causal and
     sliding-window masks (the strings mlx-lm uses, the masks create_causal_mask builds, and the
@@ -194,8 +196,8 @@ def patch_mlx_lm(models=("gemma4_text", "gemma3_text"), strict=False, disable_co
 
     mlx-lm's trainer compiles its step with mx.compile, which cannot trace a call out to numpy;
     disable_compile=True calls mx.disable_compile() so the trainer runs (uncompiled). Pass False
-    if you call the model only outside compiled functions. unpatch_mlx_lm() undoes the patch
-    (not the compile switch: mx.enable_compile() does)."""
+    if you call the model only outside compiled functions. A module already patched is left as
+    it is; unpatch_mlx_lm() undoes the patch (not the compile switch: mx.enable_compile() does)."""
     for name in models:
         module = importlib.import_module("mlx_lm.models." + name)
         if name in _patched:
