@@ -24,9 +24,10 @@ Masks. winattn computes the causal or sliding band itself, so the attention mask
 never applied. register() also registers transformers' SDPA mask builder under the same name,
 which hands over no mask at all in the plain cases (no padding, Nq == Nk or Nq == 1) and
 otherwise a boolean mask. A given mask must equal the layer's own band, bottom-right aligned
-(query i at position i + Nk - Nq): that holds for training and for prefill and decoding with
-transformers' dynamic caches. Anything else (padding, packed sequences, a custom 4-d mask, a
-bidirectional layer) raises ValueError rather than silently computing something else. For a
+(query i at position i + Nk - Nq), or that band over the first keys only with the rest hidden (a
+static cache not yet full): that holds for training and for prefill and decoding with
+transformers' dynamic and static caches. Anything else (padding, packed sequences, a custom 4-d
+mask, a bidirectional layer) raises ValueError rather than silently computing something else. For a
 right-padded batch, pass no attention_mask: causality already hides the padding from every real
 token, and labels of -100 keep the padded positions out of the loss. Attention dropout and
 attention sinks are refused the same way.
@@ -60,7 +61,11 @@ def _band(Nq, Nk, left, device):
     return band
 
 
-def _check_mask(mask, Nq, Nk, left):
+def _keys_used(mask, Nq, Nk, left):
+    """How many leading keys the mask lets queries see, once it is checked to be this layer's
+    band: Nk normally (bottom-right), fewer for a static cache whose tail is still empty (the
+    band then ends early: query i sees up to key i + Nk_used - Nq). Raises ValueError for any
+    other mask."""
     if not isinstance(mask, torch.Tensor) or mask.dim() != 4 or tuple(mask.shape[-2:]) != (Nq, Nk):
         raise ValueError("winattn: attention_mask must be None or a 4-d [B, 1, Nq, Nk] tensor with Nq=%d, Nk=%d; "
                          "got %s" % (Nq, Nk, type(mask).__name__ if not isinstance(mask, torch.Tensor)
@@ -69,16 +74,24 @@ def _check_mask(mask, Nq, Nk, left):
         visible = mask
     elif mask.is_floating_point():  # additive: 0 where visible, a large negative number elsewhere
         visible = mask > torch.finfo(mask.dtype).min / 2
-        if not torch.all(mask[visible.expand_as(mask)] == 0):
+        if not torch.all(mask[visible] == 0):
             raise ValueError("winattn: an additive attention_mask with values other than 0 and -inf is not supported")
     else:
         raise ValueError("winattn: attention_mask has dtype %s (bool or floating point expected)" % mask.dtype)
-    if not torch.equal(visible, _band(Nq, Nk, left, mask.device).expand_as(visible)):
-        what = "sliding window of %d keys" % (left + 1) if left >= 0 else "causal"
-        raise ValueError("winattn: attention_mask differs from this layer's %s mask (padding, packed sequences "
-                         "or a custom mask?); winattn applies only the band itself. For right padding pass no "
-                         "attention_mask and label padded positions -100; otherwise use attn_implementation='sdpa'"
-                         % what)
+    # The band's end, read off the first query's last visible key; the comparison below holds
+    # every row, batch and head to it.
+    first = visible.reshape(-1, Nq, Nk)[0, 0].nonzero()
+    used = int(first[-1]) + Nq if len(first) else Nk
+    if Nq <= used <= Nk:
+        expected = torch.zeros(Nq, Nk, dtype=torch.bool, device=mask.device)
+        expected[:, :used] = _band(Nq, used, left, mask.device)
+        if torch.equal(visible, expected.expand_as(visible)):
+            return used
+    what = "sliding window of %d keys" % (left + 1) if left >= 0 else "causal"
+    raise ValueError("winattn: attention_mask differs from this layer's %s mask (padding, packed sequences "
+                     "or a custom mask?); winattn applies only the band itself. For right padding pass no "
+                     "attention_mask and label padded positions -100; otherwise use attn_implementation='sdpa'"
+                     % what)
 
 
 def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, sliding_window=None,
@@ -97,11 +110,13 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         scaling = getattr(module, "scaling", None)
     Nq, Nk = query.shape[2], key.shape[2]
     if attention_mask is not None:
-        _check_mask(attention_mask, Nq, Nk, left)
-    elif 1 < Nq < Nk:
-        # With no mask transformers means SDPA's is_causal, which is top-left aligned (a prefill
-        # into a static cache whose tail is empty): query i sees keys up to i, none past Nq.
-        key, value = key[:, :, :Nq], value[:, :, :Nq]
+        used = _keys_used(attention_mask, Nq, Nk, left)
+    else:
+        # No mask means SDPA's is_causal, which is top-left aligned: for 1 < Nq < Nk (a prefill
+        # into a static cache whose tail is empty) query i sees keys up to i, none past Nq.
+        used = Nq if 1 < Nq < Nk else Nk
+    if used < Nk:
+        key, value = key[:, :, :used], value[:, :, :used]
     o = _attention(query, key, value, window=(left, 0), scale=scaling, softcap=softcap or 0.0)
     return o.transpose(1, 2), None
 
