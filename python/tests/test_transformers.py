@@ -98,12 +98,23 @@ def main():
         skip("transformers Gemma models", str(e))
         return
 
+    masks = []  # the masks that reach winattn's attention function (which checks them)
+    keys_used = wtf._keys_used
+
+    def count(mask, *args):
+        masks.append(tuple(mask.shape))
+        return keys_used(mask, *args)
+    wtf._keys_used = count
+
     for seed, (label, cls, config) in enumerate(models):
         @case("transformers %s winattn vs eager" % label)
         def _():
             model = build(cls, config, seed)
             ids = torch.randint(0, config.vocab_size, (2, N), generator=torch.Generator().manual_seed(seed))
+            masks.clear()
             logits, grads = run(model, "winattn", ids)
+            report(not masks, "transformers %s training: no dense mask built for the winattn layers" % label,
+                   "%d masks arrived" % len(masks))
             ref_logits, ref_grads = run(model, "eager", ids)
             missing = sorted(set(ref_grads) ^ set(grads))
             worst = worst_of(grads, ref_grads)
@@ -129,6 +140,7 @@ def main():
         model = build(cls, config, 0)
         ids = torch.randint(0, config.vocab_size, (1, N + 3), generator=torch.Generator().manual_seed(7))
         outs = {}
+        masks.clear()
         for impl in ("winattn", "eager"):
             model.set_attn_implementation(impl)
             with torch.no_grad():
@@ -137,8 +149,8 @@ def main():
                 third = model(ids[:, N + 2:], past_key_values=second.past_key_values, use_cache=True)
             outs[impl] = torch.cat([first.logits, second.logits[:, :2], third.logits], 1)
         e = rel_err(outs["winattn"], outs["eager"])
-        report(e <= TOL, "transformers Gemma 4 cache: prefill %d, then 2 tokens, then 1 (masks with Nq < Nk)" % N,
-               "logits rel err %.1e (tol %g)" % (e, TOL))
+        report(e <= TOL and masks, "transformers Gemma 4 cache: prefill %d, then 2 tokens, then 1 (masks with "
+               "Nq < Nk)" % N, "logits rel err %.1e (tol %g), %d masks checked" % (e, TOL, len(masks)))
 
     for label, cls, config in models[:2]:
         @case("transformers %s generate with a static cache" % label)

@@ -104,17 +104,17 @@ def attention(q, k, v, window=(-1, -1), causal=False, scale=None, softcap=0.0, r
     return (o, lse) if return_lse else o
 
 
-class SlidingWindowMask(str):
-    """What the patched create_attention_mask returns instead of a dense [N, N] boolean mask:
-    the string "causal" (so code that only tests for a string mask still works) carrying the
-    window size. Only the patched attention understands the window; anything else given this
-    mask would see plain causal attention, which is why patch_mlx_lm patches both names in each
-    model module together."""
+class SlidingWindowMask:
+    """What the patched create_attention_mask returns instead of a dense [N, N] boolean mask: just
+    the window size. Deliberately not an array or a string, so that any code other than the
+    patched attention that is handed one fails loudly instead of attending causally; that is why
+    patch_mlx_lm replaces both names in each model module together."""
 
-    def __new__(cls, window_size):
-        s = super().__new__(cls, "causal")
-        s.window_size = int(window_size)
-        return s
+    def __init__(self, window_size):
+        self.window_size = int(window_size)
+
+    def __repr__(self):
+        return "SlidingWindowMask(%d)" % self.window_size
 
 
 def _window_of(mask, Nq, Nk):

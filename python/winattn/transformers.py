@@ -21,22 +21,22 @@ its attention function:
 - GQA: key and value arrive with the model's KV heads and are used without repeating them.
 
 Masks. winattn computes the causal or sliding band itself, so the attention mask is only checked,
-never applied. register() also registers transformers' SDPA mask builder under the same name,
-which hands over no mask at all in the plain cases (no padding, Nq == Nk or Nq == 1) and
-otherwise a boolean mask. A given mask must equal the layer's own band, bottom-right aligned
+never applied. register() also registers a mask builder under the same name: transformers' SDPA
+one, which hands over no mask at all in the plain cases, also leaving out the dense sliding-window
+mask of a sequence without cache or padding (training), and otherwise a boolean mask. A given mask must equal the layer's own band, bottom-right aligned
 (query i at position i + Nk - Nq), or that band over the first keys only with the rest hidden (a
 static cache not yet full): that holds for training and for prefill and decoding with
 transformers' dynamic and static caches. Anything else (padding, packed sequences, a custom 4-d
-mask, a bidirectional layer) raises ValueError rather than silently computing something else. For a
-right-padded batch, pass no attention_mask: causality already hides the padding from every real
-token, and labels of -100 keep the padded positions out of the loss. Attention dropout and
+mask, a bidirectional layer) raises ValueError rather than silently computing something else.
+For a right-padded batch, pass no attention_mask: causality already hides the padding from every
+real token, and labels of -100 keep the padded positions out of the loss. Attention dropout and
 attention sinks are refused the same way.
 """
 import torch
 
 from .torch import attention as _attention
 
-__all__ = ["register", "attention_forward"]
+__all__ = ["register", "attention_forward", "mask_builder"]
 
 
 def _window(module, sliding_window):
@@ -121,12 +121,31 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     return o.transpose(1, 2), None
 
 
+def mask_builder(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, attention_mask=None,
+                 allow_is_causal_skip=True, local_size=None, config=None, **kwargs):
+    """transformers' SDPA mask builder, except that it also leaves out a sliding-window mask when
+    attention_forward's own band is that mask: no cache or padding (training, a first prefill)
+    and a window that is the config's sliding window (not, say, Llama 4's chunks). transformers
+    would otherwise build a [B, 1, N, N] boolean mask for every sliding layer once N exceeds the
+    window, N^2 bytes per sequence that winattn would only check."""
+    padded = attention_mask is not None and (torch.compiler.is_compiling() or not bool(attention_mask.all()))
+    sliding = local_size is None or (local_size == getattr(config, "sliding_window", None)
+                                     and getattr(config, "attention_chunk_size", None) is None)
+    if (allow_is_causal_skip and sliding and not padded and q_length == kv_length and isinstance(q_offset, int)
+            and q_offset == 0 and kv_offset == 0):
+        return None
+    from transformers.masking_utils import sdpa_mask
+    return sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
+                     kv_offset=kv_offset, attention_mask=attention_mask, allow_is_causal_skip=allow_is_causal_skip,
+                     local_size=local_size, config=config, **kwargs)
+
+
 def register(name="winattn"):
-    """Registers attention_forward (and transformers' SDPA mask builder) under `name`, so that
-    attn_implementation=name selects it. Idempotent."""
+    """Registers attention_forward and mask_builder under `name`, so that attn_implementation=name
+    selects them. Idempotent."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
     AttentionInterface.register(name, attention_forward)
     # Without a mask builder registered under the same name, transformers hands custom
     # implementations no mask at all, so a padded batch would be computed as if unpadded.
-    AttentionMaskInterface.register(name, sdpa_mask)
+    AttentionMaskInterface.register(name, mask_builder)
