@@ -62,8 +62,20 @@ JANSSON_CFLAGS ?=
 JANSSON_LIBS ?= -ljansson
 TOOL_LIBS := $(JANSSON_LIBS)
 
+# The trainer (train/, `winattn train`): part of the command, not of the library. Its matrix
+# products use OpenBLAS when it links (libopenblas-dev), else built-in loops.
+HAVE_CBLAS := $(shell printf '\043include <cblas.h>\nint main(void){openblas_set_num_threads(1);return 0;}\n' | \
+                $(CC) -x c - -lopenblas -o /dev/null >/dev/null 2>&1 && echo 1)
+TRAIN_SRC  := train/config.c train/checkpoint.c train/data.c train/linalg.c train/trainer.c
+TRAIN_OBJ  := $(TRAIN_SRC:%.c=$(BUILD)/%.o) $(BUILD)/train/model_f32.o $(BUILD)/train/model_f64.o
+TRAIN_LIBS :=
+ifeq ($(HAVE_CBLAS),1)
+$(BUILD)/train/linalg.o: CFLAGS += -DWA_HAVE_CBLAS
+TRAIN_LIBS := -lopenblas
+endif
+
 TEST_NAMES := test_geometry test_convert test_oracle test_kernels test_api test_safetensors
-TESTS    := $(TEST_NAMES:%=$(BUILD)/tests/%) $(BUILD)/tests/cli_helper
+TESTS    := $(TEST_NAMES:%=$(BUILD)/tests/%) $(BUILD)/tests/cli_helper $(BUILD)/tests/test_train
 
 STATIC   := $(BUILD)/libwinattn.a
 SHARED   := $(BUILD)/libwinattn.so
@@ -105,8 +117,19 @@ $(BUILD)/src/cuda/%.o: src/cuda/%.cu
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
-$(BUILD)/winattn: $(TOOL_OBJ) $(REF_OBJ) $(STATIC)
-	$(CC) -o $@ $^ $(TOOL_LIBS) $(LDLIBS)
+# model.c twice: float for training, double for the finite-difference tests
+$(BUILD)/train/model_f32.o: train/model.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -c $< -o $@
+$(BUILD)/train/model_f64.o: train/model.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -DMODEL_F64 -c $< -o $@
+
+$(BUILD)/winattn: $(TOOL_OBJ) $(REF_OBJ) $(TRAIN_OBJ) $(STATIC)
+	$(CC) -o $@ $^ $(TOOL_LIBS) $(TRAIN_LIBS) $(LDLIBS)
+
+$(BUILD)/tests/test_train: $(BUILD)/tests/test_train.o $(BUILD)/tests/check.o $(TRAIN_OBJ) $(BUILD)/tools/safetensors.o $(BUILD)/tools/tool.o $(STATIC)
+	$(CC) -o $@ $^ $(TOOL_LIBS) $(TRAIN_LIBS) $(LDLIBS)
 
 $(BUILD)/tests/test_safetensors: $(BUILD)/tests/test_safetensors.o $(BUILD)/tools/safetensors.o
 	$(CC) -o $@ $^ $(TOOL_LIBS) $(LDLIBS)
@@ -117,8 +140,9 @@ $(BUILD)/tests/cli_helper: $(BUILD)/tests/cli_helper.o $(BUILD)/tests/check.o $(
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/tests/check.o $(REF_OBJ) $(STATIC)
 	$(CC) -o $@ $^ $(LDLIBS)
 
-$(BUILD)/tests/%.o: CFLAGS += -Isrc -Itools $(JANSSON_CFLAGS)
-$(BUILD)/tools/%.o: CFLAGS += -Isrc $(JANSSON_CFLAGS)
+$(BUILD)/tests/%.o: CFLAGS += -Isrc -Itools -Itrain $(JANSSON_CFLAGS)
+$(BUILD)/tools/%.o: CFLAGS += -Isrc -Itools -Itrain $(JANSSON_CFLAGS)
+$(BUILD)/train/%.o: CFLAGS += -Isrc -Itools $(JANSSON_CFLAGS)
 
 test: all
 	@sh tests/run_tests.sh $(BUILD)

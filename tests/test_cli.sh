@@ -73,5 +73,51 @@ else
     expect_error "--device cuda without CUDA" attn "$T/ok_bhnd.safetensors" "$T/out.safetensors" --device cuda
 fi
 
+# train and init-model: a tiny run end to end, then bad input
+FX=train/fixtures/gemma4_smoke
+mkdir -p "$T/data" "$T/nodata" "$T/ple" "$T/short"
+python3 - "$T/data" <<'PY' 2>/dev/null || awk 'BEGIN { for (r = 0; r < 4; r++) { printf "{\"tokens\": [2"; for (t = 0; t < 30; t++) printf ", %d", 10 + (t * 7 + r) % 23; print "]}" } }' >"$T/data/train.jsonl"
+import sys
+with open(sys.argv[1] + "/train.jsonl", "w") as f:
+    for r in range(4):
+        f.write('{"tokens": [2, ' + ", ".join(str(10 + (t * 7 + r) % 23) for t in range(30)) + "]}\n")
+PY
+cp "$T/data/train.jsonl" "$T/data/valid.jsonl"
+if "$W" train --model $FX --data "$T/data" --iters 2 --batch-size 2 --lora-rank 4 --threads 1 --eval --out "$T/run" \
+        >"$T/stdout" 2>"$T/stderr" && grep -q "^step 2/2" "$T/stdout" && grep -q "^eval: held-out loss" "$T/stdout" &&
+    [ -s "$T/run/adapters.safetensors" ] && [ -s "$T/run/adapter_config.json" ] && [ -s "$T/run/log.jsonl" ]; then
+    ok "train: 2 steps, eval, adapters + adapter_config.json + log written"
+else
+    no "train: $(tail -3 "$T/stdout") $(cat "$T/stderr")"
+fi
+if "$W" train --model $FX --data "$T/data" --eval-only --batch-size 2 --lora-rank 4 --adapters "$T/run/adapters.safetensors" \
+        >"$T/stdout" 2>"$T/stderr" && grep -q "^eval: held-out loss" "$T/stdout"; then
+    ok "train --eval-only from saved adapters"
+else
+    no "train --eval-only: $(cat "$T/stderr")"
+fi
+if "$W" init-model train/configs/demo-gemma4.json "$T/demo" --seed 3 >"$T/stdout" 2>"$T/stderr" &&
+    [ -s "$T/demo/model.safetensors" ] && cmp -s train/configs/demo-gemma4.json "$T/demo/config.json"; then
+    ok "init-model: seeded random checkpoint with its config"
+else
+    no "init-model: $(cat "$T/stderr")"
+fi
+sed 's/"hidden_size_per_layer_input": 0/"hidden_size_per_layer_input": 256/' train/configs/demo-gemma4.json >"$T/ple/config.json"
+head -c 100 "$FX/model.safetensors" >"$T/short/model.safetensors"
+cp "$FX/config.json" "$T/short/config.json"
+echo '{"tokens": [2, 99999]}' >"$T/nodata/train.jsonl"
+expect_error "train: no --model" train --data "$T/data"
+expect_error "train: --attn bogus" train --model $FX --data "$T/data" --attn bogus
+expect_error "train: model dir missing" train --model "$T/nope" --data "$T/data"
+expect_error "train: --epochs with --iters" train --model $FX --data "$T/data" --epochs 1 --iters 3
+expect_error "train: --lora-keys x" train --model $FX --data "$T/data" --lora-keys q,x
+expect_error "train: config enables per-layer embeddings" train --model "$T/ple" --data "$T/data"
+expect_error "train: truncated checkpoint" train --model "$T/short" --data "$T/data"
+expect_error "train: token outside the vocabulary" train --model $FX --data "$T/nodata"
+expect_error "train: no valid.jsonl for --eval" train --model $FX --data "$T/nodata" --eval-only
+expect_error "train: adapters of another rank" train --model $FX --data "$T/data" --eval-only --batch-size 2 --adapters "$T/run/adapters.safetensors"
+expect_error "init-model: config refused" init-model "$T/ple/config.json" "$T/x"
+expect_error "init-model: missing OUT_DIR" init-model train/configs/demo-gemma4.json
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -43,5 +43,7 @@ int cmd_probe(int argc, char **argv);
 int cmd_probe_child(int argc, char **argv);
 int cmd_parity(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_train(int argc, char **argv);
+int cmd_init_model(int argc, char **argv);
 
 #endif

@@ -1,4 +1,4 @@
-/* winattn.c — the command: `winattn <attn|probe|parity> ...`. Each subcommand lives in its own
+/* winattn.c — the command: `winattn <attn|probe|parity|bench|train|init-model> ...`. Each subcommand lives in its own
  * file (cmd_*.c); this one only dispatches. */
 #define _GNU_SOURCE
 #include "tool.h"
@@ -20,6 +20,10 @@ static const char usage[] =
     "  bench [--n N,...] [--dtype D] [--hq H --hkv H --d D] [--sliding-window W|--causal|--full]\n"
     "        [--threads T] [--tile-q Q --tile-k K] [--reps R] [--algo tiled|dense] [--device cpu|cuda] [--json F]\n"
     "                        time forward and backward, TFLOP/s on visible pairs\n"
+    "  train --model DIR --data DIR [--attn fused|dense|chunked] [--epochs E|--iters N] [--eval] [--out DIR] ...\n"
+    "                        LoRA fine-tuning of a Gemma 4/3 checkpoint through winattn (winattn train --help)\n"
+    "  init-model CONFIG.json OUT_DIR [--seed S] [--dtype bf16|f32]\n"
+    "                        a seeded random checkpoint for a config (demos, tests)\n"
     "  version               print the library version and the CPU kernels in use\n"
     "\n"
     "README.md has the full reference.\n";
@@ -36,6 +40,8 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "probe-child") == 0) return cmd_probe_child(argc - 1, argv + 1);
     if (strcmp(cmd, "parity") == 0) return cmd_parity(argc - 1, argv + 1);
     if (strcmp(cmd, "bench") == 0) return cmd_bench(argc - 1, argv + 1);
+    if (strcmp(cmd, "train") == 0) return cmd_train(argc - 1, argv + 1);
+    if (strcmp(cmd, "init-model") == 0) return cmd_init_model(argc - 1, argv + 1);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("winattn %s (CPU kernels: %s, CUDA: %s)\n", wa_version(), wa_cpu_kernels(),
                wa_device_available(WA_DEVICE_CUDA) ? "available" : "not available");

@@ -1,0 +1,264 @@
+/* cmd_train.c — `winattn train`: LoRA fine-tuning of a Gemma 4 / Gemma 3 checkpoint through one
+ * of three attention arms (train/trainer.h); and `winattn init-model`: a seeded random checkpoint
+ * for a config, for demos and tests where no pretrained weights are reachable. */
+#define _GNU_SOURCE
+#include "tool.h"
+
+#include "config.h"
+#include "safetensors.h"
+#include "trainer.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static const char train_usage[] = "winattn train --model DIR --data DIR [options]; winattn train --help lists them";
+static const char train_help[] =
+    "usage: winattn train --model DIR --data DIR [--attn fused|dense|chunked] [--chunk Q] [--epochs E | --iters N]\n"
+    "       [--batch-size B] [--grad-accum K] [--lr LR] [--optimizer adam|adamw] [--weight-decay WD]\n"
+    "       [--bias-correction] [--lora-rank R] [--lora-scale S] [--lora-keys q,k,v,o,gate,up,down]\n"
+    "       [--lora-layers N] [--seed S] [--adapters FILE] [--resume DIR] [--out DIR] [--log FILE]\n"
+    "       [--eval] [--eval-every N] [--eval-only] [--max-seq-length N] [--pad-target] [--threads T]\n"
+    "\n"
+    "  --model DIR        config.json + model.safetensors (or model.safetensors.index.json and shards)\n"
+    "  --data DIR         train.jsonl and valid.jsonl: {\"tokens\": [...], \"mask\": [...]} or {\"text\": \"...\"}\n"
+    "  --attn A           fused (winattn, default), dense (full score matrices), chunked (query blocks of --chunk)\n"
+    "  --epochs E         passes over train.jsonl (default 2): ceil(E * records / batch) batches; or --iters N\n"
+    "  --batch-size B     records per batch (default 4); loss = token-weighted mean over the batch\n"
+    "  --grad-accum K     batches per optimizer update (default 1)\n"
+    "  --lr LR            learning rate (default 1e-5); Adam (MLX's, no bias correction) or AdamW\n"
+    "  --lora-rank R      default 32; --lora-scale S default 20; --lora-keys default q,k,v,o;\n"
+    "                     --lora-layers N adapts the last N layers (default all)\n"
+    "  --adapters FILE    start from (or with --eval-only, evaluate) these adapters\n"
+    "  --resume DIR       continue a run saved with --out DIR (adapters, optimizer state, step)\n"
+    "  --out DIR          write adapters.safetensors, adapter_config.json (mlx-lm layout),\n"
+    "                     optimizer.safetensors and log.jsonl (or --log FILE)\n"
+    "  --eval             held-out loss and next-token agreement on valid.jsonl at the end;\n"
+    "                     --eval-every N also every N batches; --eval-only just evaluates\n"
+    "  --max-seq-length N truncate records (default: none); --pad-target adds mlx-lm's extra pad target\n"
+    "  --seed S           adapter initialisation and batch order (default 0)\n";
+
+static unsigned parse_keys(const char *v) {
+    unsigned mask = 0;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", v);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        int found = -1;
+        for (int p = 0; p < PROJ_COUNT; p++)
+            if (strcmp(t, gemma_proj_short[p]) == 0) found = p;
+        if (found < 0) usage_error(train_usage, "--lora-keys: '%s' is not one of q, k, v, o, gate, up, down", t);
+        mask |= 1u << found;
+    }
+    if (!mask) usage_error(train_usage, "--lora-keys needs at least one projection");
+    return mask;
+}
+
+static double parse_positive(const char *flag, const char *v, int allow_zero) {
+    float x;
+    if (parse_f32(v, &x) || x < 0 || (!allow_zero && x == 0)) usage_error(train_usage, "%s '%s': a %s number", flag, v,
+                                                                           allow_zero ? "non-negative" : "positive");
+    return x;
+}
+
+static int parse_int_flag(const char *flag, const char *v, int64_t lo, int64_t hi) {
+    int64_t x;
+    if (parse_i64(v, lo, hi, &x)) usage_error(train_usage, "%s '%s': an integer in [%lld, %lld]", flag, v, (long long)lo,
+                                              (long long)hi);
+    return (int)x;
+}
+
+static int is_dir(const char *p) {
+    struct stat sb;
+    return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+int cmd_train(int argc, char **argv) {
+    train_options o;
+    train_defaults(&o);
+    const char *v;
+    int saw_epochs = 0, saw_iters = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            fputs(train_help, stdout);
+            return 0;
+        }
+        if ((v = flag_value(argc, argv, &i, "--model", train_usage))) o.model_dir = v;
+        else if ((v = flag_value(argc, argv, &i, "--data", train_usage))) o.data_dir = v;
+        else if ((v = flag_value(argc, argv, &i, "--attn", train_usage))) {
+            if (strcmp(v, "fused") == 0) o.arm = ATTN_FUSED;
+            else if (strcmp(v, "dense") == 0) o.arm = ATTN_DENSE;
+            else if (strcmp(v, "chunked") == 0) o.arm = ATTN_CHUNKED;
+            else usage_error(train_usage, "--attn '%s': fused, dense or chunked", v);
+        } else if ((v = flag_value(argc, argv, &i, "--chunk", train_usage))) o.chunk = parse_int_flag("--chunk", v, 1, 1 << 20);
+        else if ((v = flag_value(argc, argv, &i, "--epochs", train_usage))) o.epochs = parse_positive("--epochs", v, 0), saw_epochs = 1;
+        else if ((v = flag_value(argc, argv, &i, "--iters", train_usage))) o.iters = parse_int_flag("--iters", v, 1, 1 << 30), saw_iters = 1;
+        else if ((v = flag_value(argc, argv, &i, "--batch-size", train_usage))) o.batch = parse_int_flag("--batch-size", v, 1, 1 << 20);
+        else if ((v = flag_value(argc, argv, &i, "--grad-accum", train_usage))) o.grad_accum = parse_int_flag("--grad-accum", v, 1, 1 << 20);
+        else if ((v = flag_value(argc, argv, &i, "--lr", train_usage))) o.lr = parse_positive("--lr", v, 1);
+        else if ((v = flag_value(argc, argv, &i, "--weight-decay", train_usage))) o.weight_decay = parse_positive("--weight-decay", v, 1);
+        else if ((v = flag_value(argc, argv, &i, "--optimizer", train_usage))) {
+            if (strcmp(v, "adam") == 0) o.adamw = 0;
+            else if (strcmp(v, "adamw") == 0) o.adamw = 1;
+            else usage_error(train_usage, "--optimizer '%s': adam or adamw", v);
+        } else if (strcmp(argv[i], "--bias-correction") == 0) o.bias_correction = 1;
+        else if ((v = flag_value(argc, argv, &i, "--lora-rank", train_usage))) o.lora.rank = parse_int_flag("--lora-rank", v, 1, 4096);
+        else if ((v = flag_value(argc, argv, &i, "--lora-scale", train_usage))) o.lora.scale = parse_positive("--lora-scale", v, 0);
+        else if ((v = flag_value(argc, argv, &i, "--lora-keys", train_usage))) o.lora.proj_mask = parse_keys(v);
+        else if ((v = flag_value(argc, argv, &i, "--lora-layers", train_usage))) o.lora.num_layers = parse_int_flag("--lora-layers", v, 1, GEMMA_MAX_LAYERS);
+        else if ((v = flag_value(argc, argv, &i, "--seed", train_usage))) o.seed = (uint64_t)parse_int_flag("--seed", v, 0, INT32_MAX);
+        else if ((v = flag_value(argc, argv, &i, "--adapters", train_usage))) o.adapters_path = v;
+        else if ((v = flag_value(argc, argv, &i, "--resume", train_usage))) o.resume_dir = v;
+        else if ((v = flag_value(argc, argv, &i, "--out", train_usage))) o.out_dir = v;
+        else if ((v = flag_value(argc, argv, &i, "--log", train_usage))) o.log_path = v;
+        else if (strcmp(argv[i], "--eval") == 0) o.eval_at_end = 1;
+        else if ((v = flag_value(argc, argv, &i, "--eval-every", train_usage))) o.eval_every = parse_int_flag("--eval-every", v, 1, 1 << 30);
+        else if (strcmp(argv[i], "--eval-only") == 0) o.eval_only = 1;
+        else if ((v = flag_value(argc, argv, &i, "--max-seq-length", train_usage))) o.max_len = parse_int_flag("--max-seq-length", v, 2, 1 << 30);
+        else if (strcmp(argv[i], "--pad-target") == 0) o.pad_target = 1;
+        else if ((v = flag_value(argc, argv, &i, "--threads", train_usage))) o.threads = parse_int_flag("--threads", v, 1, 1024);
+        else usage_error(train_usage, "unknown argument '%s'", argv[i]);
+    }
+    if (!o.model_dir) usage_error(train_usage, "--model DIR is required");
+    if (!o.data_dir) usage_error(train_usage, "--data DIR is required");
+    if (saw_epochs && saw_iters) usage_error(train_usage, "--epochs and --iters exclude each other");
+    if (o.resume_dir && o.adapters_path) usage_error(train_usage, "--resume and --adapters exclude each other");
+    if (!is_dir(o.model_dir)) die("--model %s: not a directory", o.model_dir);
+    if (!is_dir(o.data_dir)) die("--data %s: not a directory", o.data_dir);
+    char err[1024];
+    if (train_run(&o, err, sizeof err) != 0) die("%s", err);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------- */
+
+static const char init_usage[] = "winattn init-model CONFIG.json OUT_DIR [--seed S] [--dtype bf16|f32]";
+
+/* Box–Muller normal draws from a splitmix64 stream */
+static uint64_t init_rng(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+static double init_normal(uint64_t *s) {
+    double u1 = ((init_rng(s) >> 11) + 1) * 0x1.0p-53, u2 = (init_rng(s) >> 11) * 0x1.0p-53;
+    return sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+typedef struct init_tensor {
+    char name[128];
+    int64_t rows, cols; /* cols 0: a vector; rows 0: a one-element [1] */
+    double std, fill;   /* normal(0, std) when std > 0, else every element = fill */
+} init_tensor;
+
+/* transformers' Gemma initialisation: linear and embedding weights N(0, 0.02), norms 1 (Gemma 4)
+ * or 0 (Gemma 3, whose norms use 1 + w), layer_scalar 1. */
+int cmd_init_model(int argc, char **argv) {
+    const char *cfg_path = NULL, *out = NULL, *v;
+    uint64_t seed = 0;
+    st_dtype dtype = ST_BF16;
+    for (int i = 1; i < argc; i++) {
+        if ((v = flag_value(argc, argv, &i, "--seed", init_usage))) {
+            int64_t x;
+            if (parse_i64(v, 0, INT32_MAX, &x)) usage_error(init_usage, "--seed '%s'", v);
+            seed = (uint64_t)x;
+        } else if ((v = flag_value(argc, argv, &i, "--dtype", init_usage))) {
+            if (strcmp(v, "bf16") == 0) dtype = ST_BF16;
+            else if (strcmp(v, "f32") == 0) dtype = ST_F32;
+            else usage_error(init_usage, "--dtype '%s': bf16 or f32", v);
+        } else if (argv[i][0] == '-') usage_error(init_usage, "unknown flag '%s'", argv[i]);
+        else if (!cfg_path) cfg_path = argv[i];
+        else if (!out) out = argv[i];
+        else usage_error(init_usage, "unexpected argument '%s'", argv[i]);
+    }
+    if (!cfg_path || !out) usage_error(init_usage, "needs CONFIG.json and OUT_DIR");
+    gemma_config c;
+    char err[1024];
+    if (gemma_config_load(cfg_path, &c, err, sizeof err) != 0) die("%s", err);
+    if (mkdir(out, 0777) != 0 && errno != EEXIST) die("%s: cannot create the directory", out);
+
+    int cap = 3 + c.layers * 16, n = 0;
+    init_tensor *ts = calloc((size_t)cap, sizeof *ts);
+    double norm_fill = c.family == GEMMA_3 ? 0.0 : 1.0;
+#define ADD(rows_, cols_, std_, fill_, ...)                                        \
+    do {                                                                          \
+        snprintf(ts[n].name, sizeof ts[n].name, __VA_ARGS__);                     \
+        ts[n].rows = rows_, ts[n].cols = cols_, ts[n].std = std_, ts[n].fill = fill_; \
+        n++;                                                                      \
+    } while (0)
+    ADD(c.vocab, c.hidden, 0.02, 0, "model.embed_tokens.weight");
+    for (int l = 0; l < c.layers; l++) {
+        const gemma_attn_shape *a = &c.kind[c.layer_kind[l]];
+        int qd = c.heads * a->head_dim, kd = a->kv_heads * a->head_dim;
+        ADD(qd, c.hidden, 0.02, 0, "model.layers.%d.self_attn.q_proj.weight", l);
+        ADD(kd, c.hidden, 0.02, 0, "model.layers.%d.self_attn.k_proj.weight", l);
+        if (!a->k_eq_v) ADD(kd, c.hidden, 0.02, 0, "model.layers.%d.self_attn.v_proj.weight", l);
+        ADD(c.hidden, qd, 0.02, 0, "model.layers.%d.self_attn.o_proj.weight", l);
+        ADD(a->head_dim, 0, 0, norm_fill, "model.layers.%d.self_attn.q_norm.weight", l);
+        ADD(a->head_dim, 0, 0, norm_fill, "model.layers.%d.self_attn.k_norm.weight", l);
+        ADD(c.intermediate, c.hidden, 0.02, 0, "model.layers.%d.mlp.gate_proj.weight", l);
+        ADD(c.intermediate, c.hidden, 0.02, 0, "model.layers.%d.mlp.up_proj.weight", l);
+        ADD(c.hidden, c.intermediate, 0.02, 0, "model.layers.%d.mlp.down_proj.weight", l);
+        ADD(c.hidden, 0, 0, norm_fill, "model.layers.%d.input_layernorm.weight", l);
+        ADD(c.hidden, 0, 0, norm_fill, "model.layers.%d.post_attention_layernorm.weight", l);
+        ADD(c.hidden, 0, 0, norm_fill, "model.layers.%d.pre_feedforward_layernorm.weight", l);
+        ADD(c.hidden, 0, 0, norm_fill, "model.layers.%d.post_feedforward_layernorm.weight", l);
+        if (c.family == GEMMA_4) ADD(0, 0, 0, 1.0, "model.layers.%d.layer_scalar", l);
+    }
+    ADD(c.hidden, 0, 0, norm_fill, "model.norm.weight");
+    if (!c.tied_embeddings) ADD(c.vocab, c.hidden, 0.02, 0, "lm_head.weight");
+#undef ADD
+    st_out *outs = calloc((size_t)n, sizeof *outs);
+    size_t esz = st_dtype_size(dtype);
+    uint64_t s = seed;
+    for (int i = 0; i < n; i++) {
+        init_tensor *t = &ts[i];
+        size_t count = t->rows == 0 ? 1 : (size_t)t->rows * (size_t)(t->cols ? t->cols : 1);
+        unsigned char *data = xmalloc(count * esz, t->name);
+        for (size_t j = 0; j < count; j++) {
+            float x = (float)(t->std > 0 ? t->std * init_normal(&s) : t->fill);
+            if (dtype == ST_F32) memcpy(data + 4 * j, &x, 4);
+            else {
+                uint32_t u;
+                memcpy(&u, &x, 4);
+                uint16_t b = (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16); /* round to nearest even */
+                memcpy(data + 2 * j, &b, 2);
+            }
+        }
+        outs[i].name = t->name;
+        outs[i].dtype = dtype;
+        outs[i].rank = t->cols ? 2 : 1;
+        outs[i].shape[0] = t->rows ? t->rows : 1;
+        outs[i].shape[1] = t->cols;
+        outs[i].data = data;
+    }
+    char path[4096], seed_text[32];
+    snprintf(seed_text, sizeof seed_text, "%llu", (unsigned long long)seed);
+    const char *meta[] = {"format", "pt", "winattn_init_seed", seed_text, NULL};
+    snprintf(path, sizeof path, "%s/model.safetensors", out);
+    int rc = st_write(path, outs, n, meta, err, sizeof err);
+    for (int i = 0; i < n; i++) free((void *)outs[i].data);
+    free(outs);
+    free(ts);
+    if (rc) die("%s", err);
+    /* the config travels with the weights, byte for byte */
+    FILE *f = fopen(cfg_path, "rb");
+    if (!f) die("%s: cannot open", cfg_path);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&text, &len);
+    int ch;
+    while ((ch = fgetc(f)) != EOF) fputc(ch, mem);
+    fclose(f);
+    fclose(mem);
+    snprintf(path, sizeof path, "%s/config.json", out);
+    write_file_atomic(path, text);
+    free(text);
+    char desc[512];
+    gemma_config_describe(&c, desc, sizeof desc);
+    printf("wrote %s/model.safetensors and config.json: %s, seed %llu\n", out, desc, (unsigned long long)seed);
+    return 0;
+}

@@ -1,0 +1,529 @@
+/* trainer.c — see trainer.h. The step: zero the adapter gradients every grad_accum batches; for
+ * each sequence of the batch, forward + backward with grad_scale = 1 / (the batch's target count
+ * · grad_accum) so the gradient is that of mlx-lm's token-weighted batch mean; then Adam(W). */
+#define _GNU_SOURCE
+#include "trainer.h"
+
+#include "data.h"
+#include "linalg.h"
+#include "safetensors.h"
+#include "tool.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+void train_defaults(train_options *o) {
+    memset(o, 0, sizeof *o);
+    o->arm = ATTN_FUSED;
+    o->chunk = 512;
+    o->epochs = 2;
+    o->batch = 4;
+    o->grad_accum = 1;
+    o->lr = 1e-5;
+    o->beta1 = 0.9;
+    o->beta2 = 0.999;
+    o->eps = 1e-8;
+    o->weight_decay = 0.01;
+    o->lora.rank = 32;
+    o->lora.scale = 20.0;
+    o->lora.proj_mask = 1u << PROJ_Q | 1u << PROJ_K | 1u << PROJ_V | 1u << PROJ_O;
+    o->lora.num_layers = 0;
+}
+
+static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *err, size_t errlen, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Adapter files */
+
+static const char *const adapter_prefixes[] = {"model.", "language_model.model.", "model.language_model."};
+
+static void slot_name(char *buf, size_t n, const char *prefix, const lora_slot *s, const char *ab) {
+    snprintf(buf, n, "%slayers.%d.%s.%s", prefix, s->layer, gemma_proj_path[s->proj], ab);
+}
+
+int adapters_save(const gemma_model_f32 *m, const char *dir, char *err, size_t errlen) {
+    int n = 2 * m->slot_count;
+    st_out *outs = calloc((size_t)(n ? n : 1), sizeof *outs);
+    char (*names)[160] = calloc((size_t)(n ? n : 1), sizeof *names);
+    if (!outs || !names) {
+        free(outs);
+        free(names);
+        return fail(err, errlen, "out of memory");
+    }
+    for (int i = 0; i < m->slot_count; i++) {
+        const lora_slot *s = &m->slots[i];
+        for (int k = 0; k < 2; k++) {
+            st_out *o = &outs[2 * i + k];
+            slot_name(names[2 * i + k], sizeof names[0], "model.", s, k ? "lora_b" : "lora_a");
+            o->name = names[2 * i + k];
+            o->dtype = ST_F32;
+            o->rank = 2;
+            o->shape[0] = k ? m->lora.rank : s->in;
+            o->shape[1] = k ? s->out : m->lora.rank;
+            o->data = m->params + (k ? s->b : s->a);
+        }
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/adapters.safetensors", dir);
+    int rc = st_write(path, outs, n, NULL, err, errlen);
+    free(outs);
+    free(names);
+    if (rc) return -1;
+
+    /* adapter_config.json in mlx-lm's shape, so mlx_lm.load(..., adapter_path=dir) reads it */
+    json_t *keys = json_array();
+    for (int p = 0; p < PROJ_COUNT; p++)
+        if (m->lora.proj_mask & (1u << p)) json_array_append_new(keys, json_string(gemma_proj_path[p]));
+    json_t *lp = json_pack("{s:i, s:f, s:f, s:o}", "rank", m->lora.rank, "scale", m->lora.scale, "dropout", 0.0,
+                           "keys", keys);
+    json_t *cfg = json_pack("{s:s, s:i, s:o}", "fine_tune_type", "lora", "num_layers",
+                            m->lora.num_layers > 0 ? m->lora.num_layers : m->cfg.layers, "lora_parameters", lp);
+    char *text = json_dumps(cfg, JSON_INDENT(2));
+    json_decref(cfg);
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    write_file_atomic(path, text);
+    free(text);
+    return 0;
+}
+
+int adapter_config_load(const char *path, int layers, lora_config *lc, char *err, size_t errlen) {
+    json_error_t je;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    if (!root) return fail(err, errlen, "%s: cannot read (%s)", path, je.text);
+    const json_t *lp = json_object_get(root, "lora_parameters");
+    const json_t *rank = json_object_get(lp, "rank"), *scale = json_object_get(lp, "scale");
+    const json_t *keys = json_object_get(lp, "keys"), *nl = json_object_get(root, "num_layers");
+    int rc = 0;
+    if (!json_is_integer(rank) || json_integer_value(rank) < 1 || json_integer_value(rank) > 4096 ||
+        !json_is_number(scale) || !json_is_array(keys) || (nl && !json_is_integer(nl))) {
+        rc = fail(err, errlen, "%s: needs lora_parameters {rank, scale, keys} and an integer num_layers", path);
+    } else {
+        memset(lc, 0, sizeof *lc);
+        lc->rank = (int)json_integer_value(rank);
+        lc->scale = json_number_value(scale);
+        lc->num_layers = nl ? (int)json_integer_value(nl) : layers;
+        if (lc->num_layers >= layers || lc->num_layers < 0) lc->num_layers = 0;
+        size_t i;
+        const json_t *k;
+        json_array_foreach(keys, i, k) {
+            int found = -1;
+            for (int p = 0; p < PROJ_COUNT && json_is_string(k); p++)
+                if (strcmp(json_string_value(k), gemma_proj_path[p]) == 0) found = p;
+            if (found < 0) {
+                rc = fail(err, errlen, "%s: lora key %zu is not one of self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj",
+                          path, i);
+                break;
+            }
+            lc->proj_mask |= 1u << found;
+        }
+    }
+    json_decref(root);
+    return rc;
+}
+
+int adapters_load(gemma_model_f32 *m, const char *path, char *err, size_t errlen) {
+    st_file f;
+    if (st_open(path, &f, err, errlen) != 0) return -1;
+    int rc = 0, used = 0;
+    for (int i = 0; i < m->slot_count && rc == 0; i++) {
+        const lora_slot *s = &m->slots[i];
+        for (int k = 0; k < 2 && rc == 0; k++) {
+            const st_tensor *t = NULL;
+            char name[160];
+            for (size_t p = 0; p < sizeof adapter_prefixes / sizeof *adapter_prefixes && !t; p++) {
+                slot_name(name, sizeof name, adapter_prefixes[p], s, k ? "lora_b" : "lora_a");
+                t = st_find(&f, name);
+            }
+            int64_t rows = k ? m->lora.rank : s->in, cols = k ? s->out : m->lora.rank;
+            if (!t) rc = fail(err, errlen, "%s: no adapter \"%s\"", path, name);
+            else if (t->dtype != ST_F32 || t->rank != 2 || t->shape[0] != rows || t->shape[1] != cols)
+                rc = fail(err, errlen, "%s: \"%s\" must be F32 [%lld, %lld]", path, t->name, (long long)rows, (long long)cols);
+            else {
+                memcpy(m->params + (k ? s->b : s->a), t->data, (size_t)(rows * cols) * sizeof(float));
+                used++;
+            }
+        }
+    }
+    if (rc == 0) /* an adapter the model has no slot for means the file belongs to another setup */
+        for (int i = 0; i < f.count && rc == 0; i++) {
+            const char *n = f.tensors[i].name;
+            size_t len = strlen(n);
+            if ((len > 7 && strcmp(n + len - 7, ".lora_a") == 0) || (len > 7 && strcmp(n + len - 7, ".lora_b") == 0)) {
+                if (--used < 0) rc = fail(err, errlen, "%s: adapter \"%s\" has no place in this model and LoRA setup", path, n);
+            }
+        }
+    st_close(&f);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Optimizer state: first and second moments, and the step, for --resume. */
+
+typedef struct optimizer {
+    float *m1, *m2;
+    size_t n;
+    long updates;
+} optimizer;
+
+static int optimizer_save(const optimizer *opt, long batches_done, const char *dir, char *err, size_t errlen) {
+    st_out outs[2] = {{"m1", ST_F32, 1, {(int64_t)opt->n}, opt->m1}, {"m2", ST_F32, 1, {(int64_t)opt->n}, opt->m2}};
+    char updates[32], batches[32], path[4096];
+    snprintf(updates, sizeof updates, "%ld", opt->updates);
+    snprintf(batches, sizeof batches, "%ld", batches_done);
+    const char *meta[] = {"updates", updates, "batches", batches, NULL};
+    snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
+    return st_write(path, outs, 2, meta, err, errlen);
+}
+
+static int optimizer_load(optimizer *opt, long *batches_done, const char *dir, char *err, size_t errlen) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
+    st_file f;
+    if (st_open(path, &f, err, errlen) != 0) return -1;
+    const st_tensor *a = st_find(&f, "m1"), *b = st_find(&f, "m2");
+    const char *u = st_metadata(&f, "updates"), *bd = st_metadata(&f, "batches");
+    int rc = 0;
+    if (!a || !b || !u || !bd || a->dtype != ST_F32 || b->dtype != ST_F32 || st_numel(a) != opt->n ||
+        st_numel(b) != opt->n)
+        rc = fail(err, errlen, "%s: needs F32 m1 and m2 of %zu entries and metadata updates, batches", path, opt->n);
+    else {
+        memcpy(opt->m1, a->data, opt->n * sizeof(float));
+        memcpy(opt->m2, b->data, opt->n * sizeof(float));
+        opt->updates = strtol(u, NULL, 10);
+        *batches_done = strtol(bd, NULL, 10);
+    }
+    st_close(&f);
+    return rc;
+}
+
+/* MLX's Adam: m ← β1 m + (1−β1) g, v ← β2 v + (1−β2) g², p ← p − lr · m / (√v + ε), bias
+ * correction optional; AdamW first decays p by lr · wd. */
+static void optimizer_update(optimizer *opt, float *params, const float *grads, const train_options *o) {
+    opt->updates++;
+    double lr = o->lr;
+    if (o->bias_correction)
+        lr *= sqrt(1 - pow(o->beta2, (double)opt->updates)) / (1 - pow(o->beta1, (double)opt->updates));
+    for (size_t i = 0; i < opt->n; i++) {
+        double g = grads[i];
+        opt->m1[i] = (float)(o->beta1 * opt->m1[i] + (1 - o->beta1) * g);
+        opt->m2[i] = (float)(o->beta2 * opt->m2[i] + (1 - o->beta2) * g * g);
+        double p = params[i];
+        if (o->adamw) p *= 1 - o->lr * o->weight_decay;
+        params[i] = (float)(p - lr * opt->m1[i] / (sqrt((double)opt->m2[i]) + o->eps));
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Schedule: mlx-lm's iterate_batches. Batches are consecutive records (its length sort compares
+ * raw records and is a no-op, notes/gemma.md §2.3), the remainder is dropped, and every pass
+ * visits the batches in a fresh permutation. */
+
+static uint64_t rng_next(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+/* order[i] = the first record of the i-th batch trained, for iters batches */
+static int *batch_schedule(int records, int batch, int iters, uint64_t seed) {
+    int per_pass = records / batch;
+    int *order = malloc((size_t)(iters > 0 ? iters : 1) * sizeof *order);
+    int *perm = malloc((size_t)per_pass * sizeof *perm);
+    if (!order || !perm) {
+        free(order);
+        free(perm);
+        return NULL;
+    }
+    uint64_t s = seed ^ 0x5eedba7c4e5ULL;
+    for (int i = 0; i < iters; i++) {
+        if (i % per_pass == 0) { /* Fisher–Yates */
+            for (int j = 0; j < per_pass; j++) perm[j] = j;
+            for (int j = per_pass - 1; j > 0; j--) {
+                int k = (int)(rng_next(&s) % (uint64_t)(j + 1));
+                int t = perm[j];
+                perm[j] = perm[k];
+                perm[k] = t;
+            }
+        }
+        order[i] = perm[i % per_pass] * batch;
+    }
+    free(perm);
+    return order;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Measurements */
+
+/* Linux resets VmHWM to the current RSS when "5" is written to clear_refs, so each step's peak
+ * is its own (not the run's so far). */
+static void reset_peak_rss(void) {
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (f) {
+        fputs("5", f);
+        fclose(f);
+    }
+}
+
+static uint64_t weights_hash(const gemma_model_f32 *m) {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    const unsigned char *p = (const unsigned char *)m->weights;
+    for (size_t i = 0; i < m->weight_count * sizeof(float); i++) h = (h ^ p[i]) * 0x100000001b3ULL;
+    return h;
+}
+
+static void format_duration(double s, char *buf, size_t n) {
+    long t = (long)(s + 0.5);
+    if (t >= 3600) snprintf(buf, n, "%ldh%02ldm", t / 3600, t / 60 % 60);
+    else snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
+}
+
+static int evaluate(gemma_model_f32 *m, const dataset *valid, int batch, gemma_stats *st) {
+    memset(st, 0, sizeof *st);
+    /* mlx-lm evaluates whole batches only; so do we, for the same token set */
+    int n = valid->count / batch * batch;
+    for (int i = 0; i < n; i++) {
+        const sequence *s = &valid->seq[i];
+        if (gemma_forward_f32(m, s->tokens, s->len, s->target_mask, st, NULL) != 0) return -1;
+        if (isatty(STDERR_FILENO)) fprintf(stderr, "\r  eval %d/%d ", i + 1, n);
+    }
+    if (isatty(STDERR_FILENO)) fprintf(stderr, "\r%*s\r", 30, "");
+    return 0;
+}
+
+static void log_line(FILE *log, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void log_line(FILE *log, const char *fmt, ...) {
+    if (!log) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(log, fmt, ap);
+    va_end(ap);
+    fputc('\n', log);
+    fflush(log);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The run */
+
+int train_run(const train_options *o, char *err, size_t errlen) {
+    gemma_model_f32 m;
+    lora_config lc = o->lora;
+    char path[4096];
+    int rc = -1;
+    dataset train = {0}, valid = {0};
+    optimizer opt = {0};
+    int *order = NULL;
+    FILE *log = NULL;
+    long batches_done = 0;
+
+    const char *adapter_dir = o->resume_dir;
+    if (adapter_dir) { /* the LoRA setup of the run being continued wins over flags */
+        gemma_config cfg;
+        snprintf(path, sizeof path, "%s/config.json", o->model_dir);
+        if (gemma_config_load(path, &cfg, err, errlen) != 0) return -1;
+        snprintf(path, sizeof path, "%s/adapter_config.json", adapter_dir);
+        if (adapter_config_load(path, cfg.layers, &lc, err, errlen) != 0) return -1;
+    }
+    if (gemma_model_load_f32(&m, o->model_dir, &lc, err, errlen) != 0) return -1;
+    char desc[512];
+    gemma_config_describe(&m.cfg, desc, sizeof desc);
+    printf("model: %s (%s)\n", o->model_dir, desc);
+    printf("lora: rank %d, scale %g, %d adapted projections, %zu trainable parameters; base %zu parameters frozen\n",
+           m.lora.rank, m.lora.scale, m.slot_count, m.param_count, m.weight_count);
+    linalg_set_threads(o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN));
+    if (gemma_set_attention_f32(&m, o->arm, o->chunk, o->threads) != 0) {
+        fail(err, errlen, "%s", m.err);
+        goto done;
+    }
+    /* the dense and chunked arms refuse up front what would not fit, instead of being killed */
+    m.mem_limit = (size_t)(mem_available_bytes() * 0.9);
+    printf("attention: %s%s; matrix products: %s\n", attn_arm_name(o->arm),
+           o->arm == ATTN_CHUNKED ? " (query blocks of the chunk size)" : "", linalg_backend());
+
+    data_options dopt = {m.cfg.vocab, o->max_len, o->pad_target};
+    snprintf(path, sizeof path, "%s/valid.jsonl", o->data_dir);
+    if (o->eval_only || o->eval_at_end || o->eval_every) {
+        if (dataset_load(path, &dopt, &valid, err, errlen) != 0) goto done;
+        if (valid.count < o->batch) { /* whole batches only, as mlx-lm evaluates */
+            fail(err, errlen, "%s has %d records, fewer than one batch of %d", path, valid.count, o->batch);
+            goto done;
+        }
+    }
+    if (!o->eval_only) {
+        snprintf(path, sizeof path, "%s/train.jsonl", o->data_dir);
+        if (dataset_load(path, &dopt, &train, err, errlen) != 0) goto done;
+        if (train.count < o->batch) {
+            fail(err, errlen, "%s has %d records, fewer than one batch of %d", path, train.count, o->batch);
+            goto done;
+        }
+    }
+
+    gemma_lora_init_f32(&m, o->seed);
+    const char *start = o->adapters_path;
+    if (adapter_dir) {
+        snprintf(path, sizeof path, "%s/adapters.safetensors", adapter_dir);
+        start = path;
+    }
+    if (start && adapters_load(&m, start, err, errlen) != 0) goto done;
+    if (start) printf("adapters: %s\n", start);
+
+    if (o->eval_only) {
+        gemma_stats st;
+        double t0 = now_seconds();
+        if (evaluate(&m, &valid, o->batch, &st) != 0) {
+            fail(err, errlen, "%s", m.err);
+            goto done;
+        }
+        printf("eval: held-out loss %.4f over %ld tokens, next-token agreement %.2f%% (%.1f s)\n",
+               st.loss_sum / (st.tokens ? st.tokens : 1), st.tokens, 100.0 * st.agree / (st.tokens ? st.tokens : 1),
+               now_seconds() - t0);
+        rc = 0;
+        goto done;
+    }
+
+    int iters = o->iters;
+    if (iters <= 0) iters = (int)ceil(o->epochs * train.count / o->batch - 1e-9);
+    order = batch_schedule(train.count, o->batch, iters, o->seed);
+    opt.n = m.param_count;
+    opt.m1 = calloc(opt.n ? opt.n : 1, sizeof(float));
+    opt.m2 = calloc(opt.n ? opt.n : 1, sizeof(float));
+    if (!order || !opt.m1 || !opt.m2) {
+        fail(err, errlen, "out of memory");
+        goto done;
+    }
+    if (adapter_dir && optimizer_load(&opt, &batches_done, adapter_dir, err, errlen) != 0) goto done;
+    if (o->out_dir && mkdir(o->out_dir, 0777) != 0 && errno != EEXIST) {
+        fail(err, errlen, "%s: cannot create the output directory", o->out_dir);
+        goto done;
+    }
+    if (o->log_path || o->out_dir) {
+        if (o->log_path) snprintf(path, sizeof path, "%s", o->log_path);
+        else snprintf(path, sizeof path, "%s/log.jsonl", o->out_dir);
+        log = fopen(path, batches_done ? "a" : "w");
+        if (!log) {
+            fail(err, errlen, "%s: cannot open the log", path);
+            goto done;
+        }
+    }
+    long total_tokens = 0, done_tokens = 0;
+    for (int i = (int)batches_done; i < iters; i++)
+        for (int j = 0; j < o->batch; j++) total_tokens += train.seq[order[i] + j].len;
+    printf("data: %d train records (%d per pass after dropping the remainder), longest %d tokens; %d batches of %d "
+           "from batch %ld; optimizer %s, lr %g\n",
+           train.count, train.count / o->batch * o->batch, train.longest, iters, o->batch, batches_done + 1,
+           o->adamw ? "AdamW" : "Adam", o->lr);
+    fflush(stdout);
+
+    uint64_t base_hash = weights_hash(&m);
+    long first_batch = batches_done;
+    double run_start = now_seconds();
+    size_t run_peak = 0;
+    for (int i = (int)batches_done; i < iters; i++) {
+        if ((i - batches_done) % o->grad_accum == 0) memset(m.grads, 0, m.param_count * sizeof(float));
+        const sequence *b = &train.seq[order[i]];
+        long targets = 0, tokens = 0;
+        int longest = 0;
+        for (int j = 0; j < o->batch; j++) {
+            for (int t = 0; t < b[j].len - 1; t++) targets += !b[j].target_mask || b[j].target_mask[t];
+            tokens += b[j].len;
+            longest = b[j].len > longest ? b[j].len : longest;
+        }
+        reset_peak_rss();
+        double t0 = now_seconds();
+        gemma_stats st = {0};
+        for (int j = 0; j < o->batch; j++) {
+            double scale = targets ? 1.0 / ((double)targets * o->grad_accum) : 0;
+            if (gemma_backward_f32(&m, b[j].tokens, b[j].len, b[j].target_mask, scale, &st) != 0) {
+                fail(err, errlen, "batch %d, record %d (%d tokens): %s", i + 1, order[i] + j + 1, b[j].len, m.err);
+                goto done;
+            }
+            done_tokens += b[j].len;
+            if (isatty(STDERR_FILENO)) {
+                double el = now_seconds() - run_start;
+                char eta[32];
+                format_duration(el / done_tokens * (total_tokens - done_tokens), eta, sizeof eta);
+                fprintf(stderr, "\r  step %d/%d  record %d/%d  %d tokens  ETA %s   ", i + 1, iters, j + 1, o->batch,
+                        b[j].len, eta);
+            }
+        }
+        if ((i + 1 - batches_done) % o->grad_accum == 0 || i + 1 == iters) {
+            optimizer_update(&opt, m.params, m.grads, o);
+        }
+        double secs = now_seconds() - t0;
+        size_t peak = peak_rss_bytes();
+        run_peak = peak > run_peak ? peak : run_peak;
+        double loss = st.loss_sum / (st.tokens ? st.tokens : 1);
+        char eta[32];
+        format_duration((now_seconds() - run_start) / done_tokens * (total_tokens - done_tokens), eta, sizeof eta);
+        if (isatty(STDERR_FILENO)) fprintf(stderr, "\r%*s\r", 70, "");
+        printf("step %d/%d  loss %.4f  tokens %ld  longest %d  %.2f s  %.0f tok/s  peak RSS %.2f GB  ETA %s\n", i + 1,
+               iters, loss, tokens, longest, secs, tokens / secs, peak / 1e9, eta);
+        fflush(stdout);
+        log_line(log,
+                 "{\"step\": %d, \"loss\": %.6f, \"targets\": %ld, \"tokens\": %ld, \"longest\": %d, \"seconds\": %.4f, "
+                 "\"peak_rss\": %zu, \"arm\": \"%s\"}",
+                 i + 1, loss, st.tokens, tokens, longest, secs, peak, attn_arm_name(o->arm));
+        batches_done = i + 1;
+        if (o->eval_every && (i + 1) % o->eval_every == 0 && i + 1 < iters) {
+            gemma_stats ev;
+            if (evaluate(&m, &valid, o->batch, &ev) != 0) {
+                fail(err, errlen, "evaluation: %s", m.err);
+                goto done;
+            }
+            double vl = ev.loss_sum / (ev.tokens ? ev.tokens : 1), ag = (double)ev.agree / (ev.tokens ? ev.tokens : 1);
+            printf("eval after step %d: held-out loss %.4f, next-token agreement %.2f%%\n", i + 1, vl, 100 * ag);
+            log_line(log, "{\"eval\": %d, \"loss\": %.6f, \"agreement\": %.6f, \"tokens\": %ld}", i + 1, vl, ag, ev.tokens);
+        }
+    }
+    double wall = now_seconds() - run_start;
+    if (weights_hash(&m) != base_hash) {
+        fail(err, errlen, "internal error: the frozen base weights changed during training");
+        goto done;
+    }
+    printf("trained %d batches in %.1f s (%.0f tok/s), peak RSS %.2f GB; base weights unchanged (FNV-1a %016llx)\n",
+           (int)(iters - first_batch), wall,
+           done_tokens / (wall > 0 ? wall : 1), run_peak / 1e9, (unsigned long long)base_hash);
+    log_line(log, "{\"done\": %d, \"seconds\": %.3f, \"peak_rss\": %zu, \"tokens\": %ld, \"arm\": \"%s\"}", iters, wall,
+             run_peak, done_tokens, attn_arm_name(o->arm));
+    if (o->out_dir) {
+        if (adapters_save(&m, o->out_dir, err, errlen) != 0 || optimizer_save(&opt, batches_done, o->out_dir, err, errlen) != 0)
+            goto done;
+        printf("saved: %s/adapters.safetensors, adapter_config.json, optimizer.safetensors\n", o->out_dir);
+    }
+    if (o->eval_at_end) {
+        gemma_stats ev;
+        double t0 = now_seconds();
+        if (evaluate(&m, &valid, o->batch, &ev) != 0) {
+            fail(err, errlen, "evaluation: %s", m.err);
+            goto done;
+        }
+        double vl = ev.loss_sum / (ev.tokens ? ev.tokens : 1), ag = (double)ev.agree / (ev.tokens ? ev.tokens : 1);
+        printf("eval: held-out loss %.4f over %ld tokens, next-token agreement %.2f%% (%.1f s)\n", vl, ev.tokens,
+               100 * ag, now_seconds() - t0);
+        log_line(log, "{\"eval\": %d, \"loss\": %.6f, \"agreement\": %.6f, \"tokens\": %ld}", iters, vl, ag, ev.tokens);
+    }
+    rc = 0;
+done:
+    if (log) fclose(log);
+    free(order);
+    free(opt.m1);
+    free(opt.m2);
+    dataset_free(&train);
+    dataset_free(&valid);
+    gemma_model_free_f32(&m);
+    return rc;
+}
