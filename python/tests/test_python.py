@@ -9,40 +9,17 @@ and gradients O(1)): f32 2e-4, f16 4e-3, bf16 3e-2 absolute. The C test suite (`
 holds the kernels to FlashAttention's stricter relative criterion; this file tests the binding:
 layouts, strides, dtypes, GQA, windows, errors and autograd.
 """
+import os
 import sys
-import traceback
 
 import numpy as np
 
 import winattn
 
-passed = failed = skipped = 0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import case, finish, report, skip  # noqa: E402
+
 TOL = {"float32": 2e-4, "float16": 4e-3, "bfloat16": 3e-2}
-
-
-def report(ok, name, detail=""):
-    global passed, failed
-    print("%s python %s%s" % ("PASS" if ok else "FAIL", name, (" " + detail) if detail else ""), flush=True)
-    if ok:
-        passed += 1
-    else:
-        failed += 1
-
-
-def skip(name, why):
-    global skipped
-    skipped += 1
-    print("SKIP python %s: %s" % (name, why))
-
-
-def case(name):
-    def wrap(fn):
-        try:
-            fn()
-        except Exception:  # a crash in a case is a failure, with the traceback's last line
-            report(False, name, traceback.format_exc().strip().splitlines()[-1])
-        return fn
-    return wrap
 
 
 def reference(q, k, v, do, left, right, scale, softcap):
@@ -227,5 +204,4 @@ if __name__ == "__main__":
     print("winattn %s" % winattn.version())
     run_numpy_grid()
     run_torch()
-    print("%d passed, %d failed%s" % (passed, failed, ", %d skipped" % skipped if skipped else ""))
-    sys.exit(1 if failed else 0)
+    finish()

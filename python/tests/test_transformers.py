@@ -1,0 +1,201 @@
+"""test_transformers.py — attn_implementation="winattn" against the same model's "eager"
+attention on tiny random Gemma 4, Gemma 3 and Gemma 2 models in float32: logits, and the gradient
+of a cross-entropy loss with respect to every parameter. SKIPs without torch or transformers.
+Run from the repository root after `make`:
+    WINATTN_LIBRARY=build/libwinattn.so PYTHONPATH=python python3 python/tests/test_transformers.py
+
+The sequence (40 tokens) is five times the sliding window (8), so every sliding layer masks, and
+a control case checks that the window changes the logits (a test that ran every layer causal
+would fail it). Weights are re-initialised larger than the models' default (std 0.02), which
+leaves attention nearly uniform and the comparison weak. Tolerance: float32 eager and winattn
+differ only in summation order; relative errors are ~1e-6, held to 1e-4 of each tensor's
+largest element.
+"""
+import os
+import sys
+import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import case, expect_error, finish, report, skip  # noqa: E402
+
+TOL = 1e-4
+N, WINDOW = 40, 8
+
+
+def tiny_models():
+    from transformers import Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+    common = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_attention_heads=8, head_dim=16,
+                  sliding_window=WINDOW, attention_dropout=0.0)
+    # Gemma 4 shaped like 31B: k = v on full layers, one global KV head of twice the head dim, scale 1.
+    g4 = Gemma4TextConfig(num_hidden_layers=6, num_key_value_heads=4, global_head_dim=32,
+                          num_global_key_value_heads=1, attention_k_eq_v=True,
+                          layer_types=["sliding_attention"] * 5 + ["full_attention"], hidden_size_per_layer_input=0,
+                          num_kv_shared_layers=0, final_logit_softcapping=30.0, **common)
+    # Gemma 3: scale from query_pre_attn_scalar (not 1/sqrt(head_dim)), GQA 4:1.
+    g3 = Gemma3TextConfig(num_hidden_layers=3, num_key_value_heads=2, query_pre_attn_scalar=40,
+                          layer_types=["sliding_attention", "full_attention", "sliding_attention"], **common)
+    # Gemma 2: attention logit softcap, small enough to bind at these logit sizes.
+    g2 = Gemma2Config(num_hidden_layers=2, num_key_value_heads=4, query_pre_attn_scalar=16,
+                      attn_logit_softcapping=3.0, final_logit_softcapping=30.0,
+                      layer_types=["sliding_attention", "full_attention"], **common)
+    return [("Gemma 4", Gemma4ForCausalLM, g4), ("Gemma 3", Gemma3ForCausalLM, g3), ("Gemma 2", Gemma2ForCausalLM, g2)]
+
+
+def build(cls, config, seed):
+    import torch
+    torch.manual_seed(seed)
+    model = cls(config).float()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:  # std 1/sqrt(fan_in); the embedding too, as Gemma multiplies it by sqrt(hidden)
+                p.normal_(0.0, p.shape[1] ** -0.5)
+            else:  # norm weights and layer scalars: around their neutral value, never all equal
+                p.copy_(p + torch.empty_like(p).uniform_(-0.5, 0.5))
+    return model
+
+
+def run(model, impl, ids, **kw):
+    """Logits and {parameter name: gradient} of the next-token loss with implementation impl."""
+    import torch
+    model.set_attn_implementation(impl)
+    model.zero_grad()
+    out = model(ids, **kw)
+    loss = torch.nn.functional.cross_entropy(out.logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+    loss.backward()
+    return out.logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def rel_err(a, b, floor=1e-30):
+    return ((a - b).abs().max() / b.abs().max().clamp_min(floor)).item()
+
+
+def worst_of(got, ref):
+    """The largest error over a model's tensors, each relative to its own largest element but
+    never to less than 1e-3 of the largest in the model: a gradient that is zero in exact
+    arithmetic (Gemma 4's last layer_scalar, which the final RMSNorm makes irrelevant to the
+    loss) holds only rounding noise."""
+    floor = 1e-3 * max(r.abs().max().item() for r in ref.values())
+    return max(((rel_err(got[n], ref[n], floor), n) for n in ref if n in got), default=(0.0, "-"))
+
+
+def main():
+    try:
+        import torch
+        import transformers
+        import winattn.transformers as wtf
+    except ImportError as e:
+        skip("transformers", "torch or transformers is not installed (%s)" % e)
+        return
+    print("torch %s, transformers %s" % (torch.__version__, transformers.__version__))
+    transformers.logging.set_verbosity_error()  # the cache case's past_key_values deprecation notice
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    wtf.register()
+    torch.set_num_threads(min(4, torch.get_num_threads()))
+    try:
+        models = tiny_models()
+    except (ImportError, TypeError) as e:  # a transformers without Gemma 2/3/4 or with other config fields
+        skip("transformers Gemma models", str(e))
+        return
+
+    masks = []  # the masks that reach winattn's attention function (which checks them)
+    keys_used = wtf._keys_used
+
+    def count(mask, *args):
+        masks.append(tuple(mask.shape))
+        return keys_used(mask, *args)
+    wtf._keys_used = count
+
+    for seed, (label, cls, config) in enumerate(models):
+        @case("transformers %s winattn vs eager" % label)
+        def _():
+            model = build(cls, config, seed)
+            ids = torch.randint(0, config.vocab_size, (2, N), generator=torch.Generator().manual_seed(seed))
+            masks.clear()
+            logits, grads = run(model, "winattn", ids)
+            report(not masks, "transformers %s training: no dense mask built for the winattn layers" % label,
+                   "%d masks arrived" % len(masks))
+            ref_logits, ref_grads = run(model, "eager", ids)
+            missing = sorted(set(ref_grads) ^ set(grads))
+            worst = worst_of(grads, ref_grads)
+            e = rel_err(logits, ref_logits)
+            report(e <= TOL and worst[0] <= TOL and not missing and len(grads) > 10,
+                   "transformers %s N=%d window=%d: attn_implementation=winattn vs eager, logits and %d "
+                   "parameter gradients" % (label, N, config.sliding_window, len(grads)),
+                   "logits rel err %.1e, worst gradient %.1e (%s) (tol %g)%s" % (
+                       e, worst[0], worst[1], TOL, ", gradients missing: %s" % missing if missing else ""))
+
+            # The same model with a window covering the whole sequence must give other logits,
+            # else the comparison above did not exercise the sliding layers.
+            wide = build(cls, type(config).from_dict({**config.to_dict(), "sliding_window": N}), seed)
+            wide.set_attn_implementation("winattn")
+            with torch.no_grad():
+                d = rel_err(wide(ids).logits, ref_logits)
+            report(d > 100 * TOL, "transformers %s control: window %d vs %d changes the logits" % (label, N, WINDOW),
+                   "rel difference %.1e" % d)
+
+    @case("transformers Gemma 4 prefill then decode with a cache")
+    def _():
+        label, cls, config = models[0]
+        model = build(cls, config, 0)
+        ids = torch.randint(0, config.vocab_size, (1, N + 3), generator=torch.Generator().manual_seed(7))
+        outs = {}
+        masks.clear()
+        for impl in ("winattn", "eager"):
+            model.set_attn_implementation(impl)
+            with torch.no_grad():
+                first = model(ids[:, :N], use_cache=True)
+                second = model(ids[:, N:], past_key_values=first.past_key_values, use_cache=True)
+                third = model(ids[:, N + 2:], past_key_values=second.past_key_values, use_cache=True)
+            outs[impl] = torch.cat([first.logits, second.logits[:, :2], third.logits], 1)
+        e = rel_err(outs["winattn"], outs["eager"])
+        report(e <= TOL and masks, "transformers Gemma 4 cache: prefill %d, then 2 tokens, then 1 (masks with "
+               "Nq < Nk)" % N, "logits rel err %.1e (tol %g), %d masks checked" % (e, TOL, len(masks)))
+
+    for label, cls, config in models[:2]:
+        @case("transformers %s generate with a static cache" % label)
+        def _():
+            # A static cache hands over masks whose band ends before the cache does (empty slots).
+            model = build(cls, config, 1)
+            # no token 0: generate() would take it for padding (pad_token_id 0) and mask it
+            ids = torch.randint(1, config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(3))
+            outs = {}
+            for impl in ("winattn", "eager"):
+                model.set_attn_implementation(impl)
+                with torch.no_grad():
+                    g = model.generate(ids, max_new_tokens=4, do_sample=False, cache_implementation="static",
+                                       output_logits=True, return_dict_in_generate=True)
+                outs[impl] = torch.stack(g.logits)
+            e = rel_err(outs["winattn"], outs["eager"])
+            report(e <= TOL, "transformers %s generate(cache_implementation='static'), 12 + 4 tokens" % label,
+                   "logits rel err %.1e (tol %g)" % (e, TOL))
+
+    @case("transformers refusals")
+    def _():
+        label, cls, config = models[0]
+        model = build(cls, config, 0)
+        model.set_attn_implementation("winattn")
+        ids = torch.randint(0, config.vocab_size, (2, N))
+        pad = torch.ones(2, N, dtype=torch.long)
+        pad[0, :5] = 0  # left padding: a mask winattn cannot express
+        expect_error("transformers left-padded batch", lambda: model(ids, attention_mask=pad), ValueError,
+                     "differs from this layer's")
+        attn = model.model.layers[0].self_attn
+        q = torch.randn(1, 8, 5, 16)
+        kv = torch.randn(1, 4, 5, 16)
+        expect_error("transformers attention dropout",
+                     lambda: wtf.attention_forward(attn, q, kv, kv, None, dropout=0.1), ValueError, "dropout")
+        expect_error("transformers float64 query",
+                     lambda: wtf.attention_forward(attn, q.double(), kv.double(), kv.double(), None), TypeError,
+                     "dtype")
+        expect_error("transformers 3-d mask", lambda: wtf.attention_forward(attn, q, kv, kv, torch.ones(1, 5, 5)),
+                     ValueError, "4-d")
+        # an all-ones padding mask is the plain causal mask: accepted, same logits as none
+        with torch.no_grad():
+            a, b = model(ids, attention_mask=torch.ones(2, N, dtype=torch.long)).logits, model(ids).logits
+        report(torch.equal(a, b), "transformers all-ones attention_mask is accepted and changes nothing")
+
+
+if __name__ == "__main__":
+    main()
+    finish()
