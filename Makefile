@@ -81,7 +81,7 @@ STATIC   := $(BUILD)/libwinattn.a
 SHARED   := $(BUILD)/libwinattn.so
 SONAME   := libwinattn.so.0
 
-.PHONY: all lib test test-long install uninstall clean help fuzz
+.PHONY: all lib test test-long install uninstall clean help fuzz demo
 # keep intermediate objects (and keep make quiet after the test summary)
 .SECONDARY:
 all: lib $(BUILD)/winattn $(TESTS)
@@ -147,6 +147,10 @@ $(BUILD)/train/%.o: CFLAGS += -Isrc -Itools $(JANSSON_CFLAGS)
 test: all
 	@sh tests/run_tests.sh $(BUILD)
 
+# The trainer demo: corpus, a small random Gemma 4, a short LoRA run with held-out loss.
+demo: all
+	@sh train/demo.sh $(BUILD)
+
 # The full parity sweep and probe (tens of minutes on two cores).
 test-long: all
 	$(BUILD)/winattn parity
@@ -180,6 +184,7 @@ help:
 	@echo "make            library, build/winattn, tests"
 	@echo "make test       unit tests, parity --quick, probe --quick (ends 'N passed, N failed')"
 	@echo "make test-long  the full parity sweep and the full memory probe"
+	@echo "make demo       corpus + small random Gemma 4 + a short LoRA run through winattn (a few minutes)"
 	@echo "make install    PREFIX=$(PREFIX): header, libwinattn.{a,so}, winattn, pkg-config file"
 	@echo "make fuzz       libFuzzer target for the safetensors reader"
 	@echo "options: NO_CUDA=1, WERROR=1, CC=clang, BUILD=dir"

@@ -84,7 +84,7 @@ with open(sys.argv[1] + "/train.jsonl", "w") as f:
 PY
 cp "$T/data/train.jsonl" "$T/data/valid.jsonl"
 if "$W" train --model $FX --data "$T/data" --iters 2 --batch-size 2 --lora-rank 4 --threads 1 --eval --out "$T/run" \
-        >"$T/stdout" 2>"$T/stderr" && grep -q "^step 2/2" "$T/stdout" && grep -q "^eval: held-out loss" "$T/stdout" &&
+        >"$T/stdout" 2>"$T/stderr" && grep -q "^step 2/2" "$T/stdout" && grep -q "^eval after training: held-out loss" "$T/stdout" &&
     [ -s "$T/run/adapters.safetensors" ] && [ -s "$T/run/adapter_config.json" ] && [ -s "$T/run/log.jsonl" ]; then
     ok "train: 2 steps, eval, adapters + adapter_config.json + log written"
 else

@@ -305,6 +305,10 @@ static int evaluate(gemma_model_f32 *m, const dataset *valid, int batch, gemma_s
     return 0;
 }
 
+/* Evaluate, print one line and log it; "label" says when ("before training", "after step 43"). */
+static int report_eval(gemma_model_f32 *m, const dataset *valid, int batch, int step, const char *label, FILE *log,
+                       char *err, size_t errlen);
+
 static void log_line(FILE *log, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void log_line(FILE *log, const char *fmt, ...) {
     if (!log) return;
@@ -314,6 +318,19 @@ static void log_line(FILE *log, const char *fmt, ...) {
     va_end(ap);
     fputc('\n', log);
     fflush(log);
+}
+
+static int report_eval(gemma_model_f32 *m, const dataset *valid, int batch, int step, const char *label, FILE *log,
+                       char *err, size_t errlen) {
+    gemma_stats ev;
+    double t0 = now_seconds();
+    if (evaluate(m, valid, batch, &ev) != 0) return fail(err, errlen, "evaluation: %s", m->err);
+    double vl = ev.loss_sum / (ev.tokens ? ev.tokens : 1), ag = (double)ev.agree / (ev.tokens ? ev.tokens : 1);
+    printf("eval%s%s: held-out loss %.4f over %ld tokens, next-token agreement %.2f%% (%.1f s)\n", *label ? " " : "", label, vl, ev.tokens,
+           100 * ag, now_seconds() - t0);
+    fflush(stdout);
+    log_line(log, "{\"eval\": %d, \"loss\": %.6f, \"agreement\": %.6f, \"tokens\": %ld}", step, vl, ag, ev.tokens);
+    return 0;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -384,16 +401,7 @@ int train_run(const train_options *o, char *err, size_t errlen) {
     if (start) printf("adapters: %s\n", start);
 
     if (o->eval_only) {
-        gemma_stats st;
-        double t0 = now_seconds();
-        if (evaluate(&m, &valid, o->batch, &st) != 0) {
-            fail(err, errlen, "%s", m.err);
-            goto done;
-        }
-        printf("eval: held-out loss %.4f over %ld tokens, next-token agreement %.2f%% (%.1f s)\n",
-               st.loss_sum / (st.tokens ? st.tokens : 1), st.tokens, 100.0 * st.agree / (st.tokens ? st.tokens : 1),
-               now_seconds() - t0);
-        rc = 0;
+        rc = report_eval(&m, &valid, o->batch, 0, "", NULL, err, errlen);
         goto done;
     }
 
@@ -430,6 +438,9 @@ int train_run(const train_options *o, char *err, size_t errlen) {
            o->adamw ? "AdamW" : "Adam", o->lr);
     fflush(stdout);
 
+    /* the starting point of the held-out curve */
+    if (o->eval_every && batches_done == 0 && report_eval(&m, &valid, o->batch, 0, "before training", log, err, errlen) != 0)
+        goto done;
     uint64_t base_hash = weights_hash(&m);
     long first_batch = batches_done;
     double run_start = now_seconds();
@@ -481,14 +492,9 @@ int train_run(const train_options *o, char *err, size_t errlen) {
                  i + 1, loss, st.tokens, tokens, longest, secs, peak, attn_arm_name(o->arm));
         batches_done = i + 1;
         if (o->eval_every && (i + 1) % o->eval_every == 0 && i + 1 < iters) {
-            gemma_stats ev;
-            if (evaluate(&m, &valid, o->batch, &ev) != 0) {
-                fail(err, errlen, "evaluation: %s", m.err);
-                goto done;
-            }
-            double vl = ev.loss_sum / (ev.tokens ? ev.tokens : 1), ag = (double)ev.agree / (ev.tokens ? ev.tokens : 1);
-            printf("eval after step %d: held-out loss %.4f, next-token agreement %.2f%%\n", i + 1, vl, 100 * ag);
-            log_line(log, "{\"eval\": %d, \"loss\": %.6f, \"agreement\": %.6f, \"tokens\": %ld}", i + 1, vl, ag, ev.tokens);
+            char label[64];
+            snprintf(label, sizeof label, "after step %d", i + 1);
+            if (report_eval(&m, &valid, o->batch, i + 1, label, log, err, errlen) != 0) goto done;
         }
     }
     double wall = now_seconds() - run_start;
@@ -506,18 +512,7 @@ int train_run(const train_options *o, char *err, size_t errlen) {
             goto done;
         printf("saved: %s/adapters.safetensors, adapter_config.json, optimizer.safetensors\n", o->out_dir);
     }
-    if (o->eval_at_end) {
-        gemma_stats ev;
-        double t0 = now_seconds();
-        if (evaluate(&m, &valid, o->batch, &ev) != 0) {
-            fail(err, errlen, "evaluation: %s", m.err);
-            goto done;
-        }
-        double vl = ev.loss_sum / (ev.tokens ? ev.tokens : 1), ag = (double)ev.agree / (ev.tokens ? ev.tokens : 1);
-        printf("eval: held-out loss %.4f over %ld tokens, next-token agreement %.2f%% (%.1f s)\n", vl, ev.tokens,
-               100 * ag, now_seconds() - t0);
-        log_line(log, "{\"eval\": %d, \"loss\": %.6f, \"agreement\": %.6f, \"tokens\": %ld}", iters, vl, ag, ev.tokens);
-    }
+    if (o->eval_at_end && report_eval(&m, &valid, o->batch, iters, "after training", log, err, errlen) != 0) goto done;
     rc = 0;
 done:
     if (log) fclose(log);
