@@ -26,7 +26,7 @@ endif
 LIB_SRC := src/winattn.c src/cpu/pool.c src/cpu/dispatch.c src/cpu/dense.c
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o) $(BUILD)/src/cpu/attn_generic.o
 ifdef X86
-LIB_OBJ += $(BUILD)/src/cpu/attn_avx512.o $(BUILD)/src/cpu/attn_avx2.o
+LIB_OBJ += $(BUILD)/src/cpu/attn_avx512bf16.o $(BUILD)/src/cpu/attn_avx512.o $(BUILD)/src/cpu/attn_avx2.o
 $(BUILD)/src/cpu/dispatch.o: CFLAGS += -DWA_HAVE_X86_KERNELS
 endif
 
@@ -102,7 +102,10 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-# One source, three ISAs (src/cpu/simd.h).
+# One source, four ISA builds (src/cpu/simd.h).
+$(BUILD)/src/cpu/attn_avx512bf16.o: src/cpu/attn_cpu.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -DWA_ISA_AVX512 -DWA_BF16_DOT -mavx512f -mavx512bw -mavx512vl -mavx512bf16 -mfma -c $< -o $@
 $(BUILD)/src/cpu/attn_avx512.o: src/cpu/attn_cpu.c
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -DWA_ISA_AVX512 -mavx512f -mavx512bw -mavx512vl -mfma -c $< -o $@

@@ -190,6 +190,157 @@ static void scores_transposed(const cpu_tile_args *a, float *ST, int64_t ld, int
     }
 }
 
+#if defined(WA_BF16_DOT)
+/* ---- bf16 dot products (AVX512-BF16), for the forward of bf16 inputs ----
+ * vdpbf16ps multiplies two pairs of bf16 per f32 lane and adds both products to the lane: twice
+ * the multiply-adds of an f32 FMA per instruction, on operands that need no widening. Operands
+ * are packed as 32-bit words holding two consecutive elements along the reduction (the lower
+ * half is the even one). Q and K are bf16 already; P is rounded to bf16 before P·V, as
+ * FlashAttention's GPU kernels do (the row sums stay f32 and unrounded). The backward keeps its
+ * f32 FMAs: its recomputed scores differ from these by rounding order only. */
+typedef uint32_t bfpair;
+
+/* C[m x n] += A . B over kp pairs: A(r, t) = A[r*ars + t*acs] (a pair), B rows of n pairs
+ * (ldb in pairs), C row-major f32; n a multiple of VW. Same blocking as gemm_acc. */
+static void gemm_bf16_acc(int64_t m, int64_t n, int64_t kp, const bfpair *A, int64_t ars, int64_t acs,
+                          const bfpair *B, int64_t ldb, float *C, int64_t ldc) {
+#define DOT(acc, a, bv) acc = _mm512_dpbf16_ps(acc, (__m512bh)(bv), (__m512bh)_mm512_set1_epi32((int)(a)))
+    int64_t r = 0;
+    for (; r + 4 <= m; r += 4) {
+        const bfpair *a0 = A + r * ars, *a1 = a0 + ars, *a2 = a1 + ars, *a3 = a2 + ars;
+        float *c0 = C + r * ldc, *c1 = c0 + ldc, *c2 = c1 + ldc, *c3 = c2 + ldc;
+        int64_t c = 0;
+        for (; c + 32 <= n; c += 32) {
+            __m512 x00 = _mm512_loadu_ps(c0 + c), x01 = _mm512_loadu_ps(c0 + c + 16);
+            __m512 x10 = _mm512_loadu_ps(c1 + c), x11 = _mm512_loadu_ps(c1 + c + 16);
+            __m512 x20 = _mm512_loadu_ps(c2 + c), x21 = _mm512_loadu_ps(c2 + c + 16);
+            __m512 x30 = _mm512_loadu_ps(c3 + c), x31 = _mm512_loadu_ps(c3 + c + 16);
+            const bfpair *bp = B + c;
+            for (int64_t t = 0; t < kp; t++, bp += ldb) {
+                __m512i b0 = _mm512_loadu_si512(bp), b1 = _mm512_loadu_si512(bp + 16);
+                bfpair y0 = a0[t * acs], y1 = a1[t * acs], y2 = a2[t * acs], y3 = a3[t * acs];
+                DOT(x00, y0, b0), DOT(x01, y0, b1), DOT(x10, y1, b0), DOT(x11, y1, b1);
+                DOT(x20, y2, b0), DOT(x21, y2, b1), DOT(x30, y3, b0), DOT(x31, y3, b1);
+            }
+            _mm512_storeu_ps(c0 + c, x00), _mm512_storeu_ps(c0 + c + 16, x01);
+            _mm512_storeu_ps(c1 + c, x10), _mm512_storeu_ps(c1 + c + 16, x11);
+            _mm512_storeu_ps(c2 + c, x20), _mm512_storeu_ps(c2 + c + 16, x21);
+            _mm512_storeu_ps(c3 + c, x30), _mm512_storeu_ps(c3 + c + 16, x31);
+        }
+        for (; c < n; c += 16) {
+            __m512 x0 = _mm512_loadu_ps(c0 + c), x1 = _mm512_loadu_ps(c1 + c);
+            __m512 x2 = _mm512_loadu_ps(c2 + c), x3 = _mm512_loadu_ps(c3 + c);
+            const bfpair *bp = B + c;
+            for (int64_t t = 0; t < kp; t++, bp += ldb) {
+                __m512i b0 = _mm512_loadu_si512(bp);
+                DOT(x0, a0[t * acs], b0), DOT(x1, a1[t * acs], b0), DOT(x2, a2[t * acs], b0), DOT(x3, a3[t * acs], b0);
+            }
+            _mm512_storeu_ps(c0 + c, x0), _mm512_storeu_ps(c1 + c, x1);
+            _mm512_storeu_ps(c2 + c, x2), _mm512_storeu_ps(c3 + c, x3);
+        }
+    }
+    for (; r < m; r++) {
+        const bfpair *a0 = A + r * ars;
+        float *c0 = C + r * ldc;
+        for (int64_t c = 0; c < n; c += 16) {
+            __m512 x0 = _mm512_loadu_ps(c0 + c);
+            const bfpair *bp = B + c;
+            for (int64_t t = 0; t < kp; t++, bp += ldb) DOT(x0, a0[t * acs], _mm512_loadu_si512(bp));
+            _mm512_storeu_ps(c0 + c, x0);
+        }
+    }
+#undef DOT
+}
+
+/* Rows [row0, row0+nrows) of head (b, h) as rows of pairs along D: dst[r*ldp + t] holds
+ * elements (2t, 2t+1); pairs past D (and the odd element of an odd D) are zero, as are rows
+ * nrows..pad_rows-1. */
+static void pack_rows_bf16(bfpair *dst, int64_t ldp, const wa_tensor *tt, int64_t b, int64_t h, int64_t row0,
+                           int64_t nrows, int64_t D, int64_t pad_rows) {
+    for (int64_t r = 0; r < pad_rows; r++) {
+        bfpair *row = dst + r * ldp;
+        memset(row, 0, (size_t)ldp * sizeof *row);
+        if (r < nrows) memcpy(row, wa_row_ptr(tt, b, h, row0 + r), (size_t)D * 2);
+    }
+}
+
+/* The same rows transposed by pairs: dst[t*ld + r] = pair t of row r; columns nrows..ld-1 zero. */
+static void pack_rows_bf16_transposed(bfpair *dst, int64_t ld, const wa_tensor *tt, int64_t b, int64_t h,
+                                      int64_t row0, int64_t nrows, int64_t D, bfpair *row_buf) {
+    int64_t kp = (D + 1) / 2;
+    for (int64_t r = 0; r < ld; r++) {
+        pack_rows_bf16(row_buf, kp, tt, b, h, row0 + r, r < nrows ? 1 : 0, D, 1);
+        for (int64_t t = 0; t < kp; t++) dst[t * ld + r] = row_buf[t];
+    }
+}
+
+/* Pairs along rows of a row-major bf16 tile: dst[t*ld + c] = (row 2t, row 2t+1) at column c,
+ * from the V rows [row0, row0+nrows) of head (b, h); a missing odd row and columns past D are
+ * zero. */
+static void pack_v_pairs(bfpair *dst, int64_t ld, const wa_tensor *tt, int64_t b, int64_t h, int64_t row0,
+                         int64_t nrows, int64_t D) {
+    for (int64_t t = 0; 2 * t < nrows; t++) {
+        const uint16_t *lo = wa_row_ptr(tt, b, h, row0 + 2 * t);
+        const uint16_t *hi = 2 * t + 1 < nrows ? wa_row_ptr(tt, b, h, row0 + 2 * t + 1) : NULL;
+        bfpair *out = dst + t * ld;
+        int64_t c = 0;
+        for (; c + 16 <= D; c += 16) {
+            __m512i l = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(lo + c)));
+            __m512i u = hi ? _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(hi + c))), 16)
+                           : _mm512_setzero_si512();
+            _mm512_storeu_si512(out + c, _mm512_or_si512(l, u));
+        }
+        for (; c < D; c++) out[c] = lo[c] | (hi ? (bfpair)hi[c] << 16 : 0);
+        for (; c < ld; c++) out[c] = 0;
+    }
+}
+
+/* The probabilities P^T [n x ld] (f32, keys as rows) rounded to bf16 and paired along keys, in
+ * place: row t of the result holds keys (2t, 2t+1). Writing pair row t only touches S^T rows
+ * <= t, which are consumed by then (row t is read in the same step before it is written). */
+static void pack_p_pairs(float *ST, int64_t ld, int64_t n) {
+    bfpair *out = (bfpair *)ST;
+    for (int64_t t = 0; 2 * t < n; t++)
+        for (int64_t c = 0; c < ld; c += 16) {
+            __m512 lo = _mm512_loadu_ps(ST + 2 * t * ld + c);
+            __m512 hi = 2 * t + 1 < n ? _mm512_loadu_ps(ST + (2 * t + 1) * ld + c) : _mm512_setzero_ps();
+            __m512i l = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(lo));
+            __m512i u = _mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(hi)), 16);
+            _mm512_storeu_si512(out + t * ld + c, _mm512_or_si512(l, u));
+        }
+}
+#endif /* WA_BF16_DOT */
+
+/* One key tile of the column-wise online softmax: ST [n x Bqp] holds the tile's scores and
+ * becomes its unnormalised probabilities exp(s - new max); the running max and sum of each query
+ * column are updated, and the first m rows of O (the running numerators) are rescaled. row_buf
+ * (Bqp floats) is scratch. */
+static void online_softmax_step(float *ST, int64_t Bqp, int64_t m, int64_t n, float *mx, float *sum, float *O,
+                                int64_t Dp, float *row_buf) {
+    for (int64_t c = 0; c < Bqp; c += VW) {
+        vf m_old = vload(mx + c), m_new = m_old;
+        for (int64_t j = 0; j < n; j++) m_new = vmax(m_new, vload(ST + j * Bqp + c));
+        /* columns that have seen nothing yet keep shift 0, so exp(-inf - 0) = 0, never NaN */
+        vf shift = vselect(m_new == vsplat(-INFINITY), vsplat(0.0f), m_new);
+        vf alpha = vexp(m_old - shift), acc = vsplat(0.0f);
+        for (int64_t j = 0; j < n; j++) {
+            vf e = vexp(vload(ST + j * Bqp + c) - shift);
+            vstore(ST + j * Bqp + c, e);
+            acc += e;
+        }
+        vstore(sum + c, vload(sum + c) * alpha + acc);
+        vstore(mx + c, m_new);
+        vstore(row_buf + c, alpha);
+    }
+    for (int64_t r = 0; r < m; r++) {
+        float al = row_buf[r];
+        if (al != 1.0f) {
+            float *o = O + r * Dp;
+            for (int64_t c = 0; c < Dp; c += VW) vstore(o + c, vload(o + c) * vsplat(al));
+        }
+    }
+}
+
 /* ---- forward ----
  * Scores are computed transposed, S^T = K Q^T (keys as rows, queries as columns), for two
  * reasons: K is used as stored (row-major) while Q^T is built once per unit, so no tile is
@@ -214,9 +365,16 @@ static void forward_unit(void *arg, int64_t u, int worker) {
     float *Ks = ws, *Vs = Ks + Bkp * Dp, *ST = Vs + Bkp * Dp, *row_buf = ST + Bkp * Bqp, *heads = row_buf + wa_max64(Dp, Bqp);
     const int64_t per_head = D * Bqp + Bq * Dp + 2 * Bqp; /* Q^T, O, running max, running sum */
 
+#if defined(WA_BF16_DOT)
+    const int dot = p->dtype == WA_BF16; /* bf16 pairs in the two GEMMs (see gemm_bf16_acc) */
+#endif
     for (int64_t g = 0; g < nh; g++) {
         float *QT = heads + g * per_head, *O = QT + D * Bqp, *mx = O + Bq * Dp, *sum = mx + Bqp;
-        load_tile_transposed(QT, Bqp, p->q, b, h0 + g, i0, m, D, row_buf);
+#if defined(WA_BF16_DOT)
+        if (dot) pack_rows_bf16_transposed((bfpair *)QT, Bqp, p->q, b, h0 + g, i0, m, D, (bfpair *)row_buf);
+        else
+#endif
+            load_tile_transposed(QT, Bqp, p->q, b, h0 + g, i0, m, D, row_buf);
         memset(O, 0, (size_t)(m * Dp) * 4);
         for (int64_t c = 0; c < Bqp; c++) mx[c] = -INFINITY, sum[c] = 0.0f;
     }
@@ -225,36 +383,33 @@ static void forward_unit(void *arg, int64_t u, int worker) {
     for (int64_t kt = kt0; kt < kt1; kt++) {
         int64_t j0 = kt * Bk, n = wa_min64(Bk, p->Nk - j0);
         int edge = wa_tile_needs_mask(&p->win, i0, i0 + m, j0, j0 + n);
-        load_tile(Ks, Dp, p->k, b, hk, j0, n, D, n);
-        load_tile(Vs, Dp, p->v, b, hk, j0, n, D, n);
+#if defined(WA_BF16_DOT)
+        if (dot) {
+            pack_rows_bf16((bfpair *)Ks, Dp / 2, p->k, b, hk, j0, n, D, n);
+            pack_v_pairs((bfpair *)Vs, Dp, p->v, b, hk, j0, n, D);
+        } else
+#endif
+        {
+            load_tile(Ks, Dp, p->k, b, hk, j0, n, D, n);
+            load_tile(Vs, Dp, p->v, b, hk, j0, n, D, n);
+        }
         for (int64_t g = 0; g < nh; g++) {
             float *QT = heads + g * per_head, *O = QT + D * Bqp, *mx = O + Bq * Dp, *sum = mx + Bqp;
             memset(ST, 0, (size_t)(n * Bqp) * 4);
-            gemm_acc(n, Bqp, D, Ks, Dp, 1, QT, Bqp, ST, Bqp);
+#if defined(WA_BF16_DOT)
+            if (dot) gemm_bf16_acc(n, Bqp, (D + 1) / 2, (const bfpair *)Ks, Dp / 2, 1, (const bfpair *)QT, Bqp, ST, Bqp);
+            else
+#endif
+                gemm_acc(n, Bqp, D, Ks, Dp, 1, QT, Bqp, ST, Bqp);
             scores_transposed(a, ST, Bqp, i0, m, j0, n, edge);
-            /* column-wise online softmax: new maxima, rescale factors, probabilities, sums */
-            for (int64_t c = 0; c < Bqp; c += VW) {
-                vf m_old = vload(mx + c), m_new = m_old;
-                for (int64_t j = 0; j < n; j++) m_new = vmax(m_new, vload(ST + j * Bqp + c));
-                /* columns that have seen nothing yet keep shift 0, so exp(-inf - 0) = 0, never NaN */
-                vf shift = vselect(m_new == vsplat(-INFINITY), vsplat(0.0f), m_new);
-                vf alpha = vexp(m_old - shift), acc = vsplat(0.0f);
-                for (int64_t j = 0; j < n; j++) {
-                    vf e = vexp(vload(ST + j * Bqp + c) - shift);
-                    vstore(ST + j * Bqp + c, e);
-                    acc += e;
-                }
-                vstore(sum + c, vload(sum + c) * alpha + acc);
-                vstore(mx + c, m_new);
-                vstore(row_buf + c, alpha);
+            online_softmax_step(ST, Bqp, m, n, mx, sum, O, Dp, row_buf);
+#if defined(WA_BF16_DOT)
+            if (dot) {
+                pack_p_pairs(ST, Bqp, n);
+                gemm_bf16_acc(m, Dp, (n + 1) / 2, (const bfpair *)ST, 1, Bqp, (const bfpair *)Vs, Dp, O, Dp);
+                continue;
             }
-            for (int64_t r = 0; r < m; r++) {
-                float al = row_buf[r];
-                if (al != 1.0f) {
-                    float *o = O + r * Dp;
-                    for (int64_t c = 0; c < Dp; c += VW) vstore(o + c, vload(o + c) * vsplat(al));
-                }
-            }
+#endif
             gemm_acc(m, Dp, n, ST, 1, Bqp, Vs, Dp, O, Dp); /* O += P V, P read through S^T's strides */
         }
     }

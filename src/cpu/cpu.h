@@ -30,6 +30,7 @@ typedef struct cpu_tile_args {
     wa_status wa_cpu_backward_##isa(wa_context *ctx, const wa_problem *p, cpu_tile_args *a);  \
     void wa_cpu_gemm_##isa(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs, \
                            const float *B, int64_t ldb, float *C, int64_t ldc);
+WA_DECLARE_ISA(avx512bf16)
 WA_DECLARE_ISA(avx512)
 WA_DECLARE_ISA(avx2)
 WA_DECLARE_ISA(generic)

@@ -1,7 +1,7 @@
-/* dispatch.c — sizes the CPU workspace, picks the kernels this CPU can run (AVX-512, AVX2+FMA
- * or the portable build of the same source) and hands them a cpu_tile_args.
+/* dispatch.c — sizes the CPU workspace, picks the kernels this CPU can run (AVX-512 with
+ * AVX512-BF16 dot products, AVX-512, AVX2+FMA or the portable build of the same source) and hands them a cpu_tile_args.
  *
- * WINATTN_ISA=avx512|avx2|generic in the environment forces a choice (tests use it to run every
+ * WINATTN_ISA=avx512bf16|avx512|avx2|generic in the environment forces a choice (tests use it to run every
  * path the machine supports); asking for one the CPU lacks falls back to the best available.
  */
 #define _GNU_SOURCE
@@ -27,6 +27,14 @@ static int have_avx512(void) {
     return 0;
 #endif
 }
+static int have_avx512bf16(void) {
+#if defined(__x86_64__) && defined(WA_HAVE_X86_KERNELS)
+    __builtin_cpu_init();
+    return have_avx512() && __builtin_cpu_supports("avx512bf16");
+#else
+    return 0;
+#endif
+}
 static int have_avx2(void) {
 #if defined(__x86_64__) && defined(WA_HAVE_X86_KERNELS)
     __builtin_cpu_init();
@@ -39,6 +47,7 @@ static int have_generic(void) { return 1; }
 
 #if defined(WA_HAVE_X86_KERNELS)
 static const cpu_isa isas[] = {
+    {"avx512bf16", wa_cpu_forward_avx512bf16, wa_cpu_backward_avx512bf16, wa_cpu_gemm_avx512bf16, have_avx512bf16},
     {"avx512", wa_cpu_forward_avx512, wa_cpu_backward_avx512, wa_cpu_gemm_avx512, have_avx512},
     {"avx2", wa_cpu_forward_avx2, wa_cpu_backward_avx2, wa_cpu_gemm_avx2, have_avx2},
     {"generic", wa_cpu_forward_generic, wa_cpu_backward_generic, wa_cpu_gemm_generic, have_generic},

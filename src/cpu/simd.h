@@ -16,7 +16,11 @@
 #if defined(WA_ISA_AVX512)
 #include <immintrin.h>
 #define VW 16
+#if defined(WA_BF16_DOT) /* the same kernels plus AVX512-BF16 dot products in the bf16 forward */
+#define WA_ISA_SUFFIX avx512bf16
+#else
 #define WA_ISA_SUFFIX avx512
+#endif
 typedef float vf __attribute__((vector_size(64)));
 typedef int32_t vi __attribute__((vector_size(64)));
 typedef uint16_t vu16 __attribute__((vector_size(32)));
