@@ -408,14 +408,19 @@ static int block_key_start(const model *m, const attn_args *a, int q0) {
 
 static int block_rows(const model *m, const attn_args *a) { return m->arm == ATTN_DENSE ? a->T : m->chunk; }
 
+/* Query block [q0, q0 + *nq) and the keys it visits, [*k0, *k0 + *span). */
+static void block_extent(const model *m, const attn_args *a, int q0, int *nq, int *k0, int *span) {
+    int rows = block_rows(m, a);
+    *nq = q0 + rows < a->T ? rows : a->T - q0;
+    *k0 = block_key_start(m, a, q0);
+    *span = (m->arm == ATTN_DENSE ? a->T : q0 + *nq) - *k0;
+}
+
 /* Elements of stored probabilities for all heads and blocks (what autodiff keeps). */
 static size_t stored_prob_count(const model *m, const attn_args *a) {
     size_t n = 0;
-    int rows = block_rows(m, a);
-    for (int q0 = 0; q0 < a->T; q0 += rows) {
-        int q1 = q0 + rows < a->T ? q0 + rows : a->T;
-        int nq = q1 - q0;
-        int span = (m->arm == ATTN_DENSE ? a->T : q1) - block_key_start(m, a, q0);
+    for (int q0 = 0, nq, k0, span; q0 < a->T; q0 += nq) {
+        block_extent(m, a, q0, &nq, &k0, &span);
         n += (size_t)nq * (size_t)span;
     }
     return n * (size_t)a->Hq;
@@ -456,12 +461,10 @@ static int attn_matmul_fwd(model *m, const attn_args *a, const real *q, const re
     real *P = malloc(n * sizeof(real));
     if (!P) return set_err(m, "%s attention at %d tokens: out of memory (%.2f GB)", attn_arm_name(m->arm), a->T,
                            n * sizeof(real) / 1e9);
-    int rows = block_rows(m, a), group = a->Hq / a->Hkv;
+    int group = a->Hq / a->Hkv;
     size_t off = 0;
-    for (int q0 = 0; q0 < a->T; q0 += rows) {
-        int nq = q0 + rows < a->T ? rows : a->T - q0;
-        int k0 = block_key_start(m, a, q0);
-        int span = (m->arm == ATTN_DENSE ? a->T : q0 + nq) - k0;
+    for (int q0 = 0, nq, k0, span; q0 < a->T; q0 += nq) {
+        block_extent(m, a, q0, &nq, &k0, &span);
         for (int h = 0; h < a->Hq; h++, off += (size_t)nq * span) {
             real *S = P + off;
             block_scores(a, q, k, h, q0, nq, k0, span, S);
@@ -486,7 +489,7 @@ static int attn_matmul_fwd(model *m, const attn_args *a, const real *q, const re
  * overwritten. */
 static int attn_matmul_bwd(model *m, const attn_args *a, const real *q, const real *k, const real *v, const real *P,
                            const real *dout, real *dq, real *dk, real *dv) {
-    int rows = block_rows(m, a), group = a->Hq / a->Hkv;
+    int group = a->Hq / a->Hkv;
     long qs = (long)a->Hq * a->D, ks = (long)a->Hkv * a->D;
     size_t tmp = block_scratch_count(m, a);
     real *dP = malloc(tmp * sizeof(real)), *S = a->softcap > 0 ? malloc(tmp * sizeof(real)) : NULL;
@@ -499,10 +502,8 @@ static int attn_matmul_bwd(model *m, const attn_args *a, const real *q, const re
     memset(dk, 0, (size_t)a->T * ks * sizeof(real));
     memset(dv, 0, (size_t)a->T * ks * sizeof(real));
     size_t off = 0;
-    for (int q0 = 0; q0 < a->T; q0 += rows) {
-        int nq = q0 + rows < a->T ? rows : a->T - q0;
-        int k0 = block_key_start(m, a, q0);
-        int span = (m->arm == ATTN_DENSE ? a->T : q0 + nq) - k0;
+    for (int q0 = 0, nq, k0, span; q0 < a->T; q0 += nq) {
+        block_extent(m, a, q0, &nq, &k0, &span);
         for (int h = 0; h < a->Hq; h++, off += (size_t)nq * span) {
             const real *Ph = P + off;
             int g = h / group;
