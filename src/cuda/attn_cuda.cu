@@ -14,52 +14,12 @@
  * one-key window exact (dS = 0), as on the CPU. Tensor-core (wgmma) versions come next; see
  * docs/cuda.md for the plan and the measurements of this one.
  */
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
+#include "common.cuh"
 
 #include <math.h>
 #include <stdint.h>
 
-extern "C" {
-#include "../internal.h"
-}
-
-#define CUDA_TRY(call)                                                                                        \
-    do {                                                                                                      \
-        cudaError_t err_ = (call);                                                                            \
-        if (err_ != cudaSuccess)                                                                              \
-            return wa_fail(WA_ERR_CUDA, "%s failed: %s (%s:%d)", #call, cudaGetErrorString(err_), __FILE__, __LINE__); \
-    } while (0)
-
 static const int kThreads = 128;
-
-struct dev_tensor {
-    char *data;
-    long long s0, s1, s2; /* element strides of B, H, N; the D stride is 1 */
-};
-
-struct kparams {
-    dev_tensor q, k, v, o, lse, dout, dq, dk, dv;
-    long long B, Hq, Hkv, Nq, Nk, D, group;
-    float scale, softcap;
-    wa_window win;
-    float *delta, *rnorm; /* [B, Hq, Nq]; rnorm only for f32 */
-    int tile, n_qtiles, n_ktiles;
-};
-
-template <typename T> __device__ __forceinline__ float to_f32(T x);
-template <> __device__ __forceinline__ float to_f32<float>(float x) { return x; }
-template <> __device__ __forceinline__ float to_f32<__half>(__half x) { return __half2float(x); }
-template <> __device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T> __device__ __forceinline__ T from_f32(float x);
-template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-
-template <typename T> __device__ __forceinline__ T *row_of(const dev_tensor &t, long long b, long long h, long long n) {
-    return (T *)t.data + b * t.s0 + h * t.s1 + n * t.s2;
-}
 
 /* rows [row0, row0+nrows) of head (b, h) into dst[r*ld + d] as f32 */
 template <typename T>
@@ -439,6 +399,7 @@ static wa_status check_grid(const wa_problem *p) {
 
 template <typename T> static wa_status forward_t(wa_context *ctx, const wa_problem *p) {
     kparams kp = params_of(p);
+    if (mma_supports(p)) return mma_forward(kp, p->dtype, stream_of(ctx));
     dim3 grid(kp.n_qtiles, (unsigned)p->Hq, (unsigned)p->B);
     return launch(forward_kernel<T>, grid, fwd_smem(kp.tile, (int)p->D), stream_of(ctx), kp);
 }
@@ -452,22 +413,23 @@ template <typename T> static wa_status backward_t(wa_context *ctx, const wa_prob
     CUDA_TRY(cudaMallocAsync(&ws, (rows ? rows : 1) * sizeof(float) * (f32 ? 2 : 1), s));
     kp.delta = (float *)ws;
     kp.rnorm = f32 ? kp.delta + rows : nullptr;
-    wa_status st;
-    if (f32) {
-        st = launch(rowstats_kernel<T>, dim3(kp.n_qtiles, (unsigned)p->Hq, (unsigned)p->B), rowstats_smem(kp.tile, (int)p->D), s, kp);
+    wa_status st = WA_OK;
+    if (mma_supports(p)) {
+        st = mma_backward(kp, p->dtype, s); /* version 2 (attn_mma.cu): its own delta, dK/dV, dQ */
     } else {
-        unsigned blocks = (unsigned)((rows + 255) / 256);
-        st = WA_OK;
-        if (rows) {
+        if (f32) {
+            st = launch(rowstats_kernel<T>, dim3(kp.n_qtiles, (unsigned)p->Hq, (unsigned)p->B), rowstats_smem(kp.tile, (int)p->D), s, kp);
+        } else if (rows) {
+            unsigned blocks = (unsigned)((rows + 255) / 256);
             delta_kernel<T><<<blocks < 65535u ? blocks : 65535u, 256, 0, s>>>(kp);
             cudaError_t e = cudaGetLastError();
             if (e != cudaSuccess) st = wa_fail(WA_ERR_CUDA, "delta kernel launch: %s", cudaGetErrorString(e));
         }
+        if (st == WA_OK)
+            st = launch(dkdv_kernel<T>, dim3(kp.n_ktiles, (unsigned)p->Hkv, (unsigned)p->B), dkdv_smem(kp.tile, (int)p->D), s, kp);
+        if (st == WA_OK)
+            st = launch(dq_kernel<T>, dim3(kp.n_qtiles, (unsigned)p->Hq, (unsigned)p->B), dq_smem(kp.tile, (int)p->D), s, kp);
     }
-    if (st == WA_OK)
-        st = launch(dkdv_kernel<T>, dim3(kp.n_ktiles, (unsigned)p->Hkv, (unsigned)p->B), dkdv_smem(kp.tile, (int)p->D), s, kp);
-    if (st == WA_OK)
-        st = launch(dq_kernel<T>, dim3(kp.n_qtiles, (unsigned)p->Hq, (unsigned)p->B), dq_smem(kp.tile, (int)p->D), s, kp);
     cudaError_t e = cudaFreeAsync(ws, s);
     if (st == WA_OK && e != cudaSuccess) st = wa_fail(WA_ERR_CUDA, "cudaFreeAsync: %s", cudaGetErrorString(e));
     return st;
