@@ -1,0 +1,29 @@
+#!/bin/sh
+# lab.sh — one device call for the kernel lab: build with nvcc, time the shapes on CUDA,
+# then the CUDA parity sweep. Run from the repository root (or a copy of it) on the H200:
+#   DEPS=path/to/.devdeps sh dev/cuda/lab.sh [bench|parity|all]
+# WINATTN_CUDA=v1 in the environment times version 1 instead (src/cuda/attn_mma.cu: mma_supports).
+OUT=${OUT:-/tmp/out}
+DEPS=${DEPS:-.devdeps}
+mkdir -p "$OUT"
+what=${1:-all}
+make -j16 JANSSON_CFLAGS=-I$DEPS/usr/include JANSSON_LIBS=$DEPS/usr/lib/x86_64-linux-gnu/libjansson.a >"$OUT/build.txt" 2>&1 ||
+    { tail -30 "$OUT/build.txt"; exit 1; }
+nvidia-smi -L
+B="build/winattn bench --device cuda --reps 5"
+if [ "$what" != parity ]; then
+    echo "== (a) bf16 Hq=32 Hkv=16 D=256 window 1024"
+    $B --n 8192,16384,32768
+    echo "== (a) f16 at 16384"
+    $B --n 16384 --dtype f16
+    echo "== (b) bf16 Hq=32 Hkv=8 D=128 window 4096"
+    $B --n 8192,32768 --d 128 --hkv 8 --sliding-window 4096
+    echo "== D=64 Hq=32 Hkv=8 window 1024"
+    $B --n 16384 --d 64 --hkv 8 --sliding-window 1024
+fi
+if [ "$what" != bench ]; then
+    echo "== parity --device cuda"
+    build/winattn parity --device cuda --threads 16 >"$OUT/parity_cuda.txt" 2>&1
+    grep '^FAIL' "$OUT/parity_cuda.txt" | head -40
+    tail -12 "$OUT/parity_cuda.txt"
+fi
