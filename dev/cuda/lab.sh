@@ -11,7 +11,7 @@ make -j16 JANSSON_CFLAGS=-I$DEPS/usr/include JANSSON_LIBS=$DEPS/usr/lib/x86_64-l
     { tail -30 "$OUT/build.txt"; exit 1; }
 nvidia-smi -L
 B="build/winattn bench --device cuda --reps 5"
-if [ "$what" != parity ]; then
+if [ "$what" = all ] || [ "$what" = bench ]; then
     echo "== (a) bf16 Hq=32 Hkv=16 D=256 window 1024"
     $B --n 8192,16384,32768
     echo "== (a) f16 at 16384"
@@ -21,9 +21,25 @@ if [ "$what" != parity ]; then
     echo "== D=64 Hq=32 Hkv=8 window 1024"
     $B --n 16384 --d 64 --hkv 8 --sliding-window 1024
 fi
-if [ "$what" != bench ]; then
+if [ "$what" = all ] || [ "$what" = parity ]; then
     echo "== parity --device cuda"
     build/winattn parity --device cuda --threads 16 >"$OUT/parity_cuda.txt" 2>&1
     grep '^FAIL' "$OUT/parity_cuda.txt" | head -40
     tail -12 "$OUT/parity_cuda.txt"
+fi
+# `lab.sh variants NAME "FLAGS" [NAME "FLAGS"...]`: each variant built into build-NAME with extra
+# nvcc defines, then forward and backward timed at (a) N=16384 and (b) N=8192.
+if [ "$what" = variants ]; then
+    shift
+    while [ $# -ge 2 ]; do
+        name=$1 flags=$2
+        shift 2
+        make -j16 BUILD=build-$name JANSSON_CFLAGS=-I$DEPS/usr/include JANSSON_LIBS=$DEPS/usr/lib/x86_64-linux-gnu/libjansson.a \
+            NVCCFLAGS="-O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -Xcompiler -fPIC -Iinclude -std=c++17 $flags" \
+            build-$name/winattn >"$OUT/build-$name.txt" 2>&1 || { echo "variant $name: build failed"; tail -5 "$OUT/build-$name.txt"; continue; }
+        echo "== variant $name ($flags)"
+        build-$name/winattn bench --device cuda --reps 5 --n 16384 | tail -1
+        build-$name/winattn bench --device cuda --reps 5 --n 8192 --d 128 --hkv 8 --sliding-window 4096 | tail -1
+        build-$name/winattn bench --device cuda --reps 5 --n 16384 --d 64 --hkv 8 | tail -1
+    done
 fi

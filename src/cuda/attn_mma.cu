@@ -83,6 +83,17 @@ template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi
     return *(uint32_t *)&v;
 }
 
+/* 2^x; the lab's WA_EX2_APPROX variant uses the bare MUFU instruction (flushes denormals) */
+__device__ __forceinline__ float exp2_(float x) {
+#ifdef WA_EX2_APPROX
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+#else
+    return exp2f(x);
+#endif
+}
+
 /* ---- shared-memory tiles ---- */
 
 /* byte offset of 16-byte chunk c of row r in a swizzled tile whose rows hold W 16-bit values */
@@ -131,12 +142,23 @@ __device__ __forceinline__ float score2(const kparams &p, float acc, float scale
 
 /* ---- forward ---- */
 
-constexpr int kFwdBM = 128, kFwdBN = 64, kFwdThreads = 256;
+/* key-tile widths; the lab (dev/cuda/lab.sh) overrides them with -D to time variants */
+#ifndef WA_FWD_BN_64
+#define WA_FWD_BN_64 64
+#endif
+#ifndef WA_FWD_BN_128
+#define WA_FWD_BN_128 64
+#endif
+#ifndef WA_FWD_BN_256
+#define WA_FWD_BN_256 64
+#endif
+constexpr int kFwdBM = 128, kFwdThreads = 256;
+template <int D> __host__ __device__ constexpr int fwd_bn() { return D == 64 ? WA_FWD_BN_64 : D == 128 ? WA_FWD_BN_128 : WA_FWD_BN_256; }
 
-template <int D> constexpr size_t fwd_smem_bytes() { return (size_t)2 * (kFwdBM * D + 4 * kFwdBN * D); }
+template <int D> constexpr size_t fwd_smem_bytes() { return (size_t)2 * (kFwdBM * D + 4 * fwd_bn<D>() * D); }
 
 template <typename T, int D> __global__ void __launch_bounds__(kFwdThreads, 1) fwd_mma_kernel(kparams p) {
-    constexpr int BM = kFwdBM, BN = kFwdBN, NT = kFwdThreads, KS = D / 16;
+    constexpr int BM = kFwdBM, BN = fwd_bn<D>(), NT = kFwdThreads, KS = D / 16;
     extern __shared__ __align__(128) unsigned char smem[];
     const uint32_t sQ = smem_u32(smem), sK = sQ + BM * D * 2, sV = sK + 2 * BN * D * 2;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
@@ -211,7 +233,7 @@ template <typename T, int D> __global__ void __launch_bounds__(kFwdThreads, 1) f
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             const float m_new = fmaxf(row_max[r], mx);
             const float m_use = m_new == -INFINITY ? 0.0f : m_new; /* a row with nothing visible yet stays 0 */
-            const float alpha = exp2f(row_max[r] - m_use);
+            const float alpha = exp2_(row_max[r] - m_use);
             row_max[r] = m_new;
             row_sum[r] *= alpha;
 #pragma unroll
@@ -220,7 +242,7 @@ template <typename T, int D> __global__ void __launch_bounds__(kFwdThreads, 1) f
             for (int nb = 0; nb < BN / 8; nb++)
 #pragma unroll
                 for (int e = 2 * r; e < 2 * r + 2; e++) {
-                    float pv = exp2f(s[nb][e] - m_use);
+                    float pv = exp2_(s[nb][e] - m_use);
                     s[nb][e] = pv;
                     row_sum[r] += pv;
                 }
@@ -301,10 +323,10 @@ __device__ __forceinline__ void grads_of(const kparams &p, float sacc, float dpa
     }
     if (p.softcap > 0.0f) {
         float t = tanhf(sacc * p.scale / p.softcap);
-        pv = exp2f(p.softcap * t * kLog2e - lse2);
+        pv = exp2_(p.softcap * t * kLog2e - lse2);
         ds = pv * (dpacc - delta) * (1.0f - t * t) * p.scale;
     } else {
-        pv = exp2f(sacc * scale2 - lse2);
+        pv = exp2_(sacc * scale2 - lse2);
         ds = pv * (dpacc - delta) * p.scale;
     }
 }
@@ -459,7 +481,10 @@ template <typename T, int D> __global__ void __launch_bounds__(kBwdThreads, 1) d
  * the dQ accumulator takes 128 registers a thread, so the key tile is halved to keep S and dP
  * (and Q, dO, K, V twice in shared memory) within budget. */
 constexpr int kDqWarps = 8;
-template <int D> __host__ __device__ constexpr int dq_bn() { return D >= 256 ? 32 : 64; }
+#ifndef WA_DQ_BN_256
+#define WA_DQ_BN_256 32
+#endif
+template <int D> __host__ __device__ constexpr int dq_bn() { return D >= 256 ? WA_DQ_BN_256 : 64; }
 template <int D> constexpr size_t dq_smem_bytes() { return (size_t)2 * (2 * 16 * kDqWarps * D + 4 * dq_bn<D>() * D); }
 
 template <typename T, int D> __global__ void __launch_bounds__(32 * kDqWarps, 1) dq_mma_kernel(kparams p) {
