@@ -20,6 +20,10 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
     $B --n 8192,32768 --d 128 --hkv 8 --sliding-window 4096
     echo "== D=64 Hq=32 Hkv=8 window 1024"
     $B --n 16384 --d 64 --hkv 8 --sliding-window 1024
+    echo "== forward on mma.sync (WINATTN_CUDA=mma) for comparison: (a) 16384, (b) 8192, D=64"
+    WINATTN_CUDA=mma $B --n 16384 --forward-only | tail -1
+    WINATTN_CUDA=mma $B --n 8192 --d 128 --hkv 8 --sliding-window 4096 --forward-only | tail -1
+    WINATTN_CUDA=mma $B --n 16384 --d 64 --hkv 8 --sliding-window 1024 --forward-only | tail -1
 fi
 if [ "$what" = all ] || [ "$what" = parity ]; then
     echo "== parity --device cuda"
