@@ -346,7 +346,7 @@ static kparams params_of(const wa_problem *p) {
     k.dout = dev_of(p->do_), k.dq = dev_of(p->dq), k.dk = dev_of(p->dk), k.dv = dev_of(p->dv);
     k.B = p->B, k.Hq = p->Hq, k.Hkv = p->Hkv, k.Nq = p->Nq, k.Nk = p->Nk, k.D = p->D, k.group = p->group;
     k.scale = p->scale, k.softcap = p->softcap, k.win = p->win;
-    k.delta = k.rnorm = nullptr;
+    k.delta = k.rnorm = k.dq_acc = nullptr;
     k.tile = tile_for(p->D);
     k.n_qtiles = (int)((p->Nq + k.tile - 1) / k.tile);
     k.n_ktiles = (int)((p->Nk + k.tile - 1) / k.tile);
@@ -404,15 +404,26 @@ template <typename T> static wa_status forward_t(wa_context *ctx, const wa_probl
     return launch(forward_kernel<T>, grid, fwd_smem(kp.tile, (int)p->D), stream_of(ctx), kp);
 }
 
+/* the atomic-dQ option (wa_context_params.cuda_atomic_dq) exists on the tensor-core path only */
+static int atomic_dq(const wa_context *ctx, const wa_problem *p) { return ctx->params.cuda_atomic_dq && mma_supports(p); }
+
+/* backward workspace: delta, plus rnorm (f32) or the f32 dQ accumulator (atomic dQ) */
+static size_t workspace_floats(const wa_context *ctx, const wa_problem *p) {
+    size_t rows = (size_t)(p->B * p->Hq * p->Nq);
+    size_t n = rows * (p->dtype == WA_F32 ? 2 : 1) + (atomic_dq(ctx, p) ? rows * (size_t)p->D : 0);
+    return n ? n : 1;
+}
+
 template <typename T> static wa_status backward_t(wa_context *ctx, const wa_problem *p) {
     kparams kp = params_of(p);
     cudaStream_t s = stream_of(ctx);
     size_t rows = (size_t)(p->B * p->Hq * p->Nq);
-    int f32 = p->dtype == WA_F32;
+    int f32 = p->dtype == WA_F32, atomic = atomic_dq(ctx, p);
     void *ws = nullptr;
-    CUDA_TRY(cudaMallocAsync(&ws, (rows ? rows : 1) * sizeof(float) * (f32 ? 2 : 1), s));
+    CUDA_TRY(cudaMallocAsync(&ws, workspace_floats(ctx, p) * sizeof(float), s));
     kp.delta = (float *)ws;
     kp.rnorm = f32 ? kp.delta + rows : nullptr;
+    kp.dq_acc = atomic ? kp.delta + rows : nullptr;
     wa_status st = WA_OK;
     if (mma_supports(p)) {
         st = mma_backward(kp, p->dtype, s); /* version 2 (attn_mma.cu): its own delta, dK/dV, dQ */
@@ -454,9 +465,8 @@ int wa_cuda_available(void) {
 }
 
 size_t wa_cuda_workspace_bytes(const wa_context *ctx, const wa_problem *p, int backward) {
-    (void)ctx;
-    if (!backward) return 0;
-    return (size_t)(p->B * p->Hq * p->Nq) * sizeof(float) * (p->dtype == WA_F32 ? 2 : 1);
+    if (!backward || p->B * p->Hq * p->Nq == 0) return 0;
+    return workspace_floats(ctx, p) * sizeof(float);
 }
 
 wa_status wa_cuda_forward(wa_context *ctx, const wa_problem *p) {

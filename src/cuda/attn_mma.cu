@@ -334,31 +334,52 @@ template <int A> __device__ __forceinline__ void reg_fence(uint32_t (&x)[A][4]) 
 /* cp.async wrote through the generic proxy; wgmma reads through the async proxy */
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
-template <int D> __host__ __device__ constexpr int wg_bn() { return D == 256 ? 64 : 128; }
-constexpr int kWgBM = 128, kWgThreads = 256;
-template <int D> constexpr size_t wg_smem_bytes() { return 1024 + (size_t)2 * (kWgBM * D + 4 * wg_bn<D>() * D); }
+#ifndef WA_WG_BN_128
+#define WA_WG_BN_128 64
+#endif
+/* head dims from this one up take the wgmma forward; smaller ones the mma.sync forward, which
+ * measured faster at D = 64 and 128 (dev/cuda/README.md) */
+#ifndef WA_WGMMA_MIN_D
+#define WA_WGMMA_MIN_D 256
+#endif
+template <int D> __host__ __device__ constexpr int wg_bn() { return D == 256 ? 64 : D == 128 ? WA_WG_BN_128 : 128; }
+constexpr int kWgBM = 128, kWgThreads = 256, kWgKStages = 2, kWgVStages = 3;
+template <int D> constexpr size_t wg_smem_bytes() {
+    return 1024 + (size_t)2 * (kWgBM * D + (kWgKStages + kWgVStages) * wg_bn<D>() * D);
+}
 
 /* Same algorithm and register layout as fwd_mma_kernel (each warp's 16 rows sit in the same
- * accumulator positions); the two warpgroups each issue S = Q Kᵀ for their 64 rows as one chain
- * of wgmma reading Q and K from shared memory, and O += P V with P from registers. */
+ * accumulator positions), with S = Q Kᵀ as one chain of wgmma reading Q and K from shared memory
+ * and O += P V with P from registers, one warpgroup per 64 query rows.
+ *
+ * The two warpgroups run half a tile apart so that one's softmax overlaps the other's matrix
+ * products (with both in step, the tensor cores idled during every softmax: v3a in
+ * dev/cuda/README.md). Phase t, between barriers B_t and B_t+1:
+ *   warpgroup 0:  S(t), softmax(t), O += P(t) V(t)
+ *   warpgroup 1:  softmax(t-1), O += P(t-1) V(t-1), S(t)
+ * so V(t) is read until B_t+2: V has three stages, K two. Each barrier also publishes the tile
+ * whose copies every thread waited for just before it. */
 template <typename T, int D> __global__ void __launch_bounds__(kWgThreads, 1) fwd_wgmma_kernel(kparams p) {
     constexpr int BM = kWgBM, BN = wg_bn<D>(), NT = kWgThreads, KS = D / 16, DB = D / 64;
+    constexpr uint32_t TILE = BN * D * 2;
     extern __shared__ __align__(1024) unsigned char smem[];
-    const uint32_t sQ = (smem_u32(smem) + 1023u) & ~1023u, sK = sQ + BM * D * 2, sV = sK + 2 * BN * D * 2;
+    const uint32_t sQ = (smem_u32(smem) + 1023u) & ~1023u, sK = sQ + BM * D * 2, sV = sK + kWgKStages * TILE;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3, wg = warp >> 2;
     const long long h = blockIdx.y, b = blockIdx.z, hk = h / p.group, i0 = (long long)blockIdx.x * BM;
     const int m = (int)min((long long)BM, p.Nq - i0);
     int64_t kt0, kt1;
     wa_key_tiles_for_rows(&p.win, i0, i0 + m, BN, &kt0, &kt1);
+    auto k_stage = [&](long long kt) { return sK + (uint32_t)((kt - kt0) % kWgKStages) * TILE; };
+    auto v_stage = [&](long long kt) { return sV + (uint32_t)((kt - kt0) % kWgVStages) * TILE; };
 
     load_tile_blk<T, D, BM, NT>(sQ, p.q, b, h, i0, p.Nq);
     if (kt0 < kt1) {
-        load_tile_blk<T, D, BN, NT>(sK, p.k, b, hk, kt0 * BN, p.Nk);
-        load_tile_blk<T, D, BN, NT>(sV, p.v, b, hk, kt0 * BN, p.Nk);
+        load_tile_blk<T, D, BN, NT>(k_stage(kt0), p.k, b, hk, kt0 * BN, p.Nk);
+        load_tile_blk<T, D, BN, NT>(v_stage(kt0), p.v, b, hk, kt0 * BN, p.Nk);
     }
     cp_async_commit();
 
-    float acc[DB][8][4];
+    float acc[DB][8][4], s[BN / 8][4];
 #pragma unroll
     for (int c = 0; c < DB; c++)
 #pragma unroll
@@ -367,19 +388,8 @@ template <typename T, int D> __global__ void __launch_bounds__(kWgThreads, 1) fw
     const long long rows[2] = {i0 + warp * 16 + g, i0 + warp * 16 + g + 8};
     const float scale2 = p.scale * kLog2e;
 
-    for (long long kt = kt0; kt < kt1; kt++) {
-        const int stage = (int)((kt - kt0) & 1);
-        if (kt + 1 < kt1) {
-            load_tile_blk<T, D, BN, NT>(sK + (stage ^ 1) * BN * D * 2, p.k, b, hk, (kt + 1) * BN, p.Nk);
-            load_tile_blk<T, D, BN, NT>(sV + (stage ^ 1) * BN * D * 2, p.v, b, hk, (kt + 1) * BN, p.Nk);
-        }
-        cp_async_commit();
-        cp_async_wait<1>();
-        fence_proxy_async();
-        __syncthreads();
-        const uint32_t k_s = sK + stage * BN * D * 2, v_s = sV + stage * BN * D * 2;
-
-        float s[BN / 8][4];
+    auto scores = [&](long long kt) { /* s = Q K(kt)ᵀ for this warpgroup's 64 rows */
+        const uint32_t k_s = k_stage(kt);
 #pragma unroll
         for (int i = 0; i < BN / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
         reg_fence(s);
@@ -391,7 +401,9 @@ template <typename T, int D> __global__ void __launch_bounds__(kWgThreads, 1) fw
         wg_commit();
         wg_wait_all();
         reg_fence(s);
+    };
 
+    auto softmax_pv = [&](long long kt) { /* online softmax of s, then O += P V(kt) */
         const long long j0 = kt * BN;
         const int n = (int)min((long long)BN, p.Nk - j0);
         const bool edge = n < BN || wa_tile_needs_mask(&p.win, i0, i0 + m, j0, j0 + n);
@@ -432,7 +444,6 @@ template <typename T, int D> __global__ void __launch_bounds__(kWgThreads, 1) fw
                     row_sum[r] += pv;
                 }
         }
-
         uint32_t pa[BN / 16][4];
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) {
@@ -443,6 +454,7 @@ template <typename T, int D> __global__ void __launch_bounds__(kWgThreads, 1) fw
 #pragma unroll
         for (int c = 0; c < DB; c++) reg_fence(acc[c]);
         wg_fence();
+        const uint32_t v_s = v_stage(kt);
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++)
 #pragma unroll
@@ -451,7 +463,23 @@ template <typename T, int D> __global__ void __launch_bounds__(kWgThreads, 1) fw
         wg_wait_all();
 #pragma unroll
         for (int c = 0; c < DB; c++) reg_fence(acc[c]);
-        __syncthreads(); /* every warp is done with this stage before the next prefetch overwrites it */
+    };
+
+    for (long long t = kt0; t <= kt1; t++) {
+        cp_async_wait<0>(); /* this thread's copies of tile t landed ... */
+        fence_proxy_async();
+        __syncthreads(); /* ... and everyone's; stages K(t-1) and V(t-2) are released */
+        if (t + 1 < kt1) {
+            load_tile_blk<T, D, BN, NT>(k_stage(t + 1), p.k, b, hk, (t + 1) * BN, p.Nk);
+            load_tile_blk<T, D, BN, NT>(v_stage(t + 1), p.v, b, hk, (t + 1) * BN, p.Nk);
+        }
+        cp_async_commit();
+        if (wg == 0) {
+            if (t < kt1) scores(t), softmax_pv(t);
+        } else {
+            if (t > kt0) softmax_pv(t - 1);
+            if (t < kt1) scores(t);
+        }
     }
     cp_async_wait<0>();
 
@@ -529,8 +557,9 @@ template <int D> constexpr size_t dkdv_smem_bytes() {
     return (size_t)2 * (2 * kBwdBN * D + 4 * kBwdBM * D + 2 * kBwdBM * kBwdBN) + (size_t)4 * 4 * kBwdBM;
 }
 
-/* owner of dK, dV for keys [j0, j0 + 64) of kv head hk */
-template <typename T, int D> __global__ void __launch_bounds__(kBwdThreads, 1) dkdv_mma_kernel(kparams p) {
+/* owner of dK, dV for keys [j0, j0 + 64) of kv head hk; with ATOMIC_DQ it also adds this key
+ * tile's share of dQ = dS K into the f32 accumulator p.dq_acc (the fast, non-reproducible option) */
+template <typename T, int D, bool ATOMIC_DQ> __global__ void __launch_bounds__(kBwdThreads, 1) dkdv_mma_kernel(kparams p) {
     constexpr int BN = kBwdBN, BM = kBwdBM, NT = kBwdThreads, KS = D / 16, DH = D / 2;
     extern __shared__ __align__(1024) unsigned char smem[];
     const uint32_t sK = smem_u32(smem), sV = sK + BN * D * 2, sQ = sV + BN * D * 2, sdO = sQ + 2 * BM * D * 2;
@@ -648,6 +677,36 @@ template <typename T, int D> __global__ void __launch_bounds__(kBwdThreads, 1) d
                 mma<T>(dv[2 * nd + 1], ap, bo[2], bo[3]);
                 mma<T>(dk[2 * nd], as, bq[0], bq[1]);
                 mma<T>(dk[2 * nd + 1], as, bq[2], bq[3]);
+            }
+        }
+        if (ATOMIC_DQ) { /* dQ[16 qg.., DH dh..] += dS K, in column chunks of CW to bound registers */
+            constexpr int CW = DH < 64 ? DH : 64;
+            const long long h = hk * p.group + it / per_head;
+            const long long r0 = i0 + qg * 16 + g;
+            float *acc_row0 = p.dq_acc + ((b * p.Hq + h) * p.Nq + r0) * D, *acc_row1 = acc_row0 + 8 * D;
+#pragma unroll
+            for (int ch = 0; ch < DH / CW; ch++) {
+                float dq[CW / 8][4];
+#pragma unroll
+                for (int i = 0; i < CW / 8; i++) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
+#pragma unroll
+                for (int ks = 0; ks < BN / 16; ks++) {
+                    uint32_t a[4];
+                    load_a<BN>(a, sdS, qg * 16, ks, lane);
+#pragma unroll
+                    for (int nd = 0; nd < CW / 16; nd++) {
+                        uint32_t bk[4];
+                        load_b_kn<D>(bk, sK, ks * 16, (dh * DH + ch * CW) / 16 + nd, lane);
+                        mma<T>(dq[2 * nd], a, bk[0], bk[1]);
+                        mma<T>(dq[2 * nd + 1], a, bk[2], bk[3]);
+                    }
+                }
+#pragma unroll
+                for (int i = 0; i < CW / 8; i++) {
+                    const int col = dh * DH + ch * CW + i * 8 + 2 * t4;
+                    if (r0 < p.Nq) atomicAdd((float2 *)(acc_row0 + col), make_float2(dq[i][0], dq[i][1]));
+                    if (r0 + 8 < p.Nq) atomicAdd((float2 *)(acc_row1 + col), make_float2(dq[i][2], dq[i][3]));
+                }
             }
         }
         __syncthreads(); /* stage, P and dS are free for the next iteration */
@@ -786,6 +845,16 @@ template <typename T, int D> __global__ void __launch_bounds__(32 * kDqWarps, 1)
     }
 }
 
+/* dq = the f32 accumulator rounded to the dtype (atomic-dQ option) */
+template <typename T> __global__ void dq_convert_kernel(kparams p) {
+    const long long total = p.B * p.Hq * p.Nq * (p.D / 2);
+    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total; e += (long long)gridDim.x * blockDim.x) {
+        const long long pair = e % (p.D / 2), row = e / (p.D / 2), i = row % p.Nq, bh = row / p.Nq;
+        const float2 v = *(const float2 *)(p.dq_acc + row * p.D + 2 * pair);
+        *(uint32_t *)(row_of<T>(p.dq, bh / p.Hq, bh % p.Hq, i) + 2 * pair) = pack2<T>(v.x, v.y);
+    }
+}
+
 /* ---- host side ---- */
 
 /* The dynamic shared-memory limit of each kernel is set once, to its one fixed size (different
@@ -814,7 +883,7 @@ static int forward_on_mma_sync(void) {
 }
 
 template <typename T, int D> static wa_status fwd_launch(const kparams &kp, cudaStream_t s) {
-    if (!forward_on_mma_sync()) return fwd_wgmma_launch<T, D>(kp, s);
+    if (D >= WA_WGMMA_MIN_D && !forward_on_mma_sync()) return fwd_wgmma_launch<T, D>(kp, s);
     static volatile int done = 0;
     constexpr size_t bytes = fwd_smem_bytes<D>();
     CUDA_TRY(raise_once(fwd_mma_kernel<T, D>, bytes, &done));
@@ -825,22 +894,29 @@ template <typename T, int D> static wa_status fwd_launch(const kparams &kp, cuda
 }
 
 template <typename T, int D> static wa_status bwd_launch(const kparams &kp, cudaStream_t s) {
-    static volatile int done_kv = 0, done_q = 0;
+    static volatile int done_kv = 0, done_kva = 0, done_q = 0;
     constexpr size_t kv_bytes = dkdv_smem_bytes<D>(), q_bytes = dq_smem_bytes<D>();
-    CUDA_TRY(raise_once(dkdv_mma_kernel<T, D>, kv_bytes, &done_kv));
+    const bool atomic = kp.dq_acc != nullptr;
+    CUDA_TRY(raise_once(dkdv_mma_kernel<T, D, false>, kv_bytes, &done_kv));
+    CUDA_TRY(raise_once(dkdv_mma_kernel<T, D, true>, kv_bytes, &done_kva));
     CUDA_TRY(raise_once(dq_mma_kernel<T, D>, q_bytes, &done_q));
+    if (atomic) CUDA_TRY(cudaMemsetAsync(kp.dq_acc, 0, (size_t)(kp.B * kp.Hq * kp.Nq * D) * sizeof(float), s));
     const dim3 qgrid((unsigned)((kp.Nq + 63) / 64), (unsigned)kp.Hq, (unsigned)kp.B);
     if (kp.Nq > 0) {
         delta_mma_kernel<T, D><<<qgrid, 128, 0, s>>>(kp);
         CUDA_TRY(cudaGetLastError());
     }
     if (kp.Nk > 0) { /* also when Nq = 0: every key tile then writes dK = dV = 0 */
-        dkdv_mma_kernel<T, D><<<dim3((unsigned)((kp.Nk + kBwdBN - 1) / kBwdBN), (unsigned)kp.Hkv, (unsigned)kp.B), kBwdThreads,
-                                kv_bytes, s>>>(kp);
+        const dim3 kgrid((unsigned)((kp.Nk + kBwdBN - 1) / kBwdBN), (unsigned)kp.Hkv, (unsigned)kp.B);
+        if (atomic) dkdv_mma_kernel<T, D, true><<<kgrid, kBwdThreads, kv_bytes, s>>>(kp);
+        else dkdv_mma_kernel<T, D, false><<<kgrid, kBwdThreads, kv_bytes, s>>>(kp);
         CUDA_TRY(cudaGetLastError());
     }
     constexpr int BM = 16 * kDqWarps;
-    if (kp.Nq > 0) {
+    if (kp.Nq > 0 && atomic) {
+        dq_convert_kernel<T><<<1024, 256, 0, s>>>(kp);
+        CUDA_TRY(cudaGetLastError());
+    } else if (kp.Nq > 0) {
         dq_mma_kernel<T, D><<<dim3((unsigned)((kp.Nq + BM - 1) / BM), (unsigned)kp.Hq, (unsigned)kp.B), 32 * kDqWarps, q_bytes,
                               s>>>(kp);
         CUDA_TRY(cudaGetLastError());

@@ -30,6 +30,7 @@ struct kparams {
     float scale, softcap;
     wa_window win;
     float *delta, *rnorm; /* [B, Hq, Nq]; rnorm only for f32 */
+    float *dq_acc;        /* [B, Hq, Nq, D] f32, only for the atomic-dQ option (else NULL) */
     int tile, n_qtiles, n_ktiles;
 };
 
