@@ -4,12 +4,10 @@
 # the default backward and the atomic-dQ one. Needs build/ (lab.sh). Full logs in $OUT.
 OUT=${OUT:-/tmp/out}
 : >"$OUT/sanitize.txt"
-for c in 120 309 327 399 719 748; do
-    for mode in "" --atomic-dq; do
-        timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 build/winattn parity --device cuda --case $c --threads 1 $mode \
-            >>"$OUT/sanitize.txt" 2>&1
-        echo "memcheck case $c $mode: exit $?"
-    done
+for run in 120 309 327 399 719 748 "327 --atomic-dq" "719 --atomic-dq"; do
+    timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 build/winattn parity --device cuda --threads 1 --case $run \
+        >>"$OUT/sanitize.txt" 2>&1
+    echo "memcheck case $run: exit $?"
 done
 for c in 309 327 748; do
     timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 build/winattn parity --device cuda --case $c --threads 1 \
