@@ -343,43 +343,32 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 #define WA_WGMMA_MIN_D 256
 #endif
 template <int D> __host__ __device__ constexpr int wg_bn() { return D == 256 ? 64 : D == 128 ? WA_WG_BN_128 : 128; }
-constexpr int kWgBM = 128, kWgThreads = 256, kWgKStages = 2, kWgVStages = 3;
-template <int D> constexpr size_t wg_smem_bytes() {
-    return 1024 + (size_t)2 * (kWgBM * D + (kWgKStages + kWgVStages) * wg_bn<D>() * D);
-}
+constexpr int kWgBM = 128, kWgThreads = 256;
+template <int D> constexpr size_t wg_smem_bytes() { return 1024 + (size_t)2 * (kWgBM * D + 4 * wg_bn<D>() * D); }
 
 /* Same algorithm and register layout as fwd_mma_kernel (each warp's 16 rows sit in the same
- * accumulator positions), with S = Q Kᵀ as one chain of wgmma reading Q and K from shared memory
- * and O += P V with P from registers, one warpgroup per 64 query rows.
- *
- * The two warpgroups run half a tile apart so that one's softmax overlaps the other's matrix
- * products (with both in step, the tensor cores idled during every softmax: v3a in
- * dev/cuda/README.md). Phase t, between barriers B_t and B_t+1:
- *   warpgroup 0:  S(t), softmax(t), O += P(t) V(t)
- *   warpgroup 1:  softmax(t-1), O += P(t-1) V(t-1), S(t)
- * so V(t) is read until B_t+2: V has three stages, K two. Each barrier also publishes the tile
- * whose copies every thread waited for just before it. */
+ * accumulator positions); the two warpgroups each issue S = Q Kᵀ for their 64 rows as one chain
+ * of wgmma reading Q and K from shared memory, and O += P V with P from registers. Both
+ * warpgroups run in step (one barrier per key tile); running them half a tile apart so that one's
+ * softmax overlaps the other's products measured slower (v3b in dev/cuda/README.md). */
 template <typename T, int D> __global__ void __launch_bounds__(kWgThreads, 1) fwd_wgmma_kernel(kparams p) {
     constexpr int BM = kWgBM, BN = wg_bn<D>(), NT = kWgThreads, KS = D / 16, DB = D / 64;
-    constexpr uint32_t TILE = BN * D * 2;
     extern __shared__ __align__(1024) unsigned char smem[];
-    const uint32_t sQ = (smem_u32(smem) + 1023u) & ~1023u, sK = sQ + BM * D * 2, sV = sK + kWgKStages * TILE;
+    const uint32_t sQ = (smem_u32(smem) + 1023u) & ~1023u, sK = sQ + BM * D * 2, sV = sK + 2 * BN * D * 2;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3, wg = warp >> 2;
     const long long h = blockIdx.y, b = blockIdx.z, hk = h / p.group, i0 = (long long)blockIdx.x * BM;
     const int m = (int)min((long long)BM, p.Nq - i0);
     int64_t kt0, kt1;
     wa_key_tiles_for_rows(&p.win, i0, i0 + m, BN, &kt0, &kt1);
-    auto k_stage = [&](long long kt) { return sK + (uint32_t)((kt - kt0) % kWgKStages) * TILE; };
-    auto v_stage = [&](long long kt) { return sV + (uint32_t)((kt - kt0) % kWgVStages) * TILE; };
 
     load_tile_blk<T, D, BM, NT>(sQ, p.q, b, h, i0, p.Nq);
     if (kt0 < kt1) {
-        load_tile_blk<T, D, BN, NT>(k_stage(kt0), p.k, b, hk, kt0 * BN, p.Nk);
-        load_tile_blk<T, D, BN, NT>(v_stage(kt0), p.v, b, hk, kt0 * BN, p.Nk);
+        load_tile_blk<T, D, BN, NT>(sK, p.k, b, hk, kt0 * BN, p.Nk);
+        load_tile_blk<T, D, BN, NT>(sV, p.v, b, hk, kt0 * BN, p.Nk);
     }
     cp_async_commit();
 
-    float acc[DB][8][4], s[BN / 8][4];
+    float acc[DB][8][4];
 #pragma unroll
     for (int c = 0; c < DB; c++)
 #pragma unroll
@@ -388,8 +377,19 @@ template <typename T, int D> __global__ void __launch_bounds__(kWgThreads, 1) fw
     const long long rows[2] = {i0 + warp * 16 + g, i0 + warp * 16 + g + 8};
     const float scale2 = p.scale * kLog2e;
 
-    auto scores = [&](long long kt) { /* s = Q K(kt)ᵀ for this warpgroup's 64 rows */
-        const uint32_t k_s = k_stage(kt);
+    for (long long kt = kt0; kt < kt1; kt++) {
+        const int stage = (int)((kt - kt0) & 1);
+        if (kt + 1 < kt1) {
+            load_tile_blk<T, D, BN, NT>(sK + (stage ^ 1) * BN * D * 2, p.k, b, hk, (kt + 1) * BN, p.Nk);
+            load_tile_blk<T, D, BN, NT>(sV + (stage ^ 1) * BN * D * 2, p.v, b, hk, (kt + 1) * BN, p.Nk);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();
+        fence_proxy_async();
+        __syncthreads();
+        const uint32_t k_s = sK + stage * BN * D * 2, v_s = sV + stage * BN * D * 2;
+
+        float s[BN / 8][4];
 #pragma unroll
         for (int i = 0; i < BN / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
         reg_fence(s);
@@ -401,9 +401,7 @@ template <typename T, int D> __global__ void __launch_bounds__(kWgThreads, 1) fw
         wg_commit();
         wg_wait_all();
         reg_fence(s);
-    };
 
-    auto softmax_pv = [&](long long kt) { /* online softmax of s, then O += P V(kt) */
         const long long j0 = kt * BN;
         const int n = (int)min((long long)BN, p.Nk - j0);
         const bool edge = n < BN || wa_tile_needs_mask(&p.win, i0, i0 + m, j0, j0 + n);
@@ -444,6 +442,7 @@ template <typename T, int D> __global__ void __launch_bounds__(kWgThreads, 1) fw
                     row_sum[r] += pv;
                 }
         }
+
         uint32_t pa[BN / 16][4];
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) {
@@ -454,7 +453,6 @@ template <typename T, int D> __global__ void __launch_bounds__(kWgThreads, 1) fw
 #pragma unroll
         for (int c = 0; c < DB; c++) reg_fence(acc[c]);
         wg_fence();
-        const uint32_t v_s = v_stage(kt);
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++)
 #pragma unroll
@@ -463,23 +461,7 @@ template <typename T, int D> __global__ void __launch_bounds__(kWgThreads, 1) fw
         wg_wait_all();
 #pragma unroll
         for (int c = 0; c < DB; c++) reg_fence(acc[c]);
-    };
-
-    for (long long t = kt0; t <= kt1; t++) {
-        cp_async_wait<0>(); /* this thread's copies of tile t landed ... */
-        fence_proxy_async();
-        __syncthreads(); /* ... and everyone's; stages K(t-1) and V(t-2) are released */
-        if (t + 1 < kt1) {
-            load_tile_blk<T, D, BN, NT>(k_stage(t + 1), p.k, b, hk, (t + 1) * BN, p.Nk);
-            load_tile_blk<T, D, BN, NT>(v_stage(t + 1), p.v, b, hk, (t + 1) * BN, p.Nk);
-        }
-        cp_async_commit();
-        if (wg == 0) {
-            if (t < kt1) scores(t), softmax_pv(t);
-        } else {
-            if (t > kt0) softmax_pv(t - 1);
-            if (t < kt1) scores(t);
-        }
+        __syncthreads(); /* every warp is done with this stage before the next prefetch overwrites it */
     }
     cp_async_wait<0>();
 
