@@ -6,6 +6,8 @@ OUT=${OUT:-/tmp/out}
 M="gpu__time_duration.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"
 M="$M,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active"
 M="$M,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,launch__registers_per_thread"
+M="$M,lts__t_sectors.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed"
+M="$M,sm__cycles_elapsed.avg,smsp__inst_executed.sum"
 M="$M,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
 ncu --clock-control none --csv --page raw --metrics "$M" -k regex:mma --launch-count 4 \
     build/winattn bench --device cuda --n 8192 --reps 1 "$@" >"$OUT/ncu.csv" 2>"$OUT/ncu.err" || tail -5 "$OUT/ncu.err"
@@ -22,7 +24,7 @@ for r in data:
             try: x = float(v.replace(",", ""))
             except ValueError: continue
             if x >= 0.05: vals.append((x, h.replace("smsp__average_warps_issue_stalled_", "").replace("_per_issue_active.ratio", "")))
-        elif h.startswith(("gpu__", "sm__", "smsp__issue", "l1tex", "launch__reg")):
+        elif h.startswith(("gpu__", "sm__", "smsp__issue", "smsp__inst", "l1tex", "launch__reg", "lts__", "dram__")) and not h.endswith((".max", ".min", ".sum.pct_of_peak_sustained_active")):
             print("  %-70s %s" % (h, v))
     print("  stalls (warps per issued instruction):", ", ".join("%s %.2f" % (n, x) for x, n in sorted(vals, reverse=True)))
 PY
