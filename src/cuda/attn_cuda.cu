@@ -1,6 +1,8 @@
-/* attn_cuda.cu — the CUDA backend, version 1: correct for everything in DESIGN.md section 1
- * (f32/f16/bf16, any D up to 512, windows, causal, GQA, Nq != Nk, softcap, empty rows, zero
- * dK/dV for unvisited keys), linear memory, deterministic; not yet fast.
+/* attn_cuda.cu — the CUDA backend's entry points and version 1, the kernels that are correct for
+ * everything in DESIGN.md section 1 (f32/f16/bf16, any D up to 512, windows, causal, GQA,
+ * Nq != Nk, softcap, empty rows, zero dK/dV for unvisited keys), linear memory, deterministic, but
+ * slow. f16/bf16 calls at D = 64/128/256 with 16-byte-aligned rows go to the tensor-core kernels
+ * in attn_mma.cu instead (mma_supports() decides, and the same test dispatches).
  *
  * It mirrors the CPU backend (src/cpu/attn_cpu.c, docs/algorithm.md) one CTA per tile:
  *   forward   one CTA per (query tile, q head, batch): online softmax over the key tiles that
@@ -11,8 +13,8 @@
  *             bit-identical run to run.
  * Tiles are staged in shared memory as f32; all arithmetic is f32 on CUDA cores with explicit
  * fmaf in a fixed order. The dot products for dP and delta use the same order, which keeps the
- * one-key window exact (dS = 0), as on the CPU. Tensor-core (wgmma) versions come next; see
- * docs/cuda.md for the plan and the measurements of this one.
+ * one-key window exact (dS = 0), as on the CPU. docs/cuda.md has the measurements of every
+ * version.
  */
 #include "common.cuh"
 

@@ -1,5 +1,6 @@
-/* attn_mma.cu — the CUDA backend, version 2: tensor-core kernels for f16 and bf16 at
- * D = 64, 128 and 256 (FlashAttention-2's scheme, written for this library's window geometry).
+/* attn_mma.cu — the CUDA backend's tensor-core kernels for f16 and bf16 at D = 64, 128 and 256
+ * (FlashAttention-2's scheme, written for this library's window geometry): version 2 on mma.sync,
+ * and version 3's forward on wgmma, which is the default at D = 256 (fwd_wgmma_kernel below).
  * Everything else (f32, other head dims, rows not 16-byte aligned) stays on version 1 in
  * attn_cuda.cu, which dispatches here through mma_supports().
  *
@@ -16,7 +17,9 @@
  *   dK, dV    one CTA of 8 warps per 64 keys (kv head, batch), looping over the query heads of
  *             the group and the query tiles the window allows; P and dS go through shared memory
  *             so that the 64×64 pair tile can be read transposed for dV += Pᵀ dO, dK += dSᵀ Q.
- *   dQ        one CTA per query tile owning its dQ (as version 1: no atomics, deterministic).
+ *   dQ        one CTA per query tile owning its dQ (as version 1: no atomics, deterministic);
+ *             or, with wa_context_params.cuda_atomic_dq, f32 atomic adds from the dK/dV kernel.
+ * docs/cuda.md has the measurements of each, dev/cuda/README.md the variants that lost.
  *
  * Masks and tile ranges come from tile_geometry.h only: a tile pair is masked element-wise when
  * wa_tile_needs_mask() says so or when it is ragged (the last tile of a sequence), where padded

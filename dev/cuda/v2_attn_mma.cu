@@ -83,18 +83,6 @@ template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi
     return *(uint32_t *)&v;
 }
 
-/* 2^x as the bare MUFU instruction (flushes denormal results to 0, which P never needs): 3-8 %
- * faster than exp2f in the lab (dev/cuda/README.md); -DWA_EXP2F restores exp2f */
-__device__ __forceinline__ float exp2_(float x) {
-#ifndef WA_EXP2F
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-#else
-    return exp2f(x);
-#endif
-}
-
 /* ---- shared-memory tiles ---- */
 
 /* byte offset of 16-byte chunk c of row r in a swizzled tile whose rows hold W 16-bit values */
@@ -143,24 +131,13 @@ __device__ __forceinline__ float score2(const kparams &p, float acc, float scale
 
 /* ---- forward ---- */
 
-/* key-tile widths; the lab (dev/cuda/lab.sh) overrides them with -D to time variants */
-#ifndef WA_FWD_BN_64
-#define WA_FWD_BN_64 64
-#endif
-#ifndef WA_FWD_BN_128
-#define WA_FWD_BN_128 64
-#endif
-#ifndef WA_FWD_BN_256
-#define WA_FWD_BN_256 64
-#endif
-constexpr int kFwdBM = 128, kFwdThreads = 256;
-template <int D> __host__ __device__ constexpr int fwd_bn() { return D == 64 ? WA_FWD_BN_64 : D == 128 ? WA_FWD_BN_128 : WA_FWD_BN_256; }
+constexpr int kFwdBM = 128, kFwdBN = 64, kFwdThreads = 256;
 
-template <int D> constexpr size_t fwd_smem_bytes() { return (size_t)2 * (kFwdBM * D + 4 * fwd_bn<D>() * D); }
+template <int D> constexpr size_t fwd_smem_bytes() { return (size_t)2 * (kFwdBM * D + 4 * kFwdBN * D); }
 
 template <typename T, int D> __global__ void __launch_bounds__(kFwdThreads, 1) fwd_mma_kernel(kparams p) {
-    constexpr int BM = kFwdBM, BN = fwd_bn<D>(), NT = kFwdThreads, KS = D / 16;
-    extern __shared__ __align__(1024) unsigned char smem[];
+    constexpr int BM = kFwdBM, BN = kFwdBN, NT = kFwdThreads, KS = D / 16;
+    extern __shared__ __align__(128) unsigned char smem[];
     const uint32_t sQ = smem_u32(smem), sK = sQ + BM * D * 2, sV = sK + 2 * BN * D * 2;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     const long long h = blockIdx.y, b = blockIdx.z, hk = h / p.group, i0 = (long long)blockIdx.x * BM;
@@ -234,7 +211,7 @@ template <typename T, int D> __global__ void __launch_bounds__(kFwdThreads, 1) f
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             const float m_new = fmaxf(row_max[r], mx);
             const float m_use = m_new == -INFINITY ? 0.0f : m_new; /* a row with nothing visible yet stays 0 */
-            const float alpha = exp2_(row_max[r] - m_use);
+            const float alpha = exp2f(row_max[r] - m_use);
             row_max[r] = m_new;
             row_sum[r] *= alpha;
 #pragma unroll
@@ -243,7 +220,7 @@ template <typename T, int D> __global__ void __launch_bounds__(kFwdThreads, 1) f
             for (int nb = 0; nb < BN / 8; nb++)
 #pragma unroll
                 for (int e = 2 * r; e < 2 * r + 2; e++) {
-                    float pv = exp2_(s[nb][e] - m_use);
+                    float pv = exp2f(s[nb][e] - m_use);
                     s[nb][e] = pv;
                     row_sum[r] += pv;
                 }
@@ -277,197 +254,6 @@ template <typename T, int D> __global__ void __launch_bounds__(kFwdThreads, 1) f
 #pragma unroll
         for (int i = 0; i < D / 8; i++)
             *(uint32_t *)(orow + i * 8 + 2 * t4) = pack2<T>(acc[i][2 * r] * inv, acc[i][2 * r + 1] * inv);
-        if (p.lse.data && t4 == 0)
-            *row_of<float>(p.lse, b, h, rows[r]) = l > 0.0f ? row_max[r] * kLn2 + logf(l) : -INFINITY;
-    }
-}
-
-
-/* ---- forward on wgmma (Hopper warpgroup MMA) ---- */
-
-#include "wgmma_ops.cuh"
-
-/* Tiles for wgmma are stored in column blocks of 64 values (128-byte rows), each block R rows deep
- * and 1024-byte aligned, with the 128-byte swizzle the hardware applies (16-byte chunk c of row r
- * at c ^ (r % 8)). The K-major operands (Q, K) and the MN-major V (read transposed) use the same
- * layout, and so would ldmatrix. c counts 16-byte chunks along the whole row of D values. */
-template <int R> __device__ __forceinline__ uint32_t blk_off(int r, int c) {
-    return (uint32_t)((c >> 3) * (R * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4));
-}
-
-template <typename T, int D, int ROWS, int NT>
-__device__ __forceinline__ void load_tile_blk(uint32_t dst, const dev_tensor &t, long long b, long long h, long long row0,
-                                              long long limit) {
-    constexpr int CH = D / 8;
-    static_assert(ROWS * CH % NT == 0, "every thread moves the same number of chunks");
-    const T *base = row_of<T>(t, b, h, 0);
-#pragma unroll
-    for (int k = 0; k < ROWS * CH / NT; k++) {
-        const int e = threadIdx.x + k * NT, r = e / CH, c = e % CH;
-        const bool ok = row0 + r < limit;
-        cp_async16(dst + blk_off<ROWS>(r, c), base + (ok ? row0 + r : 0) * t.s2 + c * 8, ok);
-    }
-}
-
-/* shared-memory matrix descriptor: 128-byte swizzle, 8-row groups 1024 bytes apart (SBO); the
- * leading offset is unused because every wgmma here stays inside one 64-value column block */
-__device__ __forceinline__ uint64_t gmma_desc(uint32_t addr) {
-    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
-}
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-/* pins registers in program order around the asynchronous wgmma (the compiler cannot see that the
- * accumulators change until the wait, nor that A fragments must exist before the fence) */
-template <int A> __device__ __forceinline__ void reg_fence(float (&x)[A][4]) {
-#pragma unroll
-    for (int i = 0; i < A; i++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) asm volatile("" : "+f"(x[i][e])::"memory");
-}
-template <int A> __device__ __forceinline__ void reg_fence(uint32_t (&x)[A][4]) {
-#pragma unroll
-    for (int i = 0; i < A; i++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) asm volatile("" : "+r"(x[i][e])::"memory");
-}
-/* cp.async wrote through the generic proxy; wgmma reads through the async proxy */
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-template <int D> __host__ __device__ constexpr int wg_bn() { return D == 256 ? 64 : 128; }
-constexpr int kWgBM = 128, kWgThreads = 256;
-template <int D> constexpr size_t wg_smem_bytes() { return 1024 + (size_t)2 * (kWgBM * D + 4 * wg_bn<D>() * D); }
-
-/* Same algorithm and register layout as fwd_mma_kernel (each warp's 16 rows sit in the same
- * accumulator positions); the two warpgroups each issue S = Q Kᵀ for their 64 rows as one chain
- * of wgmma reading Q and K from shared memory, and O += P V with P from registers. */
-template <typename T, int D> __global__ void __launch_bounds__(kWgThreads, 1) fwd_wgmma_kernel(kparams p) {
-    constexpr int BM = kWgBM, BN = wg_bn<D>(), NT = kWgThreads, KS = D / 16, DB = D / 64;
-    extern __shared__ __align__(1024) unsigned char smem[];
-    const uint32_t sQ = (smem_u32(smem) + 1023u) & ~1023u, sK = sQ + BM * D * 2, sV = sK + 2 * BN * D * 2;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3, wg = warp >> 2;
-    const long long h = blockIdx.y, b = blockIdx.z, hk = h / p.group, i0 = (long long)blockIdx.x * BM;
-    const int m = (int)min((long long)BM, p.Nq - i0);
-    int64_t kt0, kt1;
-    wa_key_tiles_for_rows(&p.win, i0, i0 + m, BN, &kt0, &kt1);
-
-    load_tile_blk<T, D, BM, NT>(sQ, p.q, b, h, i0, p.Nq);
-    if (kt0 < kt1) {
-        load_tile_blk<T, D, BN, NT>(sK, p.k, b, hk, kt0 * BN, p.Nk);
-        load_tile_blk<T, D, BN, NT>(sV, p.v, b, hk, kt0 * BN, p.Nk);
-    }
-    cp_async_commit();
-
-    float acc[DB][8][4];
-#pragma unroll
-    for (int c = 0; c < DB; c++)
-#pragma unroll
-        for (int i = 0; i < 8; i++) acc[c][i][0] = acc[c][i][1] = acc[c][i][2] = acc[c][i][3] = 0.0f;
-    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
-    const long long rows[2] = {i0 + warp * 16 + g, i0 + warp * 16 + g + 8};
-    const float scale2 = p.scale * kLog2e;
-
-    for (long long kt = kt0; kt < kt1; kt++) {
-        const int stage = (int)((kt - kt0) & 1);
-        if (kt + 1 < kt1) {
-            load_tile_blk<T, D, BN, NT>(sK + (stage ^ 1) * BN * D * 2, p.k, b, hk, (kt + 1) * BN, p.Nk);
-            load_tile_blk<T, D, BN, NT>(sV + (stage ^ 1) * BN * D * 2, p.v, b, hk, (kt + 1) * BN, p.Nk);
-        }
-        cp_async_commit();
-        cp_async_wait<1>();
-        fence_proxy_async();
-        __syncthreads();
-        const uint32_t k_s = sK + stage * BN * D * 2, v_s = sV + stage * BN * D * 2;
-
-        float s[BN / 8][4];
-#pragma unroll
-        for (int i = 0; i < BN / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
-        reg_fence(s);
-        wg_fence();
-#pragma unroll
-        for (int ks = 0; ks < KS; ks++)
-            wgmma_ss<T, BN>(s, gmma_desc(sQ + (ks >> 2) * (BM * 128) + wg * (64 * 128) + (ks & 3) * 32),
-                            gmma_desc(k_s + (ks >> 2) * (BN * 128) + (ks & 3) * 32), ks > 0);
-        wg_commit();
-        wg_wait_all();
-        reg_fence(s);
-
-        const long long j0 = kt * BN;
-        const int n = (int)min((long long)BN, p.Nk - j0);
-        const bool edge = n < BN || wa_tile_needs_mask(&p.win, i0, i0 + m, j0, j0 + n);
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            long long lo = 0, hi = 0;
-            if (edge) lo = wa_row_first_key(&p.win, rows[r]), hi = wa_row_last_key(&p.win, rows[r]);
-            float mx = -INFINITY;
-#pragma unroll
-            for (int nb = 0; nb < BN / 8; nb++)
-#pragma unroll
-                for (int e = 2 * r; e < 2 * r + 2; e++) {
-                    float x = score2(p, s[nb][e], scale2);
-                    if (edge) {
-                        long long j = j0 + nb * 8 + 2 * t4 + (e & 1);
-                        if (j < lo || j > hi) x = -INFINITY;
-                    }
-                    s[nb][e] = x;
-                    mx = fmaxf(mx, x);
-                }
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_new = fmaxf(row_max[r], mx);
-            const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-            const float alpha = exp2_(row_max[r] - m_use);
-            row_max[r] = m_new;
-            row_sum[r] *= alpha;
-#pragma unroll
-            for (int c = 0; c < DB; c++)
-#pragma unroll
-                for (int i = 0; i < 8; i++) acc[c][i][2 * r] *= alpha, acc[c][i][2 * r + 1] *= alpha;
-#pragma unroll
-            for (int nb = 0; nb < BN / 8; nb++)
-#pragma unroll
-                for (int e = 2 * r; e < 2 * r + 2; e++) {
-                    float pv = exp2_(s[nb][e] - m_use);
-                    s[nb][e] = pv;
-                    row_sum[r] += pv;
-                }
-        }
-
-        uint32_t pa[BN / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) {
-            pa[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]), pa[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-            pa[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pa[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-        }
-        reg_fence(pa);
-#pragma unroll
-        for (int c = 0; c < DB; c++) reg_fence(acc[c]);
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++)
-#pragma unroll
-            for (int c = 0; c < DB; c++) wgmma_rs_t<T, 64>(acc[c], pa[kk], gmma_desc(v_s + c * (BN * 128) + kk * (16 * 128)), 1);
-        wg_commit();
-        wg_wait_all();
-#pragma unroll
-        for (int c = 0; c < DB; c++) reg_fence(acc[c]);
-        __syncthreads(); /* every warp is done with this stage before the next prefetch overwrites it */
-    }
-    cp_async_wait<0>();
-
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float l = row_sum[r];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        if (rows[r] >= p.Nq) continue;
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        T *orow = row_of<T>(p.o, b, h, rows[r]);
-#pragma unroll
-        for (int c = 0; c < DB; c++)
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-                *(uint32_t *)(orow + c * 64 + i * 8 + 2 * t4) = pack2<T>(acc[c][i][2 * r] * inv, acc[c][i][2 * r + 1] * inv);
         if (p.lse.data && t4 == 0)
             *row_of<float>(p.lse, b, h, rows[r]) = l > 0.0f ? row_max[r] * kLn2 + logf(l) : -INFINITY;
     }
@@ -515,10 +301,10 @@ __device__ __forceinline__ void grads_of(const kparams &p, float sacc, float dpa
     }
     if (p.softcap > 0.0f) {
         float t = tanhf(sacc * p.scale / p.softcap);
-        pv = exp2_(p.softcap * t * kLog2e - lse2);
+        pv = exp2f(p.softcap * t * kLog2e - lse2);
         ds = pv * (dpacc - delta) * (1.0f - t * t) * p.scale;
     } else {
-        pv = exp2_(sacc * scale2 - lse2);
+        pv = exp2f(sacc * scale2 - lse2);
         ds = pv * (dpacc - delta) * p.scale;
     }
 }
@@ -532,7 +318,7 @@ template <int D> constexpr size_t dkdv_smem_bytes() {
 /* owner of dK, dV for keys [j0, j0 + 64) of kv head hk */
 template <typename T, int D> __global__ void __launch_bounds__(kBwdThreads, 1) dkdv_mma_kernel(kparams p) {
     constexpr int BN = kBwdBN, BM = kBwdBM, NT = kBwdThreads, KS = D / 16, DH = D / 2;
-    extern __shared__ __align__(1024) unsigned char smem[];
+    extern __shared__ __align__(128) unsigned char smem[];
     const uint32_t sK = smem_u32(smem), sV = sK + BN * D * 2, sQ = sV + BN * D * 2, sdO = sQ + 2 * BM * D * 2;
     const uint32_t sP = sdO + 2 * BM * D * 2, sdS = sP + BM * BN * 2;
     float *stats = (float *)(smem + (size_t)2 * (2 * BN * D + 4 * BM * D + 2 * BM * BN)); /* lse[2][BM], delta[2][BM] */
@@ -673,15 +459,12 @@ template <typename T, int D> __global__ void __launch_bounds__(kBwdThreads, 1) d
  * the dQ accumulator takes 128 registers a thread, so the key tile is halved to keep S and dP
  * (and Q, dO, K, V twice in shared memory) within budget. */
 constexpr int kDqWarps = 8;
-#ifndef WA_DQ_BN_256
-#define WA_DQ_BN_256 32
-#endif
-template <int D> __host__ __device__ constexpr int dq_bn() { return D >= 256 ? WA_DQ_BN_256 : 64; }
+template <int D> __host__ __device__ constexpr int dq_bn() { return D >= 256 ? 32 : 64; }
 template <int D> constexpr size_t dq_smem_bytes() { return (size_t)2 * (2 * 16 * kDqWarps * D + 4 * dq_bn<D>() * D); }
 
 template <typename T, int D> __global__ void __launch_bounds__(32 * kDqWarps, 1) dq_mma_kernel(kparams p) {
     constexpr int WARPS = kDqWarps, BM = 16 * WARPS, BN = dq_bn<D>(), NT = 32 * WARPS, KS = D / 16;
-    extern __shared__ __align__(1024) unsigned char smem[];
+    extern __shared__ __align__(128) unsigned char smem[];
     const uint32_t sQ = smem_u32(smem), sdO = sQ + BM * D * 2, sK = sdO + BM * D * 2, sV = sK + 2 * BN * D * 2;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     const long long h = blockIdx.y, b = blockIdx.z, hk = h / p.group, i0 = (long long)blockIdx.x * BM;
@@ -797,24 +580,7 @@ template <typename K> static cudaError_t raise_once(K kernel, size_t bytes, vola
     return e;
 }
 
-template <typename T, int D> static wa_status fwd_wgmma_launch(const kparams &kp, cudaStream_t s) {
-    static volatile int done = 0;
-    constexpr size_t bytes = wg_smem_bytes<D>();
-    CUDA_TRY(raise_once(fwd_wgmma_kernel<T, D>, bytes, &done));
-    dim3 grid((unsigned)((kp.Nq + kWgBM - 1) / kWgBM), (unsigned)kp.Hq, (unsigned)kp.B);
-    fwd_wgmma_kernel<T, D><<<grid, kWgThreads, bytes, s>>>(kp);
-    CUDA_TRY(cudaGetLastError());
-    return WA_OK;
-}
-
-/* WINATTN_CUDA=mma keeps the forward on the mma.sync kernel (for comparisons in dev/cuda) */
-static int forward_on_mma_sync(void) {
-    const char *force = getenv("WINATTN_CUDA");
-    return force && !strcmp(force, "mma");
-}
-
 template <typename T, int D> static wa_status fwd_launch(const kparams &kp, cudaStream_t s) {
-    if (!forward_on_mma_sync()) return fwd_wgmma_launch<T, D>(kp, s);
     static volatile int done = 0;
     constexpr size_t bytes = fwd_smem_bytes<D>();
     CUDA_TRY(raise_once(fwd_mma_kernel<T, D>, bytes, &done));
