@@ -116,7 +116,8 @@ $(BUILD)/src/cpu/attn_generic.o: src/cpu/attn_cpu.c
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -DWA_ISA_GENERIC -c $< -o $@
 
-$(BUILD)/src/cuda/%.o: src/cuda/%.cu
+# nvcc writes no dependency files here: the .cu objects depend on every header they may include
+$(BUILD)/src/cuda/%.o: src/cuda/%.cu $(wildcard src/cuda/*.cuh) src/internal.h src/tile_geometry.h include/winattn.h
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 

@@ -130,6 +130,11 @@ typedef struct wa_context_params {
     void *(*alloc)(void *user, size_t bytes);
     void (*free)(void *user, void *ptr);
     void *alloc_user;
+    /* CUDA backward, f16/bf16 at D = 64/128/256 (the tensor-core path): 1 = accumulate dQ with f32
+     * atomic adds inside the key-tile kernel (faster: five tile products per visible pair instead of
+     * seven; workspace grows by one f32 copy of dQ, B*Hq*Nq*D floats; dq is then not bit-identical
+     * run to run). 0 (default) = deterministic: a separate kernel owns each query tile's dQ. */
+    int cuda_atomic_dq;
 } wa_context_params;
 
 /* Create a context (thread pool, allocator, stream). params may be NULL for the defaults.

@@ -15,7 +15,9 @@ J=.devdeps/usr
 MK="make -j16 JANSSON_CFLAGS=-I$J/include JANSSON_LIBS=$J/lib/x86_64-linux-gnu/libjansson.a"
 nvidia-smi -L
 $MK >"$OUT/build.txt" 2>&1 || { tail -30 "$OUT/build.txt"; exit 1; }
-nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -Iinclude -std=c++17 -Xptxas -v -c src/cuda/attn_cuda.cu -o /tmp/x.o >"$OUT/ptxas.txt" 2>&1
+for f in src/cuda/*.cu; do
+    nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -Iinclude -std=c++17 -Xptxas -v -c "$f" -o /tmp/x.o
+done >"$OUT/ptxas.txt" 2>&1
 build/winattn version
 echo "== test_api (CUDA status codes)"
 build/tests/test_api >"$OUT/test_api.txt" 2>&1; grep -E '^FAIL|CUDA' "$OUT/test_api.txt"; tail -1 "$OUT/test_api.txt"

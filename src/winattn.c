@@ -100,6 +100,8 @@ wa_status wa_context_create(const wa_context_params *params, wa_context **out) {
                        p.tile_q, p.tile_k, WA_MAX_TILE);
     if (p.algorithm != WA_ALGO_TILED && p.algorithm != WA_ALGO_DENSE)
         return wa_fail(WA_ERR_INVALID_ARG, "algorithm = %d is not WA_ALGO_TILED or WA_ALGO_DENSE", (int)p.algorithm);
+    if (p.cuda_atomic_dq != 0 && p.cuda_atomic_dq != 1)
+        return wa_fail(WA_ERR_INVALID_ARG, "cuda_atomic_dq = %d, must be 0 or 1", p.cuda_atomic_dq);
     if ((p.alloc == NULL) != (p.free == NULL))
         return wa_fail(WA_ERR_INVALID_ARG, "alloc and free must be given together");
 

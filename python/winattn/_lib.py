@@ -26,7 +26,7 @@ class AttnDesc(ctypes.Structure):
 class ContextParams(ctypes.Structure):
     _fields_ = [("threads", ctypes.c_int), ("tile_q", ctypes.c_int), ("tile_k", ctypes.c_int),
                 ("algorithm", ctypes.c_int), ("cuda_stream", ctypes.c_void_p), ("alloc", ctypes.c_void_p),
-                ("free", ctypes.c_void_p), ("alloc_user", ctypes.c_void_p)]
+                ("free", ctypes.c_void_p), ("alloc_user", ctypes.c_void_p), ("cuda_atomic_dq", ctypes.c_int)]
 
 
 def _find_library():

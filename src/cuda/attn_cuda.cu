@@ -1,6 +1,8 @@
-/* attn_cuda.cu — the CUDA backend, version 1: correct for everything in DESIGN.md section 1
- * (f32/f16/bf16, any D up to 512, windows, causal, GQA, Nq != Nk, softcap, empty rows, zero
- * dK/dV for unvisited keys), linear memory, deterministic; not yet fast.
+/* attn_cuda.cu — the CUDA backend's entry points and version 1, the kernels that are correct for
+ * everything in DESIGN.md section 1 (f32/f16/bf16, any D up to 512, windows, causal, GQA,
+ * Nq != Nk, softcap, empty rows, zero dK/dV for unvisited keys), linear memory, deterministic, but
+ * slow. f16/bf16 calls at D = 64/128/256 with 16-byte-aligned rows go to the tensor-core kernels
+ * in attn_mma.cu instead (mma_supports() decides, and the same test dispatches).
  *
  * It mirrors the CPU backend (src/cpu/attn_cpu.c, docs/algorithm.md) one CTA per tile:
  *   forward   one CTA per (query tile, q head, batch): online softmax over the key tiles that
@@ -11,55 +13,15 @@
  *             bit-identical run to run.
  * Tiles are staged in shared memory as f32; all arithmetic is f32 on CUDA cores with explicit
  * fmaf in a fixed order. The dot products for dP and delta use the same order, which keeps the
- * one-key window exact (dS = 0), as on the CPU. Tensor-core (wgmma) versions come next; see
- * docs/cuda.md for the plan and the measurements of this one.
+ * one-key window exact (dS = 0), as on the CPU. docs/cuda.md has the measurements of every
+ * version.
  */
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
+#include "common.cuh"
 
 #include <math.h>
 #include <stdint.h>
 
-extern "C" {
-#include "../internal.h"
-}
-
-#define CUDA_TRY(call)                                                                                        \
-    do {                                                                                                      \
-        cudaError_t err_ = (call);                                                                            \
-        if (err_ != cudaSuccess)                                                                              \
-            return wa_fail(WA_ERR_CUDA, "%s failed: %s (%s:%d)", #call, cudaGetErrorString(err_), __FILE__, __LINE__); \
-    } while (0)
-
 static const int kThreads = 128;
-
-struct dev_tensor {
-    char *data;
-    long long s0, s1, s2; /* element strides of B, H, N; the D stride is 1 */
-};
-
-struct kparams {
-    dev_tensor q, k, v, o, lse, dout, dq, dk, dv;
-    long long B, Hq, Hkv, Nq, Nk, D, group;
-    float scale, softcap;
-    wa_window win;
-    float *delta, *rnorm; /* [B, Hq, Nq]; rnorm only for f32 */
-    int tile, n_qtiles, n_ktiles;
-};
-
-template <typename T> __device__ __forceinline__ float to_f32(T x);
-template <> __device__ __forceinline__ float to_f32<float>(float x) { return x; }
-template <> __device__ __forceinline__ float to_f32<__half>(__half x) { return __half2float(x); }
-template <> __device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T> __device__ __forceinline__ T from_f32(float x);
-template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-
-template <typename T> __device__ __forceinline__ T *row_of(const dev_tensor &t, long long b, long long h, long long n) {
-    return (T *)t.data + b * t.s0 + h * t.s1 + n * t.s2;
-}
 
 /* rows [row0, row0+nrows) of head (b, h) into dst[r*ld + d] as f32 */
 template <typename T>
@@ -386,7 +348,7 @@ static kparams params_of(const wa_problem *p) {
     k.dout = dev_of(p->do_), k.dq = dev_of(p->dq), k.dk = dev_of(p->dk), k.dv = dev_of(p->dv);
     k.B = p->B, k.Hq = p->Hq, k.Hkv = p->Hkv, k.Nq = p->Nq, k.Nk = p->Nk, k.D = p->D, k.group = p->group;
     k.scale = p->scale, k.softcap = p->softcap, k.win = p->win;
-    k.delta = k.rnorm = nullptr;
+    k.delta = k.rnorm = k.dq_acc = nullptr;
     k.tile = tile_for(p->D);
     k.n_qtiles = (int)((p->Nq + k.tile - 1) / k.tile);
     k.n_ktiles = (int)((p->Nk + k.tile - 1) / k.tile);
@@ -439,35 +401,48 @@ static wa_status check_grid(const wa_problem *p) {
 
 template <typename T> static wa_status forward_t(wa_context *ctx, const wa_problem *p) {
     kparams kp = params_of(p);
+    if (mma_supports(p)) return mma_forward(kp, p->dtype, stream_of(ctx));
     dim3 grid(kp.n_qtiles, (unsigned)p->Hq, (unsigned)p->B);
     return launch(forward_kernel<T>, grid, fwd_smem(kp.tile, (int)p->D), stream_of(ctx), kp);
+}
+
+/* the atomic-dQ option (wa_context_params.cuda_atomic_dq) exists on the tensor-core path only */
+static int atomic_dq(const wa_context *ctx, const wa_problem *p) { return ctx->params.cuda_atomic_dq && mma_supports(p); }
+
+/* backward workspace: delta, plus rnorm (f32) or the f32 dQ accumulator (atomic dQ) */
+static size_t workspace_floats(const wa_context *ctx, const wa_problem *p) {
+    size_t rows = (size_t)(p->B * p->Hq * p->Nq);
+    size_t n = rows * (p->dtype == WA_F32 ? 2 : 1) + (atomic_dq(ctx, p) ? rows * (size_t)p->D : 0);
+    return n ? n : 1;
 }
 
 template <typename T> static wa_status backward_t(wa_context *ctx, const wa_problem *p) {
     kparams kp = params_of(p);
     cudaStream_t s = stream_of(ctx);
     size_t rows = (size_t)(p->B * p->Hq * p->Nq);
-    int f32 = p->dtype == WA_F32;
+    int f32 = p->dtype == WA_F32, atomic = atomic_dq(ctx, p);
     void *ws = nullptr;
-    CUDA_TRY(cudaMallocAsync(&ws, (rows ? rows : 1) * sizeof(float) * (f32 ? 2 : 1), s));
+    CUDA_TRY(cudaMallocAsync(&ws, workspace_floats(ctx, p) * sizeof(float), s));
     kp.delta = (float *)ws;
     kp.rnorm = f32 ? kp.delta + rows : nullptr;
-    wa_status st;
-    if (f32) {
-        st = launch(rowstats_kernel<T>, dim3(kp.n_qtiles, (unsigned)p->Hq, (unsigned)p->B), rowstats_smem(kp.tile, (int)p->D), s, kp);
+    kp.dq_acc = atomic ? kp.delta + rows : nullptr;
+    wa_status st = WA_OK;
+    if (mma_supports(p)) {
+        st = mma_backward(kp, p->dtype, s); /* version 2 (attn_mma.cu): its own delta, dK/dV, dQ */
     } else {
-        unsigned blocks = (unsigned)((rows + 255) / 256);
-        st = WA_OK;
-        if (rows) {
+        if (f32) {
+            st = launch(rowstats_kernel<T>, dim3(kp.n_qtiles, (unsigned)p->Hq, (unsigned)p->B), rowstats_smem(kp.tile, (int)p->D), s, kp);
+        } else if (rows) {
+            unsigned blocks = (unsigned)((rows + 255) / 256);
             delta_kernel<T><<<blocks < 65535u ? blocks : 65535u, 256, 0, s>>>(kp);
             cudaError_t e = cudaGetLastError();
             if (e != cudaSuccess) st = wa_fail(WA_ERR_CUDA, "delta kernel launch: %s", cudaGetErrorString(e));
         }
+        if (st == WA_OK)
+            st = launch(dkdv_kernel<T>, dim3(kp.n_ktiles, (unsigned)p->Hkv, (unsigned)p->B), dkdv_smem(kp.tile, (int)p->D), s, kp);
+        if (st == WA_OK)
+            st = launch(dq_kernel<T>, dim3(kp.n_qtiles, (unsigned)p->Hq, (unsigned)p->B), dq_smem(kp.tile, (int)p->D), s, kp);
     }
-    if (st == WA_OK)
-        st = launch(dkdv_kernel<T>, dim3(kp.n_ktiles, (unsigned)p->Hkv, (unsigned)p->B), dkdv_smem(kp.tile, (int)p->D), s, kp);
-    if (st == WA_OK)
-        st = launch(dq_kernel<T>, dim3(kp.n_qtiles, (unsigned)p->Hq, (unsigned)p->B), dq_smem(kp.tile, (int)p->D), s, kp);
     cudaError_t e = cudaFreeAsync(ws, s);
     if (st == WA_OK && e != cudaSuccess) st = wa_fail(WA_ERR_CUDA, "cudaFreeAsync: %s", cudaGetErrorString(e));
     return st;
@@ -492,9 +467,8 @@ int wa_cuda_available(void) {
 }
 
 size_t wa_cuda_workspace_bytes(const wa_context *ctx, const wa_problem *p, int backward) {
-    (void)ctx;
-    if (!backward) return 0;
-    return (size_t)(p->B * p->Hq * p->Nq) * sizeof(float) * (p->dtype == WA_F32 ? 2 : 1);
+    if (!backward || p->B * p->Hq * p->Nq == 0) return 0;
+    return workspace_floats(ctx, p) * sizeof(float);
 }
 
 wa_status wa_cuda_forward(wa_context *ctx, const wa_problem *p) {

@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""gpu_peers.py — winattn on CUDA against the GPU attention a PyTorch user could run instead, in one
+run on one GPU, printing one table (markdown) and optionally writing JSON.
+
+Needs torch (2.5 or later, for FlexAttention and enable_gqa) with CUDA, and winattn built with
+nvcc (`make`). Run from the repository root on the GPU machine:
+    python3 bench/gpu_peers.py [--quick] [--reps R] [--json docs/gpu-peers.json]
+
+Systems (each forward and backward through autograd, bf16):
+  winattn      winattn.torch.attention (python/winattn, the library's own kernels) with the window
+  flex         torch.compile(flex_attention) with a sliding-window block mask and enable_gqa=True
+  sdpa-flash   F.scaled_dot_product_attention(is_causal=True, enable_gqa=True) on the FLASH backend:
+               causal without a window, so it does more work than the window needs (its TFLOP/s
+               count its own causal pairs)
+  sdpa-mask    F.scaled_dot_product_attention with a dense [N, N] boolean mask of the window
+               (whatever backend SDPA picks for a mask; it builds scores of size N x N)
+
+Shapes (the issue's): (a) B=1, Hq=32, Hkv=16, D=256, sliding window 1024, N = 8K, 16K, 32K;
+(b) Hq=32, Hkv=8, D=128, window 4096, N = 8K, 32K; (c) Hq=32, Hkv=4, D=512, causal, N = 8K.
+
+TFLOP/s counts visible (query, key) pairs of the mask each system computes (DESIGN.md section 5:
+forward 4*D*pairs per query head, backward 2.5x forward). Each time is the median of --reps runs
+after two warm-ups, timed with CUDA events. Backward peak memory above inputs: PyTorch's
+max_memory_allocated during one backward minus what was allocated before it (q, k, v, dO and the
+forward's output and saved tensors), so it counts dQ, dK, dV and the system's scratch; winattn's
+own scratch (delta, B*Hq*N floats) comes from the CUDA stream-ordered pool, outside PyTorch's
+allocator, and is added explicitly.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "python"))
+os.environ.setdefault("WINATTN_LIBRARY", os.path.join(ROOT, "build", "libwinattn.so"))
+
+SHAPES = [  # label, Hq, Hkv, D, window (None = causal), lengths
+    ("a", 32, 16, 256, 1024, [8192, 16384, 32768]),
+    ("b", 32, 8, 128, 4096, [8192, 32768]),
+    ("c", 32, 4, 512, None, [8192]),
+]
+
+
+def pairs(n, window):
+    """Visible pairs for Nq = Nk = n: a causal window of `window` keys including self, or causal."""
+    w = n if window is None else min(window, n)
+    return n * w - w * (w - 1) // 2
+
+
+def timed(fn, reps):
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b) / 1e3)
+    return sorted(ts)[len(ts) // 2]
+
+
+def make_system(name, n, hq, hkv, d, window):
+    """Returns (attn(q, k, v) -> o, note, extra scratch bytes outside torch's allocator)."""
+    if name == "winattn":
+        import winattn.torch as wt
+
+        win = (n - 1 if window is None else window - 1, 0)
+        return (lambda q, k, v: wt.attention(q, k, v, window=win)), "", 4 * hq * n
+    if name == "flex":
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        # a fresh compile per shape: past dynamo's recompile limit flex_attention silently runs
+        # eagerly (scores of size N x N), which is not the peer this table means
+        torch._dynamo.reset()
+        w = n if window is None else window
+
+        def sliding(b, h, qi, ki):
+            return (qi >= ki) & (qi - ki < w)
+
+        bm = create_block_mask(sliding, None, None, n, n, device="cuda")
+        flex = torch.compile(flex_attention, dynamic=False)
+        return (lambda q, k, v: flex(q, k, v, block_mask=bm, enable_gqa=True)), "", 0
+    if name == "sdpa-flash":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        def run(q, k, v):
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+        return run, "causal, no window", 0
+    if name == "sdpa-mask":
+        idx = torch.arange(n, device="cuda")
+        diff = idx[:, None] - idx[None, :]
+        mask = (diff >= 0) if window is None else ((diff >= 0) & (diff < window))
+        return (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)), "", 0
+    raise ValueError(name)
+
+
+def measure(name, n, hq, hkv, d, window, reps):
+    torch.manual_seed(0)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q = torch.randn(1, hq, n, d, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+    k = torch.randn(1, hkv, n, d, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+    v = torch.randn(1, hkv, n, d, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+    do = torch.randn(1, hq, n, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    attn, note, extra = make_system(name, n, hq, hkv, d, window)
+    with torch.no_grad():
+        fwd = timed(lambda: attn(q, k, v), reps)
+    o = attn(q, k, v)
+    bwd = timed(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True), reps)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    grads = torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base + extra
+    del grads, o
+    npairs = pairs(n, None if name == "sdpa-flash" else window)
+    flops = 4.0 * d * npairs * hq
+    return {"fwd_s": fwd, "bwd_s": bwd, "fwd_tflops": flops / fwd / 1e12, "bwd_tflops": 2.5 * flops / bwd / 1e12,
+            "bwd_peak_gb": peak / 1e9, "note": note}
+
+
+def short_error(e):
+    text = str(e).strip().splitlines()
+    line = next((t for t in text if "Error" in t or "error" in t), text[0] if text else type(e).__name__)
+    return (type(e).__name__ + ": " + line)[:90]
+
+
+def main():
+    torch._dynamo.config.recompile_limit = 64
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="first length of each shape only")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--systems", default="flex,winattn,sdpa-flash,sdpa-mask", help="flex first: the others are compared with it")
+    ap.add_argument("--shapes", default="a,b,c")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    print("gpu_peers: %s, torch %s, %s" % (torch.cuda.get_device_name(), torch.__version__, time.strftime("%Y-%m-%d")))
+    print("| shape | N | system | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s | bwd peak above inputs GB | fwd / bwd vs flex | note |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    results = []
+    for label, hq, hkv, d, window, lens in SHAPES:
+        if label not in args.shapes.split(","):
+            continue
+        for n in lens[:1] if args.quick else lens:
+            flex = None
+            for name in args.systems.split(","):
+                reps = max(2, args.reps // 2) if (label == "c" and name == "winattn") else args.reps
+                try:
+                    r = measure(name, n, hq, hkv, d, window, reps)
+                except Exception as e:  # a peer that cannot run this shape says why in the table
+                    r = {"error": short_error(e)}
+                torch.cuda.empty_cache()
+                r.update({"shape": label, "n": n, "system": name, "Hq": hq, "Hkv": hkv, "D": d,
+                          "window": window if window else "causal"})
+                results.append(r)
+                if "error" in r:
+                    print("| %s | %d | %s | - | - | - | - | - | - | %s |" % (label, n, name, r["error"].replace("|", "/")))
+                    continue
+                if name == "flex":
+                    flex = r
+                ratio = "%.2f / %.2f" % (flex["fwd_s"] / r["fwd_s"], flex["bwd_s"] / r["bwd_s"]) if flex else "-"
+                print("| %s | %d | %s | %.2f | %.1f | %.2f | %.1f | %.2f | %s | %s |" % (
+                    label, n, name, r["fwd_s"] * 1e3, r["fwd_tflops"], r["bwd_s"] * 1e3, r["bwd_tflops"],
+                    r["bwd_peak_gb"], ratio, r["note"]), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,557 @@
+/* attn_cuda.cu — the CUDA backend, version 1: correct for everything in DESIGN.md section 1
+ * (f32/f16/bf16, any D up to 512, windows, causal, GQA, Nq != Nk, softcap, empty rows, zero
+ * dK/dV for unvisited keys), linear memory, deterministic; not yet fast.
+ *
+ * It mirrors the CPU backend (src/cpu/attn_cpu.c, docs/algorithm.md) one CTA per tile:
+ *   forward   one CTA per (query tile, q head, batch): online softmax over the key tiles that
+ *             tile_geometry.h says the window lets it see, edge tiles masked.
+ *   backward  delta (or, for f32, the row statistics pass) then one CTA per (key tile, kv head,
+ *             batch) owning dK and dV, and one per (query tile, q head, batch) owning dQ.
+ *             No atomics, no f32 dQ copy: every output has one owner, so results are
+ *             bit-identical run to run.
+ * Tiles are staged in shared memory as f32; all arithmetic is f32 on CUDA cores with explicit
+ * fmaf in a fixed order. The dot products for dP and delta use the same order, which keeps the
+ * one-key window exact (dS = 0), as on the CPU. Tensor-core (wgmma) versions come next; see
+ * docs/cuda.md for the plan and the measurements of this one.
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <math.h>
+#include <stdint.h>
+
+extern "C" {
+#include "../internal.h"
+}
+
+#define CUDA_TRY(call)                                                                                        \
+    do {                                                                                                      \
+        cudaError_t err_ = (call);                                                                            \
+        if (err_ != cudaSuccess)                                                                              \
+            return wa_fail(WA_ERR_CUDA, "%s failed: %s (%s:%d)", #call, cudaGetErrorString(err_), __FILE__, __LINE__); \
+    } while (0)
+
+static const int kThreads = 128;
+
+struct dev_tensor {
+    char *data;
+    long long s0, s1, s2; /* element strides of B, H, N; the D stride is 1 */
+};
+
+struct kparams {
+    dev_tensor q, k, v, o, lse, dout, dq, dk, dv;
+    long long B, Hq, Hkv, Nq, Nk, D, group;
+    float scale, softcap;
+    wa_window win;
+    float *delta, *rnorm; /* [B, Hq, Nq]; rnorm only for f32 */
+    int tile, n_qtiles, n_ktiles;
+};
+
+template <typename T> __device__ __forceinline__ float to_f32(T x);
+template <> __device__ __forceinline__ float to_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ float to_f32<__half>(__half x) { return __half2float(x); }
+template <> __device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+template <typename T> __device__ __forceinline__ T *row_of(const dev_tensor &t, long long b, long long h, long long n) {
+    return (T *)t.data + b * t.s0 + h * t.s1 + n * t.s2;
+}
+
+/* rows [row0, row0+nrows) of head (b, h) into dst[r*ld + d] as f32 */
+template <typename T>
+__device__ void load_rows(float *dst, int ld, const dev_tensor &t, long long b, long long h, long long row0, int nrows, int D) {
+    for (int e = threadIdx.x; e < nrows * D; e += blockDim.x) {
+        int r = e / D, d = e - r * D;
+        dst[r * ld + d] = to_f32(row_of<T>(t, b, h, row0 + r)[d]);
+    }
+}
+
+__device__ __forceinline__ float dot_rows(const float *a, const float *b, int D) {
+    float acc = 0.0f;
+    for (int d = 0; d < D; d++) acc = fmaf(a[d], b[d], acc);
+    return acc;
+}
+
+__device__ __forceinline__ float warp_max(float x) {
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+__device__ __forceinline__ float warp_sum(float x) {
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+/* s = softcap(scale * q.k) for row i, key j, or -inf when the pair is masked */
+__device__ __forceinline__ float score(const kparams &p, const float *qrow, const float *krow, long long i, long long j,
+                                       int edge) {
+    if (edge) {
+        long long lo = wa_row_first_key(&p.win, i), hi = wa_row_last_key(&p.win, i);
+        if (j < lo || j > hi) return -INFINITY;
+    }
+    float s = dot_rows(qrow, krow, (int)p.D) * p.scale;
+    if (p.softcap > 0.0f) s = p.softcap * tanhf(s / p.softcap);
+    return s;
+}
+
+/* ---- forward ---- */
+
+template <typename T> __global__ void __launch_bounds__(kThreads) forward_kernel(kparams p) {
+    extern __shared__ float smem[];
+    const int Bt = p.tile, D = (int)p.D, ld = D + 1, ls = Bt + 1;
+    const long long qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z, hk = h / p.group;
+    const long long i0 = qt * Bt;
+    const int m = (int)min((long long)Bt, p.Nq - i0);
+    float *Qs = smem, *Ks = Qs + Bt * ld, *Vs = Ks + Bt * ld, *Os = Vs + Bt * D, *S = Os + Bt * D;
+    float *row_max = S + Bt * ls, *row_sum = row_max + Bt, *alpha = row_sum + Bt;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+
+    load_rows<T>(Qs, ld, p.q, b, h, i0, m, D);
+    for (int e = threadIdx.x; e < Bt * D; e += blockDim.x) Os[e] = 0.0f;
+    for (int r = threadIdx.x; r < Bt; r += blockDim.x) row_max[r] = -INFINITY, row_sum[r] = 0.0f;
+    int64_t kt0, kt1;
+    wa_key_tiles_for_rows(&p.win, i0, i0 + m, Bt, &kt0, &kt1);
+    for (long long kt = kt0; kt < kt1; kt++) {
+        const long long j0 = kt * Bt;
+        const int n = (int)min((long long)Bt, p.Nk - j0);
+        const int edge = wa_tile_needs_mask(&p.win, i0, i0 + m, j0, j0 + n);
+        __syncthreads(); /* the previous tile's K, V, S are no longer read */
+        load_rows<T>(Ks, ld, p.k, b, hk, j0, n, D);
+        load_rows<T>(Vs, D, p.v, b, hk, j0, n, D);
+        __syncthreads();
+        for (int e = threadIdx.x; e < m * Bt; e += blockDim.x) {
+            int r = e / Bt, c = e - r * Bt;
+            S[r * ls + c] = c < n ? score(p, Qs + r * ld, Ks + c * ld, i0 + r, j0 + c, edge) : -INFINITY;
+        }
+        __syncthreads();
+        for (int r = warp; r < m; r += warps) { /* one warp per row: online softmax update */
+            float mx = -INFINITY, m_old = row_max[r];
+            for (int c = lane; c < Bt; c += 32) mx = fmaxf(mx, S[r * ls + c]);
+            float m_new = fmaxf(m_old, warp_max(mx));
+            float sum = 0.0f;
+            for (int c = lane; c < Bt; c += 32) {
+                float e = m_new == -INFINITY ? 0.0f : expf(S[r * ls + c] - m_new);
+                S[r * ls + c] = e;
+                sum += e;
+            }
+            sum = warp_sum(sum);
+            __syncwarp(); /* every lane has read row_max[r] before lane 0 rewrites it */
+            if (lane == 0) {
+                float a = m_new == -INFINITY ? 1.0f : expf(m_old - m_new);
+                alpha[r] = a;
+                row_sum[r] = row_sum[r] * a + sum;
+                row_max[r] = m_new;
+            }
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < m * D; e += blockDim.x) {
+            int r = e / D, d = e - r * D;
+            float acc = Os[r * D + d] * alpha[r];
+            for (int c = 0; c < n; c++) acc = fmaf(S[r * ls + c], Vs[c * D + d], acc);
+            Os[r * D + d] = acc;
+        }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < m * D; e += blockDim.x) {
+        int r = e / D, d = e - r * D;
+        float l = row_sum[r];
+        row_of<T>(p.o, b, h, i0 + r)[d] = from_f32<T>(l > 0.0f ? Os[r * D + d] / l : 0.0f);
+    }
+    if (p.lse.data)
+        for (int r = threadIdx.x; r < m; r += blockDim.x)
+            *row_of<float>(p.lse, b, h, i0 + r) = row_sum[r] > 0.0f ? row_max[r] + logf(row_sum[r]) : -INFINITY;
+}
+
+/* ---- backward ---- */
+
+/* delta_i = dO_i . O_i, one thread per row, fmaf in the order dot_rows uses for dP */
+template <typename T> __global__ void delta_kernel(kparams p) {
+    long long rows = p.B * p.Hq * p.Nq;
+    for (long long r = blockIdx.x * (long long)blockDim.x + threadIdx.x; r < rows; r += (long long)gridDim.x * blockDim.x) {
+        long long i = r % p.Nq, bh = r / p.Nq, b = bh / p.Hq, h = bh % p.Hq;
+        const T *o = row_of<T>(p.o, b, h, i), *g = row_of<T>(p.dout, b, h, i);
+        float acc = 0.0f;
+        for (int d = 0; d < p.D; d++) acc = fmaf(to_f32(g[d]), to_f32(o[d]), acc);
+        p.delta[r] = acc;
+    }
+}
+
+struct row_stats { /* per query row of the current tile, in shared memory */
+    float *lse, *delta, *rnorm;
+};
+
+/* For query rows [i0, i0+m) x keys [j0, j0+n): P into S, dS (w.r.t. the raw q.k) into dP. */
+__device__ void pair_grads(const kparams &p, const float *Qs, const float *dOs, const float *Ks, const float *Vs, float *S,
+                           float *dP, long long i0, int m, long long j0, int n, row_stats rs, int with_rnorm) {
+    const int Bt = p.tile, ld = (int)p.D + 1, ls = Bt + 1;
+    const int edge = wa_tile_needs_mask(&p.win, i0, i0 + m, j0, j0 + n);
+    int64_t rb, re;
+    wa_nonempty_rows(&p.win, &rb, &re);
+    for (int e = threadIdx.x; e < Bt * Bt; e += blockDim.x) {
+        int r = e / Bt, c = e - r * Bt;
+        float pv = 0.0f, ds = 0.0f;
+        long long i = i0 + r;
+        if (r < m && c < n && i >= rb && i < re) {
+            float s = score(p, Qs + r * ld, Ks + c * ld, i, j0 + c, edge);
+            float dp = dot_rows(dOs + r * ld, Vs + c * ld, (int)p.D);
+            pv = expf(s - rs.lse[r]);
+            if (with_rnorm) pv *= rs.rnorm[r];
+            ds = pv * (dp - rs.delta[r]);
+            if (p.softcap > 0.0f && pv != 0.0f) {
+                float t = s / p.softcap;
+                ds *= 1.0f - t * t;
+            }
+            ds *= p.scale;
+        }
+        S[r * ls + c] = pv;
+        dP[r * ls + c] = ds;
+    }
+}
+
+__device__ void load_row_stats(const kparams &p, long long b, long long h, long long i0, int m, row_stats rs, int with_rnorm) {
+    for (int r = threadIdx.x; r < m; r += blockDim.x) {
+        long long row = (b * p.Hq + h) * p.Nq + i0 + r;
+        rs.lse[r] = *row_of<float>(p.lse, b, h, i0 + r);
+        rs.delta[r] = p.delta[row];
+        rs.rnorm[r] = with_rnorm ? p.rnorm[row] : 1.0f;
+    }
+}
+
+/* f32 only: r_i and delta_i from the recomputed scores (docs/algorithm.md section 3) */
+template <typename T> __global__ void __launch_bounds__(kThreads) rowstats_kernel(kparams p) {
+    extern __shared__ float smem[];
+    const int Bt = p.tile, D = (int)p.D, ld = D + 1, ls = Bt + 1;
+    const long long qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z, hk = h / p.group, i0 = qt * Bt;
+    const int m = (int)min((long long)Bt, p.Nq - i0);
+    float *Qs = smem, *dOs = Qs + Bt * ld, *Ks = dOs + Bt * ld, *Vs = Ks + Bt * ld, *S = Vs + Bt * ld, *dP = S + Bt * ls;
+    float *lse = dP + Bt * ls, *sums = lse + Bt, *dots = sums + Bt;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    load_rows<T>(Qs, ld, p.q, b, h, i0, m, D);
+    load_rows<T>(dOs, ld, p.dout, b, h, i0, m, D);
+    for (int r = threadIdx.x; r < m; r += blockDim.x) lse[r] = *row_of<float>(p.lse, b, h, i0 + r), sums[r] = dots[r] = 0.0f;
+    int64_t kt0, kt1, rb, re;
+    wa_key_tiles_for_rows(&p.win, i0, i0 + m, Bt, &kt0, &kt1);
+    wa_nonempty_rows(&p.win, &rb, &re);
+    for (long long kt = kt0; kt < kt1; kt++) {
+        const long long j0 = kt * Bt;
+        const int n = (int)min((long long)Bt, p.Nk - j0);
+        const int edge = wa_tile_needs_mask(&p.win, i0, i0 + m, j0, j0 + n);
+        __syncthreads();
+        load_rows<T>(Ks, ld, p.k, b, hk, j0, n, D);
+        load_rows<T>(Vs, ld, p.v, b, hk, j0, n, D);
+        __syncthreads();
+        for (int e = threadIdx.x; e < m * Bt; e += blockDim.x) {
+            int r = e / Bt, c = e - r * Bt;
+            float pv = 0.0f, dp = 0.0f;
+            if (c < n && i0 + r >= rb && i0 + r < re) {
+                pv = expf(score(p, Qs + r * ld, Ks + c * ld, i0 + r, j0 + c, edge) - lse[r]);
+                dp = dot_rows(dOs + r * ld, Vs + c * ld, D);
+            }
+            S[r * ls + c] = pv, dP[r * ls + c] = dp;
+        }
+        __syncthreads();
+        for (int r = warp; r < m; r += warps) {
+            float s = 0.0f, t = 0.0f;
+            for (int c = lane; c < Bt; c += 32) s += S[r * ls + c], t = fmaf(S[r * ls + c], dP[r * ls + c], t);
+            s = warp_sum(s), t = warp_sum(t);
+            if (lane == 0) sums[r] += s, dots[r] += t;
+        }
+    }
+    __syncthreads();
+    for (int r = threadIdx.x; r < m; r += blockDim.x) {
+        long long row = (b * p.Hq + h) * p.Nq + i0 + r;
+        float rn = sums[r] > 0.0f ? 1.0f / sums[r] : 0.0f;
+        p.rnorm[row] = rn;
+        p.delta[row] = dots[r] * rn;
+    }
+}
+
+/* owner of dK, dV for keys [j0, j0+n) of kv head hk */
+template <typename T> __global__ void __launch_bounds__(kThreads) dkdv_kernel(kparams p) {
+    extern __shared__ float smem[];
+    const int Bt = p.tile, D = (int)p.D, ld = D + 1, ls = Bt + 1;
+    const long long kt = blockIdx.x, hk = blockIdx.y, b = blockIdx.z, j0 = kt * Bt;
+    const int n = (int)min((long long)Bt, p.Nk - j0);
+    float *Ks = smem, *Vs = Ks + Bt * ld, *Qs = Vs + Bt * ld, *dOs = Qs + Bt * ld, *dKs = dOs + Bt * ld, *dVs = dKs + Bt * D;
+    float *S = dVs + Bt * D, *dP = S + Bt * ls;
+    row_stats rs = {dP + Bt * ls, dP + Bt * ls + Bt, dP + Bt * ls + 2 * Bt};
+    const int with_rnorm = p.rnorm != nullptr;
+    load_rows<T>(Ks, ld, p.k, b, hk, j0, n, D);
+    load_rows<T>(Vs, ld, p.v, b, hk, j0, n, D);
+    for (int e = threadIdx.x; e < Bt * D; e += blockDim.x) dKs[e] = dVs[e] = 0.0f;
+    int64_t qt0, qt1;
+    wa_query_tiles_for_cols(&p.win, j0, j0 + n, Bt, &qt0, &qt1);
+    for (long long g = 0; g < p.group; g++) {
+        const long long h = hk * p.group + g;
+        for (long long qt = qt0; qt < qt1; qt++) {
+            const long long i0 = qt * Bt;
+            const int m = (int)min((long long)Bt, p.Nq - i0);
+            __syncthreads(); /* previous Q, dO, S, dP are no longer read */
+            load_rows<T>(Qs, ld, p.q, b, h, i0, m, D);
+            load_rows<T>(dOs, ld, p.dout, b, h, i0, m, D);
+            load_row_stats(p, b, h, i0, m, rs, with_rnorm);
+            __syncthreads();
+            pair_grads(p, Qs, dOs, Ks, Vs, S, dP, i0, m, j0, n, rs, with_rnorm);
+            __syncthreads();
+            for (int e = threadIdx.x; e < n * D; e += blockDim.x) { /* dV += P^T dO, dK += dS^T Q */
+                int c = e / D, d = e - c * D;
+                float av = dVs[c * D + d], ak = dKs[c * D + d];
+                for (int r = 0; r < m; r++) {
+                    av = fmaf(S[r * ls + c], dOs[r * ld + d], av);
+                    ak = fmaf(dP[r * ls + c], Qs[r * ld + d], ak);
+                }
+                dVs[c * D + d] = av, dKs[c * D + d] = ak;
+            }
+        }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < n * D; e += blockDim.x) {
+        int c = e / D, d = e - c * D;
+        row_of<T>(p.dk, b, hk, j0 + c)[d] = from_f32<T>(dKs[c * D + d]);
+        row_of<T>(p.dv, b, hk, j0 + c)[d] = from_f32<T>(dVs[c * D + d]);
+    }
+}
+
+/* owner of dQ for rows [i0, i0+m) of query head h */
+template <typename T> __global__ void __launch_bounds__(kThreads) dq_kernel(kparams p) {
+    extern __shared__ float smem[];
+    const int Bt = p.tile, D = (int)p.D, ld = D + 1, ls = Bt + 1;
+    const long long qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z, hk = h / p.group, i0 = qt * Bt;
+    const int m = (int)min((long long)Bt, p.Nq - i0);
+    float *Qs = smem, *dOs = Qs + Bt * ld, *Ks = dOs + Bt * ld, *Vs = Ks + Bt * ld, *dQs = Vs + Bt * ld;
+    float *S = dQs + Bt * D, *dP = S + Bt * ls;
+    row_stats rs = {dP + Bt * ls, dP + Bt * ls + Bt, dP + Bt * ls + 2 * Bt};
+    const int with_rnorm = p.rnorm != nullptr;
+    load_rows<T>(Qs, ld, p.q, b, h, i0, m, D);
+    load_rows<T>(dOs, ld, p.dout, b, h, i0, m, D);
+    load_row_stats(p, b, h, i0, m, rs, with_rnorm);
+    for (int e = threadIdx.x; e < Bt * D; e += blockDim.x) dQs[e] = 0.0f;
+    int64_t kt0, kt1;
+    wa_key_tiles_for_rows(&p.win, i0, i0 + m, Bt, &kt0, &kt1);
+    for (long long kt = kt0; kt < kt1; kt++) {
+        const long long j0 = kt * Bt;
+        const int n = (int)min((long long)Bt, p.Nk - j0);
+        __syncthreads();
+        load_rows<T>(Ks, ld, p.k, b, hk, j0, n, D);
+        load_rows<T>(Vs, ld, p.v, b, hk, j0, n, D);
+        __syncthreads();
+        pair_grads(p, Qs, dOs, Ks, Vs, S, dP, i0, m, j0, n, rs, with_rnorm);
+        __syncthreads();
+        for (int e = threadIdx.x; e < m * D; e += blockDim.x) { /* dQ += dS K */
+            int r = e / D, d = e - r * D;
+            float acc = dQs[r * D + d];
+            for (int c = 0; c < n; c++) acc = fmaf(dP[r * ls + c], Ks[c * ld + d], acc);
+            dQs[r * D + d] = acc;
+        }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < m * D; e += blockDim.x) {
+        int r = e / D, d = e - r * D;
+        row_of<T>(p.dq, b, h, i0 + r)[d] = from_f32<T>(dQs[r * D + d]);
+    }
+}
+
+/* ---- host side ---- */
+
+static int tile_for(long long D) { return D <= 64 ? 64 : D <= 256 ? 32 : 16; }
+
+/* shared-memory floats of each kernel, matching the carving at the top of each */
+static size_t fwd_smem(int Bt, int D) { return sizeof(float) * ((size_t)2 * Bt * (D + 1) + 2 * Bt * D + Bt * (Bt + 1) + 3 * Bt); }
+static size_t rowstats_smem(int Bt, int D) { return sizeof(float) * ((size_t)4 * Bt * (D + 1) + 2 * Bt * (Bt + 1) + 3 * Bt); }
+static size_t dkdv_smem(int Bt, int D) { return sizeof(float) * ((size_t)4 * Bt * (D + 1) + 2 * Bt * D + 2 * Bt * (Bt + 1) + 3 * Bt); }
+static size_t dq_smem(int Bt, int D) { return sizeof(float) * ((size_t)4 * Bt * (D + 1) + Bt * D + 2 * Bt * (Bt + 1) + 3 * Bt); }
+
+static size_t max_smem_bytes(void) {
+    size_t worst = 0;
+    for (int D = 1; D <= WA_MAX_HEAD_DIM; D++) {
+        int Bt = tile_for(D);
+        size_t sizes[4] = {fwd_smem(Bt, D), rowstats_smem(Bt, D), dkdv_smem(Bt, D), dq_smem(Bt, D)};
+        for (int i = 0; i < 4; i++) worst = sizes[i] > worst ? sizes[i] : worst;
+    }
+    return worst;
+}
+
+static dev_tensor dev_of(const wa_tensor *t) {
+    dev_tensor d = {nullptr, 0, 0, 0};
+    if (t) d.data = (char *)t->data, d.s0 = t->stride[0], d.s1 = t->stride[1], d.s2 = t->stride[2];
+    return d;
+}
+
+static kparams params_of(const wa_problem *p) {
+    kparams k;
+    k.q = dev_of(p->q), k.k = dev_of(p->k), k.v = dev_of(p->v), k.o = dev_of(p->o), k.lse = dev_of(p->lse);
+    k.dout = dev_of(p->do_), k.dq = dev_of(p->dq), k.dk = dev_of(p->dk), k.dv = dev_of(p->dv);
+    k.B = p->B, k.Hq = p->Hq, k.Hkv = p->Hkv, k.Nq = p->Nq, k.Nk = p->Nk, k.D = p->D, k.group = p->group;
+    k.scale = p->scale, k.softcap = p->softcap, k.win = p->win;
+    k.delta = k.rnorm = nullptr;
+    k.tile = tile_for(p->D);
+    k.n_qtiles = (int)((p->Nq + k.tile - 1) / k.tile);
+    k.n_ktiles = (int)((p->Nk + k.tile - 1) / k.tile);
+    return k;
+}
+
+static cudaStream_t stream_of(const wa_context *ctx) { return (cudaStream_t)ctx->params.cuda_stream; }
+
+/* The dynamic shared-memory limit is a property of each kernel, shared by every host thread.
+ * Setting it per launch to that launch's size raced between threads with different sizes
+ * (compute-sanitizer caught "too many resources requested"), so raise_smem_limits() raises it
+ * once, for every kernel, to the largest size any head dim needs; every launch asks for less. */
+
+template <typename T> static cudaError_t raise_for_dtype(int bytes) {
+    cudaError_t e = cudaSuccess;
+    void (*kernels[4])(kparams) = {forward_kernel<T>, rowstats_kernel<T>, dkdv_kernel<T>, dq_kernel<T>};
+    for (int i = 0; i < 4 && e == cudaSuccess; i++)
+        e = cudaFuncSetAttribute(kernels[i], cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    return e;
+}
+
+static wa_status raise_smem_limits(void) {
+    static volatile int done = 0; /* racing first calls set the same values: harmless */
+    if (done) return WA_OK;
+    int bytes = (int)max_smem_bytes();
+    CUDA_TRY(raise_for_dtype<float>(bytes));
+    CUDA_TRY(raise_for_dtype<__half>(bytes));
+    CUDA_TRY(raise_for_dtype<__nv_bfloat16>(bytes));
+    done = 1;
+    return WA_OK;
+}
+
+template <typename K> static wa_status launch(K kernel, dim3 grid, size_t smem, cudaStream_t stream, const kparams &kp) {
+    if (grid.x == 0 || grid.y == 0 || grid.z == 0) return WA_OK;
+    wa_status st = raise_smem_limits();
+    if (st != WA_OK) return st;
+    kernel<<<grid, kThreads, smem, stream>>>(kp);
+    CUDA_TRY(cudaGetLastError());
+    return WA_OK;
+}
+
+static wa_status check_grid(const wa_problem *p) {
+    if (p->Hq > 65535 || p->B > 65535)
+        return wa_fail(WA_ERR_UNSUPPORTED, "CUDA backend: B = %lld and Hq = %lld must each be at most 65535", (long long)p->B,
+                       (long long)p->Hq);
+    if ((p->Nq + 15) / 16 > 0x7fffffff || (p->Nk + 15) / 16 > 0x7fffffff)
+        return wa_fail(WA_ERR_UNSUPPORTED, "CUDA backend: sequence too long");
+    return WA_OK;
+}
+
+template <typename T> static wa_status forward_t(wa_context *ctx, const wa_problem *p) {
+    kparams kp = params_of(p);
+    dim3 grid(kp.n_qtiles, (unsigned)p->Hq, (unsigned)p->B);
+    return launch(forward_kernel<T>, grid, fwd_smem(kp.tile, (int)p->D), stream_of(ctx), kp);
+}
+
+template <typename T> static wa_status backward_t(wa_context *ctx, const wa_problem *p) {
+    kparams kp = params_of(p);
+    cudaStream_t s = stream_of(ctx);
+    size_t rows = (size_t)(p->B * p->Hq * p->Nq);
+    int f32 = p->dtype == WA_F32;
+    void *ws = nullptr;
+    CUDA_TRY(cudaMallocAsync(&ws, (rows ? rows : 1) * sizeof(float) * (f32 ? 2 : 1), s));
+    kp.delta = (float *)ws;
+    kp.rnorm = f32 ? kp.delta + rows : nullptr;
+    wa_status st;
+    if (f32) {
+        st = launch(rowstats_kernel<T>, dim3(kp.n_qtiles, (unsigned)p->Hq, (unsigned)p->B), rowstats_smem(kp.tile, (int)p->D), s, kp);
+    } else {
+        unsigned blocks = (unsigned)((rows + 255) / 256);
+        st = WA_OK;
+        if (rows) {
+            delta_kernel<T><<<blocks < 65535u ? blocks : 65535u, 256, 0, s>>>(kp);
+            cudaError_t e = cudaGetLastError();
+            if (e != cudaSuccess) st = wa_fail(WA_ERR_CUDA, "delta kernel launch: %s", cudaGetErrorString(e));
+        }
+    }
+    if (st == WA_OK)
+        st = launch(dkdv_kernel<T>, dim3(kp.n_ktiles, (unsigned)p->Hkv, (unsigned)p->B), dkdv_smem(kp.tile, (int)p->D), s, kp);
+    if (st == WA_OK)
+        st = launch(dq_kernel<T>, dim3(kp.n_qtiles, (unsigned)p->Hq, (unsigned)p->B), dq_smem(kp.tile, (int)p->D), s, kp);
+    cudaError_t e = cudaFreeAsync(ws, s);
+    if (st == WA_OK && e != cudaSuccess) st = wa_fail(WA_ERR_CUDA, "cudaFreeAsync: %s", cudaGetErrorString(e));
+    return st;
+}
+
+extern "C" {
+
+int wa_cuda_available(void) {
+    static int cached = -1;
+    if (cached < 0) {
+        int n = 0, ok = 0;
+        if (cudaGetDeviceCount(&n) == cudaSuccess && n > 0) {
+            cudaDeviceProp prop;
+            int dev = 0;
+            /* the kernels are built for sm_90a (Hopper) only */
+            ok = cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&prop, dev) == cudaSuccess && prop.major == 9;
+        }
+        cudaGetLastError(); /* clear the no-device error so it does not surface later */
+        cached = ok;
+    }
+    return cached;
+}
+
+size_t wa_cuda_workspace_bytes(const wa_context *ctx, const wa_problem *p, int backward) {
+    (void)ctx;
+    if (!backward) return 0;
+    return (size_t)(p->B * p->Hq * p->Nq) * sizeof(float) * (p->dtype == WA_F32 ? 2 : 1);
+}
+
+wa_status wa_cuda_forward(wa_context *ctx, const wa_problem *p) {
+    wa_status st = check_grid(p);
+    if (st != WA_OK || p->B == 0 || p->Hq == 0 || p->Nq == 0) return st;
+    switch (p->dtype) {
+    case WA_F32: return forward_t<float>(ctx, p);
+    case WA_F16: return forward_t<__half>(ctx, p);
+    case WA_BF16: return forward_t<__nv_bfloat16>(ctx, p);
+    }
+    return wa_fail(WA_ERR_DTYPE, "unknown dtype");
+}
+
+wa_status wa_cuda_backward(wa_context *ctx, const wa_problem *p) {
+    wa_status st = check_grid(p);
+    if (st != WA_OK || p->B == 0 || p->Hq == 0) return st;
+    switch (p->dtype) {
+    case WA_F32: return backward_t<float>(ctx, p);
+    case WA_F16: return backward_t<__half>(ctx, p);
+    case WA_BF16: return backward_t<__nv_bfloat16>(ctx, p);
+    }
+    return wa_fail(WA_ERR_DTYPE, "unknown dtype");
+}
+
+wa_status wa_cuda_malloc(size_t bytes, void **ptr) {
+    CUDA_TRY(cudaMalloc(ptr, bytes ? bytes : 1));
+    return WA_OK;
+}
+
+void wa_cuda_free(void *ptr) { cudaFree(ptr); }
+
+wa_status wa_cuda_memcpy(wa_context *ctx, void *dst, const void *src, size_t bytes, int kind) {
+    cudaMemcpyKind k = kind == 0 ? cudaMemcpyHostToDevice : kind == 1 ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
+    CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, k, stream_of(ctx)));
+    CUDA_TRY(cudaStreamSynchronize(stream_of(ctx)));
+    return WA_OK;
+}
+
+wa_status wa_cuda_memory_impl(wa_context *ctx, size_t *in_use, size_t *workspace_peak) {
+    size_t free_b = 0, total_b = 0;
+    int dev = 0;
+    cudaMemPool_t pool;
+    uint64_t high = 0, zero = 0; /* cuuint64_t in the driver API */
+    CUDA_TRY(cudaStreamSynchronize(stream_of(ctx)));
+    CUDA_TRY(cudaMemGetInfo(&free_b, &total_b));
+    CUDA_TRY(cudaGetDevice(&dev));
+    CUDA_TRY(cudaDeviceGetDefaultMemPool(&pool, dev));
+    CUDA_TRY(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high));
+    CUDA_TRY(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
+    *in_use = total_b - free_b;
+    *workspace_peak = (size_t)high;
+    return WA_OK;
+}
+
+wa_status wa_cuda_synchronize(wa_context *ctx) {
+    CUDA_TRY(cudaStreamSynchronize(stream_of(ctx)));
+    return WA_OK;
+}
+
+} /* extern "C" */

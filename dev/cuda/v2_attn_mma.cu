@@ -1,0 +1,661 @@
+/* attn_mma.cu — the CUDA backend, version 2: tensor-core kernels for f16 and bf16 at
+ * D = 64, 128 and 256 (FlashAttention-2's scheme, written for this library's window geometry).
+ * Everything else (f32, other head dims, rows not 16-byte aligned) stays on version 1 in
+ * attn_cuda.cu, which dispatches here through mma_supports().
+ *
+ * Building blocks: mma.sync m16n8k16 (16-bit inputs, f32 accumulators), ldmatrix from shared
+ * memory, cp.async double buffering of the next key (or query) tile while the current one is
+ * multiplied. Shared tiles hold rows of D 16-bit values in 16-byte chunks; chunk c of row r is
+ * stored at chunk c ^ (r & 7), so the eight row addresses of one ldmatrix hit eight different
+ * bank groups (a row is a multiple of 128 bytes, so unswizzled they would all hit one).
+ *
+ *   forward   one CTA of 8 warps per 128 query rows; each warp owns 16 rows: S = Q Kᵀ in
+ *             registers, online softmax in registers (exp2 with the scale folded in), P rounded
+ *             to the input dtype and fed straight back as the A operand of O += P V.
+ *   delta     δ_i = dO_i · O_i on the tensor cores with the same k order as dP below (see there)
+ *   dK, dV    one CTA of 8 warps per 64 keys (kv head, batch), looping over the query heads of
+ *             the group and the query tiles the window allows; P and dS go through shared memory
+ *             so that the 64×64 pair tile can be read transposed for dV += Pᵀ dO, dK += dSᵀ Q.
+ *   dQ        one CTA per query tile owning its dQ (as version 1: no atomics, deterministic).
+ *
+ * Masks and tile ranges come from tile_geometry.h only: a tile pair is masked element-wise when
+ * wa_tile_needs_mask() says so or when it is ragged (the last tile of a sequence), where padded
+ * rows and columns were zero-filled by cp.async and are masked out.
+ */
+#include "common.cuh"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+/* ---- PTX wrappers ---- */
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+/* 16 bytes global -> shared, bypassing L1; valid == false writes 16 zero bytes */
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void *src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+/* c += a b for one 16x8x16 step; a row-major 16x16, b "col" (n-major) 16x8 */
+template <typename T> __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+template <> __device__ __forceinline__ void mma<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <> __device__ __forceinline__ void mma<__half>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* two floats rounded to the dtype, lo in the low half (the fragment order) */
+template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t *)&v;
+}
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *(uint32_t *)&v;
+}
+
+/* ---- shared-memory tiles ---- */
+
+/* byte offset of 16-byte chunk c of row r in a swizzled tile whose rows hold W 16-bit values */
+template <int W> __device__ __forceinline__ uint32_t swz(int r, int c) { return (uint32_t)(r * (W * 2) + ((c ^ (r & 7)) << 4)); }
+
+/* rows [row0, row0 + ROWS) of head (b, h) into a swizzled tile; rows at or past `limit` become 0
+ * (a ragged last tile must not feed stale or NaN bytes into the products) */
+template <typename T, int D, int ROWS, int NT>
+__device__ __forceinline__ void load_tile(uint32_t dst, const dev_tensor &t, long long b, long long h, long long row0,
+                                          long long limit) {
+    constexpr int CH = D / 8;
+    static_assert(ROWS * CH % NT == 0, "every thread moves the same number of chunks");
+    const T *base = row_of<T>(t, b, h, 0);
+#pragma unroll
+    for (int k = 0; k < ROWS * CH / NT; k++) {
+        const int e = threadIdx.x + k * NT, r = e / CH, c = e % CH;
+        const bool ok = row0 + r < limit;
+        cp_async16(dst + swz<D>(r, c), base + (ok ? row0 + r : 0) * t.s2 + c * 8, ok);
+    }
+}
+
+/* A operand (16 rows from `row`, k columns 16*ks..) from a row-major tile */
+template <int W> __device__ __forceinline__ void load_a(uint32_t (&a)[4], uint32_t tile, int row, int ks, int lane) {
+    ldsm_x4(a, tile + swz<W>(row + (lane & 15), ks * 2 + (lane >> 4)));
+}
+/* B operands of two n blocks (rows n..n+15 of the tile are the n index, k columns 16*ks..):
+ * b[0], b[1] for rows n..n+7, b[2], b[3] for n+8..n+15 */
+template <int W> __device__ __forceinline__ void load_b_nk(uint32_t (&b)[4], uint32_t tile, int n, int ks, int lane) {
+    ldsm_x4(b, tile + swz<W>(n + (lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
+}
+/* B operands of two n blocks from a tile stored k-major (rows k..k+15 are the k index,
+ * columns 16*nc.. the n index), read transposed */
+template <int W> __device__ __forceinline__ void load_b_kn(uint32_t (&b)[4], uint32_t tile, int k, int nc, int lane) {
+    ldsm_x4_t(b, tile + swz<W>(k + (lane & 7) + (((lane >> 3) & 1) << 3), nc * 2 + (lane >> 4)));
+}
+/* A operand of Xᵀ where X is stored k-major (rows k..k+15, m columns 16*mc..), read transposed */
+template <int W> __device__ __forceinline__ void load_at(uint32_t (&a)[4], uint32_t tile, int k, int mc, int lane) {
+    ldsm_x4_t(a, tile + swz<W>(k + (lane & 7) + ((lane >> 4) << 3), mc * 2 + ((lane >> 3) & 1)));
+}
+
+/* the scores of one accumulator element in log2 units (softcapped if asked) */
+__device__ __forceinline__ float score2(const kparams &p, float acc, float scale2) {
+    if (p.softcap > 0.0f) return p.softcap * tanhf(acc * p.scale / p.softcap) * kLog2e;
+    return acc * scale2;
+}
+
+/* ---- forward ---- */
+
+constexpr int kFwdBM = 128, kFwdBN = 64, kFwdThreads = 256;
+
+template <int D> constexpr size_t fwd_smem_bytes() { return (size_t)2 * (kFwdBM * D + 4 * kFwdBN * D); }
+
+template <typename T, int D> __global__ void __launch_bounds__(kFwdThreads, 1) fwd_mma_kernel(kparams p) {
+    constexpr int BM = kFwdBM, BN = kFwdBN, NT = kFwdThreads, KS = D / 16;
+    extern __shared__ __align__(128) unsigned char smem[];
+    const uint32_t sQ = smem_u32(smem), sK = sQ + BM * D * 2, sV = sK + 2 * BN * D * 2;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    const long long h = blockIdx.y, b = blockIdx.z, hk = h / p.group, i0 = (long long)blockIdx.x * BM;
+    const int m = (int)min((long long)BM, p.Nq - i0), qrow = warp * 16;
+    int64_t kt0, kt1;
+    wa_key_tiles_for_rows(&p.win, i0, i0 + m, BN, &kt0, &kt1);
+
+    load_tile<T, D, BM, NT>(sQ, p.q, b, h, i0, p.Nq);
+    if (kt0 < kt1) {
+        load_tile<T, D, BN, NT>(sK, p.k, b, hk, kt0 * BN, p.Nk);
+        load_tile<T, D, BN, NT>(sV, p.v, b, hk, kt0 * BN, p.Nk);
+    }
+    cp_async_commit();
+
+    float acc[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+    const long long rows[2] = {i0 + qrow + g, i0 + qrow + g + 8};
+    const float scale2 = p.scale * kLog2e;
+
+    for (long long kt = kt0; kt < kt1; kt++) {
+        const int stage = (int)((kt - kt0) & 1);
+        if (kt + 1 < kt1) { /* the other stage was released by the barrier ending the last iteration */
+            load_tile<T, D, BN, NT>(sK + (stage ^ 1) * BN * D * 2, p.k, b, hk, (kt + 1) * BN, p.Nk);
+            load_tile<T, D, BN, NT>(sV + (stage ^ 1) * BN * D * 2, p.v, b, hk, (kt + 1) * BN, p.Nk);
+        }
+        cp_async_commit();
+        cp_async_wait<1>(); /* this tile's group (and Q) landed; the prefetch may still fly */
+        __syncthreads();
+        const uint32_t k_s = sK + stage * BN * D * 2, v_s = sV + stage * BN * D * 2;
+
+        float s[BN / 8][4];
+#pragma unroll
+        for (int i = 0; i < BN / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            uint32_t a[4];
+            load_a<D>(a, sQ, qrow, ks, lane);
+#pragma unroll
+            for (int nb = 0; nb < BN / 16; nb++) {
+                uint32_t bb[4];
+                load_b_nk<D>(bb, k_s, nb * 16, ks, lane);
+                mma<T>(s[2 * nb], a, bb[0], bb[1]);
+                mma<T>(s[2 * nb + 1], a, bb[2], bb[3]);
+            }
+        }
+
+        const long long j0 = kt * BN;
+        const int n = (int)min((long long)BN, p.Nk - j0);
+        const bool edge = n < BN || wa_tile_needs_mask(&p.win, i0, i0 + m, j0, j0 + n);
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            long long lo = 0, hi = 0;
+            if (edge) lo = wa_row_first_key(&p.win, rows[r]), hi = wa_row_last_key(&p.win, rows[r]);
+            float mx = -INFINITY;
+#pragma unroll
+            for (int nb = 0; nb < BN / 8; nb++)
+#pragma unroll
+                for (int e = 2 * r; e < 2 * r + 2; e++) {
+                    float x = score2(p, s[nb][e], scale2);
+                    if (edge) {
+                        long long j = j0 + nb * 8 + 2 * t4 + (e & 1);
+                        if (j < lo || j > hi) x = -INFINITY;
+                    }
+                    s[nb][e] = x;
+                    mx = fmaxf(mx, x);
+                }
+            /* the four lanes of a quad hold one row */
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(row_max[r], mx);
+            const float m_use = m_new == -INFINITY ? 0.0f : m_new; /* a row with nothing visible yet stays 0 */
+            const float alpha = exp2f(row_max[r] - m_use);
+            row_max[r] = m_new;
+            row_sum[r] *= alpha;
+#pragma unroll
+            for (int i = 0; i < D / 8; i++) acc[i][2 * r] *= alpha, acc[i][2 * r + 1] *= alpha;
+#pragma unroll
+            for (int nb = 0; nb < BN / 8; nb++)
+#pragma unroll
+                for (int e = 2 * r; e < 2 * r + 2; e++) {
+                    float pv = exp2f(s[nb][e] - m_use);
+                    s[nb][e] = pv;
+                    row_sum[r] += pv;
+                }
+        }
+
+        /* O += P V: the S accumulator layout of two adjacent n blocks is the A layout of one k step */
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) {
+            uint32_t a[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                             pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+            for (int nd = 0; nd < D / 16; nd++) {
+                uint32_t bb[4];
+                load_b_kn<D>(bb, v_s, kk * 16, nd, lane);
+                mma<T>(acc[2 * nd], a, bb[0], bb[1]);
+                mma<T>(acc[2 * nd + 1], a, bb[2], bb[3]);
+            }
+        }
+        __syncthreads(); /* every warp is done with this stage before the next prefetch overwrites it */
+    }
+    cp_async_wait<0>();
+
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float l = row_sum[r];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        if (rows[r] >= p.Nq) continue;
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        T *orow = row_of<T>(p.o, b, h, rows[r]);
+#pragma unroll
+        for (int i = 0; i < D / 8; i++)
+            *(uint32_t *)(orow + i * 8 + 2 * t4) = pack2<T>(acc[i][2 * r] * inv, acc[i][2 * r + 1] * inv);
+        if (p.lse.data && t4 == 0)
+            *row_of<float>(p.lse, b, h, rows[r]) = l > 0.0f ? row_max[r] * kLn2 + logf(l) : -INFINITY;
+    }
+}
+
+/* ---- backward ---- */
+
+/* δ_i = dO_i · O_i as the diagonal of a 16x16 tensor-core product, with the k steps in the same
+ * order as dP = dO Vᵀ in the dK/dV and dQ kernels. When a row sees one key, O_i = V_j bitwise, so
+ * dP_ij and δ_i are the same rounded number and dS = 0 exactly, as in exact arithmetic (the
+ * parity sweep's window-1 cases need dq = dk = 0 to rounding of the inputs alone). */
+template <typename T, int D> __global__ void __launch_bounds__(128) delta_mma_kernel(kparams p) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    const long long h = blockIdx.y, b = blockIdx.z, i0 = ((long long)blockIdx.x * 4 + warp) * 16;
+    if (i0 >= p.Nq) return;
+    const long long r0 = i0 + g, r1 = i0 + g + 8;
+    const bool ok0 = r0 < p.Nq, ok1 = r1 < p.Nq;
+    const uint32_t *go0 = (const uint32_t *)row_of<T>(p.dout, b, h, ok0 ? r0 : i0);
+    const uint32_t *go1 = (const uint32_t *)row_of<T>(p.dout, b, h, ok1 ? r1 : i0);
+    const uint32_t *o0 = (const uint32_t *)row_of<T>(p.o, b, h, ok0 ? r0 : i0);
+    const uint32_t *o1 = (const uint32_t *)row_of<T>(p.o, b, h, ok1 ? r1 : i0);
+    float c0[4] = {0, 0, 0, 0}, c1[4] = {0, 0, 0, 0};
+#pragma unroll 4
+    for (int ks = 0; ks < D / 16; ks++) {
+        const int w = ks * 8 + t4; /* 32-bit word of columns 16 ks + 2 t4, +1 */
+        uint32_t a[4] = {ok0 ? go0[w] : 0u, ok1 ? go1[w] : 0u, ok0 ? go0[w + 4] : 0u, ok1 ? go1[w + 4] : 0u};
+        mma<T>(c0, a, ok0 ? o0[w] : 0u, ok0 ? o0[w + 4] : 0u);
+        mma<T>(c1, a, ok1 ? o1[w] : 0u, ok1 ? o1[w + 4] : 0u);
+    }
+    /* element (g, g) sits in lane (g, g/2), slot g&1 of block 0; (g+8, g+8) in slot 2 + (g&1) of block 1 */
+    if (t4 == (g >> 1)) {
+        float *drow = p.delta + (b * p.Hq + h) * p.Nq;
+        if (ok0) drow[r0] = c0[g & 1];
+        if (ok1) drow[r1] = c1[2 + (g & 1)];
+    }
+}
+
+/* P and dS (dS with respect to the raw q·k, scale and softcap derivative included) of one
+ * accumulator element, or 0 and 0 when masked */
+__device__ __forceinline__ void grads_of(const kparams &p, float sacc, float dpacc, float lse2, float delta, float scale2,
+                                         bool visible, float &pv, float &ds) {
+    if (!visible) {
+        pv = 0.0f, ds = 0.0f;
+        return;
+    }
+    if (p.softcap > 0.0f) {
+        float t = tanhf(sacc * p.scale / p.softcap);
+        pv = exp2f(p.softcap * t * kLog2e - lse2);
+        ds = pv * (dpacc - delta) * (1.0f - t * t) * p.scale;
+    } else {
+        pv = exp2f(sacc * scale2 - lse2);
+        ds = pv * (dpacc - delta) * p.scale;
+    }
+}
+
+constexpr int kBwdBN = 64, kBwdBM = 64, kBwdThreads = 256;
+
+template <int D> constexpr size_t dkdv_smem_bytes() {
+    return (size_t)2 * (2 * kBwdBN * D + 4 * kBwdBM * D + 2 * kBwdBM * kBwdBN) + (size_t)4 * 4 * kBwdBM;
+}
+
+/* owner of dK, dV for keys [j0, j0 + 64) of kv head hk */
+template <typename T, int D> __global__ void __launch_bounds__(kBwdThreads, 1) dkdv_mma_kernel(kparams p) {
+    constexpr int BN = kBwdBN, BM = kBwdBM, NT = kBwdThreads, KS = D / 16, DH = D / 2;
+    extern __shared__ __align__(128) unsigned char smem[];
+    const uint32_t sK = smem_u32(smem), sV = sK + BN * D * 2, sQ = sV + BN * D * 2, sdO = sQ + 2 * BM * D * 2;
+    const uint32_t sP = sdO + 2 * BM * D * 2, sdS = sP + BM * BN * 2;
+    float *stats = (float *)(smem + (size_t)2 * (2 * BN * D + 4 * BM * D + 2 * BM * BN)); /* lse[2][BM], delta[2][BM] */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    const int qg = warp & 3, kh = warp >> 2; /* pair phase: 16 queries x 32 keys per warp */
+    const int kg = warp & 3, dh = warp >> 2; /* gradient phase: 16 keys x D/2 columns per warp */
+    const long long hk = blockIdx.y, b = blockIdx.z, j0 = (long long)blockIdx.x * BN;
+    const int n = (int)min((long long)BN, p.Nk - j0);
+    int64_t qt0, qt1;
+    wa_query_tiles_for_cols(&p.win, j0, j0 + n, BM, &qt0, &qt1);
+    const long long per_head = qt1 - qt0, iters = per_head * p.group;
+    const float scale2 = p.scale * kLog2e;
+
+    /* stage the query-side tiles of iteration `it` */
+    auto load_q_side = [&](long long it, int stage) {
+        const long long h = hk * p.group + it / per_head, i0 = (qt0 + it % per_head) * BM;
+        load_tile<T, D, BM, NT>(sQ + stage * BM * D * 2, p.q, b, h, i0, p.Nq);
+        load_tile<T, D, BM, NT>(sdO + stage * BM * D * 2, p.dout, b, h, i0, p.Nq);
+        const int r = threadIdx.x;
+        if (r < BM) {
+            const bool ok = i0 + r < p.Nq;
+            cp_async4(smem_u32(stats + stage * BM + r), row_of<float>(p.lse, b, h, ok ? i0 + r : 0), ok);
+        } else if (r < 2 * BM) {
+            const bool ok = i0 + r - BM < p.Nq;
+            cp_async4(smem_u32(stats + 2 * BM + stage * BM + r - BM), p.delta + (b * p.Hq + h) * p.Nq + (ok ? i0 + r - BM : 0), ok);
+        }
+    };
+
+    load_tile<T, D, BN, NT>(sK, p.k, b, hk, j0, p.Nk);
+    load_tile<T, D, BN, NT>(sV, p.v, b, hk, j0, p.Nk);
+    if (iters > 0) load_q_side(0, 0);
+    cp_async_commit();
+
+    float dv[DH / 8][4], dk[DH / 8][4];
+#pragma unroll
+    for (int i = 0; i < DH / 8; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dv[i][e] = dk[i][e] = 0.0f;
+
+    for (long long it = 0; it < iters; it++) {
+        const int stage = (int)(it & 1);
+        if (it + 1 < iters) load_q_side(it + 1, stage ^ 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        const long long i0 = (qt0 + it % per_head) * BM;
+        const int m = (int)min((long long)BM, p.Nq - i0);
+        const uint32_t q_s = sQ + stage * BM * D * 2, do_s = sdO + stage * BM * D * 2;
+
+        /* S = Q Kᵀ and dP = dO Vᵀ for queries 16 qg.., keys 32 kh.. */
+        float s[4][4], dp[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[i][e] = dp[i][e] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            uint32_t aq[4], ao[4];
+            load_a<D>(aq, q_s, qg * 16, ks, lane);
+            load_a<D>(ao, do_s, qg * 16, ks, lane);
+#pragma unroll
+            for (int nb = 0; nb < 2; nb++) {
+                uint32_t bk[4], bv[4];
+                load_b_nk<D>(bk, sK, kh * 32 + nb * 16, ks, lane);
+                load_b_nk<D>(bv, sV, kh * 32 + nb * 16, ks, lane);
+                mma<T>(s[2 * nb], aq, bk[0], bk[1]);
+                mma<T>(s[2 * nb + 1], aq, bk[2], bk[3]);
+                mma<T>(dp[2 * nb], ao, bv[0], bv[1]);
+                mma<T>(dp[2 * nb + 1], ao, bv[2], bv[3]);
+            }
+        }
+        const bool edge = m < BM || n < BN || wa_tile_needs_mask(&p.win, i0, i0 + m, j0, j0 + n);
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int qr = qg * 16 + g + 8 * r;
+            const long long i = i0 + qr;
+            const float lse2 = stats[stage * BM + qr] * kLog2e, delta = stats[2 * BM + stage * BM + qr];
+            long long lo = 0, hi = 0;
+            if (edge) {
+                lo = wa_row_first_key(&p.win, i), hi = wa_row_last_key(&p.win, i);
+                if (i >= p.Nq) lo = 1, hi = 0;
+            }
+#pragma unroll
+            for (int nb = 0; nb < 4; nb++) {
+                float pv[2], ds[2];
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const int kc = kh * 32 + nb * 8 + 2 * t4 + c;
+                    const long long j = j0 + kc;
+                    grads_of(p, s[nb][2 * r + c], dp[nb][2 * r + c], lse2, delta, scale2, !edge || (j >= lo && j <= hi),
+                             pv[c], ds[c]);
+                }
+                const int col = kh * 32 + nb * 8 + 2 * t4;
+                const uint32_t off = swz<BN>(qr, col >> 3) + (col & 7) * 2;
+                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sP + off), "r"(pack2<T>(pv[0], pv[1])));
+                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdS + off), "r"(pack2<T>(ds[0], ds[1])));
+            }
+        }
+        __syncthreads(); /* P and dS complete */
+
+        /* dV += Pᵀ dO and dK += dSᵀ Q for keys 16 kg.., columns DH dh.. */
+#pragma unroll
+        for (int kq = 0; kq < BM / 16; kq++) {
+            uint32_t ap[4], as[4];
+            load_at<BN>(ap, sP, kq * 16, kg, lane);
+            load_at<BN>(as, sdS, kq * 16, kg, lane);
+#pragma unroll
+            for (int nd = 0; nd < DH / 16; nd++) {
+                uint32_t bo[4], bq[4];
+                load_b_kn<D>(bo, do_s, kq * 16, dh * (DH / 16) + nd, lane);
+                load_b_kn<D>(bq, q_s, kq * 16, dh * (DH / 16) + nd, lane);
+                mma<T>(dv[2 * nd], ap, bo[0], bo[1]);
+                mma<T>(dv[2 * nd + 1], ap, bo[2], bo[3]);
+                mma<T>(dk[2 * nd], as, bq[0], bq[1]);
+                mma<T>(dk[2 * nd + 1], as, bq[2], bq[3]);
+            }
+        }
+        __syncthreads(); /* stage, P and dS are free for the next iteration */
+    }
+    cp_async_wait<0>();
+
+    /* keys no query sees fall through with zero accumulators: dK = dV = 0 is written for them */
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const long long j = j0 + kg * 16 + g + 8 * r;
+        if (j >= p.Nk) continue;
+        T *krow = row_of<T>(p.dk, b, hk, j), *vrow = row_of<T>(p.dv, b, hk, j);
+#pragma unroll
+        for (int i = 0; i < DH / 8; i++) {
+            const int col = dh * DH + i * 8 + 2 * t4;
+            *(uint32_t *)(krow + col) = pack2<T>(dk[i][2 * r], dk[i][2 * r + 1]);
+            *(uint32_t *)(vrow + col) = pack2<T>(dv[i][2 * r], dv[i][2 * r + 1]);
+        }
+    }
+}
+
+/* dQ: one CTA per 128 query rows; each warp owns 16 rows and their dQ in registers. At D = 256
+ * the dQ accumulator takes 128 registers a thread, so the key tile is halved to keep S and dP
+ * (and Q, dO, K, V twice in shared memory) within budget. */
+constexpr int kDqWarps = 8;
+template <int D> __host__ __device__ constexpr int dq_bn() { return D >= 256 ? 32 : 64; }
+template <int D> constexpr size_t dq_smem_bytes() { return (size_t)2 * (2 * 16 * kDqWarps * D + 4 * dq_bn<D>() * D); }
+
+template <typename T, int D> __global__ void __launch_bounds__(32 * kDqWarps, 1) dq_mma_kernel(kparams p) {
+    constexpr int WARPS = kDqWarps, BM = 16 * WARPS, BN = dq_bn<D>(), NT = 32 * WARPS, KS = D / 16;
+    extern __shared__ __align__(128) unsigned char smem[];
+    const uint32_t sQ = smem_u32(smem), sdO = sQ + BM * D * 2, sK = sdO + BM * D * 2, sV = sK + 2 * BN * D * 2;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    const long long h = blockIdx.y, b = blockIdx.z, hk = h / p.group, i0 = (long long)blockIdx.x * BM;
+    const int m = (int)min((long long)BM, p.Nq - i0), qrow = warp * 16;
+    int64_t kt0, kt1;
+    wa_key_tiles_for_rows(&p.win, i0, i0 + m, BN, &kt0, &kt1);
+
+    load_tile<T, D, BM, NT>(sQ, p.q, b, h, i0, p.Nq);
+    load_tile<T, D, BM, NT>(sdO, p.dout, b, h, i0, p.Nq);
+    if (kt0 < kt1) {
+        load_tile<T, D, BN, NT>(sK, p.k, b, hk, kt0 * BN, p.Nk);
+        load_tile<T, D, BN, NT>(sV, p.v, b, hk, kt0 * BN, p.Nk);
+    }
+    cp_async_commit();
+
+    const long long rows[2] = {i0 + qrow + g, i0 + qrow + g + 8};
+    float lse2[2], delta[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const bool ok = rows[r] < p.Nq;
+        lse2[r] = ok ? *row_of<float>(p.lse, b, h, rows[r]) * kLog2e : 0.0f;
+        delta[r] = ok ? p.delta[(b * p.Hq + h) * p.Nq + rows[r]] : 0.0f;
+    }
+    const float scale2 = p.scale * kLog2e;
+    float acc[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+
+    for (long long kt = kt0; kt < kt1; kt++) {
+        const int stage = (int)((kt - kt0) & 1);
+        if (kt + 1 < kt1) {
+            load_tile<T, D, BN, NT>(sK + (stage ^ 1) * BN * D * 2, p.k, b, hk, (kt + 1) * BN, p.Nk);
+            load_tile<T, D, BN, NT>(sV + (stage ^ 1) * BN * D * 2, p.v, b, hk, (kt + 1) * BN, p.Nk);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        const uint32_t k_s = sK + stage * BN * D * 2, v_s = sV + stage * BN * D * 2;
+
+        float s[BN / 8][4], dp[BN / 8][4];
+#pragma unroll
+        for (int i = 0; i < BN / 8; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[i][e] = dp[i][e] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            uint32_t aq[4], ao[4];
+            load_a<D>(aq, sQ, qrow, ks, lane);
+            load_a<D>(ao, sdO, qrow, ks, lane);
+#pragma unroll
+            for (int nb = 0; nb < BN / 16; nb++) {
+                uint32_t bk[4], bv[4];
+                load_b_nk<D>(bk, k_s, nb * 16, ks, lane);
+                load_b_nk<D>(bv, v_s, nb * 16, ks, lane);
+                mma<T>(s[2 * nb], aq, bk[0], bk[1]);
+                mma<T>(s[2 * nb + 1], aq, bk[2], bk[3]);
+                mma<T>(dp[2 * nb], ao, bv[0], bv[1]);
+                mma<T>(dp[2 * nb + 1], ao, bv[2], bv[3]);
+            }
+        }
+        const long long j0 = kt * BN;
+        const int n = (int)min((long long)BN, p.Nk - j0);
+        const bool edge = n < BN || wa_tile_needs_mask(&p.win, i0, i0 + m, j0, j0 + n);
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            long long lo = 0, hi = 0;
+            if (edge) lo = wa_row_first_key(&p.win, rows[r]), hi = wa_row_last_key(&p.win, rows[r]);
+#pragma unroll
+            for (int nb = 0; nb < BN / 8; nb++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const long long j = j0 + nb * 8 + 2 * t4 + c;
+                    float pv, ds;
+                    grads_of(p, s[nb][2 * r + c], dp[nb][2 * r + c], lse2[r], delta[r], scale2, !edge || (j >= lo && j <= hi),
+                             pv, ds);
+                    s[nb][2 * r + c] = ds;
+                }
+        }
+        /* dQ += dS K */
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) {
+            uint32_t a[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                             pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+            for (int nd = 0; nd < D / 16; nd++) {
+                uint32_t bb[4];
+                load_b_kn<D>(bb, k_s, kk * 16, nd, lane);
+                mma<T>(acc[2 * nd], a, bb[0], bb[1]);
+                mma<T>(acc[2 * nd + 1], a, bb[2], bb[3]);
+            }
+        }
+        __syncthreads();
+    }
+    cp_async_wait<0>();
+
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (rows[r] >= p.Nq) continue;
+        T *qrow_out = row_of<T>(p.dq, b, h, rows[r]);
+#pragma unroll
+        for (int i = 0; i < D / 8; i++) *(uint32_t *)(qrow_out + i * 8 + 2 * t4) = pack2<T>(acc[i][2 * r], acc[i][2 * r + 1]);
+    }
+}
+
+/* ---- host side ---- */
+
+/* The dynamic shared-memory limit of each kernel is set once, to its one fixed size (different
+ * sizes per launch raced between host threads in version 1; see attn_cuda.cu). */
+template <typename K> static cudaError_t raise_once(K kernel, size_t bytes, volatile int *done) {
+    if (*done) return cudaSuccess;
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    if (e == cudaSuccess) *done = 1;
+    return e;
+}
+
+template <typename T, int D> static wa_status fwd_launch(const kparams &kp, cudaStream_t s) {
+    static volatile int done = 0;
+    constexpr size_t bytes = fwd_smem_bytes<D>();
+    CUDA_TRY(raise_once(fwd_mma_kernel<T, D>, bytes, &done));
+    dim3 grid((unsigned)((kp.Nq + kFwdBM - 1) / kFwdBM), (unsigned)kp.Hq, (unsigned)kp.B);
+    fwd_mma_kernel<T, D><<<grid, kFwdThreads, bytes, s>>>(kp);
+    CUDA_TRY(cudaGetLastError());
+    return WA_OK;
+}
+
+template <typename T, int D> static wa_status bwd_launch(const kparams &kp, cudaStream_t s) {
+    static volatile int done_kv = 0, done_q = 0;
+    constexpr size_t kv_bytes = dkdv_smem_bytes<D>(), q_bytes = dq_smem_bytes<D>();
+    CUDA_TRY(raise_once(dkdv_mma_kernel<T, D>, kv_bytes, &done_kv));
+    CUDA_TRY(raise_once(dq_mma_kernel<T, D>, q_bytes, &done_q));
+    const dim3 qgrid((unsigned)((kp.Nq + 63) / 64), (unsigned)kp.Hq, (unsigned)kp.B);
+    if (kp.Nq > 0) {
+        delta_mma_kernel<T, D><<<qgrid, 128, 0, s>>>(kp);
+        CUDA_TRY(cudaGetLastError());
+    }
+    if (kp.Nk > 0) { /* also when Nq = 0: every key tile then writes dK = dV = 0 */
+        dkdv_mma_kernel<T, D><<<dim3((unsigned)((kp.Nk + kBwdBN - 1) / kBwdBN), (unsigned)kp.Hkv, (unsigned)kp.B), kBwdThreads,
+                                kv_bytes, s>>>(kp);
+        CUDA_TRY(cudaGetLastError());
+    }
+    constexpr int BM = 16 * kDqWarps;
+    if (kp.Nq > 0) {
+        dq_mma_kernel<T, D><<<dim3((unsigned)((kp.Nq + BM - 1) / BM), (unsigned)kp.Hq, (unsigned)kp.B), 32 * kDqWarps, q_bytes,
+                              s>>>(kp);
+        CUDA_TRY(cudaGetLastError());
+    }
+    return WA_OK;
+}
+
+template <typename T> static wa_status fwd_by_dim(const kparams &kp, cudaStream_t s) {
+    switch (kp.D) {
+    case 64: return fwd_launch<T, 64>(kp, s);
+    case 128: return fwd_launch<T, 128>(kp, s);
+    case 256: return fwd_launch<T, 256>(kp, s);
+    }
+    return wa_fail(WA_ERR_UNSUPPORTED, "tensor-core forward: D = %lld", kp.D);
+}
+
+template <typename T> static wa_status bwd_by_dim(const kparams &kp, cudaStream_t s) {
+    switch (kp.D) {
+    case 64: return bwd_launch<T, 64>(kp, s);
+    case 128: return bwd_launch<T, 128>(kp, s);
+    case 256: return bwd_launch<T, 256>(kp, s);
+    }
+    return wa_fail(WA_ERR_UNSUPPORTED, "tensor-core backward: D = %lld", kp.D);
+}
+
+/* cp.async moves 16-byte chunks and the epilogues store 4-byte pairs */
+static int rows_aligned(const wa_tensor *t) {
+    if (!t) return 1;
+    return ((uintptr_t)t->data % 16) == 0 && t->stride[0] % 8 == 0 && t->stride[1] % 8 == 0 && t->stride[2] % 8 == 0;
+}
+
+} /* namespace */
+
+int mma_supports(const wa_problem *p) {
+    /* WINATTN_CUDA=v1 keeps every call on version 1 (for comparisons in dev/cuda) */
+    const char *force = getenv("WINATTN_CUDA");
+    if (force && !strcmp(force, "v1")) return 0;
+    if (p->dtype != WA_F16 && p->dtype != WA_BF16) return 0;
+    if (p->D != 64 && p->D != 128 && p->D != 256) return 0;
+    const wa_tensor *all[9] = {p->q, p->k, p->v, p->o, p->lse, p->do_, p->dq, p->dk, p->dv};
+    for (int i = 0; i < 9; i++)
+        if (i != 4 && !rows_aligned(all[i])) return 0;
+    return 1;
+}
+
+wa_status mma_forward(const kparams &kp, wa_dtype dt, cudaStream_t s) {
+    return dt == WA_BF16 ? fwd_by_dim<__nv_bfloat16>(kp, s) : fwd_by_dim<__half>(kp, s);
+}
+
+wa_status mma_backward(const kparams &kp, wa_dtype dt, cudaStream_t s) {
+    return dt == WA_BF16 ? bwd_by_dim<__nv_bfloat16>(kp, s) : bwd_by_dim<__half>(kp, s);
+}
