@@ -81,7 +81,7 @@ STATIC   := $(BUILD)/libwinattn.a
 SHARED   := $(BUILD)/libwinattn.so
 SONAME   := libwinattn.so.0
 
-.PHONY: all lib test test-long install uninstall clean help fuzz demo
+.PHONY: all lib test test-long install uninstall clean help fuzz demo tile-gemm
 # keep intermediate objects (and keep make quiet after the test summary)
 .SECONDARY:
 all: lib $(BUILD)/winattn $(TESTS)
@@ -151,6 +151,14 @@ $(BUILD)/train/%.o: CFLAGS += -Isrc -Itools $(JANSSON_CFLAGS)
 test: all
 	@sh tests/run_tests.sh $(BUILD)
 
+# winattn's tile micro-kernels against OpenBLAS sgemm/sbgemm on the kernels' tile shapes (x86 with
+# OpenBLAS only; docs/cpu.md has the result).
+$(BUILD)/bench/tile_gemm: bench/tile_gemm.c $(STATIC)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -Isrc -o $@ $< $(STATIC) -lopenblas $(LDLIBS)
+tile-gemm: $(BUILD)/bench/tile_gemm
+	$(BUILD)/bench/tile_gemm
+
 # The trainer demo: corpus, a small random Gemma 4, a short LoRA run with held-out loss.
 demo: all
 	@sh train/demo.sh $(BUILD)
@@ -188,6 +196,7 @@ help:
 	@echo "make            library, build/winattn, tests"
 	@echo "make test       unit tests, parity --quick, probe --quick (ends 'N passed, N failed')"
 	@echo "make test-long  the full parity sweep and the full memory probe"
+	@echo "make tile-gemm  winattn's tile micro-kernels vs OpenBLAS sgemm/sbgemm (x86 + OpenBLAS)"
 	@echo "make demo       corpus + small random Gemma 4 + a short LoRA run through winattn (a few minutes)"
 	@echo "make install    PREFIX=$(PREFIX): header, libwinattn.{a,so}, winattn, pkg-config file"
 	@echo "make fuzz       libFuzzer target for the safetensors reader"

@@ -717,3 +717,11 @@ void EXPORT(wa_cpu_gemm)(int64_t m, int64_t n, int64_t k, const float *A, int64_
                          int64_t ldb, float *C, int64_t ldc) {
     gemm_acc(m, n, k, A, ars, acs, B, ldb, C, ldc);
 }
+
+#if defined(WA_BF16_DOT)
+/* The bf16-pair micro-kernel, for bench/tile_gemm.c's comparison with OpenBLAS sbgemm. */
+void wa_cpu_gemm_bf16pairs(int64_t m, int64_t n, int64_t kp, const uint32_t *A, int64_t ars, int64_t acs,
+                           const uint32_t *B, int64_t ldb, float *C, int64_t ldc) {
+    gemm_bf16_acc(m, n, kp, A, ars, acs, B, ldb, C, ldc);
+}
+#endif

@@ -35,6 +35,11 @@ WA_DECLARE_ISA(avx512)
 WA_DECLARE_ISA(avx2)
 WA_DECLARE_ISA(generic)
 
+/* The AVX512-BF16 build's micro-kernel on bf16 pairs (x86 builds only; the caller checks the CPU):
+ * C[m x n] += A . B over kp pairs, A(r, t) = A[r*ars + t*acs], B rows of n pairs. */
+void wa_cpu_gemm_bf16pairs(int64_t m, int64_t n, int64_t kp, const uint32_t *A, int64_t ars, int64_t acs,
+                           const uint32_t *B, int64_t ldb, float *C, int64_t ldc);
+
 /* C[m x n] += A . B with the selected ISA's micro-kernel; n a multiple of WA_CPU_PAD,
  * A(r, t) = A[r*ars + t*acs], B and C row-major. */
 void wa_cpu_gemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs, const float *B, int64_t ldb,
