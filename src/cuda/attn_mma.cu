@@ -161,6 +161,74 @@ template <int D> __host__ __device__ constexpr int fwd_bn() { return D == 64 ? W
 
 template <int D> constexpr size_t fwd_smem_bytes() { return (size_t)2 * (kFwdBM * D + 4 * fwd_bn<D>() * D); }
 
+/* One key tile of the online softmax on a thread's fragment, shared by both forward kernels: s
+ * holds the raw scores of its two rows (rows[0], rows[1]; columns j0 + nb*8 + 2*t4 + {0,1}) and
+ * becomes exp2(score - new max); the running max and sum are updated and the NA output
+ * fragments in acc are rescaled. Masks only on edge tiles, from tile_geometry.h. */
+template <int BN, int NA>
+__device__ __forceinline__ void softmax_step(const kparams &p, float (&s)[BN / 8][4], float (&acc)[NA][4],
+                                             float (&row_max)[2], float (&row_sum)[2], const long long (&rows)[2],
+                                             long long j0, bool edge, int t4, float scale2) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        long long lo = 0, hi = 0;
+        if (edge) lo = wa_row_first_key(&p.win, rows[r]), hi = wa_row_last_key(&p.win, rows[r]);
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nb = 0; nb < BN / 8; nb++)
+#pragma unroll
+            for (int e = 2 * r; e < 2 * r + 2; e++) {
+                float x = score2(p, s[nb][e], scale2);
+                if (edge) {
+                    long long j = j0 + nb * 8 + 2 * t4 + (e & 1);
+                    if (j < lo || j > hi) x = -INFINITY;
+                }
+                s[nb][e] = x;
+                mx = fmaxf(mx, x);
+            }
+        /* the four lanes of a quad hold one row */
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(row_max[r], mx);
+        const float m_use = m_new == -INFINITY ? 0.0f : m_new; /* a row with nothing visible yet stays 0 */
+        const float alpha = exp2_(row_max[r] - m_use);
+        row_max[r] = m_new;
+        row_sum[r] *= alpha;
+#pragma unroll
+        for (int i = 0; i < NA; i++) acc[i][2 * r] *= alpha, acc[i][2 * r + 1] *= alpha;
+#pragma unroll
+        for (int nb = 0; nb < BN / 8; nb++)
+#pragma unroll
+            for (int e = 2 * r; e < 2 * r + 2; e++) {
+                float pv = exp2_(s[nb][e] - m_use);
+                s[nb][e] = pv;
+                row_sum[r] += pv;
+            }
+    }
+}
+
+/* The forward's epilogue, shared by both kernels: O = acc / row sum (NA fragments of 8 columns)
+ * and lse, for the thread's two rows. */
+template <typename T, int NA>
+__device__ __forceinline__ void store_rows(const kparams &p, const float (&acc)[NA][4], const float (&row_max)[2],
+                                           const float (&row_sum)[2], const long long (&rows)[2], long long b,
+                                           long long h, int t4) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float l = row_sum[r];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        if (rows[r] >= p.Nq) continue;
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        T *orow = row_of<T>(p.o, b, h, rows[r]);
+#pragma unroll
+        for (int i = 0; i < NA; i++)
+            *(uint32_t *)(orow + i * 8 + 2 * t4) = pack2<T>(acc[i][2 * r] * inv, acc[i][2 * r + 1] * inv);
+        if (p.lse.data && t4 == 0)
+            *row_of<float>(p.lse, b, h, rows[r]) = l > 0.0f ? row_max[r] * kLn2 + logf(l) : -INFINITY;
+    }
+}
+
 template <typename T, int D> __global__ void __launch_bounds__(kFwdThreads, 1) fwd_mma_kernel(kparams p) {
     constexpr int BM = kFwdBM, BN = fwd_bn<D>(), NT = kFwdThreads, KS = D / 16;
     extern __shared__ __align__(1024) unsigned char smem[];
@@ -215,42 +283,7 @@ template <typename T, int D> __global__ void __launch_bounds__(kFwdThreads, 1) f
         const long long j0 = kt * BN;
         const int n = (int)min((long long)BN, p.Nk - j0);
         const bool edge = n < BN || wa_tile_needs_mask(&p.win, i0, i0 + m, j0, j0 + n);
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            long long lo = 0, hi = 0;
-            if (edge) lo = wa_row_first_key(&p.win, rows[r]), hi = wa_row_last_key(&p.win, rows[r]);
-            float mx = -INFINITY;
-#pragma unroll
-            for (int nb = 0; nb < BN / 8; nb++)
-#pragma unroll
-                for (int e = 2 * r; e < 2 * r + 2; e++) {
-                    float x = score2(p, s[nb][e], scale2);
-                    if (edge) {
-                        long long j = j0 + nb * 8 + 2 * t4 + (e & 1);
-                        if (j < lo || j > hi) x = -INFINITY;
-                    }
-                    s[nb][e] = x;
-                    mx = fmaxf(mx, x);
-                }
-            /* the four lanes of a quad hold one row */
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_new = fmaxf(row_max[r], mx);
-            const float m_use = m_new == -INFINITY ? 0.0f : m_new; /* a row with nothing visible yet stays 0 */
-            const float alpha = exp2_(row_max[r] - m_use);
-            row_max[r] = m_new;
-            row_sum[r] *= alpha;
-#pragma unroll
-            for (int i = 0; i < D / 8; i++) acc[i][2 * r] *= alpha, acc[i][2 * r + 1] *= alpha;
-#pragma unroll
-            for (int nb = 0; nb < BN / 8; nb++)
-#pragma unroll
-                for (int e = 2 * r; e < 2 * r + 2; e++) {
-                    float pv = exp2_(s[nb][e] - m_use);
-                    s[nb][e] = pv;
-                    row_sum[r] += pv;
-                }
-        }
+        softmax_step<BN, D / 8>(p, s, acc, row_max, row_sum, rows, j0, edge, t4, scale2);
 
         /* O += P V: the S accumulator layout of two adjacent n blocks is the A layout of one k step */
 #pragma unroll
@@ -268,21 +301,7 @@ template <typename T, int D> __global__ void __launch_bounds__(kFwdThreads, 1) f
         __syncthreads(); /* every warp is done with this stage before the next prefetch overwrites it */
     }
     cp_async_wait<0>();
-
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float l = row_sum[r];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        if (rows[r] >= p.Nq) continue;
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        T *orow = row_of<T>(p.o, b, h, rows[r]);
-#pragma unroll
-        for (int i = 0; i < D / 8; i++)
-            *(uint32_t *)(orow + i * 8 + 2 * t4) = pack2<T>(acc[i][2 * r] * inv, acc[i][2 * r + 1] * inv);
-        if (p.lse.data && t4 == 0)
-            *row_of<float>(p.lse, b, h, rows[r]) = l > 0.0f ? row_max[r] * kLn2 + logf(l) : -INFINITY;
-    }
+    store_rows<T, D / 8>(p, acc, row_max, row_sum, rows, b, h, t4);
 }
 
 
@@ -408,44 +427,9 @@ template <typename T, int D> __global__ void __launch_bounds__(kWgThreads, 1) fw
         const long long j0 = kt * BN;
         const int n = (int)min((long long)BN, p.Nk - j0);
         const bool edge = n < BN || wa_tile_needs_mask(&p.win, i0, i0 + m, j0, j0 + n);
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            long long lo = 0, hi = 0;
-            if (edge) lo = wa_row_first_key(&p.win, rows[r]), hi = wa_row_last_key(&p.win, rows[r]);
-            float mx = -INFINITY;
-#pragma unroll
-            for (int nb = 0; nb < BN / 8; nb++)
-#pragma unroll
-                for (int e = 2 * r; e < 2 * r + 2; e++) {
-                    float x = score2(p, s[nb][e], scale2);
-                    if (edge) {
-                        long long j = j0 + nb * 8 + 2 * t4 + (e & 1);
-                        if (j < lo || j > hi) x = -INFINITY;
-                    }
-                    s[nb][e] = x;
-                    mx = fmaxf(mx, x);
-                }
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_new = fmaxf(row_max[r], mx);
-            const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-            const float alpha = exp2_(row_max[r] - m_use);
-            row_max[r] = m_new;
-            row_sum[r] *= alpha;
-#pragma unroll
-            for (int c = 0; c < DB; c++)
-#pragma unroll
-                for (int i = 0; i < 8; i++) acc[c][i][2 * r] *= alpha, acc[c][i][2 * r + 1] *= alpha;
-#pragma unroll
-            for (int nb = 0; nb < BN / 8; nb++)
-#pragma unroll
-                for (int e = 2 * r; e < 2 * r + 2; e++) {
-                    float pv = exp2_(s[nb][e] - m_use);
-                    s[nb][e] = pv;
-                    row_sum[r] += pv;
-                }
-        }
-
+        /* acc[DB][8][4] is laid out as DB * 8 fragments of 8 columns, in column order */
+        softmax_step<BN, DB * 8>(p, s, reinterpret_cast<float (&)[DB * 8][4]>(acc), row_max, row_sum, rows, j0, edge,
+                                 t4, scale2);
         uint32_t pa[BN / 16][4];
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) {
@@ -467,23 +451,7 @@ template <typename T, int D> __global__ void __launch_bounds__(kWgThreads, 1) fw
         __syncthreads(); /* every warp is done with this stage before the next prefetch overwrites it */
     }
     cp_async_wait<0>();
-
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float l = row_sum[r];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        if (rows[r] >= p.Nq) continue;
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        T *orow = row_of<T>(p.o, b, h, rows[r]);
-#pragma unroll
-        for (int c = 0; c < DB; c++)
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-                *(uint32_t *)(orow + c * 64 + i * 8 + 2 * t4) = pack2<T>(acc[c][i][2 * r] * inv, acc[c][i][2 * r + 1] * inv);
-        if (p.lse.data && t4 == 0)
-            *row_of<float>(p.lse, b, h, rows[r]) = l > 0.0f ? row_max[r] * kLn2 + logf(l) : -INFINITY;
-    }
+    store_rows<T, DB * 8>(p, reinterpret_cast<const float (&)[DB * 8][4]>(acc), row_max, row_sum, rows, b, h, t4);
 }
 
 /* ---- backward ---- */
