@@ -5,6 +5,7 @@
 #include "tool.h"
 
 #include "config.h"
+#include "rng.h"
 #include "safetensors.h"
 #include "trainer.h"
 
@@ -137,14 +138,8 @@ int cmd_train(int argc, char **argv) {
 static const char init_usage[] = "winattn init-model CONFIG.json OUT_DIR [--seed S] [--dtype bf16|f32]";
 
 /* Box–Muller normal draws from a splitmix64 stream */
-static uint64_t init_rng(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
 static double init_normal(uint64_t *s) {
-    double u1 = ((init_rng(s) >> 11) + 1) * 0x1.0p-53, u2 = (init_rng(s) >> 11) * 0x1.0p-53;
+    double u1 = ((splitmix64(s) >> 11) + 1) * 0x1.0p-53, u2 = splitmix64_unit(s);
     return sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2);
 }
 

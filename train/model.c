@@ -8,6 +8,7 @@
 
 #include "convert.h"
 #include "linalg.h"
+#include "rng.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -240,21 +241,13 @@ void MT(gemma_model_free)(model *m) {
     memset(m, 0, sizeof *m);
 }
 
-/* splitmix64: a tiny, well-mixed generator, so adapter initialisation is reproducible from a seed */
-static uint64_t splitmix64(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
 void MT(gemma_lora_init)(model *m, uint64_t seed) {
     uint64_t s = seed;
     for (int i = 0; i < m->slot_count; i++) {
         const lora_slot *sl = &m->slots[i];
         double bound = 1.0 / sqrt((double)sl->in);
         for (size_t j = 0; j < (size_t)sl->in * (size_t)m->lora.rank; j++) {
-            double u = (double)(splitmix64(&s) >> 11) * 0x1.0p-53; /* [0, 1) */
+            double u = splitmix64_unit(&s);
             m->params[sl->a + j] = (real)((2 * u - 1) * bound);
         }
         memset(m->params + sl->b, 0, (size_t)m->lora.rank * (size_t)sl->out * sizeof(real));

@@ -6,6 +6,7 @@
 
 #include "data.h"
 #include "linalg.h"
+#include "rng.h"
 #include "safetensors.h"
 #include "tool.h"
 
@@ -232,13 +233,6 @@ static void optimizer_update(optimizer *opt, float *params, const float *grads, 
  * raw records and is a no-op, notes/gemma.md §2.3), the remainder is dropped, and every pass
  * visits the batches in a fresh permutation. */
 
-static uint64_t rng_next(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
 /* order[i] = the first record of the i-th batch trained, for iters batches */
 static int *batch_schedule(int records, int batch, int iters, uint64_t seed) {
     int per_pass = records / batch;
@@ -254,7 +248,7 @@ static int *batch_schedule(int records, int batch, int iters, uint64_t seed) {
         if (i % per_pass == 0) { /* Fisher–Yates */
             for (int j = 0; j < per_pass; j++) perm[j] = j;
             for (int j = per_pass - 1; j > 0; j--) {
-                int k = (int)(rng_next(&s) % (uint64_t)(j + 1));
+                int k = (int)(splitmix64(&s) % (uint64_t)(j + 1));
                 int t = perm[j];
                 perm[j] = perm[k];
                 perm[k] = t;
