@@ -51,6 +51,9 @@ template <typename T> __device__ __forceinline__ T *row_of(const dev_tensor &t, 
 int mma_supports(const wa_problem *p);
 /* forward into o and lse */
 wa_status mma_forward(const kparams &kp, wa_dtype dt, cudaStream_t s);
+/* version 4's forward (fwd_hopper.cu: TMA, warp-specialised wgmma) when it applies (D = 64, 128,
+ * 256, strides TMA can express); *taken = 0 leaves the call to mma_forward */
+wa_status hopper_forward(const kparams &kp, wa_dtype dt, cudaStream_t s, int *taken);
 /* backward; kp.delta must point to B*Hq*Nq floats of workspace, which this fills */
 wa_status mma_backward(const kparams &kp, wa_dtype dt, cudaStream_t s);
 

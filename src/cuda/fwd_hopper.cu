@@ -1,0 +1,377 @@
+/* fwd_hopper.cu — version 4 of the forward for f16/bf16 at D = 64, 128, 256: the Hopper design
+ * (FlashAttention-3's structure, written for this library's window geometry).
+ *
+ * One CTA of three warpgroups per 128 query rows of one head:
+ *   producer   warpgroup 0 gives its registers back (setmaxnreg) and one thread issues TMA loads:
+ *              Q once, then K and V of each key tile the window allows into a two-stage ring;
+ *              each stage has a "full" mbarrier (TMA's transaction count) and an "empty" one
+ *              (the consumers' release), separately for K and V.
+ *   consumers  warpgroups 1 and 2 own 64 query rows each: S = Q Kᵀ with wgmma from shared memory,
+ *              the online softmax in registers, O += P V with P from registers. With PIPELINED the
+ *              product O += P V of tile j-1 is issued right after S of tile j and runs on the
+ *              tensor cores while this warpgroup does tile j's softmax; only the rescale of O
+ *              waits for it. The two warpgroups are not kept in step: each waits on the stages'
+ *              barriers alone, so one's softmax also overlaps the other's products.
+ * Tiles are the column blocks of 64 values with the 128-byte swizzle of mma_prims.cuh (blk_off),
+ * which is what TMA writes with CU_TENSOR_MAP_SWIZZLE_128B and a box of 64 values × rows; rows
+ * past the end of a sequence arrive as zeros (TMA's out-of-bounds fill) and are masked.
+ *
+ * Masks, key-tile ranges and edge tiles come from tile_geometry.h, per warpgroup: a warpgroup
+ * skips the key tiles its 64 rows do not see (it still waits for them and releases the stage, so
+ * the ring's phases stay in order).
+ *
+ * Host side: the three tensor maps are encoded per call through the driver's
+ * cuTensorMapEncodeTiled, fetched with cudaGetDriverEntryPointByVersion (no link against
+ * libcuda). When that is impossible (strides TMA cannot express, no entry point) the forward
+ * stays on version 3/2 in attn_mma.cu. docs/cuda.md has the measurements. */
+#include "mma_prims.cuh"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <stdlib.h>
+#include <string.h>
+
+namespace {
+
+/* ---- mbarrier, TMA and register reallocation (PTX) ---- */
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+/* makes the initialised barriers visible to the async proxy (TMA) and the other threads */
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+/* arrive when `pred`, as a predicated instruction rather than a branch: ptxas serialises wgmma
+ * around divergent branches while products are in flight (its warning C7520) */
+__device__ __forceinline__ void mbar_arrive_if(uint32_t bar, bool pred) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %1, 0;\n@p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n" ::"r"(bar), "r"((int)pred)
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+/* one box of the 4-D tensor (d, n, h, b) into shared memory; completion is counted on bar */
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap *map, uint32_t bar, int d, int n, int h, int b) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+        "l"((uint64_t)map), "r"(d), "r"(n), "r"(h), "r"(b), "r"(bar)
+        : "memory");
+}
+/* x, unknown to the optimiser: what is computed from it is not hoisted above this point */
+__device__ __forceinline__ uint32_t opaque(uint32_t x) {
+    asm volatile("" : "+r"(x));
+    return x;
+}
+template <int N> __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
+template <int N> __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
+
+/* ---- the kernel ---- */
+
+constexpr int kConsumers = 2, kThreads = 128 * (kConsumers + 1), kStages = 2, kBM = 64 * kConsumers;
+/* registers per thread after the reallocation: 24 + 2 × 240 fits 65,536 for 3 × 128 threads */
+constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+
+/* key tile: S (64 × BN f32 per warpgroup) and O (64 × D) must fit the consumers' 240 registers */
+template <int D> __host__ __device__ constexpr int ws_bn() { return D == 256 ? 64 : 128; }
+
+template <int D> struct ws_layout {
+    static constexpr int BN = ws_bn<D>();
+    static constexpr uint32_t q = 0, k = kBM * D * 2, v = k + kStages * BN * D * 2, bars = v + kStages * BN * D * 2;
+    /* q_full; then per stage k_full, v_full, k_empty, v_empty */
+    static constexpr uint32_t n_bars = 1 + 4 * kStages;
+    static constexpr size_t bytes = 1024 + bars + 8 * n_bars; /* 1024: alignment slack for the swizzle */
+};
+
+template <typename T, int D, bool PIPELINED, Cap CAP>
+__global__ void __launch_bounds__(kThreads, 1)
+    fwd_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+                  const __grid_constant__ CUtensorMap tv, const kparams p) {
+    using L = ws_layout<D>;
+    constexpr int BM = kBM, BN = L::BN, DB = D / 64, KS = D / 16, TILE = BN * D * 2;
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const uint32_t base = (smem_u32(smem) + 1023u) & ~1023u;
+    const uint32_t sQ = base + L::q, sK = base + L::k, sV = base + L::v, bar = base + L::bars;
+    const uint32_t q_full = bar;
+    auto k_full = [&](int s) { return bar + 8 * (1 + 4 * s); };
+    auto v_full = [&](int s) { return bar + 8 * (2 + 4 * s); };
+    auto k_empty = [&](int s) { return bar + 8 * (3 + 4 * s); };
+    auto v_empty = [&](int s) { return bar + 8 * (4 + 4 * s); };
+
+    const int wg = threadIdx.x >> 7, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    /* the last query tiles first: under a causal mask they are the longest */
+    const long long qt = (long long)gridDim.x - 1 - blockIdx.x;
+    const long long h = blockIdx.y, b = blockIdx.z, hk = h / p.group, i0 = qt * BM;
+    const int m = (int)min((long long)BM, p.Nq - i0);
+    int64_t kt0, kt1;
+    wa_key_tiles_for_rows(&p.win, i0, i0 + m, BN, &kt0, &kt1);
+
+    if (threadIdx.x == 0) {
+        mbar_init(q_full, 1);
+        for (int s = 0; s < kStages; s++) {
+            mbar_init(k_full(s), 1), mbar_init(v_full(s), 1);
+            mbar_init(k_empty(s), 4 * kConsumers), mbar_init(v_empty(s), 4 * kConsumers); /* one arrival per warp */
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    if (wg == 0) { /* producer */
+        setmaxnreg_dec<kProducerRegs>();
+        if (threadIdx.x == 0 && kt0 < kt1) {
+            mbar_expect_tx(q_full, BM * D * 2);
+            for (int c = 0; c < DB; c++) tma_load(sQ + c * (BM * 128), &tq, q_full, c * 64, (int)i0, (int)h, (int)b);
+            for (long long kt = kt0; kt < kt1; kt++) {
+                const int it = (int)(kt - kt0), st = it % kStages;
+                const uint32_t ph = (uint32_t)(it / kStages) & 1u;
+                if (it >= kStages) mbar_wait(k_empty(st), ph ^ 1u); /* the consumers released its last use */
+                mbar_expect_tx(k_full(st), TILE);
+                for (int c = 0; c < DB; c++)
+                    tma_load(sK + st * TILE + c * (BN * 128), &tk, k_full(st), c * 64, (int)(kt * BN), (int)hk, (int)b);
+                if (it >= kStages) mbar_wait(v_empty(st), ph ^ 1u);
+                mbar_expect_tx(v_full(st), TILE);
+                for (int c = 0; c < DB; c++)
+                    tma_load(sV + st * TILE + c * (BN * 128), &tv, v_full(st), c * 64, (int)(kt * BN), (int)hk, (int)b);
+            }
+        }
+        return;
+    }
+
+    /* consumers */
+    setmaxnreg_inc<kConsumerRegs>();
+    const int cw = wg - 1, w4 = warp & 3, g = lane >> 2, t4 = lane & 3;
+    const long long r0 = i0 + cw * 64, r1 = min(r0 + 64, p.Nq); /* this warpgroup's rows [r0, r1) */
+    const long long rows[2] = {r0 + w4 * 16 + g, r0 + w4 * 16 + g + 8};
+    int64_t wk0 = kt1, wk1 = kt1; /* the key tiles these rows see; none: every tile is skipped */
+    if (r0 < r1) {
+        wa_key_tiles_for_rows(&p.win, r0, r1, BN, &wk0, &wk1);
+        if (wk0 >= wk1) wk0 = wk1 = kt1;
+    }
+    const float scale2 = p.scale * kLog2e;
+
+    float acc[DB][8][4];
+#pragma unroll
+    for (int c = 0; c < DB; c++)
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc[c][i][0] = acc[c][i][1] = acc[c][i][2] = acc[c][i][3] = 0.0f;
+    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+    uint32_t pa[BN / 16][4]; /* P of the last tile, the A operand of O += P V */
+
+    /* a tile these rows do not see: wait until it landed (so the phases stay in order), release it */
+    auto skip = [&](long long kt) {
+        const int it = (int)(kt - kt0), st = it % kStages;
+        const uint32_t ph = (uint32_t)(it / kStages) & 1u;
+        mbar_wait(k_full(st), ph);
+        mbar_arrive_if(k_empty(st), lane == 0);
+        mbar_wait(v_full(st), ph);
+        mbar_arrive_if(v_empty(st), lane == 0);
+    };
+    auto fence_acc = [&]() {
+#pragma unroll
+        for (int c = 0; c < DB; c++) reg_fence(acc[c]);
+    };
+    /* S = Q Kᵀ for the tile in stage st (issue only). The base addresses pass through opaque()
+     * so that the compiler forms the 64-bit descriptors next to each wgmma instead of hoisting
+     * all of them out of the loop, which held 2 registers per descriptor (spills at D = 128). */
+    auto issue_s = [&](float (&s)[BN / 8][4], int st) {
+        const uint32_t k_s = opaque(sK + st * TILE), q_s = opaque(sQ + cw * (64 * 128));
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++)
+            wgmma_ss<T, BN>(s, gmma_desc(q_s + (ks >> 2) * (BM * 128) + (ks & 3) * 32),
+                            gmma_desc(k_s + (ks >> 2) * (BN * 128) + (ks & 3) * 32), ks > 0);
+    };
+    /* O += P V for the tile in stage st (issue only) */
+    auto issue_pv = [&](int st) {
+        const uint32_t v_s = opaque(sV + st * TILE);
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++)
+#pragma unroll
+            for (int c = 0; c < DB; c++) wgmma_rs_t<T, 64>(acc[c], pa[kk], gmma_desc(v_s + c * (BN * 128) + kk * (16 * 128)), 1);
+    };
+    /* the last tile's O += P V, waited for */
+    auto finish_pv = [&](int st, uint32_t ph) {
+        mbar_wait(v_full(st), ph);
+        reg_fence(pa);
+        fence_acc();
+        wg_fence();
+        issue_pv(st);
+        wg_commit();
+        wg_wait<0>();
+        fence_acc();
+        mbar_arrive_if(v_empty(st), lane == 0);
+    };
+    /* the online-softmax step on S of key tile kt; alpha is O's factor, P goes to pa afterwards */
+    auto softmax = [&](float (&s)[BN / 8][4], long long kt, float (&alpha)[2]) {
+        const long long j0 = kt * BN;
+        const int n = (int)min((long long)BN, p.Nk - j0);
+        const bool edge = n < BN || wa_tile_needs_mask(&p.win, r0, r1, j0, j0 + n);
+        softmax_scores<BN, CAP>(p, s, row_max, row_sum, alpha, rows, j0, edge, t4, scale2);
+    };
+    auto pack_p = [&](const float (&s)[BN / 8][4]) {
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) {
+            pa[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]), pa[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+            pa[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pa[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        }
+    };
+
+    if (kt0 < kt1) mbar_wait(q_full, 0);
+    for (long long kt = kt0; kt < wk0; kt++) skip(kt);
+
+    if (wk0 < wk1) {
+        /* the first tile: nothing to overlap with yet (and O is zero, no rescale) */
+        int pst = (int)(wk0 - kt0) % kStages;
+        uint32_t pph = (uint32_t)((wk0 - kt0) / kStages) & 1u;
+        {
+            float s[BN / 8][4], alpha[2];
+            mbar_wait(k_full(pst), pph);
+            wg_fence();
+            issue_s(s, pst);
+            wg_commit();
+            wg_wait<0>();
+            reg_fence(s);
+            mbar_arrive_if(k_empty(pst), lane == 0);
+            softmax(s, wk0, alpha);
+            pack_p(s);
+            if (!PIPELINED) finish_pv(pst, pph);
+        }
+        for (long long kt = wk0 + 1; kt < wk1; kt++) {
+            const int it = (int)(kt - kt0), st = it % kStages;
+            const uint32_t ph = (uint32_t)(it / kStages) & 1u;
+            float s[BN / 8][4], alpha[2];
+            mbar_wait(k_full(st), ph);
+            if (PIPELINED) {
+                /* S of this tile and O += P V of the last one, back to back; the softmax below runs
+                 * while the second is on the tensor cores, the rescale of O after it */
+                mbar_wait(v_full(pst), pph);
+                reg_fence(pa);
+                fence_acc();
+                wg_fence();
+                issue_s(s, st);
+                wg_commit();
+                issue_pv(pst);
+                wg_commit();
+                wg_wait<1>();
+                reg_fence(s);
+                mbar_arrive_if(k_empty(st), lane == 0);
+                softmax(s, kt, alpha);
+                wg_wait<0>();
+                fence_acc();
+                mbar_arrive_if(v_empty(pst), lane == 0);
+                rescale<DB * 8>(reinterpret_cast<float (&)[DB * 8][4]>(acc), alpha);
+                pack_p(s);
+            } else {
+                wg_fence();
+                issue_s(s, st);
+                wg_commit();
+                wg_wait<0>();
+                reg_fence(s);
+                mbar_arrive_if(k_empty(st), lane == 0);
+                softmax(s, kt, alpha);
+                rescale<DB * 8>(reinterpret_cast<float (&)[DB * 8][4]>(acc), alpha);
+                pack_p(s);
+                finish_pv(st, ph);
+            }
+            pst = st, pph = ph;
+        }
+        if (PIPELINED) finish_pv(pst, pph);
+    }
+    for (long long kt = wk1; kt < kt1; kt++) skip(kt);
+
+    store_rows<T, DB * 8>(p, reinterpret_cast<const float (&)[DB * 8][4]>(acc), row_max, row_sum, rows, b, h, t4);
+}
+
+/* ---- host side ---- */
+
+using encode_fn = PFN_cuTensorMapEncodeTiled_v12000;
+
+static encode_fn tensor_map_encoder() {
+    static const encode_fn fn = [] {
+        void *f = nullptr;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+            q != cudaDriverEntryPointSuccess)
+            return (encode_fn) nullptr;
+        return (encode_fn)f;
+    }();
+    return fn;
+}
+
+/* t as the 4-D tensor (d, n, h, b) of 16-bit values, read in boxes of 64 values × rows with the
+ * 128-byte swizzle. False when TMA cannot express it (a dimension of more than one row with a
+ * stride that is zero or not a multiple of 16 bytes). */
+static bool tensor_map(CUtensorMap *map, const dev_tensor &t, wa_dtype dt, long long B, long long H, long long N, int D,
+                       int rows) {
+    const encode_fn encode = tensor_map_encoder();
+    if (!encode || N <= 0 || H <= 0 || B <= 0) return false;
+    const cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)N, (cuuint64_t)H, (cuuint64_t)B};
+    long long strides[3] = {t.s2 * 2, t.s1 * 2, t.s0 * 2};
+    long long extent = (long long)D * 2; /* bytes spanned so far: stands in for a size-1 dimension's stride */
+    for (int i = 0; i < 3; i++) {
+        if (dims[i + 1] == 1) strides[i] = extent;
+        if (strides[i] <= 0 || strides[i] % 16 || strides[i] >= (1LL << 40)) return false;
+        extent = strides[i] * (long long)dims[i + 1];
+    }
+    const cuuint64_t gstride[3] = {(cuuint64_t)strides[0], (cuuint64_t)strides[1], (cuuint64_t)strides[2]};
+    const cuuint32_t box[4] = {64, (cuuint32_t)rows, 1, 1}, estride[4] = {1, 1, 1, 1};
+    return encode(map, dt == WA_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, t.data, dims,
+                  gstride, box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <typename T, int D, bool PIPELINED, Cap CAP>
+static wa_status launch(const kparams &kp, const CUtensorMap &q, const CUtensorMap &k, const CUtensorMap &v, cudaStream_t s) {
+    static volatile int done = 0;
+    constexpr size_t bytes = ws_layout<D>::bytes;
+    CUDA_TRY(raise_once(fwd_ws_kernel<T, D, PIPELINED, CAP>, bytes, &done));
+    const dim3 grid((unsigned)((kp.Nq + kBM - 1) / kBM), (unsigned)kp.Hq, (unsigned)kp.B);
+    fwd_ws_kernel<T, D, PIPELINED, CAP><<<grid, kThreads, bytes, s>>>(q, k, v, kp);
+    CUDA_TRY(cudaGetLastError());
+    return WA_OK;
+}
+
+template <typename T, int D> static wa_status by_variant(const kparams &kp, const CUtensorMap (&maps)[3], cudaStream_t s) {
+    /* WINATTN_CUDA=v4a: without the in-warpgroup overlap (for comparisons in dev/cuda) */
+    const char *force = getenv("WINATTN_CUDA");
+    const bool pipelined = !(force && !strcmp(force, "v4a"));
+    if (kp.softcap > 0.0f)
+        return pipelined ? launch<T, D, true, Cap::on>(kp, maps[0], maps[1], maps[2], s)
+                         : launch<T, D, false, Cap::on>(kp, maps[0], maps[1], maps[2], s);
+    return pipelined ? launch<T, D, true, Cap::off>(kp, maps[0], maps[1], maps[2], s)
+                     : launch<T, D, false, Cap::off>(kp, maps[0], maps[1], maps[2], s);
+}
+
+template <typename T> static wa_status by_dim(const kparams &kp, const CUtensorMap (&maps)[3], cudaStream_t s) {
+    switch (kp.D) {
+    case 64: return by_variant<T, 64>(kp, maps, s);
+    case 128: return by_variant<T, 128>(kp, maps, s);
+    default: return by_variant<T, 256>(kp, maps, s);
+    }
+}
+
+} /* namespace */
+
+int hopper_forward_supports(const kparams &kp) {
+    const char *force = getenv("WINATTN_CUDA");
+    if (force && (!strcmp(force, "mma") || !strcmp(force, "v3"))) return 0;
+    return (kp.D == 64 || kp.D == 128 || kp.D == 256) && kp.Nq > 0 && kp.Nk > 0 && tensor_map_encoder() != nullptr;
+}
+
+wa_status hopper_forward(const kparams &kp, wa_dtype dt, cudaStream_t s, int *taken) {
+    *taken = 0;
+    if (!hopper_forward_supports(kp)) return WA_OK;
+    const int D = (int)kp.D, bn = D == 256 ? ws_bn<256>() : ws_bn<128>();
+    CUtensorMap maps[3];
+    if (!tensor_map(&maps[0], kp.q, dt, kp.B, kp.Hq, kp.Nq, D, kBM) || !tensor_map(&maps[1], kp.k, dt, kp.B, kp.Hkv, kp.Nk, D, bn) ||
+        !tensor_map(&maps[2], kp.v, dt, kp.B, kp.Hkv, kp.Nk, D, bn))
+        return WA_OK;
+    *taken = 1;
+    return dt == WA_BF16 ? by_dim<__nv_bfloat16>(kp, maps, s) : by_dim<__half>(kp, maps, s);
+}

@@ -1,0 +1,280 @@
+/* mma_prims.cuh — the building blocks the tensor-core kernels share (attn_mma.cu: versions 2 and
+ * 3; fwd_hopper.cu: version 4): PTX wrappers (cp.async, ldmatrix, mma.sync, wgmma fences), the
+ * swizzled shared-memory tile layouts, the masked online-softmax step and the forward's epilogue.
+ * Everything sits in an anonymous namespace: each translation unit gets its own inlined copy. */
+#ifndef WA_CUDA_MMA_PRIMS_CUH
+#define WA_CUDA_MMA_PRIMS_CUH
+
+#include "common.cuh"
+
+#include <math.h>
+#include <stdint.h>
+
+namespace {
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+/* ---- PTX wrappers ---- */
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+/* 16 bytes global -> shared, bypassing L1; valid == false writes 16 zero bytes */
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void *src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+/* c += a b for one 16x8x16 step; a row-major 16x16, b "col" (n-major) 16x8 */
+template <typename T> __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+template <> __device__ __forceinline__ void mma<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <> __device__ __forceinline__ void mma<__half>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* two floats rounded to the dtype, lo in the low half (the fragment order) */
+template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t *)&v;
+}
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *(uint32_t *)&v;
+}
+
+/* 2^x as the bare MUFU instruction (flushes denormal results to 0, which P never needs): 3-8 %
+ * faster than exp2f in the lab (dev/cuda/README.md); -DWA_EXP2F restores exp2f */
+__device__ __forceinline__ float exp2_(float x) {
+#ifndef WA_EXP2F
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+#else
+    return exp2f(x);
+#endif
+}
+
+/* ---- shared-memory tiles ---- */
+
+/* byte offset of 16-byte chunk c of row r in a swizzled tile whose rows hold W 16-bit values */
+template <int W> __device__ __forceinline__ uint32_t swz(int r, int c) { return (uint32_t)(r * (W * 2) + ((c ^ (r & 7)) << 4)); }
+
+/* rows [row0, row0 + ROWS) of head (b, h) into a swizzled tile; rows at or past `limit` become 0
+ * (a ragged last tile must not feed stale or NaN bytes into the products) */
+template <typename T, int D, int ROWS, int NT>
+__device__ __forceinline__ void load_tile(uint32_t dst, const dev_tensor &t, long long b, long long h, long long row0,
+                                          long long limit) {
+    constexpr int CH = D / 8;
+    static_assert(ROWS * CH % NT == 0, "every thread moves the same number of chunks");
+    const T *base = row_of<T>(t, b, h, 0);
+#pragma unroll
+    for (int k = 0; k < ROWS * CH / NT; k++) {
+        const int e = threadIdx.x + k * NT, r = e / CH, c = e % CH;
+        const bool ok = row0 + r < limit;
+        cp_async16(dst + swz<D>(r, c), base + (ok ? row0 + r : 0) * t.s2 + c * 8, ok);
+    }
+}
+
+/* A operand (16 rows from `row`, k columns 16*ks..) from a row-major tile */
+template <int W> __device__ __forceinline__ void load_a(uint32_t (&a)[4], uint32_t tile, int row, int ks, int lane) {
+    ldsm_x4(a, tile + swz<W>(row + (lane & 15), ks * 2 + (lane >> 4)));
+}
+/* B operands of two n blocks (rows n..n+15 of the tile are the n index, k columns 16*ks..):
+ * b[0], b[1] for rows n..n+7, b[2], b[3] for n+8..n+15 */
+template <int W> __device__ __forceinline__ void load_b_nk(uint32_t (&b)[4], uint32_t tile, int n, int ks, int lane) {
+    ldsm_x4(b, tile + swz<W>(n + (lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
+}
+/* B operands of two n blocks from a tile stored k-major (rows k..k+15 are the k index,
+ * columns 16*nc.. the n index), read transposed */
+template <int W> __device__ __forceinline__ void load_b_kn(uint32_t (&b)[4], uint32_t tile, int k, int nc, int lane) {
+    ldsm_x4_t(b, tile + swz<W>(k + (lane & 7) + (((lane >> 3) & 1) << 3), nc * 2 + (lane >> 4)));
+}
+/* A operand of Xᵀ where X is stored k-major (rows k..k+15, m columns 16*mc..), read transposed */
+template <int W> __device__ __forceinline__ void load_at(uint32_t (&a)[4], uint32_t tile, int k, int mc, int lane) {
+    ldsm_x4_t(a, tile + swz<W>(k + (lane & 7) + ((lane >> 4) << 3), mc * 2 + ((lane >> 3) & 1)));
+}
+
+/* Whether a kernel's softmax applies the softcap: decided per call (versions 2 and 3), or fixed
+ * at compile time (version 4 instantiates both: tanhf's temporaries, unrolled over a 64 × 128
+ * tile, made the uncapped kernel spill when the choice was left to run time). */
+enum class Cap { per_call, off, on };
+
+/* the scores of one accumulator element in log2 units (softcapped if asked) */
+template <Cap CAP = Cap::per_call> __device__ __forceinline__ float score2(const kparams &p, float acc, float scale2) {
+    if (CAP == Cap::on || (CAP == Cap::per_call && p.softcap > 0.0f)) return p.softcap * tanhf(acc * p.scale / p.softcap) * kLog2e;
+    return acc * scale2;
+}
+
+/* One key tile of the online softmax on a thread's fragment, shared by every forward kernel: s
+ * holds the raw scores of its two rows (rows[0], rows[1]; columns j0 + nb*8 + 2*t4 + {0,1}) and
+ * becomes exp2(score - new max); the running max and sum are updated, and alpha[r] is the factor
+ * the row's output accumulator must be multiplied by (rescale() below). Split from the rescale so
+ * that the version-4 forward can run it while O += P V of the previous tile is still in flight.
+ * Masks only on edge tiles, from tile_geometry.h. */
+template <int BN, Cap CAP = Cap::per_call>
+__device__ __forceinline__ void softmax_scores(const kparams &p, float (&s)[BN / 8][4], float (&row_max)[2],
+                                               float (&row_sum)[2], float (&alpha)[2], const long long (&rows)[2],
+                                               long long j0, bool edge, int t4, float scale2) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        /* the row's visible keys as columns of this tile, clamped to [-1, BN]: 32-bit compares
+         * per element (64-bit ones cost the version-4 kernel its spare registers) */
+        int lo = 0, hi = BN - 1;
+        if (edge) {
+            lo = (int)wa_max64(-1, wa_min64(BN, wa_row_first_key(&p.win, rows[r]) - j0));
+            hi = (int)wa_max64(-1, wa_min64(BN, wa_row_last_key(&p.win, rows[r]) - j0));
+        }
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nb = 0; nb < BN / 8; nb++)
+#pragma unroll
+            for (int e = 2 * r; e < 2 * r + 2; e++) {
+                float x = score2<CAP>(p, s[nb][e], scale2);
+                if (edge) {
+                    const int c = nb * 8 + 2 * t4 + (e & 1);
+                    if (c < lo || c > hi) x = -INFINITY;
+                }
+                s[nb][e] = x;
+                mx = fmaxf(mx, x);
+            }
+        /* the four lanes of a quad hold one row */
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(row_max[r], mx);
+        const float m_use = m_new == -INFINITY ? 0.0f : m_new; /* a row with nothing visible yet stays 0 */
+        alpha[r] = exp2_(row_max[r] - m_use);
+        row_max[r] = m_new;
+        row_sum[r] *= alpha[r];
+#pragma unroll
+        for (int nb = 0; nb < BN / 8; nb++)
+#pragma unroll
+            for (int e = 2 * r; e < 2 * r + 2; e++) {
+                float pv = exp2_(s[nb][e] - m_use);
+                s[nb][e] = pv;
+                row_sum[r] += pv;
+            }
+    }
+}
+
+/* the NA output fragments of a thread's two rows times alpha (from softmax_scores) */
+template <int NA> __device__ __forceinline__ void rescale(float (&acc)[NA][4], const float (&alpha)[2]) {
+#pragma unroll
+    for (int i = 0; i < NA; i++) acc[i][0] *= alpha[0], acc[i][1] *= alpha[0], acc[i][2] *= alpha[1], acc[i][3] *= alpha[1];
+}
+
+/* both of the above, for the kernels that rescale at once */
+template <int BN, int NA>
+__device__ __forceinline__ void softmax_step(const kparams &p, float (&s)[BN / 8][4], float (&acc)[NA][4],
+                                             float (&row_max)[2], float (&row_sum)[2], const long long (&rows)[2],
+                                             long long j0, bool edge, int t4, float scale2) {
+    float alpha[2];
+    softmax_scores<BN>(p, s, row_max, row_sum, alpha, rows, j0, edge, t4, scale2);
+    rescale<NA>(acc, alpha);
+}
+
+/* The forward's epilogue, shared by both kernels: O = acc / row sum (NA fragments of 8 columns)
+ * and lse, for the thread's two rows. */
+template <typename T, int NA>
+__device__ __forceinline__ void store_rows(const kparams &p, const float (&acc)[NA][4], const float (&row_max)[2],
+                                           const float (&row_sum)[2], const long long (&rows)[2], long long b,
+                                           long long h, int t4) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float l = row_sum[r];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        if (rows[r] >= p.Nq) continue;
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        T *orow = row_of<T>(p.o, b, h, rows[r]);
+#pragma unroll
+        for (int i = 0; i < NA; i++)
+            *(uint32_t *)(orow + i * 8 + 2 * t4) = pack2<T>(acc[i][2 * r] * inv, acc[i][2 * r + 1] * inv);
+        if (p.lse.data && t4 == 0)
+            *row_of<float>(p.lse, b, h, rows[r]) = l > 0.0f ? row_max[r] * kLn2 + logf(l) : -INFINITY;
+    }
+}
+
+#include "wgmma_ops.cuh"
+
+/* Tiles for wgmma are stored in column blocks of 64 values (128-byte rows), each block R rows deep
+ * and 1024-byte aligned, with the 128-byte swizzle the hardware applies (16-byte chunk c of row r
+ * at c ^ (r % 8)). The K-major operands (Q, K) and the MN-major V (read transposed) use the same
+ * layout, and so would ldmatrix. c counts 16-byte chunks along the whole row of D values. */
+template <int R> __device__ __forceinline__ uint32_t blk_off(int r, int c) {
+    return (uint32_t)((c >> 3) * (R * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+template <typename T, int D, int ROWS, int NT>
+__device__ __forceinline__ void load_tile_blk(uint32_t dst, const dev_tensor &t, long long b, long long h, long long row0,
+                                              long long limit) {
+    constexpr int CH = D / 8;
+    static_assert(ROWS * CH % NT == 0, "every thread moves the same number of chunks");
+    const T *base = row_of<T>(t, b, h, 0);
+#pragma unroll
+    for (int k = 0; k < ROWS * CH / NT; k++) {
+        const int e = threadIdx.x + k * NT, r = e / CH, c = e % CH;
+        const bool ok = row0 + r < limit;
+        cp_async16(dst + blk_off<ROWS>(r, c), base + (ok ? row0 + r : 0) * t.s2 + c * 8, ok);
+    }
+}
+
+/* shared-memory matrix descriptor: 128-byte swizzle, 8-row groups 1024 bytes apart (SBO); the
+ * leading offset is unused because every wgmma here stays inside one 64-value column block */
+__device__ __forceinline__ uint64_t gmma_desc(uint32_t addr) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+/* wait until at most N of this warpgroup's committed groups are still running (they finish in order) */
+template <int N> __device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+/* pins registers in program order around the asynchronous wgmma (the compiler cannot see that the
+ * accumulators change until the wait, nor that A fragments must exist before the fence) */
+template <int A> __device__ __forceinline__ void reg_fence(float (&x)[A][4]) {
+#pragma unroll
+    for (int i = 0; i < A; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+f"(x[i][e])::"memory");
+}
+template <int A> __device__ __forceinline__ void reg_fence(uint32_t (&x)[A][4]) {
+#pragma unroll
+    for (int i = 0; i < A; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+r"(x[i][e])::"memory");
+}
+/* cp.async wrote through the generic proxy; wgmma reads through the async proxy */
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+/* The dynamic shared-memory limit of each kernel is set once, to its one fixed size (different
+ * sizes per launch raced between host threads in version 1; see attn_cuda.cu). */
+template <typename K> static cudaError_t raise_once(K kernel, size_t bytes, volatile int *done) {
+    if (*done) return cudaSuccess;
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    if (e == cudaSuccess) *done = 1;
+    return e;
+}
+
+} /* namespace */
+
+#endif /* WA_CUDA_MMA_PRIMS_CUH */
