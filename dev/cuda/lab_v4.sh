@@ -1,8 +1,9 @@
 #!/bin/sh
-# lab_v4.sh — one device call for version 4 of the forward (src/cuda/fwd_hopper.cu): build, a quick
-# CUDA parity sweep on the default and on v4a, forward timings of v4 / v4a / the older kernels at
-# the shapes, then the full CUDA parity sweep. Run from the repository root on the H200:
-#   DEPS=.devdeps sh dev/cuda/lab_v4.sh [bench|parity|all]
+# lab_v4.sh — one device call for version 4 (src/cuda/fwd_hopper.cu, bwd_hopper.cu): build, a quick
+# CUDA parity sweep, timings of v4 against the older kernels at the shapes, then the full
+# CUDA parity sweep. Run from the repository root on the H200:
+#   DEPS=.devdeps sh dev/cuda/lab_v4.sh [bench|parity|all|bwd]
+# `bwd`: quick parity, forward+backward timings of v4 and v2 (WINATTN_CUDA=mma), full parity.
 # Every step has a time limit, so a hung kernel costs minutes, not the session.
 OUT=${OUT:-/tmp/out}
 DEPS=${DEPS:-.devdeps}
@@ -14,14 +15,29 @@ timeout 400 make -j16 JANSSON_CFLAGS=-I$DEPS/usr/include JANSSON_LIBS=$DEPS/usr/
 echo "built in $(($(date +%s) - t0)) s"
 nvidia-smi -L
 P="timeout 120 build/winattn parity --device cuda --threads 16"
-if [ "$what" = all ] || [ "$what" = parity ]; then
-    for v in default v4a; do
+if [ "$what" = all ] || [ "$what" = parity ] || [ "$what" = bwd ]; then
+    for v in default; do
         echo "== parity --quick ($v)"
         WINATTN_CUDA=$v $P --quick >"$OUT/parity_quick_$v.txt" 2>&1; echo "exit $?"
         grep '^FAIL' "$OUT/parity_quick_$v.txt" | head -10; tail -1 "$OUT/parity_quick_$v.txt"
     done
 fi
 B="timeout 60 build/winattn bench --device cuda --reps 5 --forward-only"
+if [ "$what" = bwd ]; then
+    F="timeout 90 build/winattn bench --device cuda --reps 5"
+    for v in default mma; do
+        echo "== (a) bf16 Hq=32 Hkv=16 D=256 window 1024 ($v)"
+        WINATTN_CUDA=$v $F --n 8192,16384,32768 | tail -3
+        echo "== (b) bf16 Hq=32 Hkv=8 D=128 window 4096 ($v)"
+        WINATTN_CUDA=$v $F --n 8192,32768 --d 128 --hkv 8 --sliding-window 4096 | tail -2
+        echo "== D=64 Hq=32 Hkv=8 window 1024, 16K ($v)"
+        WINATTN_CUDA=$v $F --n 16384 --d 64 --hkv 8 --sliding-window 1024 | tail -1
+    done
+    echo "== f16 (a) 16K; causal 8K D=256 and D=128"
+    $F --n 16384 --dtype f16 | tail -1
+    $F --n 8192 --causal | tail -1
+    $F --n 8192 --d 128 --hkv 8 --causal | tail -1
+fi
 if [ "$what" = all ] || [ "$what" = bench ]; then
     for v in default v4a v3; do
         echo "== (a) bf16 Hq=32 Hkv=16 D=256 window 1024 ($v)"
@@ -38,7 +54,7 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
     $B --n 8192 --causal | tail -1
     $B --n 8192 --d 128 --hkv 8 --causal | tail -1
 fi
-if [ "$what" = all ] || [ "$what" = parity ]; then
+if [ "$what" = all ] || [ "$what" = parity ] || [ "$what" = bwd ]; then
     echo "== parity --device cuda (full, default)"
     timeout 300 build/winattn parity --device cuda --threads 16 >"$OUT/parity_cuda.txt" 2>&1; echo "exit $?"
     grep '^FAIL' "$OUT/parity_cuda.txt" | head -20

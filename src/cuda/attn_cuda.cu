@@ -348,7 +348,8 @@ static kparams params_of(const wa_problem *p) {
     k.dout = dev_of(p->do_), k.dq = dev_of(p->dq), k.dk = dev_of(p->dk), k.dv = dev_of(p->dv);
     k.B = p->B, k.Hq = p->Hq, k.Hkv = p->Hkv, k.Nq = p->Nq, k.Nk = p->Nk, k.D = p->D, k.group = p->group;
     k.scale = p->scale, k.softcap = p->softcap, k.win = p->win;
-    k.delta = k.rnorm = k.dq_acc = nullptr;
+    k.delta = k.rnorm = k.dq_acc = k.lse2 = nullptr;
+    k.nq_pad = 0;
     k.tile = tile_for(p->D);
     k.n_qtiles = (int)((p->Nq + k.tile - 1) / k.tile);
     k.n_ktiles = (int)((p->Nk + k.tile - 1) / k.tile);
@@ -409,10 +410,12 @@ template <typename T> static wa_status forward_t(wa_context *ctx, const wa_probl
 /* the atomic-dQ option (wa_context_params.cuda_atomic_dq) exists on the tensor-core path only */
 static int atomic_dq(const wa_context *ctx, const wa_problem *p) { return ctx->params.cuda_atomic_dq && mma_supports(p); }
 
-/* backward workspace: delta, plus rnorm (f32) or the f32 dQ accumulator (atomic dQ) */
+/* backward workspace: two arrays of rows padded to 64 per head (delta, then rnorm for f32 or lse2
+ * for the version-4 backward), plus the f32 dQ accumulator of the atomic-dQ option */
+static size_t padded_rows(const wa_problem *p) { return (size_t)(p->B * p->Hq * ((p->Nq + 63) / 64 * 64)); }
 static size_t workspace_floats(const wa_context *ctx, const wa_problem *p) {
     size_t rows = (size_t)(p->B * p->Hq * p->Nq);
-    size_t n = rows * (p->dtype == WA_F32 ? 2 : 1) + (atomic_dq(ctx, p) ? rows * (size_t)p->D : 0);
+    size_t n = 2 * padded_rows(p) + (atomic_dq(ctx, p) ? rows * (size_t)p->D : 0);
     return n ? n : 1;
 }
 
@@ -424,11 +427,13 @@ template <typename T> static wa_status backward_t(wa_context *ctx, const wa_prob
     void *ws = nullptr;
     CUDA_TRY(cudaMallocAsync(&ws, workspace_floats(ctx, p) * sizeof(float), s));
     kp.delta = (float *)ws;
-    kp.rnorm = f32 ? kp.delta + rows : nullptr;
-    kp.dq_acc = atomic ? kp.delta + rows : nullptr;
+    kp.nq_pad = (p->Nq + 63) / 64 * 64;
+    kp.rnorm = f32 ? kp.delta + padded_rows(p) : nullptr;
+    kp.lse2 = f32 ? nullptr : kp.delta + padded_rows(p);
+    kp.dq_acc = atomic ? kp.delta + 2 * padded_rows(p) : nullptr;
     wa_status st = WA_OK;
     if (mma_supports(p)) {
-        st = mma_backward(kp, p->dtype, s); /* version 2 (attn_mma.cu): its own delta, dK/dV, dQ */
+        st = mma_backward(kp, p->dtype, s); /* version 4 (bwd_hopper.cu) or 2 (attn_mma.cu) */
     } else {
         if (f32) {
             st = launch(rowstats_kernel<T>, dim3(kp.n_qtiles, (unsigned)p->Hq, (unsigned)p->B), rowstats_smem(kp.tile, (int)p->D), s, kp);

@@ -685,5 +685,8 @@ wa_status mma_forward(const kparams &kp, wa_dtype dt, cudaStream_t s) {
 }
 
 wa_status mma_backward(const kparams &kp, wa_dtype dt, cudaStream_t s) {
+    int taken = 0;
+    const wa_status st = hopper_backward(kp, dt, s, &taken);
+    if (taken || st != WA_OK) return st;
     return dt == WA_BF16 ? bwd_by_dim<__nv_bfloat16>(kp, s) : bwd_by_dim<__half>(kp, s);
 }

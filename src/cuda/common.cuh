@@ -31,6 +31,8 @@ struct kparams {
     wa_window win;
     float *delta, *rnorm; /* [B, Hq, Nq]; rnorm only for f32 */
     float *dq_acc;        /* [B, Hq, Nq, D] f32, only for the atomic-dQ option (else NULL) */
+    float *lse2;          /* version-4 backward: lse·log2(e) per row, +inf past Nq and for empty rows */
+    long long nq_pad;     /* row stride of delta and lse2 in the version-4 backward (Nq rounded up to 64) */
     int tile, n_qtiles, n_ktiles;
 };
 
@@ -54,6 +56,10 @@ wa_status mma_forward(const kparams &kp, wa_dtype dt, cudaStream_t s);
 /* version 4's forward (fwd_hopper.cu: TMA, warp-specialised wgmma) when it applies (D = 64, 128,
  * 256, strides TMA can express); *taken = 0 leaves the call to mma_forward */
 wa_status hopper_forward(const kparams &kp, wa_dtype dt, cudaStream_t s, int *taken);
+/* version 4's backward (bwd_hopper.cu) when it applies; it needs kp.delta and kp.lse2 with
+ * B*Hq*nq_pad floats each. *taken = 0 leaves the call to mma_backward */
+int hopper_backward_supports(const kparams &kp);
+wa_status hopper_backward(const kparams &kp, wa_dtype dt, cudaStream_t s, int *taken);
 /* backward; kp.delta must point to B*Hq*Nq floats of workspace, which this fills */
 wa_status mma_backward(const kparams &kp, wa_dtype dt, cudaStream_t s);
 

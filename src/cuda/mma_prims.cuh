@@ -126,6 +126,24 @@ template <Cap CAP = Cap::per_call> __device__ __forceinline__ float score2(const
     return acc * scale2;
 }
 
+/* The keys of query row `row` that tile columns [j0, j0 + BN) hold, as columns [lo, hi] clamped
+ * to [-1, BN] (empty when lo > hi): edge tiles then mask with 32-bit compares per element
+ * (64-bit ones cost the version-4 kernels their spare registers). */
+template <int BN> __device__ __forceinline__ void visible_cols(const kparams &p, long long row, long long j0, int &lo, int &hi) {
+    lo = (int)wa_max64(-1, wa_min64(BN, wa_row_first_key(&p.win, row) - j0));
+    hi = (int)wa_max64(-1, wa_min64(BN, wa_row_last_key(&p.win, row) - j0));
+}
+/* the same for key row `key` of a transposed tile: its queries among columns [i0, i0 + BM); a key
+ * past the end sees nothing */
+template <int BM> __device__ __forceinline__ void visible_query_cols(const kparams &p, long long key, long long i0, int &lo, int &hi) {
+    if (key >= p.Nk) {
+        lo = BM, hi = -1;
+        return;
+    }
+    lo = (int)wa_max64(-1, wa_min64(BM, wa_col_first_query(&p.win, key) - i0));
+    hi = (int)wa_max64(-1, wa_min64(BM, wa_col_last_query(&p.win, key) - i0));
+}
+
 /* One key tile of the online softmax on a thread's fragment, shared by every forward kernel: s
  * holds the raw scores of its two rows (rows[0], rows[1]; columns j0 + nb*8 + 2*t4 + {0,1}) and
  * becomes exp2(score - new max); the running max and sum are updated, and alpha[r] is the factor
@@ -138,13 +156,8 @@ __device__ __forceinline__ void softmax_scores(const kparams &p, float (&s)[BN /
                                                long long j0, bool edge, int t4, float scale2) {
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        /* the row's visible keys as columns of this tile, clamped to [-1, BN]: 32-bit compares
-         * per element (64-bit ones cost the version-4 kernel its spare registers) */
         int lo = 0, hi = BN - 1;
-        if (edge) {
-            lo = (int)wa_max64(-1, wa_min64(BN, wa_row_first_key(&p.win, rows[r]) - j0));
-            hi = (int)wa_max64(-1, wa_min64(BN, wa_row_last_key(&p.win, rows[r]) - j0));
-        }
+        if (edge) visible_cols<BN>(p, rows[r], j0, lo, hi);
         float mx = -INFINITY;
 #pragma unroll
         for (int nb = 0; nb < BN / 8; nb++)
@@ -212,6 +225,20 @@ __device__ __forceinline__ void store_rows(const kparams &p, const float (&acc)[
             *(uint32_t *)(orow + i * 8 + 2 * t4) = pack2<T>(acc[i][2 * r] * inv, acc[i][2 * r + 1] * inv);
         if (p.lse.data && t4 == 0)
             *row_of<float>(p.lse, b, h, rows[r]) = l > 0.0f ? row_max[r] * kLn2 + logf(l) : -INFINITY;
+    }
+}
+
+/* accumulator fragments of a thread's two rows, rounded to the dtype, into rows < limit of head
+ * (b, h) of t (no normalisation: the gradients' epilogue) */
+template <typename T, int NA>
+__device__ __forceinline__ void store_frag_rows(const dev_tensor &t, const float (&acc)[NA][4], const long long (&rows)[2],
+                                                long long limit, long long b, long long h, int t4) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (rows[r] >= limit) continue;
+        T *row = row_of<T>(t, b, h, rows[r]);
+#pragma unroll
+        for (int i = 0; i < NA; i++) *(uint32_t *)(row + i * 8 + 2 * t4) = pack2<T>(acc[i][2 * r], acc[i][2 * r + 1]);
     }
 }
 

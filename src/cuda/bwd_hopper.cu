@@ -1,0 +1,472 @@
+/* bwd_hopper.cu — version 4 of the backward for f16/bf16 at D = 64, 128, 256: wgmma, TMA and
+ * warp-specialised CTAs like the version-4 forward (fwd_hopper.cu), deterministic (every output
+ * element is written once by one thread; no atomics). Three kernels:
+ *
+ *   prep   δ_i = dO_i · O_i and lse2_i = lse_i·log2(e) into row-padded arrays (+inf for rows past
+ *          Nq and rows that see nothing, so their P is 0 without a test). δ is the diagonal of
+ *          dO Oᵀ taken on wgmma, the instruction that forms dP below: with a one-key window
+ *          O_i = V_j bitwise, so dP_ij − δ_i is exactly 0 and dq = dk = 0 exactly, as the parity
+ *          sweep's window-1 cases demand (versions 1 and 2 did the same with their own orders).
+ *   dK/dV  one CTA per 64 keys of a kv head, over the group's query heads and the query tiles the
+ *          window allows (64 queries a step). Warpgroup 0 loads (TMA: K and V once; Q, dO, lse2,
+ *          δ per step into a two-stage ring). The two consumer warpgroups split the work by
+ *          output, not by rows, because dK and dV of 64 keys × 256 values do not both fit one
+ *          warpgroup's registers: warpgroup 1 forms Sᵀ = K Qᵀ, Pᵀ, and dV += Pᵀ dO; warpgroup 2
+ *          forms dPᵀ = V dOᵀ and, with Pᵀ handed over through shared memory (f32, two buffers,
+ *          named barriers), dSᵀ and dK += dSᵀ Q. Each does two of the four products.
+ *   dQ     one CTA per 128 query rows (two consumer warpgroups of 64 rows, one producer), over
+ *          the key tiles the window allows: S = Q Kᵀ, dP = dO Vᵀ, dS, dQ += dS K; the forward's
+ *          structure with lse and δ known.
+ * So the backward runs seven tile products per visible pair against FlashAttention-3's five (it
+ * adds dS K into dQ with atomics); the price of determinism without a dQ workspace.
+ * Masks, tile ranges and edge tiles come from tile_geometry.h. docs/cuda.md has the measurements. */
+#include "hopper_prims.cuh"
+
+#include <stdlib.h>
+#include <string.h>
+
+namespace {
+
+constexpr int kThreads = 384; /* producer + two consumer warpgroups */
+constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+
+/* the P·dP step of one accumulator element: dS with respect to the raw q·k (scale and the
+ * softcap's derivative included); x is the raw score, lse2 and delta the row's (or column's) */
+template <Cap CAP>
+__device__ __forceinline__ void prob_of(const kparams &p, float x, float lse2, float scale2, float &pv, float &dcap) {
+    if (CAP == Cap::on) {
+        const float t = tanhf(x * p.scale / p.softcap);
+        pv = exp2_(p.softcap * t * kLog2e - lse2);
+        dcap = 1.0f - t * t;
+    } else {
+        pv = exp2_(x * scale2 - lse2);
+        dcap = 1.0f;
+    }
+}
+
+/* ---- prep: δ and lse2 ---- */
+
+template <int D> constexpr size_t prep_smem_bytes() { return 1024 + (size_t)2 * 64 * D * 2; }
+
+template <typename T, int D> __global__ void __launch_bounds__(128) prep_kernel(kparams p) {
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const uint32_t s_do = (smem_u32(smem) + 1023u) & ~1023u, s_o = s_do + 64 * D * 2;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    const long long h = blockIdx.y, b = blockIdx.z, i0 = (long long)blockIdx.x * 64;
+    load_tile_blk<T, D, 64, 128>(s_do, p.dout, b, h, i0, p.Nq);
+    load_tile_blk<T, D, 64, 128>(s_o, p.o, b, h, i0, p.Nq);
+    cp_async_commit();
+    cp_async_wait<0>();
+    fence_proxy_async();
+    __syncthreads();
+    float d[8][4];
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks++)
+        wgmma_ss<T, 64>(d, gmma_desc(s_do + (ks >> 2) * (64 * 128) + (ks & 3) * 32),
+                        gmma_desc(s_o + (ks >> 2) * (64 * 128) + (ks & 3) * 32), ks > 0);
+    wg_commit();
+    wg_wait<0>();
+    reg_fence(d);
+    /* element (g, g) of warp w's rows sits in the lane with t4 = g/2: d[2w][g & 1]; (g+8, g+8) in d[2w+1][2 + (g & 1)] */
+    if (t4 != (g >> 1)) return;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const long long row = i0 + warp * 16 + g + 8 * r, at = (b * p.Hq + h) * p.nq_pad + row;
+        const float val = r ? d[2 * warp + 1][2 + (g & 1)] : d[2 * warp][g & 1];
+        float lse2 = INFINITY, delta = 0.0f;
+        if (row < p.Nq) {
+            const float lse = *row_of<float>(p.lse, b, h, row);
+            lse2 = lse == -INFINITY ? INFINITY : lse * kLog2e;
+            delta = val;
+        }
+        p.delta[at] = delta, p.lse2[at] = lse2;
+    }
+}
+
+/* ---- dK, dV ---- */
+
+template <int D> struct kv_layout {
+    static constexpr uint32_t TILE = 64 * D * 2;
+    /* K, V; Q and dO per stage; lse2[64] and δ[64] per stage; Pᵀ exchange buffers (f32); barriers */
+    static constexpr uint32_t k = 0, v = TILE, q = 2 * TILE, dout = 4 * TILE, stats = 6 * TILE, xchg = stats + 2 * 512,
+                              bars = xchg + 2 * 64 * 64 * 4;
+    static constexpr uint32_t n_bars = 1 + 2 * 2; /* kv_full; per stage full, empty */
+    static constexpr size_t bytes = 1024 + bars + 8 * n_bars;
+};
+/* named barriers: Pᵀ of buffer b ready (1 + b), buffer b free again (3 + b) */
+constexpr int kReady = 1, kFree = 3;
+
+template <typename T, int D, Cap CAP>
+__global__ void __launch_bounds__(kThreads, 1)
+    dkdv_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
+                   const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv, const kparams p) {
+    using L = kv_layout<D>;
+    constexpr int DB = D / 64, KS = D / 16, TILE = L::TILE;
+    extern __shared__ __align__(1024) unsigned char smem[];
+    unsigned char *aligned = smem + (((smem_u32(smem) + 1023u) & ~1023u) - smem_u32(smem));
+    const uint32_t base = smem_u32(aligned);
+    const uint32_t sK = base + L::k, sV = base + L::v, sQ = base + L::q, sdO = base + L::dout, bar = base + L::bars;
+    const uint32_t kv_full = bar;
+    auto full = [&](int s) { return bar + 8 * (1 + 2 * s); };
+    auto empty = [&](int s) { return bar + 8 * (2 + 2 * s); };
+
+    const int wg = threadIdx.x >> 7, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const long long hk = blockIdx.y, b = blockIdx.z, j0 = (long long)blockIdx.x * 64;
+    const int nk = (int)min(64LL, p.Nk - j0);
+    int64_t qt0, qt1;
+    wa_query_tiles_for_cols(&p.win, j0, j0 + nk, 64, &qt0, &qt1);
+    const int nqt = (int)(qt1 - qt0), steps = nqt * (int)p.group;
+
+    if (threadIdx.x == 0) {
+        mbar_init(kv_full, 1);
+        for (int s = 0; s < 2; s++) mbar_init(full(s), 1), mbar_init(empty(s), 8); /* one arrival per consumer warp */
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    if (wg == 0) { /* producer */
+        setmaxnreg_dec<kProducerRegs>();
+        if (threadIdx.x == 0 && steps > 0) {
+            mbar_expect_tx(kv_full, 2 * TILE);
+            for (int c = 0; c < DB; c++) {
+                tma_load(sK + c * (64 * 128), &tk, kv_full, c * 64, (int)j0, (int)hk, (int)b);
+                tma_load(sV + c * (64 * 128), &tv, kv_full, c * 64, (int)j0, (int)hk, (int)b);
+            }
+            for (int n = 0; n < steps; n++) {
+                const int st = n & 1;
+                const uint32_t ph = (uint32_t)(n >> 1) & 1u;
+                const long long h = hk * p.group + n / nqt, i0 = (qt0 + n % nqt) * 64;
+                if (n >= 2) mbar_wait(empty(st), ph ^ 1u);
+                mbar_expect_tx(full(st), 2 * TILE + 512);
+                for (int c = 0; c < DB; c++) {
+                    tma_load(sQ + st * TILE + c * (64 * 128), &tq, full(st), c * 64, (int)i0, (int)h, (int)b);
+                    tma_load(sdO + st * TILE + c * (64 * 128), &tdo, full(st), c * 64, (int)i0, (int)h, (int)b);
+                }
+                const long long at = (b * p.Hq + h) * p.nq_pad + i0;
+                bulk_load(base + L::stats + st * 512, p.lse2 + at, 256, full(st));
+                bulk_load(base + L::stats + st * 512 + 256, p.delta + at, 256, full(st));
+            }
+        }
+        return;
+    }
+
+    setmaxnreg_inc<kConsumerRegs>();
+    const int role = wg - 1, w4 = warp & 3, g = lane >> 2, t4 = lane & 3, tid = threadIdx.x & 127;
+    const long long keys[2] = {j0 + w4 * 16 + g, j0 + w4 * 16 + g + 8};
+    const float scale2 = p.scale * kLog2e;
+    float acc[DB][8][4]; /* dV (role 0) or dK (role 1) of the 64 keys */
+#pragma unroll
+    for (int c = 0; c < DB; c++)
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc[c][i][0] = acc[c][i][1] = acc[c][i][2] = acc[c][i][3] = 0.0f;
+    auto fence_acc = [&]() {
+#pragma unroll
+        for (int c = 0; c < DB; c++) reg_fence(acc[c]);
+    };
+
+    if (steps > 0) mbar_wait(kv_full, 0);
+    for (int n = 0; n < steps; n++) {
+        const int st = n & 1, buf = n & 1;
+        const uint32_t ph = (uint32_t)(n >> 1) & 1u;
+        const long long i0 = (qt0 + n % nqt) * 64;
+        const int nq = (int)min(64LL, p.Nq - i0);
+        const bool edge = nq < 64 || nk < 64 || wa_tile_needs_mask(&p.win, i0, i0 + nq, j0, j0 + nk);
+        const uint32_t q_s = opaque(sQ + st * TILE), do_s = opaque(sdO + st * TILE);
+        const float *stats = (const float *)(aligned + L::stats + st * 512); /* lse2[64], then δ[64] */
+        float4 *xchg = (float4 *)(aligned + L::xchg + buf * (64 * 64 * 4));
+        mbar_wait(full(st), ph);
+
+        float s[8][4];
+        uint32_t pa[4][4];
+        const uint32_t a_s = opaque(role == 0 ? sK : sV), b_s = role == 0 ? q_s : do_s;
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) /* role 0: Sᵀ = K Qᵀ; role 1: dPᵀ = V dOᵀ */
+            wgmma_ss<T, 64>(s, gmma_desc(a_s + (ks >> 2) * (64 * 128) + (ks & 3) * 32),
+                            gmma_desc(b_s + (ks >> 2) * (64 * 128) + (ks & 3) * 32), ks > 0);
+        wg_commit();
+        wg_wait<0>();
+        reg_fence(s);
+
+        if (role == 0) {
+            /* Pᵀ; what dS needs of it (P, times the softcap's derivative) goes to the other warpgroup */
+            float pd[8][4];
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                int lo = 0, hi = 63;
+                if (edge) visible_query_cols<64>(p, keys[r], i0, lo, hi);
+#pragma unroll
+                for (int nb = 0; nb < 8; nb++)
+#pragma unroll
+                    for (int e = 2 * r; e < 2 * r + 2; e++) {
+                        const int c = nb * 8 + 2 * t4 + (e & 1);
+                        float pv, dcap;
+                        prob_of<CAP>(p, s[nb][e], stats[c], scale2, pv, dcap);
+                        if (edge && (c < lo || c > hi)) pv = 0.0f;
+                        s[nb][e] = pv, pd[nb][e] = pv * dcap;
+                    }
+            }
+            if (n >= 2) named_sync(kFree + buf, 256);
+#pragma unroll
+            for (int nb = 0; nb < 8; nb++) xchg[nb * 128 + tid] = make_float4(pd[nb][0], pd[nb][1], pd[nb][2], pd[nb][3]);
+            named_arrive(kReady + buf, 256);
+        } else {
+            named_sync(kReady + buf, 256);
+#pragma unroll
+            for (int nb = 0; nb < 8; nb++) {
+                const float4 pd = xchg[nb * 128 + tid];
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int c = nb * 8 + 2 * t4 + (e & 1);
+                    const float pde = e == 0 ? pd.x : e == 1 ? pd.y : e == 2 ? pd.z : pd.w;
+                    s[nb][e] = pde * (s[nb][e] - stats[64 + c]) * p.scale; /* dSᵀ */
+                }
+            }
+            if (n + 2 < steps) named_arrive(kFree + buf, 256);
+        }
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            pa[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]), pa[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+            pa[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pa[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        }
+        /* role 0: dV += Pᵀ dO; role 1: dK += dSᵀ Q (the second operand read transposed, as V in the forward) */
+        const uint32_t m_s = opaque(role == 0 ? do_s : q_s);
+        reg_fence(pa);
+        fence_acc();
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+            for (int c = 0; c < DB; c++) wgmma_rs_t<T, 64>(acc[c], pa[kk], gmma_desc(m_s + c * (64 * 128) + kk * (16 * 128)), 1);
+        wg_commit();
+        wg_wait<0>();
+        fence_acc();
+        mbar_arrive_if(empty(st), lane == 0);
+    }
+    store_frag_rows<T, DB * 8>(role == 0 ? p.dv : p.dk, reinterpret_cast<const float (&)[DB * 8][4]>(acc), keys, p.Nk, b, hk, t4);
+}
+
+/* ---- dQ ---- */
+
+/* key tile: dQ (64 × D f32), S and dP (64 × BN each) in 240 registers; and Q, dO (128 × D) with
+ * two stages of K and V in shared memory */
+template <int D> __host__ __device__ constexpr int dq_bn() { return D == 256 ? 32 : 64; }
+
+template <int D> struct dq_layout {
+    static constexpr int BM = 128, BN = dq_bn<D>();
+    static constexpr uint32_t TILE = BN * D * 2;
+    static constexpr uint32_t q = 0, dout = BM * D * 2, k = 2 * BM * D * 2, v = k + 2 * TILE, bars = v + 2 * TILE;
+    static constexpr uint32_t n_bars = 1 + 4 * 2; /* q_full; per stage k_full, v_full, k_empty, v_empty */
+    static constexpr size_t bytes = 1024 + bars + 8 * n_bars;
+};
+
+template <typename T, int D, Cap CAP>
+__global__ void __launch_bounds__(kThreads, 1)
+    dq_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
+                 const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv, const kparams p) {
+    using L = dq_layout<D>;
+    constexpr int BM = L::BM, BN = L::BN, DB = D / 64, KS = D / 16, TILE = L::TILE;
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const uint32_t base = (smem_u32(smem) + 1023u) & ~1023u;
+    const uint32_t sQ = base + L::q, sdO = base + L::dout, sK = base + L::k, sV = base + L::v, bar = base + L::bars;
+    const uint32_t q_full = bar;
+    auto k_full = [&](int s) { return bar + 8 * (1 + 4 * s); };
+    auto v_full = [&](int s) { return bar + 8 * (2 + 4 * s); };
+    auto k_empty = [&](int s) { return bar + 8 * (3 + 4 * s); };
+    auto v_empty = [&](int s) { return bar + 8 * (4 + 4 * s); };
+
+    const int wg = threadIdx.x >> 7, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const long long qt = (long long)gridDim.x - 1 - blockIdx.x; /* the longest tiles first under causal masks */
+    const long long h = blockIdx.y, b = blockIdx.z, hk = h / p.group, i0 = qt * BM;
+    const int m = (int)min((long long)BM, p.Nq - i0);
+    int64_t kt0, kt1;
+    wa_key_tiles_for_rows(&p.win, i0, i0 + m, BN, &kt0, &kt1);
+
+    if (threadIdx.x == 0) {
+        mbar_init(q_full, 1);
+        for (int s = 0; s < 2; s++) {
+            mbar_init(k_full(s), 1), mbar_init(v_full(s), 1);
+            mbar_init(k_empty(s), 8), mbar_init(v_empty(s), 8);
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    if (wg == 0) { /* producer: as in the forward, with dO beside Q */
+        setmaxnreg_dec<kProducerRegs>();
+        if (threadIdx.x == 0 && kt0 < kt1) {
+            mbar_expect_tx(q_full, 2 * BM * D * 2);
+            for (int c = 0; c < DB; c++) {
+                tma_load(sQ + c * (BM * 128), &tq, q_full, c * 64, (int)i0, (int)h, (int)b);
+                tma_load(sdO + c * (BM * 128), &tdo, q_full, c * 64, (int)i0, (int)h, (int)b);
+            }
+            for (long long kt = kt0; kt < kt1; kt++) {
+                const int it = (int)(kt - kt0), st = it & 1;
+                const uint32_t ph = (uint32_t)(it >> 1) & 1u;
+                if (it >= 2) mbar_wait(k_empty(st), ph ^ 1u);
+                mbar_expect_tx(k_full(st), TILE);
+                for (int c = 0; c < DB; c++) tma_load(sK + st * TILE + c * (BN * 128), &tk, k_full(st), c * 64, (int)(kt * BN), (int)hk, (int)b);
+                if (it >= 2) mbar_wait(v_empty(st), ph ^ 1u);
+                mbar_expect_tx(v_full(st), TILE);
+                for (int c = 0; c < DB; c++) tma_load(sV + st * TILE + c * (BN * 128), &tv, v_full(st), c * 64, (int)(kt * BN), (int)hk, (int)b);
+            }
+        }
+        return;
+    }
+
+    setmaxnreg_inc<kConsumerRegs>();
+    const int cw = wg - 1, w4 = warp & 3, g = lane >> 2, t4 = lane & 3;
+    const long long r0 = i0 + cw * 64, r1 = min(r0 + 64, p.Nq);
+    const long long rows[2] = {r0 + w4 * 16 + g, r0 + w4 * 16 + g + 8};
+    int64_t wk0 = kt1, wk1 = kt1; /* the key tiles these rows see (the others are waited for and released) */
+    if (r0 < r1) {
+        wa_key_tiles_for_rows(&p.win, r0, r1, BN, &wk0, &wk1);
+        if (wk0 >= wk1) wk0 = wk1 = kt1;
+    }
+    float lse2[2], delta[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const long long at = (b * p.Hq + h) * p.nq_pad + rows[r];
+        lse2[r] = rows[r] < p.nq_pad ? p.lse2[at] : INFINITY;
+        delta[r] = rows[r] < p.nq_pad ? p.delta[at] : 0.0f;
+    }
+    const float scale2 = p.scale * kLog2e;
+    float acc[DB][8][4];
+#pragma unroll
+    for (int c = 0; c < DB; c++)
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc[c][i][0] = acc[c][i][1] = acc[c][i][2] = acc[c][i][3] = 0.0f;
+    auto fence_acc = [&]() {
+#pragma unroll
+        for (int c = 0; c < DB; c++) reg_fence(acc[c]);
+    };
+    auto skip = [&](long long kt) {
+        const int it = (int)(kt - kt0), st = it & 1;
+        const uint32_t ph = (uint32_t)(it >> 1) & 1u;
+        mbar_wait(k_full(st), ph);
+        mbar_arrive_if(k_empty(st), lane == 0);
+        mbar_wait(v_full(st), ph);
+        mbar_arrive_if(v_empty(st), lane == 0);
+    };
+
+    if (kt0 < kt1) mbar_wait(q_full, 0);
+    for (long long kt = kt0; kt < wk0; kt++) skip(kt);
+    for (long long kt = wk0; kt < wk1; kt++) {
+        const int it = (int)(kt - kt0), st = it & 1;
+        const uint32_t ph = (uint32_t)(it >> 1) & 1u;
+        const uint32_t k_s = opaque(sK + st * TILE), v_s = opaque(sV + st * TILE);
+        const uint32_t q_s = opaque(sQ + cw * (64 * 128)), do_s = opaque(sdO + cw * (64 * 128));
+        float s[BN / 8][4], dp[BN / 8][4];
+        mbar_wait(k_full(st), ph);
+        mbar_wait(v_full(st), ph);
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++)
+            wgmma_ss<T, BN>(s, gmma_desc(q_s + (ks >> 2) * (BM * 128) + (ks & 3) * 32),
+                            gmma_desc(k_s + (ks >> 2) * (BN * 128) + (ks & 3) * 32), ks > 0);
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++)
+            wgmma_ss<T, BN>(dp, gmma_desc(do_s + (ks >> 2) * (BM * 128) + (ks & 3) * 32),
+                            gmma_desc(v_s + (ks >> 2) * (BN * 128) + (ks & 3) * 32), ks > 0);
+        wg_commit();
+        wg_wait<0>();
+        reg_fence(s);
+        reg_fence(dp);
+        mbar_arrive_if(v_empty(st), lane == 0);
+
+        const long long j0 = kt * BN;
+        const int n = (int)min((long long)BN, p.Nk - j0);
+        const bool edge = n < BN || wa_tile_needs_mask(&p.win, r0, r1, j0, j0 + n);
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            int lo = 0, hi = BN - 1;
+            if (edge) visible_cols<BN>(p, rows[r], j0, lo, hi);
+#pragma unroll
+            for (int nb = 0; nb < BN / 8; nb++)
+#pragma unroll
+                for (int e = 2 * r; e < 2 * r + 2; e++) {
+                    const int c = nb * 8 + 2 * t4 + (e & 1);
+                    float pv, dcap;
+                    prob_of<CAP>(p, s[nb][e], lse2[r], scale2, pv, dcap);
+                    float ds = pv * (dp[nb][e] - delta[r]) * dcap * p.scale;
+                    if (edge && (c < lo || c > hi)) ds = 0.0f;
+                    s[nb][e] = ds;
+                }
+        }
+        uint32_t pa[BN / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) {
+            pa[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]), pa[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+            pa[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pa[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        }
+        /* dQ += dS K, K read transposed as V in the forward */
+        reg_fence(pa);
+        fence_acc();
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++)
+#pragma unroll
+            for (int c = 0; c < DB; c++) wgmma_rs_t<T, 64>(acc[c], pa[kk], gmma_desc(k_s + c * (BN * 128) + kk * (16 * 128)), 1);
+        wg_commit();
+        wg_wait<0>();
+        fence_acc();
+        mbar_arrive_if(k_empty(st), lane == 0);
+    }
+    for (long long kt = wk1; kt < kt1; kt++) skip(kt);
+    store_frag_rows<T, DB * 8>(p.dq, reinterpret_cast<const float (&)[DB * 8][4]>(acc), rows, p.Nq, b, h, t4);
+}
+
+/* ---- host side ---- */
+
+template <typename T, int D, Cap CAP> static wa_status launch_all(const kparams &kp, const CUtensorMap (&m)[8], cudaStream_t s) {
+    static volatile int done_prep = 0, done_kv = 0, done_q = 0;
+    CUDA_TRY(raise_once(prep_kernel<T, D>, prep_smem_bytes<D>(), &done_prep));
+    CUDA_TRY(raise_once(dkdv_ws_kernel<T, D, CAP>, kv_layout<D>::bytes, &done_kv));
+    CUDA_TRY(raise_once(dq_ws_kernel<T, D, CAP>, dq_layout<D>::bytes, &done_q));
+    prep_kernel<T, D><<<dim3((unsigned)(kp.nq_pad / 64), (unsigned)kp.Hq, (unsigned)kp.B), 128, prep_smem_bytes<D>(), s>>>(kp);
+    CUDA_TRY(cudaGetLastError());
+    dkdv_ws_kernel<T, D, CAP><<<dim3((unsigned)((kp.Nk + 63) / 64), (unsigned)kp.Hkv, (unsigned)kp.B), kThreads, kv_layout<D>::bytes, s>>>(
+        m[0], m[1], m[2], m[3], kp);
+    CUDA_TRY(cudaGetLastError());
+    dq_ws_kernel<T, D, CAP><<<dim3((unsigned)((kp.Nq + 127) / 128), (unsigned)kp.Hq, (unsigned)kp.B), kThreads, dq_layout<D>::bytes, s>>>(
+        m[4], m[5], m[6], m[7], kp);
+    CUDA_TRY(cudaGetLastError());
+    return WA_OK;
+}
+
+template <typename T, int D> static wa_status by_cap(const kparams &kp, const CUtensorMap (&m)[8], cudaStream_t s) {
+    return kp.softcap > 0.0f ? launch_all<T, D, Cap::on>(kp, m, s) : launch_all<T, D, Cap::off>(kp, m, s);
+}
+
+template <typename T> static wa_status by_dim(const kparams &kp, const CUtensorMap (&m)[8], cudaStream_t s) {
+    switch (kp.D) {
+    case 64: return by_cap<T, 64>(kp, m, s);
+    case 128: return by_cap<T, 128>(kp, m, s);
+    default: return by_cap<T, 256>(kp, m, s);
+    }
+}
+
+} /* namespace */
+
+int hopper_backward_supports(const kparams &kp) {
+    const char *force = getenv("WINATTN_CUDA");
+    if (force && (!strcmp(force, "mma") || !strcmp(force, "v3"))) return 0;
+    return (kp.D == 64 || kp.D == 128 || kp.D == 256) && kp.Nq > 0 && kp.Nk > 0 && !kp.dq_acc && kp.lse.data &&
+           tensor_map_encoder() != nullptr;
+}
+
+wa_status hopper_backward(const kparams &kp, wa_dtype dt, cudaStream_t s, int *taken) {
+    *taken = 0;
+    if (!hopper_backward_supports(kp) || !kp.lse2) return WA_OK;
+    const int D = (int)kp.D, bn = D == 256 ? dq_bn<256>() : dq_bn<128>();
+    /* dK/dV kernel: Q, dO in 64-row boxes, K, V in 64-row boxes; dQ kernel: Q, dO in 128, K, V in bn */
+    CUtensorMap m[8];
+    const bool ok = tensor_map(&m[0], kp.q, dt, kp.B, kp.Hq, kp.Nq, D, 64) && tensor_map(&m[1], kp.dout, dt, kp.B, kp.Hq, kp.Nq, D, 64) &&
+                    tensor_map(&m[2], kp.k, dt, kp.B, kp.Hkv, kp.Nk, D, 64) && tensor_map(&m[3], kp.v, dt, kp.B, kp.Hkv, kp.Nk, D, 64) &&
+                    tensor_map(&m[4], kp.q, dt, kp.B, kp.Hq, kp.Nq, D, 128) && tensor_map(&m[5], kp.dout, dt, kp.B, kp.Hq, kp.Nq, D, 128) &&
+                    tensor_map(&m[6], kp.k, dt, kp.B, kp.Hkv, kp.Nk, D, bn) && tensor_map(&m[7], kp.v, dt, kp.B, kp.Hkv, kp.Nk, D, bn);
+    if (!ok) return WA_OK;
+    *taken = 1;
+    return dt == WA_BF16 ? by_dim<__nv_bfloat16>(kp, m, s) : by_dim<__half>(kp, m, s);
+}
