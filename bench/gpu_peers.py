@@ -23,8 +23,8 @@ forward 4*D*pairs per query head, backward 2.5x forward). Each time is the media
 after two warm-ups, timed with CUDA events. Backward peak memory above inputs: PyTorch's
 max_memory_allocated during one backward minus what was allocated before it (q, k, v, dO and the
 forward's output and saved tensors), so it counts dQ, dK, dV and the system's scratch; winattn's
-own scratch (delta, B*Hq*N floats) comes from the CUDA stream-ordered pool, outside PyTorch's
-allocator, and is added explicitly.
+own scratch (delta and lse*log2(e), 2*B*Hq*N floats with N rounded up to 64) comes from the CUDA
+stream-ordered pool, outside PyTorch's allocator, and is added explicitly.
 """
 import argparse
 import json
@@ -74,7 +74,7 @@ def make_system(name, n, hq, hkv, d, window):
         import winattn.torch as wt
 
         win = (n - 1 if window is None else window - 1, 0)
-        return (lambda q, k, v: wt.attention(q, k, v, window=win)), "", 4 * hq * n
+        return (lambda q, k, v: wt.attention(q, k, v, window=win)), "", 2 * 4 * hq * ((n + 63) // 64 * 64)
     if name == "flex":
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 

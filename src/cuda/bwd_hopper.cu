@@ -70,10 +70,16 @@ template <typename T, int D> __global__ void __launch_bounds__(128) prep_kernel(
     reg_fence(d);
     /* element (g, g) of warp w's rows sits in the lane with t4 = g/2: d[2w][g & 1]; (g+8, g+8) in d[2w+1][2 + (g & 1)] */
     if (t4 != (g >> 1)) return;
+    float diag[2] = {0.0f, 0.0f}; /* picked with constant indices: a computed one puts d in local memory */
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        if (j == 2 * warp) diag[0] = (g & 1) ? d[j][1] : d[j][0];
+        if (j == 2 * warp + 1) diag[1] = (g & 1) ? d[j][3] : d[j][2];
+    }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const long long row = i0 + warp * 16 + g + 8 * r, at = (b * p.Hq + h) * p.nq_pad + row;
-        const float val = r ? d[2 * warp + 1][2 + (g & 1)] : d[2 * warp][g & 1];
+        const float val = diag[r];
         float lse2 = INFINITY, delta = 0.0f;
         if (row < p.Nq) {
             const float lse = *row_of<float>(p.lse, b, h, row);
@@ -236,9 +242,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         fence_acc();
         wg_fence();
 #pragma unroll
-        for (int kk = 0; kk < 4; kk++)
-#pragma unroll
-            for (int c = 0; c < DB; c++) wgmma_rs_t<T, 64>(acc[c], pa[kk], gmma_desc(m_s + c * (64 * 128) + kk * (16 * 128)), 1);
+        for (int kk = 0; kk < 4; kk++) wide_mn_product<T, D, 64>(acc, pa[kk], m_s + kk * (16 * 128));
         wg_commit();
         wg_wait<0>();
         fence_acc();
@@ -405,9 +409,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         fence_acc();
         wg_fence();
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++)
-#pragma unroll
-            for (int c = 0; c < DB; c++) wgmma_rs_t<T, 64>(acc[c], pa[kk], gmma_desc(k_s + c * (BN * 128) + kk * (16 * 128)), 1);
+        for (int kk = 0; kk < BN / 16; kk++) wide_mn_product<T, D, BN>(acc, pa[kk], k_s + kk * (16 * 128));
         wg_commit();
         wg_wait<0>();
         fence_acc();

@@ -149,9 +149,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto issue_pv = [&](int st) {
         const uint32_t v_s = opaque(sV + st * TILE);
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++)
-#pragma unroll
-            for (int c = 0; c < DB; c++) wgmma_rs_t<T, 64>(acc[c], pa[kk], gmma_desc(v_s + c * (BN * 128) + kk * (16 * 128)), 1);
+        for (int kk = 0; kk < BN / 16; kk++) wide_mn_product<T, D, BN>(acc, pa[kk], v_s + kk * (16 * 128));
     };
     /* the last tile's O += P V, waited for */
     auto finish_pv = [&](int st, uint32_t ph) {

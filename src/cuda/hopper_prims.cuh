@@ -60,6 +60,21 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_
 __device__ __forceinline__ void named_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void named_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 
+/* acc (64 × D per warpgroup, f32) += a (16 columns of P or dS, registers) × 16 rows of an MN-major
+ * operand at `rows` (V, K, Q or dO: a tile of R rows stored as D/64 column blocks R × 128 bytes
+ * apart). One wgmma m64nDk16 spanning every column block (the descriptor's leading offset steps
+ * from block to block), not D/64 narrow ones: fewer instructions, and the register operand is
+ * read once. -DWA_NARROW_MN restores the narrow form (version 4's first measurements). */
+template <typename T, int D, int R>
+__device__ __forceinline__ void wide_mn_product(float (&acc)[D / 64][8][4], const uint32_t (&a)[4], uint32_t rows) {
+#ifndef WA_NARROW_MN
+    wgmma_rs_t<T, D>(reinterpret_cast<float (&)[D / 8][4]>(acc), a, gmma_desc_mn(rows, R * 128), 1);
+#else
+#pragma unroll
+    for (int c = 0; c < D / 64; c++) wgmma_rs_t<T, 64>(acc[c], a, gmma_desc(rows + c * (R * 128)), 1);
+#endif
+}
+
 /* ---- host side: tensor maps ---- */
 
 using encode_fn = PFN_cuTensorMapEncodeTiled_v12000;

@@ -271,6 +271,12 @@ __device__ __forceinline__ void load_tile_blk(uint32_t dst, const dev_tensor &t,
 __device__ __forceinline__ uint64_t gmma_desc(uint32_t addr) {
     return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
 }
+/* the same for an MN-major operand wider than one column block (wgmma with N > 64 reading V, K,
+ * Q or dO transposed): lbo is the byte distance between consecutive 64-value column blocks */
+__device__ __forceinline__ uint64_t gmma_desc_mn(uint32_t addr, uint32_t lbo) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo >> 4) & 0x3FFF) << 16) | ((uint64_t)(1024 >> 4) << 32) |
+           ((uint64_t)1 << 62);
+}
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
