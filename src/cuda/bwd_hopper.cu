@@ -92,15 +92,24 @@ template <typename T, int D> __global__ void __launch_bounds__(128) prep_kernel(
 
 /* ---- dK, dV ---- */
 
+/* Two ways to split a CTA's work between its consumer warpgroups:
+ *   by rows (D ≤ 128): 128 keys per CTA, each warpgroup owns 64 of them with both dK and dV in
+ *     registers (2 × 64 × D / 128 ≤ 128 per thread) and does all four products for them;
+ *   by output (D = 256): 64 keys per CTA, warpgroup 1 owns dV, warpgroup 2 dK (256 registers per
+ *     thread would not fit one), Pᵀ goes from the first to the second through shared memory. */
+template <int D> __host__ __device__ constexpr bool kv_by_rows() { return D <= 128; }
+template <int D> __host__ __device__ constexpr int kv_keys() { return kv_by_rows<D>() ? 128 : 64; }
+
 template <int D> struct kv_layout {
-    static constexpr uint32_t TILE = 64 * D * 2;
-    /* K, V; Q and dO per stage; lse2[64] and δ[64] per stage; Pᵀ exchange buffers (f32); barriers */
-    static constexpr uint32_t k = 0, v = TILE, q = 2 * TILE, dout = 4 * TILE, stats = 6 * TILE, xchg = stats + 2 * 512,
-                              bars = xchg + 2 * 64 * 64 * 4;
+    static constexpr int KEYS = kv_keys<D>();
+    static constexpr uint32_t KV = KEYS * D * 2, QT = 64 * D * 2;
+    /* K, V; Q and dO per stage; lse2[64] and δ[64] per stage; Pᵀ exchange buffers (by output); barriers */
+    static constexpr uint32_t k = 0, v = KV, q = 2 * KV, dout = q + 2 * QT, stats = dout + 2 * QT, xchg = stats + 2 * 512,
+                              bars = xchg + (kv_by_rows<D>() ? 0 : 2 * 64 * 64 * 4);
     static constexpr uint32_t n_bars = 1 + 2 * 2; /* kv_full; per stage full, empty */
     static constexpr size_t bytes = 1024 + bars + 8 * n_bars;
 };
-/* named barriers: Pᵀ of buffer b ready (1 + b), buffer b free again (3 + b) */
+/* named barriers (by output): Pᵀ of buffer b ready (1 + b), buffer b free again (3 + b) */
 constexpr int kReady = 1, kFree = 3;
 
 template <typename T, int D, Cap CAP>
@@ -108,7 +117,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     dkdv_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
                    const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv, const kparams p) {
     using L = kv_layout<D>;
-    constexpr int DB = D / 64, KS = D / 16, TILE = L::TILE;
+    constexpr int DB = D / 64, KS = D / 16, QT = L::QT, KEYS = L::KEYS;
+    constexpr bool BY_ROWS = kv_by_rows<D>();
     extern __shared__ __align__(1024) unsigned char smem[];
     unsigned char *aligned = smem + (((smem_u32(smem) + 1023u) & ~1023u) - smem_u32(smem));
     const uint32_t base = smem_u32(aligned);
@@ -118,8 +128,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto empty = [&](int s) { return bar + 8 * (2 + 2 * s); };
 
     const int wg = threadIdx.x >> 7, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const long long hk = blockIdx.y, b = blockIdx.z, j0 = (long long)blockIdx.x * 64;
-    const int nk = (int)min(64LL, p.Nk - j0);
+    const long long hk = blockIdx.y, b = blockIdx.z, j0 = (long long)blockIdx.x * KEYS;
+    const int nk = (int)min((long long)KEYS, p.Nk - j0);
     int64_t qt0, qt1;
     wa_query_tiles_for_cols(&p.win, j0, j0 + nk, 64, &qt0, &qt1);
     const int nqt = (int)(qt1 - qt0), steps = nqt * (int)p.group;
@@ -134,20 +144,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (wg == 0) { /* producer */
         setmaxnreg_dec<kProducerRegs>();
         if (threadIdx.x == 0 && steps > 0) {
-            mbar_expect_tx(kv_full, 2 * TILE);
+            mbar_expect_tx(kv_full, 2 * L::KV);
             for (int c = 0; c < DB; c++) {
-                tma_load(sK + c * (64 * 128), &tk, kv_full, c * 64, (int)j0, (int)hk, (int)b);
-                tma_load(sV + c * (64 * 128), &tv, kv_full, c * 64, (int)j0, (int)hk, (int)b);
+                tma_load(sK + c * (KEYS * 128), &tk, kv_full, c * 64, (int)j0, (int)hk, (int)b);
+                tma_load(sV + c * (KEYS * 128), &tv, kv_full, c * 64, (int)j0, (int)hk, (int)b);
             }
             for (int n = 0; n < steps; n++) {
                 const int st = n & 1;
                 const uint32_t ph = (uint32_t)(n >> 1) & 1u;
                 const long long h = hk * p.group + n / nqt, i0 = (qt0 + n % nqt) * 64;
                 if (n >= 2) mbar_wait(empty(st), ph ^ 1u);
-                mbar_expect_tx(full(st), 2 * TILE + 512);
+                mbar_expect_tx(full(st), 2 * QT + 512);
                 for (int c = 0; c < DB; c++) {
-                    tma_load(sQ + st * TILE + c * (64 * 128), &tq, full(st), c * 64, (int)i0, (int)h, (int)b);
-                    tma_load(sdO + st * TILE + c * (64 * 128), &tdo, full(st), c * 64, (int)i0, (int)h, (int)b);
+                    tma_load(sQ + st * QT + c * (64 * 128), &tq, full(st), c * 64, (int)i0, (int)h, (int)b);
+                    tma_load(sdO + st * QT + c * (64 * 128), &tdo, full(st), c * 64, (int)i0, (int)h, (int)b);
                 }
                 const long long at = (b * p.Hq + h) * p.nq_pad + i0;
                 bulk_load(base + L::stats + st * 512, p.lse2 + at, 256, full(st));
@@ -158,17 +168,60 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 
     setmaxnreg_inc<kConsumerRegs>();
-    const int role = wg - 1, w4 = warp & 3, g = lane >> 2, t4 = lane & 3, tid = threadIdx.x & 127;
-    const long long keys[2] = {j0 + w4 * 16 + g, j0 + w4 * 16 + g + 8};
+    const int cw = wg - 1, w4 = warp & 3, g = lane >> 2, t4 = lane & 3, tid = threadIdx.x & 127;
+    /* this warpgroup's 64 keys: its own (by rows) or the CTA's (by output) */
+    const long long k0 = j0 + (BY_ROWS ? cw * 64 : 0);
+    const long long keys[2] = {k0 + w4 * 16 + g, k0 + w4 * 16 + g + 8};
+    const uint32_t kv_row = BY_ROWS ? cw * (64 * 128) : 0; /* its rows inside the K and V column blocks */
     const float scale2 = p.scale * kLog2e;
-    float acc[DB][8][4]; /* dV (role 0) or dK (role 1) of the 64 keys */
+    /* by rows: dV in acc, dK in acc2; by output: dV (cw 0) or dK (cw 1) in acc */
+    float acc[DB][8][4], acc2[BY_ROWS ? DB : 1][8][4];
 #pragma unroll
     for (int c = 0; c < DB; c++)
 #pragma unroll
         for (int i = 0; i < 8; i++) acc[c][i][0] = acc[c][i][1] = acc[c][i][2] = acc[c][i][3] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < (BY_ROWS ? DB : 1); c++)
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc2[c][i][0] = acc2[c][i][1] = acc2[c][i][2] = acc2[c][i][3] = 0.0f;
     auto fence_acc = [&]() {
 #pragma unroll
         for (int c = 0; c < DB; c++) reg_fence(acc[c]);
+        if (BY_ROWS)
+#pragma unroll
+            for (int c = 0; c < DB; c++) reg_fence(acc2[c]);
+    };
+    /* x (64 keys × 64 queries) = rows of `a_s` (K or V) times those of `b_s` (Q or dO), transposed */
+    auto tile_product = [&](float (&x)[8][4], uint32_t a_s, uint32_t b_s) {
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++)
+            wgmma_ss<T, 64>(x, gmma_desc(a_s + (ks >> 2) * (KEYS * 128) + kv_row + (ks & 3) * 32),
+                            gmma_desc(b_s + (ks >> 2) * (64 * 128) + (ks & 3) * 32), ks > 0);
+    };
+    /* Pᵀ of the tile in place of Sᵀ (0 where masked); pd = what dS needs of it (P times the softcap's derivative) */
+    auto probs = [&](float (&x)[8][4], float (&pd)[8][4], const float *lse2, long long i0, bool edge) {
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            int lo = 0, hi = 63;
+            if (edge) visible_query_cols<64>(p, keys[r], i0, lo, hi);
+#pragma unroll
+            for (int nb = 0; nb < 8; nb++)
+#pragma unroll
+                for (int e = 2 * r; e < 2 * r + 2; e++) {
+                    const int c = nb * 8 + 2 * t4 + (e & 1);
+                    float pv, dcap;
+                    prob_of<CAP>(p, x[nb][e], lse2[c], scale2, pv, dcap);
+                    if (edge && (c < lo || c > hi)) pv = 0.0f;
+                    x[nb][e] = pv, pd[nb][e] = pv * dcap;
+                }
+        }
+    };
+    auto pack = [&](uint32_t (&a)[4][4], const float (&x)[8][4]) {
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            a[kk][0] = pack2<T>(x[2 * kk][0], x[2 * kk][1]), a[kk][1] = pack2<T>(x[2 * kk][2], x[2 * kk][3]);
+            a[kk][2] = pack2<T>(x[2 * kk + 1][0], x[2 * kk + 1][1]), a[kk][3] = pack2<T>(x[2 * kk + 1][2], x[2 * kk + 1][3]);
+        }
     };
 
     if (steps > 0) mbar_wait(kv_full, 0);
@@ -177,78 +230,92 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint32_t ph = (uint32_t)(n >> 1) & 1u;
         const long long i0 = (qt0 + n % nqt) * 64;
         const int nq = (int)min(64LL, p.Nq - i0);
-        const bool edge = nq < 64 || nk < 64 || wa_tile_needs_mask(&p.win, i0, i0 + nq, j0, j0 + nk);
-        const uint32_t q_s = opaque(sQ + st * TILE), do_s = opaque(sdO + st * TILE);
+        const bool edge = nq < 64 || nk < KEYS || wa_tile_needs_mask(&p.win, i0, i0 + nq, j0, j0 + nk);
+        const uint32_t q_s = opaque(sQ + st * QT), do_s = opaque(sdO + st * QT);
         const float *stats = (const float *)(aligned + L::stats + st * 512); /* lse2[64], then δ[64] */
-        float4 *xchg = (float4 *)(aligned + L::xchg + buf * (64 * 64 * 4));
         mbar_wait(full(st), ph);
 
-        float s[8][4];
+        float s[8][4], pd[8][4];
         uint32_t pa[4][4];
-        const uint32_t a_s = opaque(role == 0 ? sK : sV), b_s = role == 0 ? q_s : do_s;
-        wg_fence();
+        if constexpr (BY_ROWS) {
+            /* Sᵀ and dPᵀ, then dV += Pᵀ dO and dK += dSᵀ Q, all for this warpgroup's keys */
+            float dp[8][4];
+            wg_fence();
+            tile_product(s, opaque(sK), q_s);
+            tile_product(dp, opaque(sV), do_s);
+            wg_commit();
+            wg_wait<0>();
+            reg_fence(s);
+            reg_fence(dp);
+            probs(s, pd, stats, i0, edge);
+            pack(pa, s);
 #pragma unroll
-        for (int ks = 0; ks < KS; ks++) /* role 0: Sᵀ = K Qᵀ; role 1: dPᵀ = V dOᵀ */
-            wgmma_ss<T, 64>(s, gmma_desc(a_s + (ks >> 2) * (64 * 128) + (ks & 3) * 32),
-                            gmma_desc(b_s + (ks >> 2) * (64 * 128) + (ks & 3) * 32), ks > 0);
-        wg_commit();
-        wg_wait<0>();
-        reg_fence(s);
-
-        if (role == 0) {
-            /* Pᵀ; what dS needs of it (P, times the softcap's derivative) goes to the other warpgroup */
-            float pd[8][4];
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                int lo = 0, hi = 63;
-                if (edge) visible_query_cols<64>(p, keys[r], i0, lo, hi);
-#pragma unroll
-                for (int nb = 0; nb < 8; nb++)
-#pragma unroll
-                    for (int e = 2 * r; e < 2 * r + 2; e++) {
-                        const int c = nb * 8 + 2 * t4 + (e & 1);
-                        float pv, dcap;
-                        prob_of<CAP>(p, s[nb][e], stats[c], scale2, pv, dcap);
-                        if (edge && (c < lo || c > hi)) pv = 0.0f;
-                        s[nb][e] = pv, pd[nb][e] = pv * dcap;
-                    }
-            }
-            if (n >= 2) named_sync(kFree + buf, 256);
-#pragma unroll
-            for (int nb = 0; nb < 8; nb++) xchg[nb * 128 + tid] = make_float4(pd[nb][0], pd[nb][1], pd[nb][2], pd[nb][3]);
-            named_arrive(kReady + buf, 256);
-        } else {
-            named_sync(kReady + buf, 256);
-#pragma unroll
-            for (int nb = 0; nb < 8; nb++) {
-                const float4 pd = xchg[nb * 128 + tid];
+            for (int nb = 0; nb < 8; nb++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int c = nb * 8 + 2 * t4 + (e & 1);
-                    const float pde = e == 0 ? pd.x : e == 1 ? pd.y : e == 2 ? pd.z : pd.w;
-                    s[nb][e] = pde * (s[nb][e] - stats[64 + c]) * p.scale; /* dSᵀ */
+                    s[nb][e] = pd[nb][e] * (dp[nb][e] - stats[64 + c]) * p.scale; /* dSᵀ */
                 }
+            uint32_t pb[4][4];
+            pack(pb, s);
+            reg_fence(pa);
+            reg_fence(pb);
+            fence_acc();
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) wide_mn_product<T, D, 64>(acc, pa[kk], do_s + kk * (16 * 128));
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) wide_mn_product<T, D, 64>(acc2, pb[kk], q_s + kk * (16 * 128));
+            wg_commit();
+            wg_wait<0>();
+            fence_acc();
+        } else {
+            float4 *xchg = (float4 *)(aligned + L::xchg + buf * (64 * 64 * 4));
+            wg_fence();
+            tile_product(s, opaque(cw == 0 ? sK : sV), cw == 0 ? q_s : do_s); /* cw 0: Sᵀ = K Qᵀ; cw 1: dPᵀ = V dOᵀ */
+            wg_commit();
+            wg_wait<0>();
+            reg_fence(s);
+            if (cw == 0) {
+                probs(s, pd, stats, i0, edge);
+                if (n >= 2) named_sync(kFree + buf, 256);
+#pragma unroll
+                for (int nb = 0; nb < 8; nb++) xchg[nb * 128 + tid] = make_float4(pd[nb][0], pd[nb][1], pd[nb][2], pd[nb][3]);
+                named_arrive(kReady + buf, 256);
+            } else {
+                named_sync(kReady + buf, 256);
+#pragma unroll
+                for (int nb = 0; nb < 8; nb++) {
+                    const float4 q4 = xchg[nb * 128 + tid];
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int c = nb * 8 + 2 * t4 + (e & 1);
+                        const float pde = e == 0 ? q4.x : e == 1 ? q4.y : e == 2 ? q4.z : q4.w;
+                        s[nb][e] = pde * (s[nb][e] - stats[64 + c]) * p.scale; /* dSᵀ */
+                    }
+                }
+                if (n + 2 < steps) named_arrive(kFree + buf, 256);
             }
-            if (n + 2 < steps) named_arrive(kFree + buf, 256);
-        }
+            pack(pa, s);
+            /* cw 0: dV += Pᵀ dO; cw 1: dK += dSᵀ Q (the second operand read transposed, as V in the forward) */
+            const uint32_t m_s = opaque(cw == 0 ? do_s : q_s);
+            reg_fence(pa);
+            fence_acc();
+            wg_fence();
 #pragma unroll
-        for (int kk = 0; kk < 4; kk++) {
-            pa[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]), pa[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-            pa[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pa[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            for (int kk = 0; kk < 4; kk++) wide_mn_product<T, D, 64>(acc, pa[kk], m_s + kk * (16 * 128));
+            wg_commit();
+            wg_wait<0>();
+            fence_acc();
         }
-        /* role 0: dV += Pᵀ dO; role 1: dK += dSᵀ Q (the second operand read transposed, as V in the forward) */
-        const uint32_t m_s = opaque(role == 0 ? do_s : q_s);
-        reg_fence(pa);
-        fence_acc();
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) wide_mn_product<T, D, 64>(acc, pa[kk], m_s + kk * (16 * 128));
-        wg_commit();
-        wg_wait<0>();
-        fence_acc();
         mbar_arrive_if(empty(st), lane == 0);
     }
-    store_frag_rows<T, DB * 8>(role == 0 ? p.dv : p.dk, reinterpret_cast<const float (&)[DB * 8][4]>(acc), keys, p.Nk, b, hk, t4);
+    if constexpr (BY_ROWS) {
+        store_frag_rows<T, DB * 8>(p.dv, reinterpret_cast<const float (&)[DB * 8][4]>(acc), keys, p.Nk, b, hk, t4);
+        store_frag_rows<T, DB * 8>(p.dk, reinterpret_cast<const float (&)[DB * 8][4]>(acc2), keys, p.Nk, b, hk, t4);
+    } else {
+        store_frag_rows<T, DB * 8>(cw == 0 ? p.dv : p.dk, reinterpret_cast<const float (&)[DB * 8][4]>(acc), keys, p.Nk, b, hk, t4);
+    }
 }
 
 /* ---- dQ ---- */
@@ -428,7 +495,8 @@ template <typename T, int D, Cap CAP> static wa_status launch_all(const kparams 
     CUDA_TRY(raise_once(dq_ws_kernel<T, D, CAP>, dq_layout<D>::bytes, &done_q));
     prep_kernel<T, D><<<dim3((unsigned)(kp.nq_pad / 64), (unsigned)kp.Hq, (unsigned)kp.B), 128, prep_smem_bytes<D>(), s>>>(kp);
     CUDA_TRY(cudaGetLastError());
-    dkdv_ws_kernel<T, D, CAP><<<dim3((unsigned)((kp.Nk + 63) / 64), (unsigned)kp.Hkv, (unsigned)kp.B), kThreads, kv_layout<D>::bytes, s>>>(
+    constexpr int keys = kv_keys<D>();
+    dkdv_ws_kernel<T, D, CAP><<<dim3((unsigned)((kp.Nk + keys - 1) / keys), (unsigned)kp.Hkv, (unsigned)kp.B), kThreads, kv_layout<D>::bytes, s>>>(
         m[0], m[1], m[2], m[3], kp);
     CUDA_TRY(cudaGetLastError());
     dq_ws_kernel<T, D, CAP><<<dim3((unsigned)((kp.Nq + 127) / 128), (unsigned)kp.Hq, (unsigned)kp.B), kThreads, dq_layout<D>::bytes, s>>>(
@@ -462,10 +530,11 @@ wa_status hopper_backward(const kparams &kp, wa_dtype dt, cudaStream_t s, int *t
     *taken = 0;
     if (!hopper_backward_supports(kp) || !kp.lse2) return WA_OK;
     const int D = (int)kp.D, bn = D == 256 ? dq_bn<256>() : dq_bn<128>();
-    /* dK/dV kernel: Q, dO in 64-row boxes, K, V in 64-row boxes; dQ kernel: Q, dO in 128, K, V in bn */
+    /* dK/dV kernel: Q, dO in 64-row boxes, K, V in boxes of its keys; dQ kernel: Q, dO in 128, K, V in bn */
+    const int kv_rows = D == 256 ? kv_keys<256>() : kv_keys<128>();
     CUtensorMap m[8];
     const bool ok = tensor_map(&m[0], kp.q, dt, kp.B, kp.Hq, kp.Nq, D, 64) && tensor_map(&m[1], kp.dout, dt, kp.B, kp.Hq, kp.Nq, D, 64) &&
-                    tensor_map(&m[2], kp.k, dt, kp.B, kp.Hkv, kp.Nk, D, 64) && tensor_map(&m[3], kp.v, dt, kp.B, kp.Hkv, kp.Nk, D, 64) &&
+                    tensor_map(&m[2], kp.k, dt, kp.B, kp.Hkv, kp.Nk, D, kv_rows) && tensor_map(&m[3], kp.v, dt, kp.B, kp.Hkv, kp.Nk, D, kv_rows) &&
                     tensor_map(&m[4], kp.q, dt, kp.B, kp.Hq, kp.Nq, D, 128) && tensor_map(&m[5], kp.dout, dt, kp.B, kp.Hq, kp.Nq, D, 128) &&
                     tensor_map(&m[6], kp.k, dt, kp.B, kp.Hkv, kp.Nk, D, bn) && tensor_map(&m[7], kp.v, dt, kp.B, kp.Hkv, kp.Nk, D, bn);
     if (!ok) return WA_OK;
