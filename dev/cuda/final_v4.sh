@@ -1,0 +1,44 @@
+#!/bin/sh
+# final_v4.sh — the measurements that go into docs/ for version 4, on the H200, from the
+# repository root:  DEPS=.devdeps sh dev/cuda/final_v4.sh peers|check
+#   peers   winattn probe --device cuda (memory above inputs) and bench/gpu_peers.py (the issue's
+#           table against FlexAttention and SDPA, JSON to $OUT/gpu-peers.json)
+#   check   compute-sanitizer (dev/cuda/sanitize.sh) and a run-to-run bit-identity check of the
+#           backward through the PyTorch binding
+OUT=${OUT:-/tmp/out}
+DEPS=${DEPS:-.devdeps}
+mkdir -p "$OUT"
+t0=$(date +%s)
+timeout 400 make -j16 JANSSON_CFLAGS=-I$DEPS/usr/include JANSSON_LIBS=$DEPS/usr/lib/x86_64-linux-gnu/libjansson.a build/winattn lib \
+    >"$OUT/build.txt" 2>&1 || { tail -30 "$OUT/build.txt"; exit 1; }
+echo "built in $(($(date +%s) - t0)) s; $(git rev-parse --short HEAD 2>/dev/null)"
+case "${1:-peers}" in
+peers)
+    echo "== probe --device cuda"
+    timeout 120 build/winattn probe --device cuda >"$OUT/probe-cuda.txt" 2>&1; cat "$OUT/probe-cuda.txt"
+    echo "== gpu_peers"
+    timeout 420 python3 bench/gpu_peers.py --reps 3 --json "$OUT/gpu-peers.json" >"$OUT/gpu-peers.txt" 2>"$OUT/gpu-peers.err"
+    echo "exit $?"; cat "$OUT/gpu-peers.txt"; tail -3 "$OUT/gpu-peers.err"
+    ;;
+check)
+    echo "== sanitizers"
+    OUT=$OUT sh dev/cuda/sanitize.sh
+    echo "== backward twice, bit-identical (bf16, (a) at 8K and (b) at 8K, GQA)"
+    PYTHONPATH=python WINATTN_LIBRARY=build/libwinattn.so python3 - <<'PY'
+import torch, winattn.torch as wt
+for hq, hkv, d, w in ((32, 16, 256, 1024), (32, 8, 128, 4096)):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    mk = lambda h: torch.randn(1, h, 8192, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    q, k, v, do = mk(hq), mk(hkv), mk(hkv), mk(hq)
+    outs = []
+    for _ in range(2):
+        qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+        o = wt.attention(qq, kk, vv, window=(w - 1, 0))
+        o.backward(do)
+        outs.append((o.detach(), qq.grad, kk.grad, vv.grad))
+    same = all(torch.equal(a, b) for a, b in zip(*outs))
+    print(f"D={d} Hq={hq} Hkv={hkv} window {w}: o, dq, dk, dv bit-identical across two runs: {same}")
+PY
+    ;;
+esac
+echo "total $(($(date +%s) - t0)) s"
