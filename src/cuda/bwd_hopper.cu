@@ -7,13 +7,14 @@
  *          dO Oᵀ taken on wgmma, the instruction that forms dP below: with a one-key window
  *          O_i = V_j bitwise, so dP_ij − δ_i is exactly 0 and dq = dk = 0 exactly, as the parity
  *          sweep's window-1 cases demand (versions 1 and 2 did the same with their own orders).
- *   dK/dV  one CTA per 64 keys of a kv head, over the group's query heads and the query tiles the
- *          window allows (64 queries a step). Warpgroup 0 loads (TMA: K and V once; Q, dO, lse2,
- *          δ per step into a two-stage ring). The two consumer warpgroups split the work by
- *          output, not by rows, because dK and dV of 64 keys × 256 values do not both fit one
- *          warpgroup's registers: warpgroup 1 forms Sᵀ = K Qᵀ, Pᵀ, and dV += Pᵀ dO; warpgroup 2
- *          forms dPᵀ = V dOᵀ and, with Pᵀ handed over through shared memory (f32, two buffers,
- *          named barriers), dSᵀ and dK += dSᵀ Q. Each does two of the four products.
+ *   dK/dV  one CTA per 128 keys (D ≤ 128) or 64 keys (D = 256) of a kv head, over the group's
+ *          query heads and the query tiles the window allows (64 queries a step). Warpgroup 0
+ *          loads (TMA: K and V once; Q and dO per step into a two-stage ring). At D ≤ 128 each
+ *          consumer warpgroup owns 64 keys with their dK and dV and does all four products
+ *          (Sᵀ = K Qᵀ, dPᵀ = V dOᵀ, dV += Pᵀ dO, dK += dSᵀ Q). At D = 256 dK and dV of 64 keys do
+ *          not both fit one warpgroup's registers, so the work is split by output: warpgroup 1
+ *          forms Sᵀ, Pᵀ and dV; warpgroup 2 forms dPᵀ and, with Pᵀ handed over through shared
+ *          memory (f32, two buffers, named barriers), dSᵀ and dK. Each does two products.
  *   dQ     one CTA per 128 query rows (two consumer warpgroups of 64 rows, one producer), over
  *          the key tiles the window allows: S = Q Kᵀ, dP = dO Vᵀ, dS, dQ += dS K; the forward's
  *          structure with lse and δ known.
@@ -103,8 +104,8 @@ template <int D> __host__ __device__ constexpr int kv_keys() { return kv_by_rows
 template <int D> struct kv_layout {
     static constexpr int KEYS = kv_keys<D>();
     static constexpr uint32_t KV = KEYS * D * 2, QT = 64 * D * 2;
-    /* K, V; Q and dO per stage; lse2[64] and δ[64] per stage; Pᵀ exchange buffers (by output); barriers */
-    static constexpr uint32_t k = 0, v = KV, q = 2 * KV, dout = q + 2 * QT, stats = dout + 2 * QT, xchg = stats + 2 * 512,
+    /* K, V; Q and dO per stage; Pᵀ exchange buffers (by output); barriers */
+    static constexpr uint32_t k = 0, v = KV, q = 2 * KV, dout = q + 2 * QT, xchg = dout + 2 * QT,
                               bars = xchg + (kv_by_rows<D>() ? 0 : 2 * 64 * 64 * 4);
     static constexpr uint32_t n_bars = 1 + 2 * 2; /* kv_full; per stage full, empty */
     static constexpr size_t bytes = 1024 + bars + 8 * n_bars;
@@ -154,14 +155,11 @@ __global__ void __launch_bounds__(kThreads, 1)
                 const uint32_t ph = (uint32_t)(n >> 1) & 1u;
                 const long long h = hk * p.group + n / nqt, i0 = (qt0 + n % nqt) * 64;
                 if (n >= 2) mbar_wait(empty(st), ph ^ 1u);
-                mbar_expect_tx(full(st), 2 * QT + 512);
+                mbar_expect_tx(full(st), 2 * QT);
                 for (int c = 0; c < DB; c++) {
                     tma_load(sQ + st * QT + c * (64 * 128), &tq, full(st), c * 64, (int)i0, (int)h, (int)b);
                     tma_load(sdO + st * QT + c * (64 * 128), &tdo, full(st), c * 64, (int)i0, (int)h, (int)b);
                 }
-                const long long at = (b * p.Hq + h) * p.nq_pad + i0;
-                bulk_load(base + L::stats + st * 512, p.lse2 + at, 256, full(st));
-                bulk_load(base + L::stats + st * 512 + 256, p.delta + at, 256, full(st));
             }
         }
         return;
@@ -210,7 +208,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 for (int e = 2 * r; e < 2 * r + 2; e++) {
                     const int c = nb * 8 + 2 * t4 + (e & 1);
                     float pv, dcap;
-                    prob_of<CAP>(p, x[nb][e], lse2[c], scale2, pv, dcap);
+                    prob_of<CAP>(p, x[nb][e], __ldg(lse2 + c), scale2, pv, dcap);
                     if (edge && (c < lo || c > hi)) pv = 0.0f;
                     x[nb][e] = pv, pd[nb][e] = pv * dcap;
                 }
@@ -232,7 +230,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int nq = (int)min(64LL, p.Nq - i0);
         const bool edge = nq < 64 || nk < KEYS || wa_tile_needs_mask(&p.win, i0, i0 + nq, j0, j0 + nk);
         const uint32_t q_s = opaque(sQ + st * QT), do_s = opaque(sdO + st * QT);
-        const float *stats = (const float *)(aligned + L::stats + st * 512); /* lse2[64], then δ[64] */
+        /* lse2 and δ of the step's 64 queries, read where used (a thread needs 16 of each; they stay
+         * in L1): loading them through TMA beside Q put plain shared loads after an async-proxy
+         * write that compute-sanitizer's racecheck cannot see ordered by the mbarrier */
+        const long long at = (b * p.Hq + hk * p.group + n / nqt) * p.nq_pad + i0;
+        const float *lse2 = p.lse2 + at, *delta = p.delta + at;
         mbar_wait(full(st), ph);
 
         float s[8][4], pd[8][4];
@@ -247,14 +249,14 @@ __global__ void __launch_bounds__(kThreads, 1)
             wg_wait<0>();
             reg_fence(s);
             reg_fence(dp);
-            probs(s, pd, stats, i0, edge);
+            probs(s, pd, lse2, i0, edge);
             pack(pa, s);
 #pragma unroll
             for (int nb = 0; nb < 8; nb++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int c = nb * 8 + 2 * t4 + (e & 1);
-                    s[nb][e] = pd[nb][e] * (dp[nb][e] - stats[64 + c]) * p.scale; /* dSᵀ */
+                    s[nb][e] = pd[nb][e] * (dp[nb][e] - __ldg(delta + c)) * p.scale; /* dSᵀ */
                 }
             uint32_t pb[4][4];
             pack(pb, s);
@@ -277,7 +279,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             wg_wait<0>();
             reg_fence(s);
             if (cw == 0) {
-                probs(s, pd, stats, i0, edge);
+                probs(s, pd, lse2, i0, edge);
                 if (n >= 2) named_sync(kFree + buf, 256);
 #pragma unroll
                 for (int nb = 0; nb < 8; nb++) xchg[nb * 128 + tid] = make_float4(pd[nb][0], pd[nb][1], pd[nb][2], pd[nb][3]);
@@ -291,7 +293,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                     for (int e = 0; e < 4; e++) {
                         const int c = nb * 8 + 2 * t4 + (e & 1);
                         const float pde = e == 0 ? q4.x : e == 1 ? q4.y : e == 2 ? q4.z : q4.w;
-                        s[nb][e] = pde * (s[nb][e] - stats[64 + c]) * p.scale; /* dSᵀ */
+                        s[nb][e] = pde * (s[nb][e] - __ldg(delta + c)) * p.scale; /* dSᵀ */
                     }
                 }
                 if (n + 2 < steps) named_arrive(kFree + buf, 256);

@@ -1,5 +1,5 @@
 /* hopper_prims.cuh — what the version-4 kernels (fwd_hopper.cu, bwd_hopper.cu) add to
- * mma_prims.cuh: mbarriers, TMA loads (tensor and plain bulk), named barriers, register
+ * mma_prims.cuh: mbarriers, TMA tensor loads, named barriers, register
  * reallocation between warpgroups, and the host side of TMA (tensor maps). */
 #ifndef WA_CUDA_HOPPER_PRIMS_CUH
 #define WA_CUDA_HOPPER_PRIMS_CUH
@@ -50,12 +50,6 @@ __device__ __forceinline__ uint32_t opaque(uint32_t x) {
 }
 template <int N> __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
 template <int N> __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
-/* bytes (a multiple of 16, both addresses 16-byte aligned) global -> shared, counted on bar */
-__device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst), "l"(src),
-                 "r"(bytes), "r"(bar)
-                 : "memory");
-}
 /* named barriers 1..15 between warpgroups: `n` threads in all arrive or wait */
 __device__ __forceinline__ void named_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void named_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
