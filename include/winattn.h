@@ -130,10 +130,12 @@ typedef struct wa_context_params {
     void *(*alloc)(void *user, size_t bytes);
     void (*free)(void *user, void *ptr);
     void *alloc_user;
-    /* CUDA backward, f16/bf16 at D = 64/128/256 (the tensor-core path): 1 = accumulate dQ with f32
-     * atomic adds inside the key-tile kernel (faster: five tile products per visible pair instead of
-     * seven; workspace grows by one f32 copy of dQ, B*Hq*Nq*D floats; dq is then not bit-identical
-     * run to run). 0 (default) = deterministic: a separate kernel owns each query tile's dQ. */
+    /* CUDA backward, f16/bf16 at D = 64/128/256, version-2 kernels only: 1 = accumulate dQ with f32
+     * atomic adds inside the key-tile kernel (five tile products per visible pair instead of seven;
+     * workspace grows by one f32 copy of dQ, B*Hq*Nq*D floats; dq is then not bit-identical run to
+     * run). It measured no faster than version 2's deterministic dQ kernel, and version 4 (the
+     * default wherever TMA can describe the tensors) is deterministic and 2-3x faster than both, so
+     * where version 4 runs this flag is ignored (docs/cuda.md). 0 (default) = deterministic. */
     int cuda_atomic_dq;
 } wa_context_params;
 

@@ -407,8 +407,11 @@ template <typename T> static wa_status forward_t(wa_context *ctx, const wa_probl
     return launch(forward_kernel<T>, grid, fwd_smem(kp.tile, (int)p->D), stream_of(ctx), kp);
 }
 
-/* the atomic-dQ option (wa_context_params.cuda_atomic_dq) exists on the tensor-core path only */
-static int atomic_dq(const wa_context *ctx, const wa_problem *p) { return ctx->params.cuda_atomic_dq && mma_supports(p); }
+/* the atomic-dQ option (wa_context_params.cuda_atomic_dq) exists on version 2's tensor-core
+ * kernels only; where version 4 runs (faster and deterministic) it is ignored */
+static int atomic_dq(const wa_context *ctx, const wa_problem *p) {
+    return ctx->params.cuda_atomic_dq && mma_supports(p) && !hopper_backward_supports(params_of(p));
+}
 
 /* backward workspace: two arrays of rows padded to 64 per head (delta, then rnorm for f32 or lse2
  * for the version-4 backward), plus the f32 dQ accumulator of the atomic-dQ option */

@@ -541,7 +541,7 @@ template <typename T> static wa_status by_dim(const kparams &kp, const CUtensorM
 int hopper_backward_supports(const kparams &kp) {
     const char *force = getenv("WINATTN_CUDA");
     if (force && (!strcmp(force, "mma") || !strcmp(force, "v3"))) return 0;
-    return (kp.D == 64 || kp.D == 128 || kp.D == 256) && kp.Nq > 0 && kp.Nk > 0 && !kp.dq_acc && kp.lse.data &&
+    return (kp.D == 64 || kp.D == 128 || kp.D == 256) && kp.Nq > 0 && kp.Nk > 0 && kp.lse.data &&
            tensor_map_encoder() != nullptr;
 }
 

@@ -56,8 +56,9 @@ wa_status mma_forward(const kparams &kp, wa_dtype dt, cudaStream_t s);
 /* version 4's forward (fwd_hopper.cu: TMA, warp-specialised wgmma) when it applies (D = 64, 128,
  * 256, strides TMA can express); *taken = 0 leaves the call to mma_forward */
 wa_status hopper_forward(const kparams &kp, wa_dtype dt, cudaStream_t s, int *taken);
-/* version 4's backward (bwd_hopper.cu) when it applies; it needs kp.delta and kp.lse2 with
- * B*Hq*nq_pad floats each. *taken = 0 leaves the call to mma_backward */
+/* version 4's backward (bwd_hopper.cu) when it applies (D = 64, 128, 256, lse given, strides TMA
+ * can express); it needs kp.delta and kp.lse2 with B*Hq*nq_pad floats each. *taken = 0 leaves the
+ * call to version 2 in mma_backward */
 int hopper_backward_supports(const kparams &kp);
 wa_status hopper_backward(const kparams &kp, wa_dtype dt, cudaStream_t s, int *taken);
 /* backward; kp.delta must point to B*Hq*Nq floats of workspace, which this fills */
