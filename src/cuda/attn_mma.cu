@@ -162,10 +162,7 @@ template <typename T, int D> __global__ void __launch_bounds__(kWgThreads, 1) fw
     cp_async_commit();
 
     float acc[DB][8][4];
-#pragma unroll
-    for (int c = 0; c < DB; c++)
-#pragma unroll
-        for (int i = 0; i < 8; i++) acc[c][i][0] = acc[c][i][1] = acc[c][i][2] = acc[c][i][3] = 0.0f;
+    zero_frags(acc);
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
     const long long rows[2] = {i0 + warp * 16 + g, i0 + warp * 16 + g + 8};
     const float scale2 = p.scale * kLog2e;
@@ -202,11 +199,7 @@ template <typename T, int D> __global__ void __launch_bounds__(kWgThreads, 1) fw
         softmax_step<BN, DB * 8>(p, s, reinterpret_cast<float (&)[DB * 8][4]>(acc), row_max, row_sum, rows, j0, edge,
                                  t4, scale2);
         uint32_t pa[BN / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) {
-            pa[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]), pa[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-            pa[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pa[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-        }
+        pack_a<T, BN>(pa, s);
         reg_fence(pa);
 #pragma unroll
         for (int c = 0; c < DB; c++) reg_fence(acc[c]);

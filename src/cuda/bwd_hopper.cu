@@ -178,14 +178,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const float scale2 = p.scale * kLog2e;
     /* by rows: dV in acc, dK in acc2; by output: dV (cw 0) or dK (cw 1) in acc */
     float acc[DB][8][4], acc2[BY_ROWS ? DB : 1][8][4];
-#pragma unroll
-    for (int c = 0; c < DB; c++)
-#pragma unroll
-        for (int i = 0; i < 8; i++) acc[c][i][0] = acc[c][i][1] = acc[c][i][2] = acc[c][i][3] = 0.0f;
-#pragma unroll
-    for (int c = 0; c < (BY_ROWS ? DB : 1); c++)
-#pragma unroll
-        for (int i = 0; i < 8; i++) acc2[c][i][0] = acc2[c][i][1] = acc2[c][i][2] = acc2[c][i][3] = 0.0f;
+    zero_frags(acc);
+    zero_frags(acc2);
     auto fence_acc = [&]() {
 #pragma unroll
         for (int c = 0; c < DB; c++) reg_fence(acc[c]);
@@ -216,13 +210,6 @@ __global__ void __launch_bounds__(kThreads, 1)
                     if (edge && (c < lo || c > hi)) pv = 0.0f;
                     x[nb][e] = pv, pd[nb][e] = pv * dcap;
                 }
-        }
-    };
-    auto pack = [&](uint32_t (&a)[4][4], const float (&x)[8][4]) {
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) {
-            a[kk][0] = pack2<T>(x[2 * kk][0], x[2 * kk][1]), a[kk][1] = pack2<T>(x[2 * kk][2], x[2 * kk][3]);
-            a[kk][2] = pack2<T>(x[2 * kk + 1][0], x[2 * kk + 1][1]), a[kk][3] = pack2<T>(x[2 * kk + 1][2], x[2 * kk + 1][3]);
         }
     };
 
@@ -266,7 +253,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             reg_fence(s);
             reg_fence(dp);
             probs(s, pd, lse2, i0, edge);
-            pack(pa, s);
+            pack_a<T, 64>(pa, s);
 #pragma unroll
             for (int nb = 0; nb < 8; nb++)
 #pragma unroll
@@ -275,7 +262,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                     s[nb][e] = pd[nb][e] * (dp[nb][e] - delta[c]) * p.scale; /* dSᵀ */
                 }
             uint32_t pb[4][4];
-            pack(pb, s);
+            pack_a<T, 64>(pb, s);
             reg_fence(pa);
             reg_fence(pb);
             fence_acc();
@@ -315,7 +302,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 }
                 if (n + 2 < steps) named_arrive(kFree + buf, 256);
             }
-            pack(pa, s);
+            pack_a<T, 64>(pa, s);
             /* cw 0: dV += Pᵀ dO; cw 1: dK += dSᵀ Q (the second operand read transposed, as V in the forward) */
             const uint32_t m_s = opaque(cw == 0 ? do_s : q_s);
             reg_fence(pa);
@@ -423,10 +410,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     const float scale2 = p.scale * kLog2e;
     float acc[DB][8][4];
-#pragma unroll
-    for (int c = 0; c < DB; c++)
-#pragma unroll
-        for (int i = 0; i < 8; i++) acc[c][i][0] = acc[c][i][1] = acc[c][i][2] = acc[c][i][3] = 0.0f;
+    zero_frags(acc);
     auto fence_acc = [&]() {
 #pragma unroll
         for (int c = 0; c < DB; c++) reg_fence(acc[c]);
@@ -485,11 +469,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 }
         }
         uint32_t pa[BN / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) {
-            pa[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]), pa[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-            pa[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pa[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-        }
+        pack_a<T, BN>(pa, s);
         /* dQ += dS K, K read transposed as V in the forward */
         reg_fence(pa);
         fence_acc();
@@ -529,20 +509,13 @@ template <typename T, int D> static wa_status by_cap(const kparams &kp, const CU
 }
 
 template <typename T> static wa_status by_dim(const kparams &kp, const CUtensorMap (&m)[8], cudaStream_t s) {
-    switch (kp.D) {
-    case 64: return by_cap<T, 64>(kp, m, s);
-    case 128: return by_cap<T, 128>(kp, m, s);
-    default: return by_cap<T, 256>(kp, m, s);
-    }
+    return for_head_dim(kp.D, [&](auto d) { return by_cap<T, decltype(d)::value>(kp, m, s); });
 }
 
 } /* namespace */
 
 int hopper_backward_supports(const kparams &kp) {
-    const char *force = getenv("WINATTN_CUDA");
-    if (force && (!strcmp(force, "mma") || !strcmp(force, "v3"))) return 0;
-    return (kp.D == 64 || kp.D == 128 || kp.D == 256) && kp.Nq > 0 && kp.Nk > 0 && kp.lse.data &&
-           tensor_map_encoder() != nullptr;
+    return !hopper_forced_off() && hopper_head_dim(kp.D) && kp.Nq > 0 && kp.Nk > 0 && kp.lse.data && tensor_map_encoder() != nullptr;
 }
 
 wa_status hopper_backward(const kparams &kp, wa_dtype dt, cudaStream_t s, int *taken) {

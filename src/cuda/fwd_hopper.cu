@@ -115,10 +115,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const float scale2 = p.scale * kLog2e;
 
     float acc[DB][8][4];
-#pragma unroll
-    for (int c = 0; c < DB; c++)
-#pragma unroll
-        for (int i = 0; i < 8; i++) acc[c][i][0] = acc[c][i][1] = acc[c][i][2] = acc[c][i][3] = 0.0f;
+    zero_frags(acc);
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
     uint32_t pa[BN / 16][4]; /* P of the last tile, the A operand of O += P V */
 
@@ -170,13 +167,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const bool edge = n < BN || wa_tile_needs_mask(&p.win, r0, r1, j0, j0 + n);
         softmax_scores<BN, CAP>(p, s, row_max, row_sum, alpha, rows, j0, edge, t4, scale2);
     };
-    auto pack_p = [&](const float (&s)[BN / 8][4]) {
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) {
-            pa[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]), pa[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-            pa[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pa[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-        }
-    };
+    auto pack_p = [&](const float (&s)[BN / 8][4]) { pack_a<T, BN>(pa, s); };
 
     if (kt0 < kt1) mbar_wait(q_full, 0);
     for (long long kt = kt0; kt < wk0; kt++) skip(kt);
@@ -269,19 +260,13 @@ template <typename T, int D> static wa_status by_variant(const kparams &kp, cons
 }
 
 template <typename T> static wa_status by_dim(const kparams &kp, const CUtensorMap (&maps)[3], cudaStream_t s) {
-    switch (kp.D) {
-    case 64: return by_variant<T, 64>(kp, maps, s);
-    case 128: return by_variant<T, 128>(kp, maps, s);
-    default: return by_variant<T, 256>(kp, maps, s);
-    }
+    return for_head_dim(kp.D, [&](auto d) { return by_variant<T, decltype(d)::value>(kp, maps, s); });
 }
 
 } /* namespace */
 
 int hopper_forward_supports(const kparams &kp) {
-    const char *force = getenv("WINATTN_CUDA");
-    if (force && (!strcmp(force, "mma") || !strcmp(force, "v3"))) return 0;
-    return (kp.D == 64 || kp.D == 128 || kp.D == 256) && kp.Nq > 0 && kp.Nk > 0 && tensor_map_encoder() != nullptr;
+    return !hopper_forced_off() && hopper_head_dim(kp.D) && kp.Nq > 0 && kp.Nk > 0 && tensor_map_encoder() != nullptr;
 }
 
 wa_status hopper_forward(const kparams &kp, wa_dtype dt, cudaStream_t s, int *taken) {

@@ -8,6 +8,10 @@
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <type_traits>
 
 namespace {
 
@@ -69,7 +73,24 @@ __device__ __forceinline__ void wide_mn_product(float (&acc)[D / 64][8][4], cons
 #endif
 }
 
-/* ---- host side: tensor maps ---- */
+/* ---- host side: dispatch and tensor maps ---- */
+
+/* WINATTN_CUDA=mma or v3 keeps every call off version 4 (comparisons in dev/cuda) */
+static bool hopper_forced_off() {
+    const char *force = getenv("WINATTN_CUDA");
+    return force && (!strcmp(force, "mma") || !strcmp(force, "v3"));
+}
+
+/* f(std::integral_constant<int, D>) for the head dims version 4 is built for (64, 128, 256) */
+template <typename F> static wa_status for_head_dim(long long D, F &&f) {
+    switch (D) {
+    case 64: return f(std::integral_constant<int, 64>{});
+    case 128: return f(std::integral_constant<int, 128>{});
+    case 256: return f(std::integral_constant<int, 256>{});
+    }
+    return wa_fail(WA_ERR_UNSUPPORTED, "version-4 kernels: D = %lld", D);
+}
+static bool hopper_head_dim(long long D) { return D == 64 || D == 128 || D == 256; }
 
 using encode_fn = PFN_cuTensorMapEncodeTiled_v12000;
 

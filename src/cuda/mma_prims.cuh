@@ -228,6 +228,24 @@ __device__ __forceinline__ void store_rows(const kparams &p, const float (&acc)[
     }
 }
 
+/* an accumulator of blocks of 8-column fragments set to 0 */
+template <int A, int B> __device__ __forceinline__ void zero_frags(float (&x)[A][B][4]) {
+#pragma unroll
+    for (int a = 0; a < A; a++)
+#pragma unroll
+        for (int b = 0; b < B; b++) x[a][b][0] = x[a][b][1] = x[a][b][2] = x[a][b][3] = 0.0f;
+}
+
+/* a 16-row × N tile of f32 accumulator fragments (P or dS), rounded to the dtype, as the A
+ * operands of N/16 k steps: two adjacent 8-column fragments are one 16-column A fragment */
+template <typename T, int N> __device__ __forceinline__ void pack_a(uint32_t (&a)[N / 16][4], const float (&s)[N / 8][4]) {
+#pragma unroll
+    for (int kk = 0; kk < N / 16; kk++) {
+        a[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]), a[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+        a[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), a[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+}
+
 /* accumulator fragments of a thread's two rows, rounded to the dtype, into rows < limit of head
  * (b, h) of t (no normalisation: the gradients' epilogue) */
 template <typename T, int NA>
