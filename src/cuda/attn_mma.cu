@@ -1,6 +1,9 @@
 /* attn_mma.cu — the CUDA backend's tensor-core kernels for f16 and bf16 at D = 64, 128 and 256
  * (FlashAttention-2's scheme, written for this library's window geometry): version 2 on mma.sync,
- * and version 3's forward on wgmma, which is the default at D = 256 (fwd_wgmma_kernel below).
+ * and version 3's forward on wgmma at D = 256 (fwd_wgmma_kernel below). Since version 4
+ * (fwd_hopper.cu, bwd_hopper.cu) these are the fallback: mma_forward and mma_backward try
+ * version 4 first and run these when it does not apply (tensors TMA cannot describe, or
+ * WINATTN_CUDA=mma / v3 for comparisons).
  * Everything else (f32, other head dims, rows not 16-byte aligned) stays on version 1 in
  * attn_cuda.cu, which dispatches here through mma_supports().
  *
