@@ -100,7 +100,7 @@ int cmd_bench(int argc, char **argv) {
     wa_attn_desc desc = {scale, 0, left, right};
     printf("bench: %s B=%lld Hq=%lld Hkv=%lld D=%lld window=(%lld,%lld) %s %s, %d reps (median)\n", dtype_name(dt),
            (long long)B, (long long)Hq, (long long)Hkv, (long long)D, (long long)left, (long long)right,
-           dense ? "dense" : "tiled", dev == WA_DEVICE_CUDA ? (atomic_dq ? "cuda (atomic dQ)" : "cuda") : wa_cpu_kernels(), (int)reps);
+           dense ? "dense" : "tiled", dev == WA_DEVICE_CUDA ? (atomic_dq ? "cuda (atomic dQ where version 2 runs)" : "cuda") : wa_cpu_kernels(), (int)reps);
     printf("| N | fwd ms | bwd ms | fwd TFLOP/s | bwd TFLOP/s | peak RSS growth GB |\n|---|---|---|---|---|---|\n");
     json_t *rows = json_array();
     size_t es = wa_dtype_size(dt);

@@ -229,7 +229,7 @@ int cmd_parity(int argc, char **argv) {
     if (threads == 0) threads = sysconf(_SC_NPROCESSORS_ONLN) > 0 ? sysconf(_SC_NPROCESSORS_ONLN) : 1;
     printf("parity: %d cases%s (grid of %d), kernels under test: %s%s, %lld worker threads\n", n_todo,
            quick ? " (--quick)" : "", l.n, device == WA_DEVICE_CUDA ? "CUDA" : wa_cpu_kernels(),
-           atomic_dq ? " (atomic dQ)" : "", (long long)threads);
+           atomic_dq ? " (atomic dQ where version 2 runs)" : "", (long long)threads);
     fflush(stdout);
 
     parity_run run = {l.v, todo, n_todo, xmalloc((size_t)n_todo * sizeof(wa_case_result), "results"), device, 0, 0,
