@@ -196,6 +196,19 @@ def run_torch():
         o.sum().backward()
         oc = wt.attention(*(t.detach().cpu() for t in (q, k, v)), window=(15, 0))
         report((o.detach().cpu().float() - oc.float()).abs().max().item() < 3e-2, "torch CUDA tensors match CPU")
+
+        # a batch of two through the tensor-core path, forward and gradients against the CPU kernels
+        g = torch.Generator().manual_seed(3)
+        q, k, v, do = (torch.randn(2, h, 200, 128, generator=g).to(torch.bfloat16) for h in (4, 2, 2, 4))
+        results = []
+        for dev in ("cuda", "cpu"):
+            qq, kk, vv = (t.to(dev).clone().requires_grad_() for t in (q, k, v))
+            o = wt.attention(qq, kk, vv, window=(50, 0))
+            o.backward(do.to(dev))
+            results.append([t.detach().cpu().float() for t in (o, qq.grad, kk.grad, vv.grad)])
+        errs = [((a - b).abs().max() / b.abs().max()).item() for a, b in zip(*results)]
+        report(max(errs) < 3e-2, "torch CUDA B=2 D=128 GQA: o, dq, dk, dv match CPU",
+               "max error relative to max |value| o/dq/dk/dv %s" % "/".join("%.1e" % e for e in errs))
     else:
         skip("torch CUDA", "no CUDA device")
 
