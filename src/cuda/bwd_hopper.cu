@@ -224,9 +224,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         /* lse2 and δ of the step's 64 queries: each thread of the warpgroup fetches one value before
          * the tile products and stores it to shared memory while they run; a named barrier of the
          * warpgroup publishes them (two buffers by step parity, so a fast warp's next store cannot
-         * meet a slow warp's reads). Versions that read them where used (from L1) measured 5-12 %
-         * slower at D <= 128; fetching them by TMA beside Q was as fast, but racecheck cannot see
-         * the mbarrier order an async-proxy write before plain shared loads. */
+         * meet a slow warp's reads). Reading them where used (from L1) measured 5-12 % slower at
+         * D <= 128; fetching them by TMA beside Q was 0-5 % faster, but racecheck cannot see the
+         * mbarrier order an async-proxy write before plain shared loads (dev/cuda/README.md). */
         const long long at = (b * p.Hq + hk * p.group + n / nqt) * p.nq_pad + i0;
         float *wstats = (float *)(aligned + L::stats + (cw * 2 + (n & 1)) * L::STATS);
         const float *lse2 = wstats, *delta = BY_ROWS ? wstats + 64 : wstats;
