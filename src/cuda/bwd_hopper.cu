@@ -181,11 +181,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     zero_frags(acc);
     zero_frags(acc2);
     auto fence_acc = [&]() {
-#pragma unroll
-        for (int c = 0; c < DB; c++) reg_fence(acc[c]);
-        if (BY_ROWS)
-#pragma unroll
-            for (int c = 0; c < DB; c++) reg_fence(acc2[c]);
+        reg_fence(acc);
+        if (BY_ROWS) reg_fence(acc2);
     };
     /* x (64 keys × 64 queries) = rows of `a_s` (K or V) times those of `b_s` (Q or dO), transposed */
     auto tile_product = [&](float (&x)[8][4], uint32_t a_s, uint32_t b_s) {
@@ -333,9 +330,9 @@ template <int D> __host__ __device__ constexpr int dq_bn() { return D == 256 ? 3
 template <int D> struct dq_layout {
     static constexpr int BM = 128, BN = dq_bn<D>();
     static constexpr uint32_t TILE = BN * D * 2;
-    static constexpr uint32_t q = 0, dout = BM * D * 2, k = 2 * BM * D * 2, v = k + 2 * TILE, bars = v + 2 * TILE;
-    static constexpr uint32_t n_bars = 1 + 4 * 2; /* q_full; per stage k_full, v_full, k_empty, v_empty */
-    static constexpr size_t bytes = 1024 + bars + 8 * n_bars;
+    static constexpr uint32_t q = 0, dout = BM * D * 2, k = 2 * BM * D * 2, v = k + kv_ring::kStages * TILE,
+                              bars = v + kv_ring::kStages * TILE;
+    static constexpr size_t bytes = 1024 + bars + 8 * kv_ring::n_bars;
 };
 
 template <typename T, int D, Cap CAP>
@@ -346,12 +343,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     constexpr int BM = L::BM, BN = L::BN, DB = D / 64, KS = D / 16, TILE = L::TILE;
     extern __shared__ __align__(1024) unsigned char smem[];
     const uint32_t base = (smem_u32(smem) + 1023u) & ~1023u;
-    const uint32_t sQ = base + L::q, sdO = base + L::dout, sK = base + L::k, sV = base + L::v, bar = base + L::bars;
-    const uint32_t q_full = bar;
-    auto k_full = [&](int s) { return bar + 8 * (1 + 4 * s); };
-    auto v_full = [&](int s) { return bar + 8 * (2 + 4 * s); };
-    auto k_empty = [&](int s) { return bar + 8 * (3 + 4 * s); };
-    auto v_empty = [&](int s) { return bar + 8 * (4 + 4 * s); };
+    const uint32_t sQ = base + L::q, sdO = base + L::dout, sK = base + L::k, sV = base + L::v;
+    const kv_ring ring{base + L::bars};
 
     const int wg = threadIdx.x >> 7, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const long long qt = (long long)gridDim.x - 1 - blockIdx.x; /* the longest tiles first under causal masks */
@@ -360,34 +353,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     int64_t kt0, kt1;
     wa_key_tiles_for_rows(&p.win, i0, i0 + m, BN, &kt0, &kt1);
 
-    if (threadIdx.x == 0) {
-        mbar_init(q_full, 1);
-        for (int s = 0; s < 2; s++) {
-            mbar_init(k_full(s), 1), mbar_init(v_full(s), 1);
-            mbar_init(k_empty(s), 8), mbar_init(v_empty(s), 8);
-        }
-        mbar_init_fence();
-    }
+    if (threadIdx.x == 0) ring.init(8); /* one arrival per consumer warp */
     __syncthreads();
 
     if (wg == 0) { /* producer: as in the forward, with dO beside Q */
         setmaxnreg_dec<kProducerRegs>();
         if (threadIdx.x == 0 && kt0 < kt1) {
-            mbar_expect_tx(q_full, 2 * BM * D * 2);
+            mbar_expect_tx(ring.once(), 2 * BM * D * 2);
             for (int c = 0; c < DB; c++) {
-                tma_load(sQ + c * (BM * 128), &tq, q_full, c * 64, (int)i0, (int)h, (int)b);
-                tma_load(sdO + c * (BM * 128), &tdo, q_full, c * 64, (int)i0, (int)h, (int)b);
+                tma_load(sQ + c * (BM * 128), &tq, ring.once(), c * 64, (int)i0, (int)h, (int)b);
+                tma_load(sdO + c * (BM * 128), &tdo, ring.once(), c * 64, (int)i0, (int)h, (int)b);
             }
-            for (long long kt = kt0; kt < kt1; kt++) {
-                const int it = (int)(kt - kt0), st = it & 1;
-                const uint32_t ph = (uint32_t)(it >> 1) & 1u;
-                if (it >= 2) mbar_wait(k_empty(st), ph ^ 1u);
-                mbar_expect_tx(k_full(st), TILE);
-                for (int c = 0; c < DB; c++) tma_load(sK + st * TILE + c * (BN * 128), &tk, k_full(st), c * 64, (int)(kt * BN), (int)hk, (int)b);
-                if (it >= 2) mbar_wait(v_empty(st), ph ^ 1u);
-                mbar_expect_tx(v_full(st), TILE);
-                for (int c = 0; c < DB; c++) tma_load(sV + st * TILE + c * (BN * 128), &tv, v_full(st), c * 64, (int)(kt * BN), (int)hk, (int)b);
-            }
+            ring.produce<BN, DB>(&tk, &tv, sK, sV, kt0, kt1, (int)hk, (int)b);
         }
         return;
     }
@@ -411,29 +388,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     const float scale2 = p.scale * kLog2e;
     float acc[DB][8][4];
     zero_frags(acc);
-    auto fence_acc = [&]() {
-#pragma unroll
-        for (int c = 0; c < DB; c++) reg_fence(acc[c]);
-    };
-    auto skip = [&](long long kt) {
-        const int it = (int)(kt - kt0), st = it & 1;
-        const uint32_t ph = (uint32_t)(it >> 1) & 1u;
-        mbar_wait(k_full(st), ph);
-        mbar_arrive_if(k_empty(st), lane == 0);
-        mbar_wait(v_full(st), ph);
-        mbar_arrive_if(v_empty(st), lane == 0);
-    };
 
-    if (kt0 < kt1) mbar_wait(q_full, 0);
-    for (long long kt = kt0; kt < wk0; kt++) skip(kt);
+    if (kt0 < kt1) mbar_wait(ring.once(), 0);
+    for (long long kt = kt0; kt < wk0; kt++) ring.skip((int)(kt - kt0), lane);
     for (long long kt = wk0; kt < wk1; kt++) {
-        const int it = (int)(kt - kt0), st = it & 1;
-        const uint32_t ph = (uint32_t)(it >> 1) & 1u;
+        const int it = (int)(kt - kt0), st = kv_ring::stage(it);
+        const uint32_t ph = kv_ring::parity(it);
         const uint32_t k_s = opaque(sK + st * TILE), v_s = opaque(sV + st * TILE);
         const uint32_t q_s = opaque(sQ + cw * (64 * 128)), do_s = opaque(sdO + cw * (64 * 128));
         float s[BN / 8][4], dp[BN / 8][4];
-        mbar_wait(k_full(st), ph);
-        mbar_wait(v_full(st), ph);
+        mbar_wait(ring.k_full(st), ph);
+        mbar_wait(ring.v_full(st), ph);
         wg_fence();
 #pragma unroll
         for (int ks = 0; ks < KS; ks++)
@@ -447,7 +412,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wg_wait<0>();
         reg_fence(s);
         reg_fence(dp);
-        mbar_arrive_if(v_empty(st), lane == 0);
+        mbar_arrive_if(ring.v_empty(st), lane == 0);
 
         const long long j0 = kt * BN;
         const int n = (int)min((long long)BN, p.Nk - j0);
@@ -472,16 +437,16 @@ __global__ void __launch_bounds__(kThreads, 1)
         pack_a<T, BN>(pa, s);
         /* dQ += dS K, K read transposed as V in the forward */
         reg_fence(pa);
-        fence_acc();
+        reg_fence(acc);
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) wide_mn_product<T, D, BN>(acc, pa[kk], k_s + kk * (16 * 128));
         wg_commit();
         wg_wait<0>();
-        fence_acc();
-        mbar_arrive_if(k_empty(st), lane == 0);
+        reg_fence(acc);
+        mbar_arrive_if(ring.k_empty(st), lane == 0);
     }
-    for (long long kt = wk1; kt < kt1; kt++) skip(kt);
+    for (long long kt = wk1; kt < kt1; kt++) ring.skip((int)(kt - kt0), lane);
     store_frag_rows<T, DB * 8>(p.dq, reinterpret_cast<const float (&)[DB * 8][4]>(acc), rows, p.Nq, b, h, t4);
 }
 

@@ -34,7 +34,7 @@ namespace {
 
 /* ---- the kernel ---- */
 
-constexpr int kConsumers = 2, kThreads = 128 * (kConsumers + 1), kStages = 2, kBM = 64 * kConsumers;
+constexpr int kConsumers = 2, kThreads = 128 * (kConsumers + 1), kStages = kv_ring::kStages, kBM = 64 * kConsumers;
 /* registers per thread after the reallocation: 24 + 2 × 240 fits 65,536 for 3 × 128 threads */
 constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 
@@ -44,9 +44,7 @@ template <int D> __host__ __device__ constexpr int ws_bn() { return D == 256 ? 6
 template <int D> struct ws_layout {
     static constexpr int BN = ws_bn<D>();
     static constexpr uint32_t q = 0, k = kBM * D * 2, v = k + kStages * BN * D * 2, bars = v + kStages * BN * D * 2;
-    /* q_full; then per stage k_full, v_full, k_empty, v_empty */
-    static constexpr uint32_t n_bars = 1 + 4 * kStages;
-    static constexpr size_t bytes = 1024 + bars + 8 * n_bars; /* 1024: alignment slack for the swizzle */
+    static constexpr size_t bytes = 1024 + bars + 8 * kv_ring::n_bars; /* 1024: alignment slack for the swizzle */
 };
 
 template <typename T, int D, bool PIPELINED, Cap CAP>
@@ -57,12 +55,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     constexpr int BM = kBM, BN = L::BN, DB = D / 64, KS = D / 16, TILE = BN * D * 2;
     extern __shared__ __align__(1024) unsigned char smem[];
     const uint32_t base = (smem_u32(smem) + 1023u) & ~1023u;
-    const uint32_t sQ = base + L::q, sK = base + L::k, sV = base + L::v, bar = base + L::bars;
-    const uint32_t q_full = bar;
-    auto k_full = [&](int s) { return bar + 8 * (1 + 4 * s); };
-    auto v_full = [&](int s) { return bar + 8 * (2 + 4 * s); };
-    auto k_empty = [&](int s) { return bar + 8 * (3 + 4 * s); };
-    auto v_empty = [&](int s) { return bar + 8 * (4 + 4 * s); };
+    const uint32_t sQ = base + L::q, sK = base + L::k, sV = base + L::v;
+    const kv_ring ring{base + L::bars};
 
     const int wg = threadIdx.x >> 7, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     /* the last query tiles first: under a causal mask they are the longest */
@@ -72,33 +66,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     int64_t kt0, kt1;
     wa_key_tiles_for_rows(&p.win, i0, i0 + m, BN, &kt0, &kt1);
 
-    if (threadIdx.x == 0) {
-        mbar_init(q_full, 1);
-        for (int s = 0; s < kStages; s++) {
-            mbar_init(k_full(s), 1), mbar_init(v_full(s), 1);
-            mbar_init(k_empty(s), 4 * kConsumers), mbar_init(v_empty(s), 4 * kConsumers); /* one arrival per warp */
-        }
-        mbar_init_fence();
-    }
+    if (threadIdx.x == 0) ring.init(4 * kConsumers);
     __syncthreads();
 
     if (wg == 0) { /* producer */
         setmaxnreg_dec<kProducerRegs>();
         if (threadIdx.x == 0 && kt0 < kt1) {
-            mbar_expect_tx(q_full, BM * D * 2);
-            for (int c = 0; c < DB; c++) tma_load(sQ + c * (BM * 128), &tq, q_full, c * 64, (int)i0, (int)h, (int)b);
-            for (long long kt = kt0; kt < kt1; kt++) {
-                const int it = (int)(kt - kt0), st = it % kStages;
-                const uint32_t ph = (uint32_t)(it / kStages) & 1u;
-                if (it >= kStages) mbar_wait(k_empty(st), ph ^ 1u); /* the consumers released its last use */
-                mbar_expect_tx(k_full(st), TILE);
-                for (int c = 0; c < DB; c++)
-                    tma_load(sK + st * TILE + c * (BN * 128), &tk, k_full(st), c * 64, (int)(kt * BN), (int)hk, (int)b);
-                if (it >= kStages) mbar_wait(v_empty(st), ph ^ 1u);
-                mbar_expect_tx(v_full(st), TILE);
-                for (int c = 0; c < DB; c++)
-                    tma_load(sV + st * TILE + c * (BN * 128), &tv, v_full(st), c * 64, (int)(kt * BN), (int)hk, (int)b);
-            }
+            mbar_expect_tx(ring.once(), BM * D * 2);
+            for (int c = 0; c < DB; c++) tma_load(sQ + c * (BM * 128), &tq, ring.once(), c * 64, (int)i0, (int)h, (int)b);
+            ring.produce<BN, DB>(&tk, &tv, sK, sV, kt0, kt1, (int)hk, (int)b);
         }
         return;
     }
@@ -120,19 +96,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
     uint32_t pa[BN / 16][4]; /* P of the last tile, the A operand of O += P V */
 
-    /* a tile these rows do not see: wait until it landed (so the phases stay in order), release it */
-    auto skip = [&](long long kt) {
-        const int it = (int)(kt - kt0), st = it % kStages;
-        const uint32_t ph = (uint32_t)(it / kStages) & 1u;
-        mbar_wait(k_full(st), ph);
-        mbar_arrive_if(k_empty(st), lane == 0);
-        mbar_wait(v_full(st), ph);
-        mbar_arrive_if(v_empty(st), lane == 0);
-    };
-    auto fence_acc = [&]() {
-#pragma unroll
-        for (int c = 0; c < DB; c++) reg_fence(acc[c]);
-    };
     /* S = Q Kᵀ for the tile in stage st (issue only). The base addresses pass through opaque()
      * so that the compiler forms the 64-bit descriptors next to each wgmma instead of hoisting
      * all of them out of the loop, which held 2 registers per descriptor (spills at D = 128). */
@@ -151,15 +114,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     /* the last tile's O += P V, waited for */
     auto finish_pv = [&](int st, uint32_t ph) {
-        mbar_wait(v_full(st), ph);
+        mbar_wait(ring.v_full(st), ph);
         reg_fence(pa);
-        fence_acc();
+        reg_fence(acc);
         wg_fence();
         issue_pv(st);
         wg_commit();
         wg_wait<0>();
-        fence_acc();
-        mbar_arrive_if(v_empty(st), lane == 0);
+        reg_fence(acc);
+        mbar_arrive_if(ring.v_empty(st), lane == 0);
     };
     /* the online-softmax step on S of key tile kt; alpha is O's factor, P goes to pa afterwards */
     auto softmax = [&](float (&s)[BN / 8][4], long long kt, float (&alpha)[2]) {
@@ -170,37 +133,42 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     auto pack_p = [&](const float (&s)[BN / 8][4]) { pack_a<T, BN>(pa, s); };
 
-    if (kt0 < kt1) mbar_wait(q_full, 0);
-    for (long long kt = kt0; kt < wk0; kt++) skip(kt);
+    /* S of key tile kt (stage st) waited for, its stage released, and its softmax step */
+    auto s_and_softmax = [&](float (&s)[BN / 8][4], float (&alpha)[2], long long kt, int st, uint32_t ph) {
+        mbar_wait(ring.k_full(st), ph);
+        wg_fence();
+        issue_s(s, st);
+        wg_commit();
+        wg_wait<0>();
+        reg_fence(s);
+        mbar_arrive_if(ring.k_empty(st), lane == 0);
+        softmax(s, kt, alpha);
+    };
+
+    if (kt0 < kt1) mbar_wait(ring.once(), 0);
+    for (long long kt = kt0; kt < wk0; kt++) ring.skip((int)(kt - kt0), lane);
 
     if (wk0 < wk1) {
         /* the first tile: nothing to overlap with yet (and O is zero, no rescale) */
-        int pst = (int)(wk0 - kt0) % kStages;
-        uint32_t pph = (uint32_t)((wk0 - kt0) / kStages) & 1u;
+        int pst = kv_ring::stage((int)(wk0 - kt0));
+        uint32_t pph = kv_ring::parity((int)(wk0 - kt0));
         {
             float s[BN / 8][4], alpha[2];
-            mbar_wait(k_full(pst), pph);
-            wg_fence();
-            issue_s(s, pst);
-            wg_commit();
-            wg_wait<0>();
-            reg_fence(s);
-            mbar_arrive_if(k_empty(pst), lane == 0);
-            softmax(s, wk0, alpha);
+            s_and_softmax(s, alpha, wk0, pst, pph);
             pack_p(s);
             if (!PIPELINED) finish_pv(pst, pph);
         }
         for (long long kt = wk0 + 1; kt < wk1; kt++) {
-            const int it = (int)(kt - kt0), st = it % kStages;
-            const uint32_t ph = (uint32_t)(it / kStages) & 1u;
+            const int it = (int)(kt - kt0), st = kv_ring::stage(it);
+            const uint32_t ph = kv_ring::parity(it);
             float s[BN / 8][4], alpha[2];
-            mbar_wait(k_full(st), ph);
             if (PIPELINED) {
                 /* S of this tile and O += P V of the last one, back to back; the softmax below runs
                  * while the second is on the tensor cores, the rescale of O after it */
-                mbar_wait(v_full(pst), pph);
+                mbar_wait(ring.k_full(st), ph);
+                mbar_wait(ring.v_full(pst), pph);
                 reg_fence(pa);
-                fence_acc();
+                reg_fence(acc);
                 wg_fence();
                 issue_s(s, st);
                 wg_commit();
@@ -208,21 +176,15 @@ __global__ void __launch_bounds__(kThreads, 1)
                 wg_commit();
                 wg_wait<1>();
                 reg_fence(s);
-                mbar_arrive_if(k_empty(st), lane == 0);
+                mbar_arrive_if(ring.k_empty(st), lane == 0);
                 softmax(s, kt, alpha);
                 wg_wait<0>();
-                fence_acc();
-                mbar_arrive_if(v_empty(pst), lane == 0);
+                reg_fence(acc);
+                mbar_arrive_if(ring.v_empty(pst), lane == 0);
                 rescale<DB * 8>(reinterpret_cast<float (&)[DB * 8][4]>(acc), alpha);
                 pack_p(s);
             } else {
-                wg_fence();
-                issue_s(s, st);
-                wg_commit();
-                wg_wait<0>();
-                reg_fence(s);
-                mbar_arrive_if(k_empty(st), lane == 0);
-                softmax(s, kt, alpha);
+                s_and_softmax(s, alpha, kt, st, ph);
                 rescale<DB * 8>(reinterpret_cast<float (&)[DB * 8][4]>(acc), alpha);
                 pack_p(s);
                 finish_pv(st, ph);
@@ -231,7 +193,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         if (PIPELINED) finish_pv(pst, pph);
     }
-    for (long long kt = wk1; kt < kt1; kt++) skip(kt);
+    for (long long kt = wk1; kt < kt1; kt++) ring.skip((int)(kt - kt0), lane);
 
     store_rows<T, DB * 8>(p, reinterpret_cast<const float (&)[DB * 8][4]>(acc), row_max, row_sum, rows, b, h, t4);
 }

@@ -58,6 +58,63 @@ template <int N> __device__ __forceinline__ void setmaxnreg_dec() { asm volatile
 __device__ __forceinline__ void named_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void named_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 
+/* The ring the forward and the dQ kernel stream key tiles through: an "once" barrier for the
+ * tiles loaded once per CTA (Q, and dO in the dQ kernel), then for each of two stages a full and
+ * an empty mbarrier for K and for V, 8 bytes each from `bar`. Key tile `it` (counted from the
+ * CTA's first) goes to stage it % 2 in round it / 2; a consumer waits on full with the round's
+ * parity, the producer reuses a stage once the consumers' warps (one arrival each) emptied it. */
+struct kv_ring {
+    static constexpr int kStages = 2;
+    static constexpr uint32_t n_bars = 1 + 4 * kStages;
+    uint32_t bar;
+
+    __device__ uint32_t once() const { return bar; }
+    __device__ uint32_t k_full(int s) const { return bar + 8 * (1 + 4 * s); }
+    __device__ uint32_t v_full(int s) const { return bar + 8 * (2 + 4 * s); }
+    __device__ uint32_t k_empty(int s) const { return bar + 8 * (3 + 4 * s); }
+    __device__ uint32_t v_empty(int s) const { return bar + 8 * (4 + 4 * s); }
+    static_assert((kStages & (kStages - 1)) == 0, "stage() and parity() mask and shift");
+    __device__ static int stage(int it) { return it & (kStages - 1); } /* it >= 0 */
+    __device__ static uint32_t parity(int it) { return ((uint32_t)it / kStages) & 1u; }
+
+    /* by one thread, before the CTA's __syncthreads() */
+    __device__ void init(uint32_t consumer_warps) const {
+        mbar_init(once(), 1);
+        for (int s = 0; s < kStages; s++) {
+            mbar_init(k_full(s), 1), mbar_init(v_full(s), 1);
+            mbar_init(k_empty(s), consumer_warps), mbar_init(v_empty(s), consumer_warps);
+        }
+        mbar_init_fence();
+    }
+    /* the producer thread: K and V of key tiles [kt0, kt1) of kv head hk, boxes of 64 values × BN
+     * rows (the tensor maps'), into the stages at sK and sV (tiles of BN × DB × 64 values) */
+    template <int BN, int DB>
+    __device__ void produce(const CUtensorMap *tk, const CUtensorMap *tv, uint32_t sK, uint32_t sV, long long kt0,
+                            long long kt1, int hk, int b) const {
+        constexpr uint32_t TILE = BN * DB * 64 * 2;
+        for (long long kt = kt0; kt < kt1; kt++) {
+            const int it = (int)(kt - kt0), st = stage(it);
+            const uint32_t ph = parity(it);
+            if (it >= kStages) mbar_wait(k_empty(st), ph ^ 1u); /* the consumers released its last use */
+            mbar_expect_tx(k_full(st), TILE);
+            for (int c = 0; c < DB; c++) tma_load(sK + st * TILE + c * (BN * 128), tk, k_full(st), c * 64, (int)(kt * BN), hk, b);
+            if (it >= kStages) mbar_wait(v_empty(st), ph ^ 1u);
+            mbar_expect_tx(v_full(st), TILE);
+            for (int c = 0; c < DB; c++) tma_load(sV + st * TILE + c * (BN * 128), tv, v_full(st), c * 64, (int)(kt * BN), hk, b);
+        }
+    }
+    /* a consumer warp's turn on key tile `it` when its rows see none of it: wait until it landed
+     * (so the ring's phases stay in order) and release it */
+    __device__ void skip(int it, int lane) const {
+        const int st = stage(it);
+        const uint32_t ph = parity(it);
+        mbar_wait(k_full(st), ph);
+        mbar_arrive_if(k_empty(st), lane == 0);
+        mbar_wait(v_full(st), ph);
+        mbar_arrive_if(v_empty(st), lane == 0);
+    }
+};
+
 /* acc (64 × D per warpgroup, f32) += a (16 columns of P or dS, registers) × 16 rows of an MN-major
  * operand at `rows` (V, K, Q or dO: a tile of R rows stored as D/64 column blocks R × 128 bytes
  * apart). One wgmma m64nDk16 spanning every column block (the descriptor's leading offset steps

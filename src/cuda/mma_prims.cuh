@@ -80,10 +80,19 @@ __device__ __forceinline__ float exp2_(float x) {
 /* byte offset of 16-byte chunk c of row r in a swizzled tile whose rows hold W 16-bit values */
 template <int W> __device__ __forceinline__ uint32_t swz(int r, int c) { return (uint32_t)(r * (W * 2) + ((c ^ (r & 7)) << 4)); }
 
-/* rows [row0, row0 + ROWS) of head (b, h) into a swizzled tile; rows at or past `limit` become 0
- * (a ragged last tile must not feed stale or NaN bytes into the products) */
-template <typename T, int D, int ROWS, int NT>
-__device__ __forceinline__ void load_tile(uint32_t dst, const dev_tensor &t, long long b, long long h, long long row0,
+/* Tiles for wgmma are stored in column blocks of 64 values (128-byte rows), each block R rows deep
+ * and 1024-byte aligned, with the 128-byte swizzle the hardware applies (16-byte chunk c of row r
+ * at c ^ (r % 8)). The K-major operands (Q, K) and the MN-major V (read transposed) use the same
+ * layout, and so would ldmatrix. c counts 16-byte chunks along the whole row of D values. */
+template <int R> __device__ __forceinline__ uint32_t blk_off(int r, int c) {
+    return (uint32_t)((c >> 3) * (R * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+/* rows [row0, row0 + ROWS) of head (b, h) into a tile laid out as swz<D> (BLOCKS = false, the
+ * mma.sync kernels) or blk_off<ROWS> (true, wgmma); rows at or past `limit` become 0 (a ragged
+ * last tile must not feed stale or NaN bytes into the products) */
+template <typename T, int D, int ROWS, int NT, bool BLOCKS>
+__device__ __forceinline__ void load_rows(uint32_t dst, const dev_tensor &t, long long b, long long h, long long row0,
                                           long long limit) {
     constexpr int CH = D / 8;
     static_assert(ROWS * CH % NT == 0, "every thread moves the same number of chunks");
@@ -92,8 +101,18 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const dev_tensor &t, lon
     for (int k = 0; k < ROWS * CH / NT; k++) {
         const int e = threadIdx.x + k * NT, r = e / CH, c = e % CH;
         const bool ok = row0 + r < limit;
-        cp_async16(dst + swz<D>(r, c), base + (ok ? row0 + r : 0) * t.s2 + c * 8, ok);
+        cp_async16(dst + (BLOCKS ? blk_off<ROWS>(r, c) : swz<D>(r, c)), base + (ok ? row0 + r : 0) * t.s2 + c * 8, ok);
     }
+}
+template <typename T, int D, int ROWS, int NT>
+__device__ __forceinline__ void load_tile(uint32_t dst, const dev_tensor &t, long long b, long long h, long long row0,
+                                          long long limit) {
+    load_rows<T, D, ROWS, NT, false>(dst, t, b, h, row0, limit);
+}
+template <typename T, int D, int ROWS, int NT>
+__device__ __forceinline__ void load_tile_blk(uint32_t dst, const dev_tensor &t, long long b, long long h, long long row0,
+                                              long long limit) {
+    load_rows<T, D, ROWS, NT, true>(dst, t, b, h, row0, limit);
 }
 
 /* A operand (16 rows from `row`, k columns 16*ks..) from a row-major tile */
@@ -262,28 +281,6 @@ __device__ __forceinline__ void store_frag_rows(const dev_tensor &t, const float
 
 #include "wgmma_ops.cuh"
 
-/* Tiles for wgmma are stored in column blocks of 64 values (128-byte rows), each block R rows deep
- * and 1024-byte aligned, with the 128-byte swizzle the hardware applies (16-byte chunk c of row r
- * at c ^ (r % 8)). The K-major operands (Q, K) and the MN-major V (read transposed) use the same
- * layout, and so would ldmatrix. c counts 16-byte chunks along the whole row of D values. */
-template <int R> __device__ __forceinline__ uint32_t blk_off(int r, int c) {
-    return (uint32_t)((c >> 3) * (R * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4));
-}
-
-template <typename T, int D, int ROWS, int NT>
-__device__ __forceinline__ void load_tile_blk(uint32_t dst, const dev_tensor &t, long long b, long long h, long long row0,
-                                              long long limit) {
-    constexpr int CH = D / 8;
-    static_assert(ROWS * CH % NT == 0, "every thread moves the same number of chunks");
-    const T *base = row_of<T>(t, b, h, 0);
-#pragma unroll
-    for (int k = 0; k < ROWS * CH / NT; k++) {
-        const int e = threadIdx.x + k * NT, r = e / CH, c = e % CH;
-        const bool ok = row0 + r < limit;
-        cp_async16(dst + blk_off<ROWS>(r, c), base + (ok ? row0 + r : 0) * t.s2 + c * 8, ok);
-    }
-}
-
 /* shared-memory matrix descriptor: 128-byte swizzle, 8-row groups 1024 bytes apart (SBO); the
  * leading offset is unused because every wgmma here stays inside one 64-value column block */
 __device__ __forceinline__ uint64_t gmma_desc(uint32_t addr) {
@@ -307,6 +304,10 @@ template <int A> __device__ __forceinline__ void reg_fence(float (&x)[A][4]) {
     for (int i = 0; i < A; i++)
 #pragma unroll
         for (int e = 0; e < 4; e++) asm volatile("" : "+f"(x[i][e])::"memory");
+}
+template <int A, int B> __device__ __forceinline__ void reg_fence(float (&x)[A][B][4]) {
+#pragma unroll
+    for (int a = 0; a < A; a++) reg_fence(x[a]);
 }
 template <int A> __device__ __forceinline__ void reg_fence(uint32_t (&x)[A][4]) {
 #pragma unroll
