@@ -22,37 +22,36 @@ if [ "$what" = all ] || [ "$what" = parity ] || [ "$what" = bwd ]; then
         grep '^FAIL' "$OUT/parity_quick_$v.txt" | head -10; tail -1 "$OUT/parity_quick_$v.txt"
     done
 fi
-B="timeout 60 build/winattn bench --device cuda --reps 5 --forward-only"
+# the shapes, timed by the bench command $1 with WINATTN_CUDA=$2
+shape_a() {
+    echo "== (a) bf16 Hq=32 Hkv=16 D=256 window 1024 ($2)"
+    WINATTN_CUDA=$2 $1 --n 8192,16384,32768 | tail -3
+}
+shapes_b_d64() {
+    echo "== (b) bf16 Hq=32 Hkv=8 D=128 window 4096 ($2)"
+    WINATTN_CUDA=$2 $1 --n 8192,32768 --d 128 --hkv 8 --sliding-window 4096 | tail -2
+    echo "== D=64 Hq=32 Hkv=8 window 1024, 16K ($2)"
+    WINATTN_CUDA=$2 $1 --n 16384 --d 64 --hkv 8 --sliding-window 1024 | tail -1
+}
+extras() {
+    echo "== f16 (a) 16K; causal 8K at D=256 and D=128 (default)"
+    $1 --n 16384 --dtype f16 | tail -1
+    $1 --n 8192 --causal | tail -1
+    $1 --n 8192 --d 128 --hkv 8 --causal | tail -1
+}
 if [ "$what" = bwd ]; then
     F="timeout 90 build/winattn bench --device cuda --reps 5"
     for v in default mma; do
-        echo "== (a) bf16 Hq=32 Hkv=16 D=256 window 1024 ($v)"
-        WINATTN_CUDA=$v $F --n 8192,16384,32768 | tail -3
-        echo "== (b) bf16 Hq=32 Hkv=8 D=128 window 4096 ($v)"
-        WINATTN_CUDA=$v $F --n 8192,32768 --d 128 --hkv 8 --sliding-window 4096 | tail -2
-        echo "== D=64 Hq=32 Hkv=8 window 1024, 16K ($v)"
-        WINATTN_CUDA=$v $F --n 16384 --d 64 --hkv 8 --sliding-window 1024 | tail -1
+        shape_a "$F" $v
+        shapes_b_d64 "$F" $v
     done
-    echo "== f16 (a) 16K; causal 8K D=256 and D=128"
-    $F --n 16384 --dtype f16 | tail -1
-    $F --n 8192 --causal | tail -1
-    $F --n 8192 --d 128 --hkv 8 --causal | tail -1
+    extras "$F"
 fi
 if [ "$what" = all ] || [ "$what" = bench ]; then
-    for v in default v4a v3; do
-        echo "== (a) bf16 Hq=32 Hkv=16 D=256 window 1024 ($v)"
-        WINATTN_CUDA=$v $B --n 8192,16384,32768 | tail -3
-    done
-    for v in default v4a mma; do
-        echo "== (b) bf16 Hq=32 Hkv=8 D=128 window 4096 ($v)"
-        WINATTN_CUDA=$v $B --n 8192,32768 --d 128 --hkv 8 --sliding-window 4096 | tail -2
-        echo "== D=64 Hq=32 Hkv=8 window 1024, 16K ($v)"
-        WINATTN_CUDA=$v $B --n 16384 --d 64 --hkv 8 --sliding-window 1024 | tail -1
-    done
-    echo "== (a) f16 16K, causal 8K, softcap: default"
-    $B --n 16384 --dtype f16 | tail -1
-    $B --n 8192 --causal | tail -1
-    $B --n 8192 --d 128 --hkv 8 --causal | tail -1
+    B="timeout 60 build/winattn bench --device cuda --reps 5 --forward-only"
+    for v in default v4a v3; do shape_a "$B" $v; done
+    for v in default v4a mma; do shapes_b_d64 "$B" $v; done
+    extras "$B"
 fi
 if [ "$what" = all ] || [ "$what" = parity ] || [ "$what" = bwd ]; then
     echo "== parity --device cuda (full, default)"
