@@ -7,7 +7,9 @@ nvcc (`make`). Run from the repository root on the GPU machine:
     python3 bench/gpu_peers.py [--quick] [--reps R] [--json docs/gpu-peers.json]
 
 Systems (each forward and backward through autograd, bf16):
-  winattn      winattn.torch.attention (python/winattn, the library's own kernels) with the window
+  winattn      winattn.torch.attention (python/winattn, the library's own kernels) with the window;
+               its default backward (at D = 64 and 128 dQ is added with f32 atomics)
+  winattn-det  the same with deterministic=True (bit-identical backward, dQ in its own kernel)
   flex         torch.compile(flex_attention) with a sliding-window block mask and enable_gqa=True
   sdpa-flash   F.scaled_dot_product_attention(is_causal=True, enable_gqa=True) on the FLASH backend:
                causal without a window, so it does more work than the window needs (its TFLOP/s
@@ -20,10 +22,15 @@ Shapes (the issue's): (a) B=1, Hq=32, Hkv=16, D=256, sliding window 1024, N = 8K
 
 TFLOP/s counts visible (query, key) pairs of the mask each system computes (DESIGN.md section 5:
 forward 4*D*pairs per query head, backward 2.5x forward). Each time is the median of --reps runs
-after two warm-ups, timed with CUDA events. Backward peak memory above inputs: PyTorch's
+after two warm-ups, timed with CUDA events, two ways: one call per event pair with a synchronise
+after it ("per call": the GPU also waits for the host's work before the first kernel, Python and
+launch overhead included), and 10 calls back to back per event pair ("steady": as in a training
+step, where the host runs ahead of the GPU; taken as the per-call time where one call takes 0.1 s
+or more). Backward peak memory above inputs: PyTorch's
 max_memory_allocated during one backward minus what was allocated before it (q, k, v, dO and the
 forward's output and saved tensors), so it counts dQ, dK, dV and the system's scratch; winattn's
-own scratch (delta and lse*log2(e), 2*B*Hq*N floats with N rounded up to 64) comes from the CUDA
+own workspace (delta and lse*log2(e), 2*B*Hq*N floats with N rounded up to 64, plus for its
+default backward at D <= 128 an f32 dQ accumulator of B*Hq*N*D floats) comes from the CUDA
 stream-ordered pool, outside PyTorch's allocator, and is added explicitly.
 """
 import argparse
@@ -53,7 +60,8 @@ def pairs(n, window):
     return n * w - w * (w - 1) // 2
 
 
-def timed(fn, reps):
+def timed(fn, reps, calls=1):
+    """median seconds per call over reps timings of `calls` back-to-back calls each"""
     for _ in range(2):
         fn()
     torch.cuda.synchronize()
@@ -61,20 +69,24 @@ def timed(fn, reps):
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        fn()
+        for _ in range(calls):
+            fn()
         b.record()
         torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b) / 1e3)
+        ts.append(a.elapsed_time(b) / 1e3 / calls)
     return sorted(ts)[len(ts) // 2]
 
 
 def make_system(name, n, hq, hkv, d, window):
     """Returns (attn(q, k, v) -> o, note, extra scratch bytes outside torch's allocator)."""
-    if name == "winattn":
+    if name in ("winattn", "winattn-det"):
         import winattn.torch as wt
 
         win = (n - 1 if window is None else window - 1, 0)
-        return (lambda q, k, v: wt.attention(q, k, v, window=win)), "", 2 * 4 * hq * ((n + 63) // 64 * 64)
+        det = name == "winattn-det"
+        rows = hq * ((n + 63) // 64 * 64)
+        scratch = 2 * 4 * rows + (4 * rows * d if d <= 128 and not det else 0)
+        return (lambda q, k, v: wt.attention(q, k, v, window=win, deterministic=det)), "", scratch
     if name == "flex":
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
@@ -115,8 +127,10 @@ def measure(name, n, hq, hkv, d, window, reps):
     attn, note, extra = make_system(name, n, hq, hkv, d, window)
     with torch.no_grad():
         fwd = timed(lambda: attn(q, k, v), reps)
+        fwd_steady = timed(lambda: attn(q, k, v), reps, 10) if fwd < 0.1 else fwd
     o = attn(q, k, v)
     bwd = timed(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True), reps)
+    bwd_steady = timed(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True), reps, 10) if bwd < 0.1 else bwd
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
@@ -127,7 +141,8 @@ def measure(name, n, hq, hkv, d, window, reps):
     npairs = pairs(n, None if name == "sdpa-flash" else window)
     flops = 4.0 * d * npairs * hq
     return {"fwd_s": fwd, "bwd_s": bwd, "fwd_tflops": flops / fwd / 1e12, "bwd_tflops": 2.5 * flops / bwd / 1e12,
-            "bwd_peak_gb": peak / 1e9, "note": note}
+            "fwd_steady_s": fwd_steady, "bwd_steady_s": bwd_steady, "fwd_steady_tflops": flops / fwd_steady / 1e12,
+            "bwd_steady_tflops": 2.5 * flops / bwd_steady / 1e12, "bwd_peak_gb": peak / 1e9, "note": note}
 
 
 def short_error(e):
@@ -141,13 +156,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="first length of each shape only")
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--systems", default="flex,winattn,sdpa-flash,sdpa-mask", help="flex first: the others are compared with it")
+    ap.add_argument("--systems", default="flex,winattn,winattn-det,sdpa-flash,sdpa-mask",
+                    help="flex first: the others are compared with it")
     ap.add_argument("--shapes", default="a,b,c")
     ap.add_argument("--json")
     args = ap.parse_args()
     print("gpu_peers: %s, torch %s, %s" % (torch.cuda.get_device_name(), torch.__version__, time.strftime("%Y-%m-%d")))
-    print("| shape | N | system | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s | bwd peak above inputs GB | fwd / bwd vs flex | note |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| shape | N | system | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s | steady fwd / bwd TFLOP/s "
+          "| bwd peak above inputs GB | fwd / bwd vs flex | steady vs flex | note |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     results = []
     for label, hq, hkv, d, window, lens in SHAPES:
         if label not in args.shapes.split(","):
@@ -155,7 +172,7 @@ def main():
         for n in lens[:1] if args.quick else lens:
             flex = None
             for name in args.systems.split(","):
-                reps = max(2, args.reps // 2) if (label == "c" and name == "winattn") else args.reps
+                reps = max(2, args.reps // 2) if (label == "c" and name.startswith("winattn")) else args.reps
                 try:
                     r = measure(name, n, hq, hkv, d, window, reps)
                 except Exception as e:  # a peer that cannot run this shape says why in the table
@@ -165,14 +182,15 @@ def main():
                           "window": window if window else "causal"})
                 results.append(r)
                 if "error" in r:
-                    print("| %s | %d | %s | - | - | - | - | - | - | %s |" % (label, n, name, r["error"].replace("|", "/")))
+                    print("| %s | %d | %s | - | - | - | - | - | - | - | - | %s |" % (label, n, name, r["error"].replace("|", "/")))
                     continue
                 if name == "flex":
                     flex = r
                 ratio = "%.2f / %.2f" % (flex["fwd_s"] / r["fwd_s"], flex["bwd_s"] / r["bwd_s"]) if flex else "-"
-                print("| %s | %d | %s | %.2f | %.1f | %.2f | %.1f | %.2f | %s | %s |" % (
+                steady = "%.2f / %.2f" % (flex["fwd_steady_s"] / r["fwd_steady_s"], flex["bwd_steady_s"] / r["bwd_steady_s"]) if flex else "-"
+                print("| %s | %d | %s | %.2f | %.1f | %.2f | %.1f | %.1f / %.1f | %.2f | %s | %s | %s |" % (
                     label, n, name, r["fwd_s"] * 1e3, r["fwd_tflops"], r["bwd_s"] * 1e3, r["bwd_tflops"],
-                    r["bwd_peak_gb"], ratio, r["note"]), flush=True)
+                    r["fwd_steady_tflops"], r["bwd_steady_tflops"], r["bwd_peak_gb"], ratio, steady, r["note"]), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": results}, f, indent=1)

@@ -130,13 +130,14 @@ typedef struct wa_context_params {
     void *(*alloc)(void *user, size_t bytes);
     void (*free)(void *user, void *ptr);
     void *alloc_user;
-    /* CUDA backward, f16/bf16 at D = 64/128/256, version-2 kernels only: 1 = accumulate dQ with f32
-     * atomic adds inside the key-tile kernel (five tile products per visible pair instead of seven;
-     * workspace grows by one f32 copy of dQ, B*Hq*Nq*D floats; dq is then not bit-identical run to
-     * run). It measured no faster than version 2's deterministic dQ kernel, and version 4 (the
-     * default wherever TMA can describe the tensors) is deterministic and 2-3x faster than both, so
-     * where version 4 runs this flag is ignored (docs/cuda.md). 0 (default) = deterministic. */
-    int cuda_atomic_dq;
+    /* CUDA backward, f16/bf16 on the tensor-core kernels. 0 (default) = the fastest form: at
+     * D = 64 and 128 the key-tile kernel also adds its share of dQ into an f32 accumulator (five
+     * tile products per visible pair instead of seven, 1.13-1.18x faster at Gemma-like shapes;
+     * workspace grows by one f32 copy of dQ), and because those adds land in a varying order, dq can
+     * differ in its last bits from run to run (dk, dv and the forward never do). 1 = bit-identical
+     * results run to run: dQ in a kernel of its own, no atomics. At D = 256 the backward is
+     * deterministic either way (docs/cuda.md). */
+    int cuda_deterministic;
 } wa_context_params;
 
 /* Create a context (thread pool, allocator, stream). params may be NULL for the defaults.

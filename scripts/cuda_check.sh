@@ -8,7 +8,8 @@
 #   mkdir -p .devdeps && cd .devdeps && apt-get download libjansson-dev libjansson4 &&
 #   for f in *.deb; do dpkg -x "$f" .; done && cd .. && echo /.devdeps/ >> .git/info/exclude
 # and pass carry=[".devdeps"] to the device tool).
-# `sh scripts/cuda_check.sh quick` stops before the sanitizers.
+# `sh scripts/cuda_check.sh quick` stops before the sanitizers. The CUDA backward is checked in its
+# default form (at D <= 128 dQ by reduce-adds); dev/cuda/final_v4b.sh check adds --deterministic.
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 J=.devdeps/usr

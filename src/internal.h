@@ -34,6 +34,12 @@ struct wa_context {
     int threads;
     int tile_q, tile_k;
     wa_pool *pool;
+    /* the CUDA backward's workspace, kept between calls (the largest so far, on cuda_ws_device):
+     * allocating it per call from the stream-ordered pool cost 0.17 ms a call, because the pool
+     * returns freed memory to the driver at every synchronisation (docs/cuda.md) */
+    void *cuda_ws;
+    size_t cuda_ws_bytes;
+    int cuda_ws_device;
 };
 
 void *wa_alloc(wa_context *ctx, size_t bytes);
@@ -78,5 +84,7 @@ void wa_cuda_free(void *ptr);
 wa_status wa_cuda_memcpy(wa_context *ctx, void *dst, const void *src, size_t bytes, int kind);
 wa_status wa_cuda_synchronize(wa_context *ctx);
 wa_status wa_cuda_memory_impl(wa_context *ctx, size_t *in_use, size_t *workspace_peak);
+/* frees what the context holds on the GPU (its backward workspace) */
+void wa_cuda_context_release(wa_context *ctx);
 
 #endif /* WA_INTERNAL_H */

@@ -100,8 +100,8 @@ wa_status wa_context_create(const wa_context_params *params, wa_context **out) {
                        p.tile_q, p.tile_k, WA_MAX_TILE);
     if (p.algorithm != WA_ALGO_TILED && p.algorithm != WA_ALGO_DENSE)
         return wa_fail(WA_ERR_INVALID_ARG, "algorithm = %d is not WA_ALGO_TILED or WA_ALGO_DENSE", (int)p.algorithm);
-    if (p.cuda_atomic_dq != 0 && p.cuda_atomic_dq != 1)
-        return wa_fail(WA_ERR_INVALID_ARG, "cuda_atomic_dq = %d, must be 0 or 1", p.cuda_atomic_dq);
+    if (p.cuda_deterministic != 0 && p.cuda_deterministic != 1)
+        return wa_fail(WA_ERR_INVALID_ARG, "cuda_deterministic = %d, must be 0 or 1", p.cuda_deterministic);
     if ((p.alloc == NULL) != (p.free == NULL))
         return wa_fail(WA_ERR_INVALID_ARG, "alloc and free must be given together");
 
@@ -125,6 +125,7 @@ wa_status wa_context_create(const wa_context_params *params, wa_context **out) {
 
 void wa_context_destroy(wa_context *ctx) {
     if (!ctx) return;
+    wa_cuda_context_release(ctx);
     wa_pool_destroy(ctx->pool);
     if (ctx->params.free) ctx->params.free(ctx->params.alloc_user, ctx);
     else free(ctx);

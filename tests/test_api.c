@@ -92,8 +92,8 @@ int main(void) {
     expect(wa_context_create(&cp, &c2), WA_ERR_INVALID_ARG, "tile_q = 5000");
     cp.tile_q = 0, cp.algorithm = 9;
     expect(wa_context_create(&cp, &c2), WA_ERR_INVALID_ARG, "algorithm = 9");
-    cp.algorithm = WA_ALGO_TILED, cp.cuda_atomic_dq = 2;
-    expect(wa_context_create(&cp, &c2), WA_ERR_INVALID_ARG, "cuda_atomic_dq = 2");
+    cp.algorithm = WA_ALGO_TILED, cp.cuda_deterministic = 2;
+    expect(wa_context_create(&cp, &c2), WA_ERR_INVALID_ARG, "cuda_deterministic = 2");
 
     /* SHAPE */
     x = fresh(), x.q.shape[3] = 0;

@@ -16,7 +16,7 @@
 static const char bench_usage[] =
     "winattn bench [--n N[,N...]] [--dtype f32|f16|bf16] [--b B] [--hq H] [--hkv H] [--d D] "
     "[--sliding-window W | --causal | --full | --window-left L --window-right R] [--scale S] [--threads T] "
-    "[--tile-q Q] [--tile-k K] [--reps R] [--algo tiled|dense] [--device cpu|cuda] [--forward-only] [--atomic-dq] [--json F]";
+    "[--tile-q Q] [--tile-k K] [--reps R] [--algo tiled|dense] [--device cpu|cuda] [--forward-only] [--deterministic] [--json F]";
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -28,7 +28,7 @@ int cmd_bench(int argc, char **argv) {
     int64_t left = 1023, right = 0;
     float scale = 0;
     wa_dtype dt = WA_BF16;
-    int dense = 0, forward_only = 0, atomic_dq = 0;
+    int dense = 0, forward_only = 0, deterministic = 0;
     wa_device dev = WA_DEVICE_CPU;
     const char *json_path = NULL, *v;
     for (int i = 1; i < argc; i++) {
@@ -84,8 +84,8 @@ int cmd_bench(int argc, char **argv) {
             else if (strcmp(v, "cpu")) usage_error(bench_usage, "--device '%s': cpu or cuda", v);
         } else if (!strcmp(argv[i], "--forward-only")) {
             forward_only = 1;
-        } else if (!strcmp(argv[i], "--atomic-dq")) {
-            atomic_dq = 1;
+        } else if (!strcmp(argv[i], "--deterministic")) {
+            deterministic = 1;
         } else if ((v = flag_value(argc, argv, &i, "--json", bench_usage))) {
             json_path = v;
         } else usage_error(bench_usage, "unknown argument '%s'", argv[i]);
@@ -94,13 +94,13 @@ int cmd_bench(int argc, char **argv) {
     wa_context_params cp = {0};
     cp.threads = (int)threads, cp.tile_q = (int)tq, cp.tile_k = (int)tk;
     cp.algorithm = dense ? WA_ALGO_DENSE : WA_ALGO_TILED;
-    cp.cuda_atomic_dq = atomic_dq;
+    cp.cuda_deterministic = deterministic;
     wa_context *ctx;
     if (wa_context_create(&cp, &ctx) != WA_OK) die("%s", wa_last_error());
     wa_attn_desc desc = {scale, 0, left, right};
     printf("bench: %s B=%lld Hq=%lld Hkv=%lld D=%lld window=(%lld,%lld) %s %s, %d reps (median)\n", dtype_name(dt),
            (long long)B, (long long)Hq, (long long)Hkv, (long long)D, (long long)left, (long long)right,
-           dense ? "dense" : "tiled", dev == WA_DEVICE_CUDA ? (atomic_dq ? "cuda (atomic dQ where version 2 runs)" : "cuda") : wa_cpu_kernels(), (int)reps);
+           dense ? "dense" : "tiled", dev == WA_DEVICE_CUDA ? (deterministic ? "cuda (deterministic backward)" : "cuda") : wa_cpu_kernels(), (int)reps);
     printf("| N | fwd ms | bwd ms | fwd TFLOP/s | bwd TFLOP/s | peak RSS growth GB |\n|---|---|---|---|---|---|\n");
     json_t *rows = json_array();
     size_t es = wa_dtype_size(dt);

@@ -22,7 +22,7 @@
 #include <string.h>
 #include <unistd.h>
 
-static const char parity_usage[] = "winattn parity [--quick] [--device cpu|cuda] [--json F] [--threads T] [--verbose] [--case I] [--list] [--atomic-dq]";
+static const char parity_usage[] = "winattn parity [--quick] [--device cpu|cuda] [--json F] [--threads T] [--verbose] [--case I] [--list] [--deterministic]";
 
 /* The two tile configurations every case may run under: the default, and a non-square one whose
  * key tile is not a power of two. */
@@ -143,7 +143,7 @@ typedef struct parity_run {
     wa_device device;
     _Atomic int next, done;
     int progress;
-    int atomic_dq; /* CUDA kernels under test with wa_context_params.cuda_atomic_dq */
+    int deterministic; /* CUDA kernels under test with wa_context_params.cuda_deterministic */
 } parity_run;
 
 static void *worker(void *arg) {
@@ -155,7 +155,7 @@ static void *worker(void *arg) {
     for (int c = 0; c < 2; c++) {
         wa_context_params kp = {0};
         kp.threads = 1, kp.tile_q = tile_configs[c][0], kp.tile_k = tile_configs[c][1];
-        kp.cuda_atomic_dq = run->atomic_dq;
+        kp.cuda_deterministic = run->deterministic;
         if (wa_context_create(&kp, &kernel[c]) != WA_OK) die("%s", wa_last_error());
     }
     for (;;) {
@@ -182,7 +182,7 @@ static void line(int index, const pcase *pc, const wa_case_result *r, char *buf,
 }
 
 int cmd_parity(int argc, char **argv) {
-    int quick = 0, verbose = 0, list = 0, atomic_dq = 0;
+    int quick = 0, verbose = 0, list = 0, deterministic = 0;
     int64_t threads = 0, only = -1;
     const char *json_path = NULL, *v;
     wa_device device = WA_DEVICE_CPU;
@@ -190,7 +190,7 @@ int cmd_parity(int argc, char **argv) {
         if (strcmp(argv[i], "--quick") == 0) quick = 1;
         else if (strcmp(argv[i], "--verbose") == 0) verbose = 1;
         else if (strcmp(argv[i], "--list") == 0) list = 1;
-        else if (strcmp(argv[i], "--atomic-dq") == 0) atomic_dq = 1;
+        else if (strcmp(argv[i], "--deterministic") == 0) deterministic = 1;
         else if ((v = flag_value(argc, argv, &i, "--json", parity_usage))) json_path = v;
         else if ((v = flag_value(argc, argv, &i, "--case", parity_usage))) {
             if (parse_i64(v, 0, 1 << 20, &only)) usage_error(parity_usage, "--case '%s': need a case number", v);
@@ -229,11 +229,11 @@ int cmd_parity(int argc, char **argv) {
     if (threads == 0) threads = sysconf(_SC_NPROCESSORS_ONLN) > 0 ? sysconf(_SC_NPROCESSORS_ONLN) : 1;
     printf("parity: %d cases%s (grid of %d), kernels under test: %s%s, %lld worker threads\n", n_todo,
            quick ? " (--quick)" : "", l.n, device == WA_DEVICE_CUDA ? "CUDA" : wa_cpu_kernels(),
-           atomic_dq ? " (atomic dQ where version 2 runs)" : "", (long long)threads);
+           deterministic ? " (deterministic backward)" : "", (long long)threads);
     fflush(stdout);
 
     parity_run run = {l.v, todo, n_todo, xmalloc((size_t)n_todo * sizeof(wa_case_result), "results"), device, 0, 0,
-                      isatty(2), atomic_dq};
+                      isatty(2), deterministic};
     double t0 = now_seconds();
     pthread_t *tids = xmalloc((size_t)threads * sizeof *tids, "threads");
     for (int64_t t = 0; t < threads; t++)

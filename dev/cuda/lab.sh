@@ -20,9 +20,9 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
     $B --n 8192,32768 --d 128 --hkv 8 --sliding-window 4096
     echo "== D=64 Hq=32 Hkv=8 window 1024"
     $B --n 16384 --d 64 --hkv 8 --sliding-window 1024
-    echo "== atomic dQ: (a) 8192 16384 32768, (b) 8192 32768"
-    $B --atomic-dq --n 8192,16384,32768 | tail -3
-    $B --atomic-dq --n 8192,32768 --d 128 --hkv 8 --sliding-window 4096 | tail -2
+    echo "== deterministic backward (--deterministic): (a) 8192 16384 32768, (b) 8192 32768"
+    $B --deterministic --n 8192,16384,32768 | tail -3
+    $B --deterministic --n 8192,32768 --d 128 --hkv 8 --sliding-window 4096 | tail -2
     echo "== forward on mma.sync (WINATTN_CUDA=mma) for comparison: (a) 16384, (b) 8192, D=64"
     WINATTN_CUDA=mma $B --n 16384 --forward-only | tail -1
     WINATTN_CUDA=mma $B --n 8192 --d 128 --hkv 8 --sliding-window 4096 --forward-only | tail -1
@@ -33,10 +33,10 @@ if [ "$what" = all ] || [ "$what" = parity ]; then
     build/winattn parity --device cuda --threads 16 >"$OUT/parity_cuda.txt" 2>&1
     grep '^FAIL' "$OUT/parity_cuda.txt" | head -40
     tail -12 "$OUT/parity_cuda.txt"
-    echo "== parity --device cuda --atomic-dq"
-    build/winattn parity --device cuda --threads 16 --atomic-dq >"$OUT/parity_cuda_atomic.txt" 2>&1
-    grep '^FAIL' "$OUT/parity_cuda_atomic.txt" | head -20
-    tail -1 "$OUT/parity_cuda_atomic.txt"
+    echo "== parity --device cuda --deterministic"
+    build/winattn parity --device cuda --threads 16 --deterministic >"$OUT/parity_cuda_deterministic.txt" 2>&1
+    grep '^FAIL' "$OUT/parity_cuda_deterministic.txt" | head -20
+    tail -1 "$OUT/parity_cuda_deterministic.txt"
 fi
 # `lab.sh variants NAME "FLAGS" [NAME "FLAGS"...]`: each variant built into build-NAME with extra
 # nvcc defines, then forward and backward timed at (a) N=16384 and (b) N=8192.

@@ -162,12 +162,26 @@ def run_torch():
                 str(dt).replace("torch.", ""), Hq, Hkv, Nq, Nk, left, right),
                 "max err o/dq/dk/dv %s (tol %g)" % ("/".join("%.1e" % e for e in errs), tol))
 
+    @case("torch deterministic flag")
+    def _():
+        q = torch.randn(1, 4, 33, 16, requires_grad=True)
+        k = torch.randn(1, 2, 33, 16, requires_grad=True)
+        v = torch.randn(1, 2, 33, 16, requires_grad=True)
+        grads = []
+        for det in (False, True):
+            for t in (q, k, v):
+                t.grad = None
+            wt.attention(q, k, v, window=(7, 0), deterministic=det).sum().backward()
+            grads.append([t.grad.clone() for t in (q, k, v)])
+        report(all(torch.equal(a, b) for a, b in zip(*grads)),
+               "torch deterministic=True on CPU: the same gradients (the CPU backward is deterministic anyway)")
+
     @case("torch opcheck")
     def _():
         q = torch.randn(1, 4, 33, 16, requires_grad=True)
         k = torch.randn(1, 2, 33, 16, requires_grad=True)
         v = torch.randn(1, 2, 33, 16, requires_grad=True)
-        torch.library.opcheck(torch.ops.winattn.forward.default, (q, k, v, 7, 0, 0.0, 0.0))
+        torch.library.opcheck(torch.ops.winattn.forward.default, (q, k, v, 7, 0, 0.0, 0.0, False))
         report(True, "torch.library.opcheck: schema, fake tensor, autograd registration of winattn::forward")
 
     @case("torch compile")
@@ -209,6 +223,17 @@ def run_torch():
         errs = [((a - b).abs().max() / b.abs().max()).item() for a, b in zip(*results)]
         report(max(errs) < 3e-2, "torch CUDA B=2 D=128 GQA: o, dq, dk, dv match CPU",
                "max error relative to max |value| o/dq/dk/dv %s" % "/".join("%.1e" % e for e in errs))
+
+        # deterministic=True: the same gradients within rounding, and bit-identical run to run
+        runs = []
+        for _ in range(2):
+            qq, kk, vv = (t.cuda().clone().requires_grad_() for t in (q, k, v))
+            wt.attention(qq, kk, vv, window=(50, 0), deterministic=True).backward(do.cuda())
+            runs.append([t.grad.detach().cpu().float() for t in (qq, kk, vv)])
+        same = all(torch.equal(a, b) for a, b in zip(*runs))
+        errs = [((a - b).abs().max() / b.abs().max()).item() for a, b in zip(runs[0], results[1][1:])]
+        report(same and max(errs) < 3e-2, "torch CUDA deterministic=True: bit-identical twice, matches CPU",
+               "identical %s, max error relative to max |value| dq/dk/dv %s" % (same, "/".join("%.1e" % e for e in errs)))
     else:
         skip("torch CUDA", "no CUDA device")
 

@@ -26,7 +26,7 @@ class AttnDesc(ctypes.Structure):
 class ContextParams(ctypes.Structure):
     _fields_ = [("threads", ctypes.c_int), ("tile_q", ctypes.c_int), ("tile_k", ctypes.c_int),
                 ("algorithm", ctypes.c_int), ("cuda_stream", ctypes.c_void_p), ("alloc", ctypes.c_void_p),
-                ("free", ctypes.c_void_p), ("alloc_user", ctypes.c_void_p), ("cuda_atomic_dq", ctypes.c_int)]
+                ("free", ctypes.c_void_p), ("alloc_user", ctypes.c_void_p), ("cuda_deterministic", ctypes.c_int)]
 
 
 def _find_library():
@@ -72,10 +72,11 @@ def check(status):
 class Context:
     """A wa_context: the CPU thread pool, or a CUDA stream. Reused across calls."""
 
-    def __init__(self, threads=0, cuda_stream=None):
+    def __init__(self, threads=0, cuda_stream=None, cuda_deterministic=False):
         params = ContextParams()
         params.threads = threads
         params.cuda_stream = cuda_stream
+        params.cuda_deterministic = int(bool(cuda_deterministic))
         self.ptr = ctypes.c_void_p()
         check(lib.wa_context_create(ctypes.byref(params), ctypes.byref(self.ptr)))
 

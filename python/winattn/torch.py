@@ -20,7 +20,7 @@ _DTYPES = {torch.float32: WA_F32, torch.float16: WA_F16, torch.bfloat16: WA_BF16
 _contexts = {}
 
 
-def _context_for(t):
+def _context_for(t, deterministic=False):
     if t.device.type == "cpu":
         key = ("cpu",)
         if key not in _contexts:
@@ -28,10 +28,10 @@ def _context_for(t):
         return _contexts[key]
     if t.device.type == "cuda":
         stream = torch.cuda.current_stream(t.device).cuda_stream
-        key = ("cuda", t.device.index, stream)
+        key = ("cuda", t.device.index, stream, deterministic)
         if key not in _contexts:
             with torch.cuda.device(t.device):
-                _contexts[key] = Context(threads=1, cuda_stream=stream)
+                _contexts[key] = Context(threads=1, cuda_stream=stream, cuda_deterministic=deterministic)
         return _contexts[key]
     raise ValueError("winattn: tensors on %s are not supported (cpu or cuda)" % t.device)
 
@@ -66,7 +66,7 @@ def _desc(left, right, scale, softcap):
 
 @torch.library.custom_op("winattn::forward", mutates_args=())
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, left: int, right: int, scale: float,
-             softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
+             softcap: float, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
     q, k, v = _unit_stride(q), _unit_stride(k), _unit_stride(v)
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
@@ -77,14 +77,14 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, left: int, right
 
 
 @_forward.register_fake
-def _(q, k, v, left, right, scale, softcap):
+def _(q, k, v, left, right, scale, softcap, deterministic):
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
 @torch.library.custom_op("winattn::backward", mutates_args=())
 def _backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
                  do: torch.Tensor, left: int, right: int, scale: float,
-                 softcap: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 softcap: float, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     q, k, v, o, do = (_unit_stride(t) for t in (q, k, v, o, do))
     lse = lse.contiguous()
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -93,41 +93,44 @@ def _backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
     args = [_wa(q, "q"), _wa(k, "k"), _wa(v, "v"), _wa(o, "o"), _wa(lse, "lse"), _wa(do, "do"), _wa(dq, "dq"),
             _wa(dk, "dk"), _wa(dv, "dv")]
     d = _desc(left, right, scale, softcap)
-    check(lib.wa_backward(_context_for(q).ptr, ctypes.byref(d), *[ctypes.byref(a) for a in args]))
+    check(lib.wa_backward(_context_for(q, deterministic).ptr, ctypes.byref(d), *[ctypes.byref(a) for a in args]))
     return dq, dk, dv
 
 
 @_backward_op.register_fake
-def _(q, k, v, o, lse, do, left, right, scale, softcap):
+def _(q, k, v, o, lse, do, left, right, scale, softcap, deterministic):
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             torch.empty_like(k, memory_format=torch.contiguous_format),
             torch.empty_like(v, memory_format=torch.contiguous_format))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, left, right, scale, softcap = inputs
+    q, k, v, left, right, scale, softcap, deterministic = inputs
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse)
-    ctx.params = (left, right, scale, softcap)
+    ctx.params = (left, right, scale, softcap, deterministic)
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx, do, dlse):
     q, k, v, o, lse = ctx.saved_tensors
     dq, dk, dv = _backward_op(q, k, v, o, lse, do, *ctx.params)
-    return dq, dk, dv, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None
 
 
 _forward.register_autograd(_backward, setup_context=_setup_context)
 
 
-def attention(q, k, v, window=(-1, -1), causal=False, scale=None, softcap=0.0, return_lse=False):
-    """Exact attention with a (left, right) window; differentiable in q, k and v."""
+def attention(q, k, v, window=(-1, -1), causal=False, scale=None, softcap=0.0, return_lse=False,
+              deterministic=False):
+    """Exact attention with a (left, right) window; differentiable in q, k and v. On CUDA at head
+    dims 64 and 128 the backward adds dQ with f32 atomics, so dq can differ in its last bits
+    between runs; deterministic=True makes it bit-identical (slower; wa_context_params.cuda_deterministic)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError("winattn: %s must be a torch.Tensor" % name)
     if not (q.device == k.device == v.device):
         raise ValueError("winattn: q, k, v are on different devices (%s, %s, %s)" % (q.device, k.device, v.device))
     left, right, scale, softcap = _lib.window_args(window, causal, scale, softcap)
-    o, lse = _forward(q, k, v, left, right, scale, softcap)
+    o, lse = _forward(q, k, v, left, right, scale, softcap, bool(deterministic))
     return (o, lse) if return_lse else o

@@ -407,19 +407,41 @@ template <typename T> static wa_status forward_t(wa_context *ctx, const wa_probl
     return launch(forward_kernel<T>, grid, fwd_smem(kp.tile, (int)p->D), stream_of(ctx), kp);
 }
 
-/* the atomic-dQ option (wa_context_params.cuda_atomic_dq) exists on version 2's tensor-core
- * kernels only; where version 4 runs (faster and deterministic) it is ignored */
+/* dQ by atomic adds (unless the context asks for determinism) where the tensor-core kernels have
+ * that form: version 4 at D <= 128 (dQ fused into the dK/dV kernel) and version 2; version 4 at
+ * D = 256 has none and stays deterministic */
 static int atomic_dq(const wa_context *ctx, const wa_problem *p) {
-    return ctx->params.cuda_atomic_dq && mma_supports(p) && !hopper_backward_supports(params_of(p));
+    if (ctx->params.cuda_deterministic || !mma_supports(p)) return 0;
+    const kparams kp = params_of(p);
+    return !hopper_backward_supports(kp) || hopper_backward_fuses_dq(kp);
 }
 
 /* backward workspace: two arrays of rows padded to 64 per head (delta, then rnorm for f32 or lse2
- * for the version-4 backward), plus the f32 dQ accumulator of the atomic-dQ option */
+ * for the version-4 backward), plus the f32 dQ accumulator of the atomic-dQ option (padded rows:
+ * version 4 adds whole 64-row tiles) */
 static size_t padded_rows(const wa_problem *p) { return (size_t)(p->B * p->Hq * ((p->Nq + 63) / 64 * 64)); }
 static size_t workspace_floats(const wa_context *ctx, const wa_problem *p) {
-    size_t rows = (size_t)(p->B * p->Hq * p->Nq);
-    size_t n = 2 * padded_rows(p) + (atomic_dq(ctx, p) ? rows * (size_t)p->D : 0);
+    size_t n = 2 * padded_rows(p) + (atomic_dq(ctx, p) ? padded_rows(p) * (size_t)p->D : 0);
     return n ? n : 1;
+}
+
+/* `bytes` of device workspace for a call on stream s: the context's, grown (stream-ordered) when
+ * too small or on another device. Reused in stream order: a context serves one thread and one
+ * stream at a time, so the next call's kernels start after this one's. */
+static wa_status context_workspace(wa_context *ctx, size_t bytes, cudaStream_t s, void **ws) {
+    int dev = 0;
+    CUDA_TRY(cudaGetDevice(&dev));
+    if (ctx->cuda_ws && (ctx->cuda_ws_bytes < bytes || ctx->cuda_ws_device != dev)) {
+        if (ctx->cuda_ws_device == dev) CUDA_TRY(cudaFreeAsync(ctx->cuda_ws, s));
+        else wa_cuda_context_release(ctx);
+        ctx->cuda_ws = nullptr, ctx->cuda_ws_bytes = 0;
+    }
+    if (!ctx->cuda_ws) {
+        CUDA_TRY(cudaMallocAsync(&ctx->cuda_ws, bytes, s));
+        ctx->cuda_ws_bytes = bytes, ctx->cuda_ws_device = dev;
+    }
+    *ws = ctx->cuda_ws;
+    return WA_OK;
 }
 
 template <typename T> static wa_status backward_t(wa_context *ctx, const wa_problem *p) {
@@ -428,7 +450,8 @@ template <typename T> static wa_status backward_t(wa_context *ctx, const wa_prob
     size_t rows = (size_t)(p->B * p->Hq * p->Nq);
     int f32 = p->dtype == WA_F32, atomic = atomic_dq(ctx, p);
     void *ws = nullptr;
-    CUDA_TRY(cudaMallocAsync(&ws, workspace_floats(ctx, p) * sizeof(float), s));
+    const wa_status got = context_workspace(ctx, workspace_floats(ctx, p) * sizeof(float), s, &ws);
+    if (got != WA_OK) return got;
     kp.delta = (float *)ws;
     kp.nq_pad = (p->Nq + 63) / 64 * 64;
     kp.rnorm = f32 ? kp.delta + padded_rows(p) : nullptr;
@@ -451,8 +474,6 @@ template <typename T> static wa_status backward_t(wa_context *ctx, const wa_prob
         if (st == WA_OK)
             st = launch(dq_kernel<T>, dim3(kp.n_qtiles, (unsigned)p->Hq, (unsigned)p->B), dq_smem(kp.tile, (int)p->D), s, kp);
     }
-    cudaError_t e = cudaFreeAsync(ws, s);
-    if (st == WA_OK && e != cudaSuccess) st = wa_fail(WA_ERR_CUDA, "cudaFreeAsync: %s", cudaGetErrorString(e));
     return st;
 }
 
@@ -529,6 +550,16 @@ wa_status wa_cuda_memory_impl(wa_context *ctx, size_t *in_use, size_t *workspace
     *in_use = total_b - free_b;
     *workspace_peak = (size_t)high;
     return WA_OK;
+}
+
+void wa_cuda_context_release(wa_context *ctx) {
+    if (!ctx->cuda_ws) return;
+    int dev = 0;
+    const bool switch_device = cudaGetDevice(&dev) == cudaSuccess && dev != ctx->cuda_ws_device;
+    if (switch_device) cudaSetDevice(ctx->cuda_ws_device);
+    cudaFree(ctx->cuda_ws); /* waits for the work that may still use it */
+    if (switch_device) cudaSetDevice(dev);
+    ctx->cuda_ws = nullptr, ctx->cuda_ws_bytes = 0;
 }
 
 wa_status wa_cuda_synchronize(wa_context *ctx) {

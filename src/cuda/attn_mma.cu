@@ -21,7 +21,7 @@
  *             the group and the query tiles the window allows; P and dS go through shared memory
  *             so that the 64×64 pair tile can be read transposed for dV += Pᵀ dO, dK += dSᵀ Q.
  *   dQ        one CTA per query tile owning its dQ (as version 1: no atomics, deterministic);
- *             or, with wa_context_params.cuda_atomic_dq, f32 atomic adds from the dK/dV kernel.
+ *             or, unless wa_context_params.cuda_deterministic, f32 atomic adds from the dK/dV kernel.
  * docs/cuda.md has the measurements of each, dev/cuda/README.md the variants that lost.
  *
  * Masks and tile ranges come from tile_geometry.h only: a tile pair is masked element-wise when

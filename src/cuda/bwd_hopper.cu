@@ -57,6 +57,10 @@ template <typename T, int D> __global__ void __launch_bounds__(128) prep_kernel(
     load_tile_blk<T, D, 64, 128>(s_do, p.dout, b, h, i0, p.Nq);
     load_tile_blk<T, D, 64, 128>(s_o, p.o, b, h, i0, p.Nq);
     cp_async_commit();
+    if (p.dq_acc) { /* the fused backward's dQ accumulator for these 64 rows (dq_convert_kernel's order) starts at 0 */
+        float4 *acc = (float4 *)(p.dq_acc + ((b * p.Hq + h) * (p.nq_pad / 64) + blockIdx.x) * (64 * D));
+        for (int i = threadIdx.x; i < 16 * D; i += 128) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
     cp_async_wait<0>();
     fence_proxy_async();
     __syncthreads();
@@ -101,29 +105,52 @@ template <typename T, int D> __global__ void __launch_bounds__(128) prep_kernel(
 template <int D> __host__ __device__ constexpr bool kv_by_rows() { return D <= 128; }
 template <int D> __host__ __device__ constexpr int kv_keys() { return kv_by_rows<D>() ? 128 : 64; }
 
-template <int D> struct kv_layout {
+/* The fused form (by rows only, the atomic-dQ option): each step also forms dQ = dS K for its 64
+ * queries and adds it to an f32 accumulator in global memory. dSᵀ (bf16/f16) goes to shared memory,
+ * where a wgmma reads it transposed as the A operand, beside K read transposed as B. Each warpgroup
+ * forms 64 columns of the step's dQ: at D = 128 columns [64 cw, 64 cw + 64) over all 128 keys (so
+ * it reads the other warpgroup's dSᵀ rows too: both meet at a named barrier), at D = 64 all 64
+ * columns over its own 64 keys (a 32-column half could not use the 128-byte swizzle, whose atom is
+ * 64 values wide). The 64 × 64 f32 result is stored to shared memory in fragment order and added
+ * to the accumulator by one bulk reduce-add (cp.reduce.async.bulk), which the hardware performs
+ * at L2; dq_convert_kernel turns the accumulator into dq. */
+template <int D> __host__ __device__ constexpr bool dq_split_columns() {
+#ifdef WA_DQ_OWN_KEYS /* lab: at D = 128 too each warpgroup forms dQ over its own keys, both column blocks in turn */
+    return false;
+#else
+    return D == 128;
+#endif
+}
+
+template <int D, bool FUSE> struct kv_layout {
     static constexpr int KEYS = kv_keys<D>();
     static constexpr uint32_t KV = KEYS * D * 2, QT = 64 * D * 2;
+    /* fused: dSᵀ of the CTA's keys × 64 queries, two buffers by step parity; each warpgroup's
+     * 64 × 64 f32 share of dQ before its reduce-add */
+    static constexpr uint32_t DS = FUSE ? KEYS * 64 * 2 : 0, DQ_STAGE = FUSE ? 64 * 64 * 4 : 0;
     /* per consumer warpgroup and step parity, the step's lse2[64] and δ[64] (by rows) or the one
      * of them it needs (by output) */
     static constexpr uint32_t STATS = kv_by_rows<D>() ? 512 : 256;
     /* K, V; Q and dO per stage; stats; Pᵀ exchange buffers (by output); barriers */
-    static constexpr uint32_t k = 0, v = KV, q = 2 * KV, dout = q + 2 * QT, stats = dout + 2 * QT, xchg = stats + 4 * STATS,
+    static constexpr uint32_t k = 0, v = KV, q = 2 * KV, dout = q + 2 * QT, ds = dout + 2 * QT, dq_stage = ds + 2 * DS,
+                              stats = dq_stage + 2 * DQ_STAGE, xchg = stats + 4 * STATS,
                               bars = xchg + (kv_by_rows<D>() ? 0 : 2 * 64 * 64 * 4);
     static constexpr uint32_t n_bars = 1 + 2 * 2; /* kv_full; per stage full, empty */
     static constexpr size_t bytes = 1024 + bars + 8 * n_bars;
 };
 /* named barriers (by output): Pᵀ of buffer b ready (1 + b), buffer b free again (3 + b); a
- * consumer warpgroup's stats written (5 + its index) */
-constexpr int kReady = 1, kFree = 3, kStats = 5;
+ * consumer warpgroup's stats written (5 + its index); fused: the step's dSᵀ written (7, both
+ * warpgroups, or 7 + its index), a warpgroup's dQ share staged (9 + its index) */
+constexpr int kReady = 1, kFree = 3, kStats = 5, kDsWritten = 7, kDqStaged = 9;
 
-template <typename T, int D, Cap CAP>
+template <typename T, int D, Cap CAP, bool FUSE>
 __global__ void __launch_bounds__(kThreads, 1)
     dkdv_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
                    const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv, const kparams p) {
-    using L = kv_layout<D>;
+    using L = kv_layout<D, FUSE>;
     constexpr int DB = D / 64, KS = D / 16, QT = L::QT, KEYS = L::KEYS;
     constexpr bool BY_ROWS = kv_by_rows<D>();
+    static_assert(!FUSE || BY_ROWS, "dQ is fused into the by-rows form only");
     extern __shared__ __align__(1024) unsigned char smem[];
     unsigned char *aligned = smem + (((smem_u32(smem) + 1023u) & ~1023u) - smem_u32(smem));
     const uint32_t base = smem_u32(aligned);
@@ -210,6 +237,53 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
     };
 
+    /* fused: dSᵀ (packed as A fragments: rows w4·16 + g (+8), columns 16 kk + 2 t4 (+8)) into
+     * this warpgroup's 64 rows of dS buffer `buf`, in the 128-byte swizzle (conflict-free 4-byte
+     * stores: the 8 g of a warp hit 8 different chunks) */
+    auto write_ds = [&](const uint32_t (&pb)[4][4], int buf) {
+        unsigned char *rows = aligned + L::ds + buf * L::DS;
+        const int r = cw * 64 + w4 * 16 + g;
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            *(uint32_t *)(rows + blk_off<KEYS>(r, 2 * kk) + 4 * t4) = pb[kk][0];
+            *(uint32_t *)(rows + blk_off<KEYS>(r + 8, 2 * kk) + 4 * t4) = pb[kk][1];
+            *(uint32_t *)(rows + blk_off<KEYS>(r, 2 * kk + 1) + 4 * t4) = pb[kk][2];
+            *(uint32_t *)(rows + blk_off<KEYS>(r + 8, 2 * kk + 1) + 4 * t4) = pb[kk][3];
+        }
+        fence_proxy_async(); /* the wgmma below reads them through the async proxy */
+    };
+    /* fused: this warpgroup's 64 columns of the step's dQ = dS K (see kv_layout), once the dSᵀ
+     * rows it reads are written and its staging buffer's last reduce-add has read it */
+    auto dq_product = [&](float (&dq)[8][4], int buf, int cb) {
+        constexpr bool SPLIT = dq_split_columns<D>();
+        constexpr int KEY_STEPS = SPLIT ? KEYS / 16 : 4;
+        const int key0 = SPLIT ? 0 : cw * 64;
+        if (tid == 0) bulk_wait_read<0>();
+        if (SPLIT) named_sync(kDsWritten, 256);
+        else named_sync(kDsWritten + cw, 128);
+        const uint32_t a_s = opaque(base + L::ds + buf * L::DS + key0 * 128), b_s = opaque(sK + cb * (KEYS * 128) + key0 * 128);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < KEY_STEPS; kk++)
+            wgmma_ss_tt<T, 64>(dq, gmma_desc_mn(a_s + kk * (16 * 128), KEYS * 128), gmma_desc_mn(b_s + kk * (16 * 128), KEYS * 128),
+                               kk > 0);
+        wg_commit();
+    };
+    /* fused: dq (64 queries × 64 columns) into shared memory in fragment order, then one thread
+     * adds it to query tile `tile` (of B·Hq·nq_pad/64) of the accumulator; dq_convert_kernel knows
+     * the order */
+    auto add_dq = [&](const float (&dq)[8][4], long long tile, int cb) {
+        float4 *stage = (float4 *)(aligned + L::dq_stage + cw * L::DQ_STAGE);
+#pragma unroll
+        for (int nb = 0; nb < 8; nb++) stage[nb * 128 + tid] = make_float4(dq[nb][0], dq[nb][1], dq[nb][2], dq[nb][3]);
+        fence_proxy_async();
+        named_sync(kDqStaged + cw, 128);
+        if (tid == 0) {
+            bulk_reduce_add_f32(p.dq_acc + (tile * DB + cb) * 4096, smem_u32(stage), 64 * 64 * 4);
+            bulk_commit();
+        }
+    };
+
     if (steps > 0) mbar_wait(kv_full, 0);
     for (int n = 0; n < steps; n++) {
         const int st = n & 1, buf = n & 1;
@@ -260,6 +334,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                 }
             uint32_t pb[4][4];
             pack_a<T, 64>(pb, s);
+            /* before the products that read pb: reading a wgmma's A registers while it runs is undefined */
+            if constexpr (FUSE) write_ds(pb, n & 1);
             reg_fence(pa);
             reg_fence(pb);
             fence_acc();
@@ -269,8 +345,24 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) wide_mn_product<T, D, 64>(acc2, pb[kk], q_s + kk * (16 * 128));
             wg_commit();
-            wg_wait<0>();
-            fence_acc();
+            if constexpr (FUSE) {
+                const long long tile = (b * p.Hq + hk * p.group + n / nqt) * (p.nq_pad / 64) + i0 / 64;
+                /* split columns: this warpgroup's block; own keys: every block in turn */
+                constexpr int BLOCKS = dq_split_columns<D>() ? 1 : DB;
+#pragma unroll
+                for (int c = 0; c < BLOCKS; c++) {
+                    const int cb = dq_split_columns<D>() ? cw : c;
+                    float dq[8][4];
+                    dq_product(dq, n & 1, cb);
+                    wg_wait<0>();
+                    if (c == 0) fence_acc();
+                    reg_fence(dq);
+                    add_dq(dq, tile, cb);
+                }
+            } else {
+                wg_wait<0>();
+                fence_acc();
+            }
         } else {
             float4 *xchg = (float4 *)(aligned + L::xchg + buf * (64 * 64 * 4));
             wg_fence();
@@ -313,6 +405,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         mbar_arrive_if(empty(st), lane == 0);
     }
+    if (FUSE && tid == 0) bulk_wait<0>(); /* the reduce-adds are done before the CTA's shared memory goes */
     if constexpr (BY_ROWS) {
         store_frag_rows<T, DB * 8>(p.dv, reinterpret_cast<const float (&)[DB * 8][4]>(acc), keys, p.Nk, b, hk, t4);
         store_frag_rows<T, DB * 8>(p.dk, reinterpret_cast<const float (&)[DB * 8][4]>(acc2), keys, p.Nk, b, hk, t4);
@@ -450,21 +543,56 @@ __global__ void __launch_bounds__(kThreads, 1)
     store_frag_rows<T, DB * 8>(p.dq, reinterpret_cast<const float (&)[DB * 8][4]>(acc), rows, p.Nq, b, h, t4);
 }
 
+/* ---- dQ from the fused backward's f32 accumulator ---- */
+
+/* One CTA per 64 query rows of a head: the accumulator holds, per 64-row tile, D/64 blocks of
+ * 64 × 64 floats in the consumers' fragment order (float4 nb·128 + thread: rows 16 w4 + g and
+ * + 8, columns 64 block + 8 nb + 2 t4 and + 1), written by add_dq in dkdv_ws_kernel. */
+template <typename T, int D> __global__ void __launch_bounds__(128) dq_convert_kernel(kparams p) {
+    constexpr int DB = D / 64;
+    const int tid = threadIdx.x, w4 = tid >> 5, g = (tid & 31) >> 2, t4 = tid & 3;
+    const long long h = blockIdx.y, b = blockIdx.z, i0 = (long long)blockIdx.x * 64;
+    const float4 *acc = (const float4 *)(p.dq_acc + ((b * p.Hq + h) * (p.nq_pad / 64) + blockIdx.x) * (64 * D));
+    float frag[DB * 8][4];
+#pragma unroll
+    for (int i = 0; i < DB * 8; i++) {
+        const float4 v = acc[i * 128 + tid];
+        frag[i][0] = v.x, frag[i][1] = v.y, frag[i][2] = v.z, frag[i][3] = v.w;
+    }
+    const long long rows[2] = {i0 + w4 * 16 + g, i0 + w4 * 16 + g + 8};
+    store_frag_rows<T, DB * 8>(p.dq, frag, rows, p.Nq, b, h, t4);
+}
+
 /* ---- host side ---- */
 
 template <typename T, int D, Cap CAP> static wa_status launch_all(const kparams &kp, const CUtensorMap (&m)[8], cudaStream_t s) {
-    static volatile int done_prep = 0, done_kv = 0, done_q = 0;
-    CUDA_TRY(raise_once(prep_kernel<T, D>, prep_smem_bytes<D>(), &done_prep));
-    CUDA_TRY(raise_once(dkdv_ws_kernel<T, D, CAP>, kv_layout<D>::bytes, &done_kv));
-    CUDA_TRY(raise_once(dq_ws_kernel<T, D, CAP>, dq_layout<D>::bytes, &done_q));
-    prep_kernel<T, D><<<dim3((unsigned)(kp.nq_pad / 64), (unsigned)kp.Hq, (unsigned)kp.B), 128, prep_smem_bytes<D>(), s>>>(kp);
-    CUDA_TRY(cudaGetLastError());
+    static volatile int done_prep = 0, done_kv = 0, done_fused = 0, done_q = 0;
     constexpr int keys = kv_keys<D>();
-    dkdv_ws_kernel<T, D, CAP><<<dim3((unsigned)((kp.Nk + keys - 1) / keys), (unsigned)kp.Hkv, (unsigned)kp.B), kThreads, kv_layout<D>::bytes, s>>>(
-        m[0], m[1], m[2], m[3], kp);
+    const dim3 q_tiles((unsigned)(kp.nq_pad / 64), (unsigned)kp.Hq, (unsigned)kp.B);
+    const dim3 key_tiles((unsigned)((kp.Nk + keys - 1) / keys), (unsigned)kp.Hkv, (unsigned)kp.B);
+    CUDA_TRY(raise_once(prep_kernel<T, D>, prep_smem_bytes<D>(), &done_prep));
+    if constexpr (kv_by_rows<D>()) {
+        if (kp.dq_acc) { /* fused: prep (zeroes the accumulator), dK/dV with dQ, dq from the accumulator */
+            CUDA_TRY(raise_once(dkdv_ws_kernel<T, D, CAP, true>, kv_layout<D, true>::bytes, &done_fused));
+            prep_kernel<T, D><<<q_tiles, 128, prep_smem_bytes<D>(), s>>>(kp);
+            CUDA_TRY(cudaGetLastError());
+            dkdv_ws_kernel<T, D, CAP, true><<<key_tiles, kThreads, kv_layout<D, true>::bytes, s>>>(m[0], m[1], m[2], m[3], kp);
+            CUDA_TRY(cudaGetLastError());
+            dq_convert_kernel<T, D><<<q_tiles, 128, 0, s>>>(kp);
+            CUDA_TRY(cudaGetLastError());
+            return WA_OK;
+        }
+    }
+    kparams dkp = kp;
+    dkp.dq_acc = nullptr; /* not fused: prep has nothing to zero */
+    CUDA_TRY(raise_once(dkdv_ws_kernel<T, D, CAP, false>, kv_layout<D, false>::bytes, &done_kv));
+    CUDA_TRY(raise_once(dq_ws_kernel<T, D, CAP>, dq_layout<D>::bytes, &done_q));
+    prep_kernel<T, D><<<q_tiles, 128, prep_smem_bytes<D>(), s>>>(dkp);
+    CUDA_TRY(cudaGetLastError());
+    dkdv_ws_kernel<T, D, CAP, false><<<key_tiles, kThreads, kv_layout<D, false>::bytes, s>>>(m[0], m[1], m[2], m[3], dkp);
     CUDA_TRY(cudaGetLastError());
     dq_ws_kernel<T, D, CAP><<<dim3((unsigned)((kp.Nq + 127) / 128), (unsigned)kp.Hq, (unsigned)kp.B), kThreads, dq_layout<D>::bytes, s>>>(
-        m[4], m[5], m[6], m[7], kp);
+        m[4], m[5], m[6], m[7], dkp);
     CUDA_TRY(cudaGetLastError());
     return WA_OK;
 }
@@ -478,6 +606,8 @@ template <typename T> static wa_status by_dim(const kparams &kp, const CUtensorM
 }
 
 } /* namespace */
+
+int hopper_backward_fuses_dq(const kparams &kp) { return kp.D == 64 || kp.D == 128; }
 
 int hopper_backward_supports(const kparams &kp) {
     return !hopper_forced_off() && hopper_head_dim(kp.D) && kp.Nq > 0 && kp.Nk > 0 && kp.lse.data && tensor_map_encoder() != nullptr;

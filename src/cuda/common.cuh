@@ -30,7 +30,8 @@ struct kparams {
     float scale, softcap;
     wa_window win;
     float *delta, *rnorm; /* [B, Hq, Nq]; rnorm only for f32 */
-    float *dq_acc;        /* [B, Hq, Nq, D] f32, only for the atomic-dQ option (else NULL) */
+    float *dq_acc;        /* the atomic-dQ option's f32 accumulator (else NULL), B*Hq*nq_pad*D floats:
+                           * version 2 uses [B, Hq, Nq, D], version 4 its own order (bwd_hopper.cu) */
     float *lse2;          /* version-4 backward: lse·log2(e) per row, +inf past Nq and for empty rows */
     long long nq_pad;     /* row stride of delta and lse2 in the version-4 backward (Nq rounded up to 64) */
     int tile, n_qtiles, n_ktiles;
@@ -60,6 +61,9 @@ wa_status hopper_forward(const kparams &kp, wa_dtype dt, cudaStream_t s, int *ta
  * can express); it needs kp.delta and kp.lse2 with B*Hq*nq_pad floats each. *taken = 0 leaves the
  * call to version 2 in mma_backward */
 int hopper_backward_supports(const kparams &kp);
+/* whether version 4 has the fused form (dQ added by the dK/dV kernel into kp.dq_acc) for kp's
+ * head dim (D <= 128); elsewhere it ignores kp.dq_acc */
+int hopper_backward_fuses_dq(const kparams &kp);
 wa_status hopper_backward(const kparams &kp, wa_dtype dt, cudaStream_t s, int *taken);
 /* backward; kp.delta must point to B*Hq*Nq floats of workspace, which this fills */
 wa_status mma_backward(const kparams &kp, wa_dtype dt, cudaStream_t s);

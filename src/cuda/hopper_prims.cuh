@@ -47,6 +47,18 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap *map, u
         "l"((uint64_t)map), "r"(d), "r"(n), "r"(h), "r"(b), "r"(bar)
         : "memory");
 }
+/* global f32 [dst, dst + bytes) += shared [src, src + bytes), element-wise, by the async proxy
+ * (bytes a multiple of 16, both ends 16-byte aligned); the shared source must have been written
+ * before a fence_proxy_async() and a barrier. Completion is tracked by bulk groups: */
+__device__ __forceinline__ void bulk_reduce_add_f32(float *dst, uint32_t src, uint32_t bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+/* the source of every committed group but the newest N has been read (its buffer may be rewritten) */
+template <int N> __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory"); }
+/* every committed group but the newest N is complete (its writes are done) */
+template <int N> __device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory"); }
 /* x, unknown to the optimiser: what is computed from it is not hoisted above this point */
 __device__ __forceinline__ uint32_t opaque(uint32_t x) {
     asm volatile("" : "+r"(x));

@@ -37,6 +37,8 @@ wa_status wa_cuda_synchronize(wa_context *ctx) {
     return WA_OK;
 }
 
+void wa_cuda_context_release(wa_context *ctx) { (void)ctx; }
+
 wa_status wa_cuda_memory_impl(wa_context *ctx, size_t *in_use, size_t *workspace_peak) {
     (void)ctx, (void)in_use, (void)workspace_peak;
     return wa_fail(WA_ERR_UNSUPPORTED, "this build of winattn has no CUDA backend (nvcc was not found at build time)");

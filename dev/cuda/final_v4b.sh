@@ -1,0 +1,62 @@
+#!/bin/sh
+# final_v4b.sh — the measurements that go into docs/ for version 4 with the fused backward (dQ
+# added by the dK/dV kernel at D <= 128, the default since session 4; --deterministic keeps the
+# separate dQ kernel) and the context's kept workspace. On the H200, from the repository root:
+#   DEPS=.devdeps sh dev/cuda/final_v4b.sh check|peers
+#   check   parity (default and --deterministic), the Python tests on CUDA, C bench timings of
+#           both backward forms (version 4, and version 2 via WINATTN_CUDA=mma), run-to-run
+#           bit-identity of the deterministic backward, compute-sanitizer (dev/cuda/sanitize.sh)
+#   peers   winattn probe --device cuda and bench/gpu_peers.py (JSON to $OUT/gpu-peers.json)
+OUT=${OUT:-/tmp/out}
+DEPS=${DEPS:-.devdeps}
+mkdir -p "$OUT"
+t0=$(date +%s)
+timeout 400 make -j16 JANSSON_CFLAGS=-I$DEPS/usr/include JANSSON_LIBS=$DEPS/usr/lib/x86_64-linux-gnu/libjansson.a build/winattn lib \
+    >"$OUT/build.txt" 2>&1 || { tail -30 "$OUT/build.txt"; exit 1; }
+echo "built in $(($(date +%s) - t0)) s; $(git rev-parse --short HEAD 2>/dev/null)"
+what=${1:-check}
+if [ "$what" = check ]; then
+    for flag in "" --deterministic; do
+        echo "== parity --device cuda $flag"
+        timeout 200 build/winattn parity --device cuda --threads 16 $flag >"$OUT/parity-cuda$flag.txt" 2>&1; echo "exit $?"
+        grep '^FAIL' "$OUT/parity-cuda$flag.txt" | head -10; tail -1 "$OUT/parity-cuda$flag.txt"
+    done
+    echo "== python tests (numpy and PyTorch bindings, CUDA tensors included)"
+    WINATTN_LIBRARY=build/libwinattn.so PYTHONPATH=python timeout 200 python3 python/tests/test_python.py >"$OUT/python.txt" 2>&1
+    grep -E '^FAIL|CUDA|determin' "$OUT/python.txt" | head; tail -1 "$OUT/python.txt"
+    B="timeout 90 build/winattn bench --device cuda --reps 5"
+    for flag in "" --deterministic; do
+        echo "== bench ${flag:-default}: (a) 8K/16K/32K; (b) 8K/32K; D=64 window 1024 16K; version 2 (b) 8K"
+        $B $flag --n 8192,16384,32768 | tail -3
+        $B $flag --n 8192,32768 --d 128 --hkv 8 --sliding-window 4096 | tail -2
+        $B $flag --n 16384 --d 64 --hkv 8 --sliding-window 1024 | tail -1
+        WINATTN_CUDA=mma $B $flag --n 8192 --d 128 --hkv 8 --sliding-window 4096 | tail -1
+    done
+    echo "== backward twice through the PyTorch binding: bit-identical? (bf16 8K)"
+    PYTHONPATH=python WINATTN_LIBRARY=build/libwinattn.so python3 - <<'PY'
+import torch, winattn.torch as wt
+for hq, hkv, d, w in ((32, 16, 256, 1024), (32, 8, 128, 4096)):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    mk = lambda h: torch.randn(1, h, 8192, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    q, k, v, do = mk(hq), mk(hkv), mk(hkv), mk(hq)
+    for det in (False, True):
+        outs = []
+        for _ in range(2):
+            qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+            o = wt.attention(qq, kk, vv, window=(w - 1, 0), deterministic=det)
+            o.backward(do)
+            outs.append((o.detach(), qq.grad, kk.grad, vv.grad))
+        same = [torch.equal(a, b) for a, b in zip(*outs)]
+        print(f"D={d} Hq={hq} Hkv={hkv} window {w} deterministic={det}: o, dq, dk, dv bit-identical across two runs: {same}")
+PY
+    echo "== sanitizers"
+    OUT=$OUT timeout 250 sh dev/cuda/sanitize.sh
+fi
+if [ "$what" = peers ]; then
+    echo "== probe --device cuda"
+    timeout 120 build/winattn probe --device cuda >"$OUT/probe-cuda.txt" 2>&1; cat "$OUT/probe-cuda.txt"
+    echo "== gpu_peers"
+    timeout 430 python3 bench/gpu_peers.py --reps 3 --json "$OUT/gpu-peers.json" >"$OUT/gpu-peers.txt" 2>"$OUT/gpu-peers.err"
+    echo "exit $?"; cat "$OUT/gpu-peers.txt"; tail -3 "$OUT/gpu-peers.err"
+fi
+echo "total $(($(date +%s) - t0)) s"

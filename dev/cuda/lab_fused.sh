@@ -1,0 +1,41 @@
+#!/bin/sh
+# lab_fused.sh — one device call for the fused backward (dQ added by the dK/dV kernel with bulk
+# f32 reduce-adds; wa_context_params.cuda_atomic_dq at D <= 128, bwd_hopper.cu): build, parity
+# with and without --atomic-dq, timings of both at the issue's shape (b) and at D = 64, sanitizers
+# on the fused kernel, and the binding's per-call gap (dev/cuda/gap.py --host-only).
+# Run from the repository root on the H200:  DEPS=.devdeps sh dev/cuda/lab_fused.sh [full]
+OUT=${OUT:-/tmp/out}
+DEPS=${DEPS:-.devdeps}
+mkdir -p "$OUT"
+t0=$(date +%s)
+timeout 400 make -j16 JANSSON_CFLAGS=-I$DEPS/usr/include JANSSON_LIBS=$DEPS/usr/lib/x86_64-linux-gnu/libjansson.a \
+    >"$OUT/build.txt" 2>&1 || { tail -30 "$OUT/build.txt"; exit 1; }
+echo "built in $(($(date +%s) - t0)) s"
+P="timeout 200 build/winattn parity --device cuda --threads 16"
+echo "== parity --atomic-dq (full)"
+$P --atomic-dq >"$OUT/parity_atomic.txt" 2>&1; echo "exit $?"
+grep '^FAIL' "$OUT/parity_atomic.txt" | head -10; tail -1 "$OUT/parity_atomic.txt"
+B="timeout 90 build/winattn bench --device cuda --reps 5"
+for flag in "" --atomic-dq; do
+    echo "== (b) bf16 Hq=32 Hkv=8 D=128 window 4096 ${flag:-deterministic}"
+    $B $flag --n 8192,32768 --d 128 --hkv 8 --sliding-window 4096 | tail -2
+    echo "== D=64 Hq=32 Hkv=8 window 1024, 16K ${flag:-deterministic}"
+    $B $flag --n 16384 --d 64 --hkv 8 --sliding-window 1024 | tail -1
+    echo "== D=128 causal 8K f16 ${flag:-deterministic}"
+    $B $flag --n 8192 --d 128 --hkv 8 --causal --dtype f16 | tail -1
+done
+echo "== compute-sanitizer on the fused kernel (--atomic-dq)"
+for c in 120 309 314 399 719; do
+    timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 build/winattn parity --device cuda --case $c --atomic-dq \
+        >"$OUT/memcheck_$c.txt" 2>&1; echo "memcheck $c exit $? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck_$c.txt")"
+done
+for c in 309 314 399; do
+    timeout 90 compute-sanitizer --tool racecheck --error-exitcode 9 build/winattn parity --device cuda --case $c --atomic-dq \
+        >"$OUT/racecheck_$c.txt" 2>&1; echo "racecheck $c exit $? $(grep -E 'RACECHECK SUMMARY' "$OUT/racecheck_$c.txt")"
+done
+echo "== binding gap"
+timeout 120 python3 dev/cuda/gap.py --host-only
+if [ "${1:-}" = full ]; then
+    echo "== parity (full, default)"
+    $P >"$OUT/parity_cuda.txt" 2>&1; echo "exit $?"; grep '^FAIL' "$OUT/parity_cuda.txt" | head; tail -1 "$OUT/parity_cuda.txt"
+fi
