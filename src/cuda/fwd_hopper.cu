@@ -38,6 +38,18 @@ constexpr int kConsumers = 2, kThreads = 128 * (kConsumers + 1), kStages = kv_ri
 /* registers per thread after the reallocation: 24 + 2 × 240 fits 65,536 for 3 × 128 threads */
 constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 
+/* Pingpong (lab, -DWA_FWD_PINGPONG): the two consumer warpgroups take turns to issue their
+ * products, FlashAttention-3's "warp scheduler barrier": named barrier kTurn + w opens warpgroup
+ * w's turn, which the other warpgroup's issue ends, so one's softmax runs under the other's
+ * products by construction rather than by drift. Every warpgroup takes one turn per key tile of
+ * the CTA (skipped tiles too) and one for the last O += P V, so the counts match. */
+#ifdef WA_FWD_PINGPONG
+constexpr bool kPingpong = true;
+#else
+constexpr bool kPingpong = false;
+#endif
+constexpr int kTurn = 1;
+
 /* key tile: S (64 × BN f32 per warpgroup) and O (64 × D) must fit the consumers' 240 registers */
 template <int D> __host__ __device__ constexpr int ws_bn() { return D == 256 ? 64 : 128; }
 
@@ -96,6 +108,25 @@ __global__ void __launch_bounds__(kThreads, 1)
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
     uint32_t pa[BN / 16][4]; /* P of the last tile, the A operand of O += P V */
 
+    /* pingpong turns (see kPingpong); warpgroup 0 goes first, and warpgroup 1 does not open a
+     * turn after its last one (none would wait for it) */
+    constexpr bool PINGPONG = kPingpong && PIPELINED; /* the counts below hold for the pipelined loop */
+    const int turns = (int)(kt1 - kt0) + 1;
+    int turn = 0;
+    auto turn_begin = [&]() {
+        if (PINGPONG) named_sync(kTurn + cw, 256);
+    };
+    auto turn_end = [&]() {
+        if (PINGPONG && !(cw == 1 && turn == turns - 1)) named_arrive(kTurn + (1 - cw), 256);
+        turn++;
+    };
+    auto skip_tile = [&](long long kt) {
+        turn_begin();
+        turn_end();
+        ring.skip((int)(kt - kt0), lane);
+    };
+    if (PINGPONG && cw == 1) named_arrive(kTurn, 256);
+
     /* S = Q Kᵀ for the tile in stage st (issue only). The base addresses pass through opaque()
      * so that the compiler forms the 64-bit descriptors next to each wgmma instead of hoisting
      * all of them out of the loop, which held 2 registers per descriptor (spills at D = 128). */
@@ -117,9 +148,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_wait(ring.v_full(st), ph);
         reg_fence(pa);
         reg_fence(acc);
+        turn_begin();
         wg_fence();
         issue_pv(st);
         wg_commit();
+        turn_end();
         wg_wait<0>();
         reg_fence(acc);
         mbar_arrive_if(ring.v_empty(st), lane == 0);
@@ -136,9 +169,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     /* S of key tile kt (stage st) waited for, its stage released, and its softmax step */
     auto s_and_softmax = [&](float (&s)[BN / 8][4], float (&alpha)[2], long long kt, int st, uint32_t ph) {
         mbar_wait(ring.k_full(st), ph);
+        turn_begin();
         wg_fence();
         issue_s(s, st);
         wg_commit();
+        turn_end();
         wg_wait<0>();
         reg_fence(s);
         mbar_arrive_if(ring.k_empty(st), lane == 0);
@@ -146,7 +181,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
 
     if (kt0 < kt1) mbar_wait(ring.once(), 0);
-    for (long long kt = kt0; kt < wk0; kt++) ring.skip((int)(kt - kt0), lane);
+    for (long long kt = kt0; kt < wk0; kt++) skip_tile(kt);
 
     if (wk0 < wk1) {
         /* the first tile: nothing to overlap with yet (and O is zero, no rescale) */
@@ -169,11 +204,13 @@ __global__ void __launch_bounds__(kThreads, 1)
                 mbar_wait(ring.v_full(pst), pph);
                 reg_fence(pa);
                 reg_fence(acc);
+                turn_begin();
                 wg_fence();
                 issue_s(s, st);
                 wg_commit();
                 issue_pv(pst);
                 wg_commit();
+                turn_end();
                 wg_wait<1>();
                 reg_fence(s);
                 mbar_arrive_if(ring.k_empty(st), lane == 0);
@@ -193,7 +230,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         if (PIPELINED) finish_pv(pst, pph);
     }
-    for (long long kt = wk1; kt < kt1; kt++) ring.skip((int)(kt - kt0), lane);
+    for (long long kt = wk1; kt < kt1; kt++) skip_tile(kt);
+    if (wk0 >= wk1) { /* no visible tile: the turn of the last O += P V, empty */
+        turn_begin();
+        turn_end();
+    }
 
     store_rows<T, DB * 8>(p, reinterpret_cast<const float (&)[DB * 8][4]>(acc), row_max, row_sum, rows, b, h, t4);
 }
