@@ -1,0 +1,29 @@
+#!/bin/sh
+# lab_dq_delay.sh — the fused backward with each warpgroup forming step n's dQ during step n + 1
+# (mbarriers on three dSᵀ buffers instead of a named barrier every step; bwd_hopper.cu), checked
+# and timed: quick and full parity, memcheck and racecheck on D = 128 cases, then the backward at
+# (b) and D = 64 beside the deterministic form. From the repository root on the H200:
+#   DEPS=.devdeps sh dev/cuda/lab_dq_delay.sh
+OUT=${OUT:-/tmp/out}
+DEPS=${DEPS:-.devdeps}
+mkdir -p "$OUT"
+timeout 300 make -j16 JANSSON_CFLAGS=-I$DEPS/usr/include JANSSON_LIBS=$DEPS/usr/lib/x86_64-linux-gnu/libjansson.a build/winattn lib \
+    >"$OUT/build.txt" 2>&1 || { tail -20 "$OUT/build.txt"; exit 1; }
+echo "== parity --quick"
+timeout 60 build/winattn parity --device cuda --threads 16 --quick | tail -1 || exit 1
+B="timeout 60 build/winattn bench --device cuda --reps 7"
+for flag in "" --deterministic; do
+    echo "== bench ${flag:-default}: (b) 8K/32K, D=64 window 1024 16K, causal D=128 8K"
+    $B $flag --n 8192,32768 --d 128 --hkv 8 --sliding-window 4096 | tail -2
+    $B $flag --n 16384 --d 64 --hkv 8 --sliding-window 1024 | tail -1
+    $B $flag --n 8192 --d 128 --hkv 8 --causal | tail -1
+done
+echo "== parity (full)"
+timeout 120 build/winattn parity --device cuda --threads 16 >"$OUT/parity-cuda.txt" 2>&1; echo "exit $?"
+grep '^FAIL' "$OUT/parity-cuda.txt" | head; tail -1 "$OUT/parity-cuda.txt"
+for c in 309 314; do
+    timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 build/winattn parity --device cuda --case $c >"$OUT/memcheck_$c.txt" 2>&1
+    echo "memcheck $c exit $? $(grep 'ERROR SUMMARY' "$OUT/memcheck_$c.txt")"
+    timeout 90 compute-sanitizer --tool racecheck --error-exitcode 9 build/winattn parity --device cuda --case $c >"$OUT/racecheck_$c.txt" 2>&1
+    echo "racecheck $c exit $? $(grep 'RACECHECK SUMMARY' "$OUT/racecheck_$c.txt")"
+done
