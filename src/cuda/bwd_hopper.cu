@@ -108,12 +108,10 @@ template <int D> __host__ __device__ constexpr int kv_keys() { return kv_by_rows
 /* The fused form (by rows only, the atomic-dQ option): each step also forms dQ = dS K for its 64
  * queries and adds it to an f32 accumulator in global memory. dSᵀ (bf16/f16) goes to shared memory,
  * where a wgmma reads it transposed as the A operand, beside K read transposed as B. Each warpgroup
- * forms 64 columns of the step's dQ: at D = 128 columns [64 cw, 64 cw + 64) over all 128 keys, so
- * it reads the other warpgroup's dSᵀ rows too, and it does so one step late (step n's dQ during
- * step n + 1, three dSᵀ buffers with mbarriers): meeting at a named barrier every step kept the
- * two warpgroups in lock step, their softmax phases together, and measured 10 % slower at (b) 8K
- * (Nsight: "barrier" the first stall). At D = 64 it forms all 64 columns over its own 64 keys (a
- * 32-column half could not use the 128-byte swizzle, whose atom is 64 values wide). The 64 × 64 f32 result is stored to shared memory in fragment order and added
+ * forms 64 columns of the step's dQ: at D = 128 columns [64 cw, 64 cw + 64) over all 128 keys (so
+ * it reads the other warpgroup's dSᵀ rows too: both meet at a named barrier), at D = 64 all 64
+ * columns over its own 64 keys (a 32-column half could not use the 128-byte swizzle, whose atom is
+ * 64 values wide). The 64 × 64 f32 result is stored to shared memory in fragment order and added
  * to the accumulator by one bulk reduce-add (cp.reduce.async.bulk), which the hardware performs
  * at L2; dq_convert_kernel turns the accumulator into dq. */
 template <int D> __host__ __device__ constexpr bool dq_split_columns() {
@@ -130,25 +128,20 @@ template <int D, bool FUSE> struct kv_layout {
     /* fused: dSᵀ of the CTA's keys × 64 queries, two buffers by step parity; each warpgroup's
      * 64 × 64 f32 share of dQ before its reduce-add */
     static constexpr uint32_t DS = FUSE ? KEYS * 64 * 2 : 0, DQ_STAGE = FUSE ? 64 * 64 * 4 : 0;
-    /* split columns: a warpgroup forms step n's dQ during step n + 1 (it needs the other's dSᵀ of
-     * step n, which is then almost always written: the warpgroups may drift a step apart instead of
-     * meeting every step), so three dSᵀ buffers, each with a "full" and a "free" mbarrier */
-    static constexpr int DS_BUFS = FUSE && dq_split_columns<D>() ? 3 : FUSE ? 2 : 0;
     /* per consumer warpgroup and step parity, the step's lse2[64] and δ[64] (by rows) or the one
      * of them it needs (by output) */
     static constexpr uint32_t STATS = kv_by_rows<D>() ? 512 : 256;
     /* K, V; Q and dO per stage; stats; Pᵀ exchange buffers (by output); barriers */
-    static constexpr uint32_t k = 0, v = KV, q = 2 * KV, dout = q + 2 * QT, ds = dout + 2 * QT, dq_stage = ds + DS_BUFS * DS,
+    static constexpr uint32_t k = 0, v = KV, q = 2 * KV, dout = q + 2 * QT, ds = dout + 2 * QT, dq_stage = ds + 2 * DS,
                               stats = dq_stage + 2 * DQ_STAGE, xchg = stats + 4 * STATS,
                               bars = xchg + (kv_by_rows<D>() ? 0 : 2 * 64 * 64 * 4);
-    /* kv_full; per stage full, empty; split columns: per dSᵀ buffer full, free */
-    static constexpr uint32_t n_bars = 1 + 2 * 2 + (DS_BUFS == 3 ? 2 * 3 : 0);
+    static constexpr uint32_t n_bars = 1 + 2 * 2; /* kv_full; per stage full, empty */
     static constexpr size_t bytes = 1024 + bars + 8 * n_bars;
 };
 /* named barriers (by output): Pᵀ of buffer b ready (1 + b), buffer b free again (3 + b); a
  * consumer warpgroup's stats written (5 + its index); fused: the step's dSᵀ written (7, both
  * warpgroups, or 7 + its index), a warpgroup's dQ share staged (9 + its index) */
-constexpr int kReady = 1, kFree = 3, kStats = 5, kDsWritten = 7, kDqStaged = 9, kDqStageFree = 11;
+constexpr int kReady = 1, kFree = 3, kStats = 5, kDsWritten = 7, kDqStaged = 9;
 
 template <typename T, int D, Cap CAP, bool FUSE>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -165,8 +158,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t kv_full = bar;
     auto full = [&](int s) { return bar + 8 * (1 + 2 * s); };
     auto empty = [&](int s) { return bar + 8 * (2 + 2 * s); };
-    auto ds_full = [&](int s) { return bar + 8 * (5 + 2 * s); }; /* split columns only */
-    auto ds_free = [&](int s) { return bar + 8 * (6 + 2 * s); };
 
     const int wg = threadIdx.x >> 7, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const long long hk = blockIdx.y, b = blockIdx.z, j0 = (long long)blockIdx.x * KEYS;
@@ -178,8 +169,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) {
         mbar_init(kv_full, 1);
         for (int s = 0; s < 2; s++) mbar_init(full(s), 1), mbar_init(empty(s), 8); /* one arrival per consumer warp */
-        if (L::DS_BUFS == 3)
-            for (int s = 0; s < 3; s++) mbar_init(ds_full(s), 256), mbar_init(ds_free(s), 256); /* every consumer thread */
         mbar_init_fence();
     }
     __syncthreads();
@@ -251,7 +240,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     /* fused: dSᵀ (packed as A fragments: rows w4·16 + g (+8), columns 16 kk + 2 t4 (+8)) into
      * this warpgroup's 64 rows of dS buffer `buf`, in the 128-byte swizzle (conflict-free 4-byte
      * stores: the 8 g of a warp hit 8 different chunks) */
-    constexpr bool SPLIT = FUSE && dq_split_columns<D>();
     auto write_ds = [&](const uint32_t (&pb)[4][4], int buf) {
         unsigned char *rows = aligned + L::ds + buf * L::DS;
         const int r = cw * 64 + w4 * 16 + g;
@@ -263,14 +251,15 @@ __global__ void __launch_bounds__(kThreads, 1)
             *(uint32_t *)(rows + blk_off<KEYS>(r + 8, 2 * kk + 1) + 4 * t4) = pb[kk][3];
         }
         fence_proxy_async(); /* the wgmma below reads them through the async proxy */
-        if (SPLIT) mbar_arrive_if(ds_full(buf), true);
     };
     /* fused: this warpgroup's 64 columns of the step's dQ = dS K (see kv_layout), once the dSᵀ
      * rows it reads are written and its staging buffer's last reduce-add has read it */
-    auto dq_product = [&](float (&dq)[8][4], int buf, int cb, uint32_t parity) {
+    auto dq_product = [&](float (&dq)[8][4], int buf, int cb) {
+        constexpr bool SPLIT = dq_split_columns<D>();
         constexpr int KEY_STEPS = SPLIT ? KEYS / 16 : 4;
         const int key0 = SPLIT ? 0 : cw * 64;
-        if (SPLIT) mbar_wait(ds_full(buf), parity);
+        if (tid == 0) bulk_wait_read<0>();
+        if (SPLIT) named_sync(kDsWritten, 256);
         else named_sync(kDsWritten + cw, 128);
         const uint32_t a_s = opaque(base + L::ds + buf * L::DS + key0 * 128), b_s = opaque(sK + cb * (KEYS * 128) + key0 * 128);
         wg_fence();
@@ -285,8 +274,6 @@ __global__ void __launch_bounds__(kThreads, 1)
      * the order */
     auto add_dq = [&](const float (&dq)[8][4], long long tile, int cb) {
         float4 *stage = (float4 *)(aligned + L::dq_stage + cw * L::DQ_STAGE);
-        if (tid == 0) bulk_wait_read<0>(); /* the last reduce-add has read the staging buffer */
-        named_sync(kDqStageFree + cw, 128);
 #pragma unroll
         for (int nb = 0; nb < 8; nb++) stage[nb * 128 + tid] = make_float4(dq[nb][0], dq[nb][1], dq[nb][2], dq[nb][3]);
         fence_proxy_async();
@@ -295,20 +282,6 @@ __global__ void __launch_bounds__(kThreads, 1)
             bulk_reduce_add_f32(p.dq_acc + (tile * DB + cb) * 4096, smem_u32(stage), 64 * 64 * 4);
             bulk_commit();
         }
-    };
-
-    /* query tile of step m among the accumulator's B·Hq·nq_pad/64 */
-    auto tile_of = [&](int m) { return (b * p.Hq + hk * p.group + m / nqt) * (p.nq_pad / 64) + qt0 + m % nqt; };
-    /* split columns: this warpgroup's 64 columns of step m's dQ from both warpgroups' dSᵀ, then
-     * the buffer released and the result added */
-    auto dq_step = [&](int m) {
-        float dq[8][4];
-        dq_product(dq, m % 3, cw, (uint32_t)((m / 3) & 1));
-        wg_wait<0>();
-        mbar_arrive_if(ds_free(m % 3), true);
-        fence_acc();
-        reg_fence(dq);
-        add_dq(dq, tile_of(m), cw);
     };
 
     if (steps > 0) mbar_wait(kv_full, 0);
@@ -362,12 +335,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             uint32_t pb[4][4];
             pack_a<T, 64>(pb, s);
             /* before the products that read pb: reading a wgmma's A registers while it runs is undefined */
-            if constexpr (SPLIT) {
-                if (n >= 3) mbar_wait(ds_free(n % 3), (uint32_t)((n / 3 - 1) & 1)); /* step n - 3's readers are done */
-                write_ds(pb, n % 3);
-            } else if constexpr (FUSE) {
-                write_ds(pb, n & 1);
-            }
+            if constexpr (FUSE) write_ds(pb, n & 1);
             reg_fence(pa);
             reg_fence(pb);
             fence_acc();
@@ -377,22 +345,19 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) wide_mn_product<T, D, 64>(acc2, pb[kk], q_s + kk * (16 * 128));
             wg_commit();
-            if constexpr (SPLIT) {
-                if (n >= 1) {
-                    dq_step(n - 1); /* the last step's dQ, while this step's dV and dK run */
-                } else {
-                    wg_wait<0>();
-                    fence_acc();
-                }
-            } else if constexpr (FUSE) { /* own keys: this step's dQ, every column block in turn */
+            if constexpr (FUSE) {
+                const long long tile = (b * p.Hq + hk * p.group + n / nqt) * (p.nq_pad / 64) + i0 / 64;
+                /* split columns: this warpgroup's block; own keys: every block in turn */
+                constexpr int BLOCKS = dq_split_columns<D>() ? 1 : DB;
 #pragma unroll
-                for (int c = 0; c < DB; c++) {
+                for (int c = 0; c < BLOCKS; c++) {
+                    const int cb = dq_split_columns<D>() ? cw : c;
                     float dq[8][4];
-                    dq_product(dq, n & 1, c, 0);
+                    dq_product(dq, n & 1, cb);
                     wg_wait<0>();
                     if (c == 0) fence_acc();
                     reg_fence(dq);
-                    add_dq(dq, tile_of(n), c);
+                    add_dq(dq, tile, cb);
                 }
             } else {
                 wg_wait<0>();
@@ -439,9 +404,6 @@ __global__ void __launch_bounds__(kThreads, 1)
             fence_acc();
         }
         mbar_arrive_if(empty(st), lane == 0);
-    }
-    if constexpr (SPLIT) {
-        if (steps > 0) dq_step(steps - 1);
     }
     if (FUSE && tid == 0) bulk_wait<0>(); /* the reduce-adds are done before the CTA's shared memory goes */
     if constexpr (BY_ROWS) {
