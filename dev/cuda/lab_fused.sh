@@ -1,8 +1,9 @@
 #!/bin/sh
 # lab_fused.sh — one device call for the fused backward (dQ added by the dK/dV kernel with bulk
-# f32 reduce-adds; wa_context_params.cuda_atomic_dq at D <= 128, bwd_hopper.cu): build, parity
-# with and without --atomic-dq, timings of both at the issue's shape (b) and at D = 64, sanitizers
-# on the fused kernel, and the binding's per-call gap (dev/cuda/gap.py --host-only).
+# f32 reduce-adds at D <= 128, bwd_hopper.cu; the default since session 4, when it ran as call 2
+# behind the then opt-in flag --atomic-dq, since renamed: --deterministic selects the other form):
+# build, parity of the fused form, timings of both forms at the issue's shape (b) and at D = 64,
+# sanitizers on the fused kernel, and the binding's per-call gap (dev/cuda/gap.py --host-only).
 # Run from the repository root on the H200:  DEPS=.devdeps sh dev/cuda/lab_fused.sh [full]
 OUT=${OUT:-/tmp/out}
 DEPS=${DEPS:-.devdeps}
@@ -12,25 +13,25 @@ timeout 400 make -j16 JANSSON_CFLAGS=-I$DEPS/usr/include JANSSON_LIBS=$DEPS/usr/
     >"$OUT/build.txt" 2>&1 || { tail -30 "$OUT/build.txt"; exit 1; }
 echo "built in $(($(date +%s) - t0)) s"
 P="timeout 200 build/winattn parity --device cuda --threads 16"
-echo "== parity --atomic-dq (full)"
-$P --atomic-dq >"$OUT/parity_atomic.txt" 2>&1; echo "exit $?"
+echo "== parity (full, fused)"
+$P >"$OUT/parity_atomic.txt" 2>&1; echo "exit $?"
 grep '^FAIL' "$OUT/parity_atomic.txt" | head -10; tail -1 "$OUT/parity_atomic.txt"
 B="timeout 90 build/winattn bench --device cuda --reps 5"
-for flag in "" --atomic-dq; do
-    echo "== (b) bf16 Hq=32 Hkv=8 D=128 window 4096 ${flag:-deterministic}"
+for flag in --deterministic ""; do
+    echo "== (b) bf16 Hq=32 Hkv=8 D=128 window 4096 ${flag:-fused}"
     $B $flag --n 8192,32768 --d 128 --hkv 8 --sliding-window 4096 | tail -2
-    echo "== D=64 Hq=32 Hkv=8 window 1024, 16K ${flag:-deterministic}"
+    echo "== D=64 Hq=32 Hkv=8 window 1024, 16K ${flag:-fused}"
     $B $flag --n 16384 --d 64 --hkv 8 --sliding-window 1024 | tail -1
-    echo "== D=128 causal 8K f16 ${flag:-deterministic}"
+    echo "== D=128 causal 8K f16 ${flag:-fused}"
     $B $flag --n 8192 --d 128 --hkv 8 --causal --dtype f16 | tail -1
 done
-echo "== compute-sanitizer on the fused kernel (--atomic-dq)"
+echo "== compute-sanitizer on the fused kernel"
 for c in 120 309 314 399 719; do
-    timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 build/winattn parity --device cuda --case $c --atomic-dq \
+    timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 build/winattn parity --device cuda --case $c \
         >"$OUT/memcheck_$c.txt" 2>&1; echo "memcheck $c exit $? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck_$c.txt")"
 done
 for c in 309 314 399; do
-    timeout 90 compute-sanitizer --tool racecheck --error-exitcode 9 build/winattn parity --device cuda --case $c --atomic-dq \
+    timeout 90 compute-sanitizer --tool racecheck --error-exitcode 9 build/winattn parity --device cuda --case $c \
         >"$OUT/racecheck_$c.txt" 2>&1; echo "racecheck $c exit $? $(grep -E 'RACECHECK SUMMARY' "$OUT/racecheck_$c.txt")"
 done
 echo "== binding gap"

@@ -141,7 +141,16 @@ template <int D, bool FUSE> struct kv_layout {
 /* named barriers (by output): Pᵀ of buffer b ready (1 + b), buffer b free again (3 + b); a
  * consumer warpgroup's stats written (5 + its index); fused: the step's dSᵀ written (7, both
  * warpgroups, or 7 + its index), a warpgroup's dQ share staged (9 + its index) */
-constexpr int kReady = 1, kFree = 3, kStats = 5, kDsWritten = 7, kDqStaged = 9;
+constexpr int kReady = 1, kFree = 3, kStats = 5, kDsWritten = 7, kDqStaged = 9, kTurn = 13;
+
+/* Lab (-DWA_BWD_PINGPONG): by rows, the two consumer warpgroups take turns to issue each batch
+ * of products (Sᵀ and dPᵀ; dV and dK), as the forward's pingpong (fwd_hopper.cu), named barriers
+ * kTurn + w */
+#ifdef WA_BWD_PINGPONG
+constexpr bool kBwdPingpong = true;
+#else
+constexpr bool kBwdPingpong = false;
+#endif
 
 template <typename T, int D, Cap CAP, bool FUSE>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -284,6 +293,19 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
     };
 
+    /* pingpong turns (lab): two per step, warpgroup 0 first; warpgroup 1 opens no turn after its last */
+    constexpr bool PINGPONG = kBwdPingpong && BY_ROWS;
+    const int turns = 2 * steps;
+    int turn = 0;
+    auto turn_begin = [&]() {
+        if (PINGPONG) named_sync(kTurn + cw, 256);
+    };
+    auto turn_end = [&]() {
+        if (PINGPONG && !(cw == 1 && turn == turns - 1)) named_arrive(kTurn + 1 - cw, 256);
+        turn++;
+    };
+    if (PINGPONG && cw == 1 && steps > 0) named_arrive(kTurn, 256);
+
     if (steps > 0) mbar_wait(kv_full, 0);
     for (int n = 0; n < steps; n++) {
         const int st = n & 1, buf = n & 1;
@@ -315,10 +337,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         if constexpr (BY_ROWS) {
             /* Sᵀ and dPᵀ, then dV += Pᵀ dO and dK += dSᵀ Q, all for this warpgroup's keys */
             float dp[8][4];
+            turn_begin();
             wg_fence();
             tile_product(s, opaque(sK), q_s);
             tile_product(dp, opaque(sV), do_s);
             wg_commit();
+            turn_end();
             publish_stats();
             wg_wait<0>();
             reg_fence(s);
@@ -339,12 +363,14 @@ __global__ void __launch_bounds__(kThreads, 1)
             reg_fence(pa);
             reg_fence(pb);
             fence_acc();
+            turn_begin();
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) wide_mn_product<T, D, 64>(acc, pa[kk], do_s + kk * (16 * 128));
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) wide_mn_product<T, D, 64>(acc2, pb[kk], q_s + kk * (16 * 128));
             wg_commit();
+            turn_end();
             if constexpr (FUSE) {
                 const long long tile = (b * p.Hq + hk * p.group + n / nqt) * (p.nq_pad / 64) + i0 / 64;
                 /* split columns: this warpgroup's block; own keys: every block in turn */
