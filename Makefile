@@ -45,6 +45,8 @@ endif
 ifdef CUDA_ON
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(realpath $(NVCC)))
 NVCCFLAGS ?= -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -Xcompiler -fPIC -Iinclude -std=c++17
+# kernel-lab variants (dev/cuda): e.g. make BUILD=build-x CUDA_DEFINES=-DWA_FWD_NO_PINGPONG
+NVCCFLAGS += $(CUDA_DEFINES)
 LIB_OBJ  += $(CUDA_SRC:%.cu=$(BUILD)/%.o)
 # the static runtime: binaries start on machines without the CUDA toolkit's libraries (CI),
 # where wa_device_available(WA_DEVICE_CUDA) then reports 0

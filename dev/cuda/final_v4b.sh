@@ -7,13 +7,10 @@
 #           both backward forms (version 4, and version 2 via WINATTN_CUDA=mma), run-to-run
 #           bit-identity of the deterministic backward, compute-sanitizer (dev/cuda/sanitize.sh)
 #   peers   winattn probe --device cuda and bench/gpu_peers.py (JSON to $OUT/gpu-peers.json)
-OUT=${OUT:-/tmp/out}
-DEPS=${DEPS:-.devdeps}
-mkdir -p "$OUT"
+. dev/cuda/lab_env.sh
 t0=$(date +%s)
-timeout 400 make -j16 JANSSON_CFLAGS=-I$DEPS/usr/include JANSSON_LIBS=$DEPS/usr/lib/x86_64-linux-gnu/libjansson.a build/winattn lib \
-    >"$OUT/build.txt" 2>&1 || { tail -30 "$OUT/build.txt"; exit 1; }
-echo "built in $(($(date +%s) - t0)) s; $(git rev-parse --short HEAD 2>/dev/null)"
+lab_build build "" build/winattn lib
+echo "built in $(($(date +%s) - t0)) s"
 what=${1:-check}
 if [ "$what" = check ]; then
     for flag in "" --deterministic; do

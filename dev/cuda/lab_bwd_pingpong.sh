@@ -3,14 +3,9 @@
 # to issue each batch of products (-DWA_BWD_PINGPONG, bwd_hopper.cu) against free drift, for the
 # default (fused) and the --deterministic backward; quick parity of the variant in both forms
 # first. From the repository root on the H200:  DEPS=.devdeps sh dev/cuda/lab_bwd_pingpong.sh
-OUT=${OUT:-/tmp/out}
-DEPS=${DEPS:-.devdeps}
-mkdir -p "$OUT"
-J="JANSSON_CFLAGS=-I$DEPS/usr/include JANSSON_LIBS=$DEPS/usr/lib/x86_64-linux-gnu/libjansson.a"
-NV="-O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -Xcompiler -fPIC -Iinclude -std=c++17"
-timeout 300 make -j16 $J build/winattn >"$OUT/build.txt" 2>&1 || { tail -20 "$OUT/build.txt"; exit 1; }
-timeout 300 make -j16 BUILD=build-pp $J NVCCFLAGS="$NV -DWA_BWD_PINGPONG" build-pp/winattn >"$OUT/build-pp.txt" 2>&1 ||
-    { tail -20 "$OUT/build-pp.txt"; exit 1; }
+. dev/cuda/lab_env.sh
+lab_build build "" build/winattn
+lab_build build-pp -DWA_BWD_PINGPONG build-pp/winattn
 for flag in "" --deterministic; do
     echo "== pingpong: parity --quick $flag"
     timeout 60 build-pp/winattn parity --device cuda --threads 16 --quick $flag | tail -1

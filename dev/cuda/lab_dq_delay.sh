@@ -8,12 +8,9 @@
 # Session 4 (call 8): parity 962/962, sanitizers clean, but no faster: (b) bwd 366 / 410 TFLOP/s
 # against 371 / 421 for the named-barrier form a call earlier (the deterministic form, unchanged,
 # read 327 / 342 against 327 / 360 in the same two calls), so the simpler form stayed.
-OUT=${OUT:-/tmp/out}
-DEPS=${DEPS:-.devdeps}
-mkdir -p "$OUT"
+. dev/cuda/lab_env.sh
 git apply dev/cuda/dq_delay.patch || { echo "dq_delay.patch does not apply"; exit 1; }
-timeout 300 make -j16 JANSSON_CFLAGS=-I$DEPS/usr/include JANSSON_LIBS=$DEPS/usr/lib/x86_64-linux-gnu/libjansson.a build/winattn lib \
-    >"$OUT/build.txt" 2>&1 || { tail -20 "$OUT/build.txt"; exit 1; }
+lab_build build "" build/winattn lib
 echo "== parity --quick"
 timeout 60 build/winattn parity --device cuda --threads 16 --quick | tail -1 || exit 1
 B="timeout 60 build/winattn bench --device cuda --reps 7"

@@ -5,12 +5,9 @@
 # build, parity of the fused form, timings of both forms at the shape (b) and at D = 64,
 # sanitizers on the fused kernel, and the binding's per-call gap (dev/cuda/gap.py --host-only).
 # Run from the repository root on the H200:  DEPS=.devdeps sh dev/cuda/lab_fused.sh [full]
-OUT=${OUT:-/tmp/out}
-DEPS=${DEPS:-.devdeps}
-mkdir -p "$OUT"
+. dev/cuda/lab_env.sh
 t0=$(date +%s)
-timeout 400 make -j16 JANSSON_CFLAGS=-I$DEPS/usr/include JANSSON_LIBS=$DEPS/usr/lib/x86_64-linux-gnu/libjansson.a \
-    >"$OUT/build.txt" 2>&1 || { tail -30 "$OUT/build.txt"; exit 1; }
+lab_build build "" build/winattn lib
 echo "built in $(($(date +%s) - t0)) s"
 P="timeout 200 build/winattn parity --device cuda --threads 16"
 echo "== parity (full, fused)"

@@ -4,14 +4,9 @@
 # between the warpgroups (default) against each warpgroup forming dQ over its own keys
 # (-DWA_DQ_OWN_KEYS), beside the deterministic backward; then the binding's per-call host time.
 # Run from the repository root on the H200:  DEPS=.devdeps sh dev/cuda/lab_fused_variants.sh
-OUT=${OUT:-/tmp/out}
-DEPS=${DEPS:-.devdeps}
-mkdir -p "$OUT"
-J="JANSSON_CFLAGS=-I$DEPS/usr/include JANSSON_LIBS=$DEPS/usr/lib/x86_64-linux-gnu/libjansson.a"
-NV="-O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -Xcompiler -fPIC -Iinclude -std=c++17"
-timeout 300 make -j16 $J >"$OUT/build.txt" 2>&1 || { tail -20 "$OUT/build.txt"; exit 1; }
-timeout 300 make -j16 BUILD=build-own $J NVCCFLAGS="$NV -DWA_DQ_OWN_KEYS" build-own/winattn >"$OUT/build-own.txt" 2>&1 ||
-    { tail -20 "$OUT/build-own.txt"; exit 1; }
+. dev/cuda/lab_env.sh
+lab_build build "" build/winattn lib
+lab_build build-own -DWA_DQ_OWN_KEYS build-own/winattn
 for v in build build-own; do
     echo "== $v: parity --quick"
     timeout 100 $v/winattn parity --device cuda --threads 16 --quick | tail -1

@@ -5,14 +5,9 @@
 # shapes (a) and (b), D = 64 and causal D = 128; quick parity of the variant first. From the
 # repository root on the H200:
 #   DEPS=.devdeps sh dev/cuda/lab_pingpong.sh
-OUT=${OUT:-/tmp/out}
-DEPS=${DEPS:-.devdeps}
-mkdir -p "$OUT"
-J="JANSSON_CFLAGS=-I$DEPS/usr/include JANSSON_LIBS=$DEPS/usr/lib/x86_64-linux-gnu/libjansson.a"
-NV="-O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -Xcompiler -fPIC -Iinclude -std=c++17"
-timeout 300 make -j16 $J build/winattn >"$OUT/build.txt" 2>&1 || { tail -20 "$OUT/build.txt"; exit 1; }
-timeout 300 make -j16 BUILD=build-drift $J NVCCFLAGS="$NV -DWA_FWD_NO_PINGPONG" build-drift/winattn >"$OUT/build-drift.txt" 2>&1 ||
-    { tail -20 "$OUT/build-drift.txt"; exit 1; }
+. dev/cuda/lab_env.sh
+lab_build build "" build/winattn
+lab_build build-drift -DWA_FWD_NO_PINGPONG build-drift/winattn
 echo "== free drift: parity --quick"
 timeout 100 build-drift/winattn parity --device cuda --threads 16 --quick | tail -1
 for round in 1 2; do
