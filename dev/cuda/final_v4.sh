@@ -4,7 +4,8 @@
 #   peers   winattn probe --device cuda (memory above inputs) and bench/gpu_peers.py (the issue's
 #           table against FlexAttention and SDPA, JSON to $OUT/gpu-peers.json)
 #   check   compute-sanitizer (dev/cuda/sanitize.sh) and a run-to-run bit-identity check of the
-#           backward through the PyTorch binding
+#           backward through the PyTorch binding (dev/cuda/bit_identity.py --modes deterministic:
+#           the default in session 3; since session 4, final_v4b.sh supersedes this script)
 #   all     peers, then the Python binding's tests on CUDA tensors and the bit-identity check
 OUT=${OUT:-/tmp/out}
 DEPS=${DEPS:-.devdeps}
@@ -32,20 +33,6 @@ if [ "$what" = all ]; then
 fi
 if [ "$what" = check ] || [ "$what" = all ]; then
     echo "== backward twice, bit-identical (bf16, (a) at 8K and (b) at 8K, GQA)"
-    PYTHONPATH=python WINATTN_LIBRARY=build/libwinattn.so python3 - <<'PY'
-import torch, winattn.torch as wt
-for hq, hkv, d, w in ((32, 16, 256, 1024), (32, 8, 128, 4096)):
-    g = torch.Generator(device="cuda").manual_seed(0)
-    mk = lambda h: torch.randn(1, h, 8192, d, device="cuda", dtype=torch.bfloat16, generator=g)
-    q, k, v, do = mk(hq), mk(hkv), mk(hkv), mk(hq)
-    outs = []
-    for _ in range(2):
-        qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
-        o = wt.attention(qq, kk, vv, window=(w - 1, 0))
-        o.backward(do)
-        outs.append((o.detach(), qq.grad, kk.grad, vv.grad))
-    same = all(torch.equal(a, b) for a, b in zip(*outs))
-    print(f"D={d} Hq={hq} Hkv={hkv} window {w}: o, dq, dk, dv bit-identical across two runs: {same}")
-PY
+    python3 dev/cuda/bit_identity.py --modes deterministic
 fi
 echo "total $(($(date +%s) - t0)) s"

@@ -30,22 +30,7 @@ if [ "$what" = check ]; then
         WINATTN_CUDA=mma $B $flag --n 8192 --d 128 --hkv 8 --sliding-window 4096 | tail -1
     done
     echo "== backward twice through the PyTorch binding: bit-identical? (bf16 8K)"
-    PYTHONPATH=python WINATTN_LIBRARY=build/libwinattn.so python3 - <<'PY'
-import torch, winattn.torch as wt
-for hq, hkv, d, w in ((32, 16, 256, 1024), (32, 8, 128, 4096)):
-    g = torch.Generator(device="cuda").manual_seed(0)
-    mk = lambda h: torch.randn(1, h, 8192, d, device="cuda", dtype=torch.bfloat16, generator=g)
-    q, k, v, do = mk(hq), mk(hkv), mk(hkv), mk(hq)
-    for det in (False, True):
-        outs = []
-        for _ in range(2):
-            qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
-            o = wt.attention(qq, kk, vv, window=(w - 1, 0), deterministic=det)
-            o.backward(do)
-            outs.append((o.detach(), qq.grad, kk.grad, vv.grad))
-        same = [torch.equal(a, b) for a, b in zip(*outs)]
-        print(f"D={d} Hq={hq} Hkv={hkv} window {w} deterministic={det}: o, dq, dk, dv bit-identical across two runs: {same}")
-PY
+    python3 dev/cuda/bit_identity.py
     echo "== sanitizers"
     OUT=$OUT timeout 250 sh dev/cuda/sanitize.sh
 fi
