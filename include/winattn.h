@@ -156,8 +156,12 @@ wa_status wa_forward(wa_context *ctx, const wa_attn_desc *desc,
 /* Backward: given the forward's o and lse and the incoming gradient do_ (like o), writes
  * (overwrites, never accumulates into) dq like q, dk like k, dv like v. With GQA, dk and dv sum
  * over the Hq/Hkv query heads of each group. Key rows no query sees get dk = dv = 0.
- * Workspace: O(B*Hq*Nq) f32 plus per-thread tiles (TILED); never anything of size Nq*Nk.
- * Deterministic: bit-identical for any thread count. Same status codes as wa_forward. */
+ * Workspace: O(B*Hq*Nq) f32 plus per-thread tiles (TILED); never anything of size Nq*Nk. On CUDA
+ * the context keeps its backward workspace between calls (the largest so far, grown on the
+ * context's stream) until wa_context_destroy; with cuda_deterministic = 0 at D = 64/128 it holds
+ * an f32 dQ accumulator too, B*Hq*Nq*D floats. Deterministic on the CPU (bit-identical for any
+ * thread count) and on CUDA with cuda_deterministic = 1; see that field for the default.
+ * Same status codes as wa_forward. */
 wa_status wa_backward(wa_context *ctx, const wa_attn_desc *desc,
                       const wa_tensor *q, const wa_tensor *k, const wa_tensor *v,
                       const wa_tensor *o, const wa_tensor *lse, const wa_tensor *do_,

@@ -437,8 +437,9 @@ static wa_status context_workspace(wa_context *ctx, size_t bytes, cudaStream_t s
         ctx->cuda_ws = nullptr, ctx->cuda_ws_bytes = 0;
     }
     if (!ctx->cuda_ws) {
-        CUDA_TRY(cudaMallocAsync(&ctx->cuda_ws, bytes, s));
-        ctx->cuda_ws_bytes = bytes, ctx->cuda_ws_device = dev;
+        void *fresh = nullptr;
+        CUDA_TRY(cudaMallocAsync(&fresh, bytes, s));
+        ctx->cuda_ws = fresh, ctx->cuda_ws_bytes = bytes, ctx->cuda_ws_device = dev;
     }
     *ws = ctx->cuda_ws;
     return WA_OK;

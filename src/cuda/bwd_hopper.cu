@@ -1,25 +1,33 @@
 /* bwd_hopper.cu — version 4 of the backward for f16/bf16 at D = 64, 128, 256: wgmma, TMA and
- * warp-specialised CTAs like the version-4 forward (fwd_hopper.cu), deterministic (every output
- * element is written once by one thread; no atomics). Three kernels:
+ * warp-specialised CTAs like the version-4 forward (fwd_hopper.cu). Two forms:
+ *   fused (the default at D = 64 and 128): prep, dK/dV with dQ added into an f32 accumulator by
+ *          bulk reduce-adds, convert. Five tile products per visible pair (FlashAttention-3's
+ *          count); dq's last bits depend on the order the adds land in.
+ *   deterministic (wa_context_params.cuda_deterministic, and always at D = 256): prep, dK/dV, dQ;
+ *          every output element written once by one thread, no atomics; seven tile products per
+ *          visible pair (the dQ kernel forms S and dP again), the price of determinism without
+ *          a dQ workspace.
+ * The kernels:
  *
  *   prep   δ_i = dO_i · O_i and lse2_i = lse_i·log2(e) into row-padded arrays (+inf for rows past
  *          Nq and rows that see nothing, so their P is 0 without a test). δ is the diagonal of
  *          dO Oᵀ taken on wgmma, the instruction that forms dP below: with a one-key window
  *          O_i = V_j bitwise, so dP_ij − δ_i is exactly 0 and dq = dk = 0 exactly, as the parity
  *          sweep's window-1 cases demand (versions 1 and 2 did the same with their own orders).
+ *          Fused: also zeroes the dQ accumulator.
  *   dK/dV  one CTA per 128 keys (D ≤ 128) or 64 keys (D = 256) of a kv head, over the group's
  *          query heads and the query tiles the window allows (64 queries a step). Warpgroup 0
  *          loads (TMA: K and V once; Q and dO per step into a two-stage ring). At D ≤ 128 each
  *          consumer warpgroup owns 64 keys with their dK and dV and does all four products
- *          (Sᵀ = K Qᵀ, dPᵀ = V dOᵀ, dV += Pᵀ dO, dK += dSᵀ Q). At D = 256 dK and dV of 64 keys do
- *          not both fit one warpgroup's registers, so the work is split by output: warpgroup 1
- *          forms Sᵀ, Pᵀ and dV; warpgroup 2 forms dPᵀ and, with Pᵀ handed over through shared
- *          memory (f32, two buffers, named barriers), dSᵀ and dK. Each does two products.
- *   dQ     one CTA per 128 query rows (two consumer warpgroups of 64 rows, one producer), over
- *          the key tiles the window allows: S = Q Kᵀ, dP = dO Vᵀ, dS, dQ += dS K; the forward's
- *          structure with lse and δ known.
- * So the backward runs seven tile products per visible pair against FlashAttention-3's five (it
- * adds dS K into dQ with atomics); the price of determinism without a dQ workspace.
+ *          (Sᵀ = K Qᵀ, dPᵀ = V dOᵀ, dV += Pᵀ dO, dK += dSᵀ Q), and in the fused form a fifth,
+ *          dQ = dS K (kv_layout below). At D = 256 dK and dV of 64 keys do not both fit one
+ *          warpgroup's registers, so the work is split by output: warpgroup 1 forms Sᵀ, Pᵀ and
+ *          dV; warpgroup 2 forms dPᵀ and, with Pᵀ handed over through shared memory (f32, two
+ *          buffers, named barriers), dSᵀ and dK. Each does two products.
+ *   dQ     (deterministic) one CTA per 128 query rows (two consumer warpgroups of 64 rows, one
+ *          producer), over the key tiles the window allows: S = Q Kᵀ, dP = dO Vᵀ, dS,
+ *          dQ += dS K; the forward's structure with lse and δ known.
+ *   convert (fused) dq = the f32 accumulator rounded to the dtype.
  * Masks, tile ranges and edge tiles come from tile_geometry.h. docs/cuda.md has the measurements. */
 #include "hopper_prims.cuh"
 
