@@ -45,7 +45,8 @@ for c in 20 200 290 330 340 430 460 470; do
     echo "racecheck case $c exit $?"
 done
 grep -cE 'Race reported|Error' "$OUT/racecheck.txt" | sed 's/^/racecheck hazard lines: /'
-echo "== winattn attn --device cuda: twice bit-identical, and equal to the oracle's criterion via parity above"
+echo "== winattn attn --device cuda --deterministic: twice bit-identical, and equal to the oracle's criterion via parity above"
 mkdir -p /tmp/cli && build/tests/cli_helper gen /tmp/cli >/dev/null && for i in 1 2; do
-    build/winattn attn /tmp/cli/ok_bhnd.safetensors /tmp/cli/out$i.safetensors --sliding-window 65 --device cuda || echo "attn failed"; done
+    build/winattn attn /tmp/cli/ok_bhnd.safetensors /tmp/cli/out$i.safetensors --sliding-window 65 --device cuda --deterministic ||
+        echo "attn failed"; done
 cmp /tmp/cli/out1.safetensors /tmp/cli/out2.safetensors && echo "PASS cuda attn: two runs bit-identical"

@@ -42,6 +42,8 @@ expect_ok "sliding window 65, bhnd, forward and backward" 64 0 bhnd "$T/ok_bhnd.
 expect_ok "window flags (30, 7), bnhd layout" 30 7 bnhd "$T/ok_bnhd.safetensors" --window-left 30 --window-right 7 --layout bnhd
 expect_ok "causal, forward only (no dq in OUT)" -1 0 bhnd "$T/ok_fwd_only.safetensors" --causal
 expect_ok "causal with a left window = sliding" 99 0 bhnd "$T/ok_bhnd.safetensors" --causal --window-left 99 --threads 1
+expect_ok "--deterministic (a CUDA choice; the CPU backward is deterministic anyway)" 64 0 bhnd "$T/ok_bhnd.safetensors" \
+    --sliding-window 65 --deterministic
 
 for f in bad_rank bad_dtype_mix bad_dtype_i32 bad_gqa bad_headdim bad_do_shape bad_extra_tensor bad_missing_v \
     bad_truncated bad_lying_header bad_short; do

@@ -15,12 +15,12 @@
 
 static const char attn_usage[] =
     "winattn attn IN.safetensors OUT.safetensors [--window-left L] [--window-right R] [--causal] "
-    "[--sliding-window W] [--scale S] [--softcap C] [--layout bhnd|bnhd] [--device cpu|cuda] [--threads T]";
+    "[--sliding-window W] [--scale S] [--softcap C] [--layout bhnd|bnhd] [--device cpu|cuda] [--deterministic] [--threads T]";
 
 typedef struct attn_opts {
     const char *in, *out;
     int64_t left, right, sliding;
-    int has_left, has_right, causal, bnhd, threads;
+    int has_left, has_right, causal, bnhd, threads, deterministic;
     float scale, softcap;
     wa_device device;
 } attn_opts;
@@ -52,6 +52,8 @@ static void parse(int argc, char **argv, attn_opts *o) {
             if (strcmp(v, "cpu") == 0) o->device = WA_DEVICE_CPU;
             else if (strcmp(v, "cuda") == 0) o->device = WA_DEVICE_CUDA;
             else usage_error(attn_usage, "--device '%s': must be cpu or cuda", v);
+        } else if (!strcmp(argv[i], "--deterministic")) { /* CUDA: dq bit-identical run to run */
+            o->deterministic = 1;
         } else if ((v = flag_value(argc, argv, &i, "--threads", attn_usage))) {
             if (parse_i64(v, 0, 1024, &x)) usage_error(attn_usage, "--threads '%s': need 0 (all) to 1024", v);
             o->threads = (int)x;
@@ -157,6 +159,7 @@ int cmd_attn(int argc, char **argv) {
 
     wa_context_params cp = {0};
     cp.threads = o.threads;
+    cp.cuda_deterministic = o.deterministic;
     wa_context *ctx;
     if (wa_context_create(&cp, &ctx) != WA_OK) die("%s", wa_last_error());
     wa_attn_desc desc = {o.scale, o.softcap, o.left, o.right};
