@@ -36,7 +36,7 @@ extern "C" {
 #endif
 
 #define WINATTN_VERSION_MAJOR 0
-#define WINATTN_VERSION_MINOR 1
+#define WINATTN_VERSION_MINOR 2
 #define WINATTN_VERSION_PATCH 0
 
 #define WA_MAX_HEAD_DIM 512
@@ -133,10 +133,13 @@ typedef struct wa_context_params {
     /* CUDA backward, f16/bf16 on the tensor-core kernels. 0 (default) = the fastest form: at
      * D = 64 and 128 the key-tile kernel also adds its share of dQ into an f32 accumulator (five
      * tile products per visible pair instead of seven, 1.13-1.18x faster at Gemma-like shapes;
-     * workspace grows by one f32 copy of dQ), and because those adds land in a varying order, dq can
-     * differ in its last bits from run to run (dk, dv and the forward never do). 1 = bit-identical
-     * results run to run: dQ in a kernel of its own, no atomics. At D = 256 the backward is
-     * deterministic either way (docs/cuda.md). */
+     * workspace grows by one f32 copy of dQ, B*Hq*Nq*D floats with Nq rounded up to 64), and
+     * because those adds land in a varying order, dq can differ in its last bits from run to run
+     * (dk, dv and the forward never do). 1 = bit-identical results run to run: dQ in a kernel of
+     * its own, no atomics. The Hopper kernels at D = 256 have no atomic form (deterministic either
+     * way); the older tensor-core kernels that run when TMA cannot describe the tensors add dQ
+     * atomically at every D unless this is 1 (docs/cuda.md). Replaced cuda_atomic_dq (0.1), whose
+     * 0 meant deterministic: set this to 1 to keep that behaviour. */
     int cuda_deterministic;
 } wa_context_params;
 
@@ -158,8 +161,9 @@ wa_status wa_forward(wa_context *ctx, const wa_attn_desc *desc,
  * over the Hq/Hkv query heads of each group. Key rows no query sees get dk = dv = 0.
  * Workspace: O(B*Hq*Nq) f32 plus per-thread tiles (TILED); never anything of size Nq*Nk. On CUDA
  * the context keeps its backward workspace between calls (the largest so far, grown on the
- * context's stream) until wa_context_destroy; with cuda_deterministic = 0 at D = 64/128 it holds
- * an f32 dQ accumulator too, B*Hq*Nq*D floats. Deterministic on the CPU (bit-identical for any
+ * context's stream; a call captured into a CUDA graph allocates its own) until
+ * wa_context_destroy; with cuda_deterministic = 0 it holds an f32 dQ accumulator too, B*Hq*Nq*D
+ * floats (Nq rounded up to 64). Deterministic on the CPU (bit-identical for any
  * thread count) and on CUDA with cuda_deterministic = 1; see that field for the default.
  * Same status codes as wa_forward. */
 wa_status wa_backward(wa_context *ctx, const wa_attn_desc *desc,

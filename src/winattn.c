@@ -54,7 +54,7 @@ size_t wa_dtype_size(wa_dtype dt) {
     return 0;
 }
 
-const char *wa_version(void) { return "0.1.0"; }
+const char *wa_version(void) { return "0.2.0"; }
 
 const char *wa_cpu_kernels(void) { return wa_cpu_isa(); }
 

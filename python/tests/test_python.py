@@ -104,6 +104,31 @@ def _():
     report(np.array_equal(a, b), "numpy strided views need no copy and give identical results")
 
 
+@case("numpy calls from several threads at once")
+def _():
+    # the C library lets one thread use a context at a time; the binding serialises on a lock
+    import threading
+    rng = np.random.default_rng(2)
+    inputs = [tuple(rng.standard_normal((1, h, 300, 32)).astype(np.float32) for h in (4, 2, 2, 4)) for _ in range(6)]
+    serial = [winattn.attention_backward(q, k, v, *winattn.attention(q, k, v, window=(40, 0), return_lse=True), do,
+                                         window=(40, 0)) for q, k, v, do in inputs]
+    results = [None] * len(inputs)
+
+    def work(i):
+        q, k, v, do = inputs[i]
+        for _ in range(5):
+            o, lse = winattn.attention(q, k, v, window=(40, 0), return_lse=True)
+            results[i] = winattn.attention_backward(q, k, v, o, lse, do, window=(40, 0))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(inputs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    same = all(r is not None and all(np.array_equal(a, b) for a, b in zip(r, s)) for r, s in zip(results, serial))
+    report(same, "numpy: 6 threads calling at once give the serial results bit for bit")
+
+
 @case("numpy bad input")
 def _():
     x = np.zeros((1, 2, 8, 4), np.float32)
@@ -175,6 +200,18 @@ def run_torch():
             grads.append([t.grad.clone() for t in (q, k, v)])
         report(all(torch.equal(a, b) for a, b in zip(*grads)),
                "torch deterministic=True on CPU: the same gradients (the CPU backward is deterministic anyway)")
+
+    @case("torch release_workspace")
+    def _():
+        q = torch.randn(1, 4, 33, 16, requires_grad=True)
+        k = torch.randn(1, 2, 33, 16, requires_grad=True)
+        v = torch.randn(1, 2, 33, 16, requires_grad=True)
+        o1 = wt.attention(q, k, v, window=(7, 0))
+        wt.release_workspace()
+        o2 = wt.attention(q, k, v, window=(7, 0))
+        o2.sum().backward()
+        report(torch.equal(o1, o2) and q.grad is not None,
+               "torch release_workspace(): contexts closed, the next calls make them again")
 
     @case("torch opcheck")
     def _():

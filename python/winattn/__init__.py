@@ -8,10 +8,11 @@ FlashAttention's convention, bottom-right aligned, -1 = unbounded: (-1, -1) full
 table for other libraries' conventions.
 """
 import ctypes
+import threading
 
 import numpy as np
 
-from ._lib import (WA_BF16, WA_DEVICE_CPU, WA_F16, WA_F32, Context, Tensor, WinattnError, check, desc, lib)
+from ._lib import WA_BF16, WA_DEVICE_CPU, WA_F16, WA_F32, Context, Tensor, WinattnError, desc, lib
 
 __all__ = ["attention", "attention_backward", "WinattnError", "version"]
 
@@ -27,13 +28,15 @@ def version():
 
 
 _ctx = None
+_ctx_lock = threading.Lock()
 
 
 def _context():
     global _ctx
-    if _ctx is None:
-        _ctx = Context()
-    return _ctx
+    with _ctx_lock:
+        if _ctx is None:
+            _ctx = Context()
+        return _ctx
 
 
 def _dtype_code(dt):
@@ -93,8 +96,8 @@ def attention(q, k, v, window=(-1, -1), causal=False, scale=None, softcap=0.0, r
     to, _ = _view(o, "o", layout)
     lse = np.empty((tq.shape[0], tq.shape[1], tq.shape[2]), dtype=np.float32)
     tl = _lse_tensor(lse)
-    check(lib.wa_forward(_context().ptr, ctypes.byref(d), ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv),
-                         ctypes.byref(to), ctypes.byref(tl)))
+    _context().call(lib.wa_forward, ctypes.byref(d), ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv),
+                    ctypes.byref(to), ctypes.byref(tl))
     return (o, lse) if return_lse else o
 
 
@@ -115,7 +118,7 @@ def attention_backward(q, k, v, o, lse, do, window=(-1, -1), causal=False, scale
     tdq, _ = _view(dq, "dq", layout)
     tdk, _ = _view(dk, "dk", layout)
     tdv, _ = _view(dv, "dv", layout)
-    check(lib.wa_backward(_context().ptr, ctypes.byref(d), ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv),
-                          ctypes.byref(to), ctypes.byref(tl), ctypes.byref(tg), ctypes.byref(tdq), ctypes.byref(tdk),
-                          ctypes.byref(tdv)))
+    _context().call(lib.wa_backward, ctypes.byref(d), ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv),
+                    ctypes.byref(to), ctypes.byref(tl), ctypes.byref(tg), ctypes.byref(tdq), ctypes.byref(tdk),
+                    ctypes.byref(tdv))
     return dq, dk, dv

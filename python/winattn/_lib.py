@@ -5,6 +5,7 @@ The shared library ships inside the package (copied by setup.py from the reposit
 """
 import ctypes
 import os
+import threading
 
 WA_F32, WA_F16, WA_BF16 = 0, 1, 2
 WA_DEVICE_CPU, WA_DEVICE_CUDA = 0, 1
@@ -70,15 +71,33 @@ def check(status):
 
 
 class Context:
-    """A wa_context: the CPU thread pool, or a CUDA stream. Reused across calls."""
+    """A wa_context: the CPU thread pool, or a CUDA stream and the backward workspace the library
+    keeps for it. Reused across calls. The C library lets one thread use a context at a time and
+    ctypes releases the GIL during a call, so calls go through call(), which holds a lock."""
 
     def __init__(self, threads=0, cuda_stream=None, cuda_deterministic=False):
         params = ContextParams()
         params.threads = threads
         params.cuda_stream = cuda_stream
         params.cuda_deterministic = int(bool(cuda_deterministic))
+        self.lock = threading.Lock()
         self.ptr = ctypes.c_void_p()
         check(lib.wa_context_create(ctypes.byref(params), ctypes.byref(self.ptr)))
+
+    def call(self, fn, *args):
+        """check(fn(context, *args)) with the context to itself; False if it was closed meanwhile"""
+        with self.lock:
+            if not self.ptr:
+                return False
+            check(fn(self.ptr, *args))
+            return True
+
+    def close(self):
+        """destroy the wa_context (its thread pool, its GPU workspace) once no call is using it"""
+        with self.lock:
+            if self.ptr and lib is not None:
+                lib.wa_context_destroy(self.ptr)
+            self.ptr = None
 
     def __del__(self):
         if getattr(self, "ptr", None) and lib is not None:

@@ -8,32 +8,54 @@ window=(left, right) is bottom-right aligned (FlashAttention's rule); note that 
 is top-left aligned, which differs when Nq != Nk.
 """
 import ctypes
+import threading
 
 import torch
 
 from . import _lib
-from ._lib import WA_BF16, WA_DEVICE_CPU, WA_DEVICE_CUDA, WA_F16, WA_F32, Context, Tensor, check, lib
+from ._lib import WA_BF16, WA_DEVICE_CPU, WA_DEVICE_CUDA, WA_F16, WA_F32, Context, Tensor, lib
 
-__all__ = ["attention"]
+__all__ = ["attention", "release_workspace"]
 
 _DTYPES = {torch.float32: WA_F32, torch.float16: WA_F16, torch.bfloat16: WA_BF16}
-_contexts = {}
+_contexts = {}  # one per CPU, or per (GPU, stream, deterministic): the library's contexts
+_contexts_lock = threading.Lock()
 
 
 def _context_for(t, deterministic=False):
     if t.device.type == "cpu":
         key = ("cpu",)
-        if key not in _contexts:
-            _contexts[key] = Context(threads=torch.get_num_threads())
-        return _contexts[key]
-    if t.device.type == "cuda":
+    elif t.device.type == "cuda":
         stream = torch.cuda.current_stream(t.device).cuda_stream
         key = ("cuda", t.device.index, stream, deterministic)
+    else:
+        raise ValueError("winattn: tensors on %s are not supported (cpu or cuda)" % t.device)
+    with _contexts_lock:
         if key not in _contexts:
-            with torch.cuda.device(t.device):
-                _contexts[key] = Context(threads=1, cuda_stream=stream, cuda_deterministic=deterministic)
+            if key[0] == "cpu":
+                _contexts[key] = Context(threads=torch.get_num_threads())
+            else:
+                with torch.cuda.device(t.device):
+                    _contexts[key] = Context(threads=1, cuda_stream=key[2], cuda_deterministic=deterministic)
         return _contexts[key]
-    raise ValueError("winattn: tensors on %s are not supported (cpu or cuda)" % t.device)
+
+
+def _call(t, deterministic, fn, *args):
+    """fn(context, *args) on t's context (made again if release_workspace closed it meanwhile)"""
+    while not _context_for(t, deterministic).call(fn, *args):
+        pass
+
+
+def release_workspace():
+    """Frees the GPU memory winattn keeps between calls: on CUDA each (device, stream) context keeps
+    the backward's workspace (the largest so far; at head dims 64 and 128 it includes an f32 dQ
+    accumulator, B*Hq*N*D floats) outside PyTorch's allocator, so torch.cuda.empty_cache() does not
+    free it. The contexts are made again by the next call."""
+    with _contexts_lock:
+        contexts = list(_contexts.values())
+        _contexts.clear()
+    for c in contexts:
+        c.close()
 
 
 def _wa(t, name):
@@ -72,7 +94,7 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, left: int, right
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     args = [_wa(q, "q"), _wa(k, "k"), _wa(v, "v"), _wa(o, "o"), _wa(lse, "lse")]
     d = _desc(left, right, scale, softcap)
-    check(lib.wa_forward(_context_for(q).ptr, ctypes.byref(d), *[ctypes.byref(a) for a in args]))
+    _call(q, False, lib.wa_forward, ctypes.byref(d), *[ctypes.byref(a) for a in args])
     return o, lse
 
 
@@ -93,7 +115,7 @@ def _backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
     args = [_wa(q, "q"), _wa(k, "k"), _wa(v, "v"), _wa(o, "o"), _wa(lse, "lse"), _wa(do, "do"), _wa(dq, "dq"),
             _wa(dk, "dk"), _wa(dv, "dv")]
     d = _desc(left, right, scale, softcap)
-    check(lib.wa_backward(_context_for(q, deterministic).ptr, ctypes.byref(d), *[ctypes.byref(a) for a in args]))
+    _call(q, deterministic, lib.wa_backward, ctypes.byref(d), *[ctypes.byref(a) for a in args])
     return dq, dk, dv
 
 
@@ -123,9 +145,10 @@ _forward.register_autograd(_backward, setup_context=_setup_context)
 
 def attention(q, k, v, window=(-1, -1), causal=False, scale=None, softcap=0.0, return_lse=False,
               deterministic=False):
-    """Exact attention with a (left, right) window; differentiable in q, k and v. On CUDA at head
-    dims 64 and 128 the backward adds dQ with f32 atomics, so dq can differ in its last bits
-    between runs; deterministic=True makes it bit-identical (slower; wa_context_params.cuda_deterministic)."""
+    """Exact attention with a (left, right) window; differentiable in q, k and v. On CUDA the
+    backward adds dQ with f32 atomics at head dims 64 and 128 (and at every head dim when the
+    tensors take the older kernels), so dq can differ in its last bits between runs;
+    deterministic=True makes it bit-identical (slower; wa_context_params.cuda_deterministic)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError("winattn: %s must be a torch.Tensor" % name)

@@ -427,10 +427,19 @@ static size_t workspace_floats(const wa_context *ctx, const wa_problem *p) {
 
 /* `bytes` of device workspace for a call on stream s: the context's, grown (stream-ordered) when
  * too small or on another device. Reused in stream order: a context serves one thread and one
- * stream at a time, so the next call's kernels start after this one's. */
-static wa_status context_workspace(wa_context *ctx, size_t bytes, cudaStream_t s, void **ws) {
+ * stream at a time, so the next call's kernels start after this one's. Not while s is being
+ * captured into a CUDA graph: the graph would keep pointing at a buffer a later, larger call may
+ * free, so a captured call allocates and frees its own (*owned = 1; graph-owned memory nodes). */
+static wa_status context_workspace(wa_context *ctx, size_t bytes, cudaStream_t s, void **ws, int *owned) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    CUDA_TRY(cudaStreamIsCapturing(s, &capture));
+    *owned = capture != cudaStreamCaptureStatusNone;
+    if (*owned) {
+        CUDA_TRY(cudaMallocAsync(ws, bytes, s));
+        return WA_OK;
+    }
     int dev = 0;
-    CUDA_TRY(cudaGetDevice(&dev));
+    CUDA_TRY(cudaStreamGetDevice(s, &dev)); /* the pool cudaMallocAsync draws from */
     if (ctx->cuda_ws && (ctx->cuda_ws_bytes < bytes || ctx->cuda_ws_device != dev)) {
         if (ctx->cuda_ws_device == dev) CUDA_TRY(cudaFreeAsync(ctx->cuda_ws, s));
         else wa_cuda_context_release(ctx);
@@ -451,7 +460,8 @@ template <typename T> static wa_status backward_t(wa_context *ctx, const wa_prob
     size_t rows = (size_t)(p->B * p->Hq * p->Nq);
     int f32 = p->dtype == WA_F32, atomic = atomic_dq(ctx, p);
     void *ws = nullptr;
-    const wa_status got = context_workspace(ctx, workspace_floats(ctx, p) * sizeof(float), s, &ws);
+    int owned = 0;
+    const wa_status got = context_workspace(ctx, workspace_floats(ctx, p) * sizeof(float), s, &ws, &owned);
     if (got != WA_OK) return got;
     kp.delta = (float *)ws;
     kp.nq_pad = (p->Nq + 63) / 64 * 64;
@@ -474,6 +484,10 @@ template <typename T> static wa_status backward_t(wa_context *ctx, const wa_prob
             st = launch(dkdv_kernel<T>, dim3(kp.n_ktiles, (unsigned)p->Hkv, (unsigned)p->B), dkdv_smem(kp.tile, (int)p->D), s, kp);
         if (st == WA_OK)
             st = launch(dq_kernel<T>, dim3(kp.n_qtiles, (unsigned)p->Hq, (unsigned)p->B), dq_smem(kp.tile, (int)p->D), s, kp);
+    }
+    if (owned) {
+        cudaError_t e = cudaFreeAsync(ws, s);
+        if (st == WA_OK && e != cudaSuccess) st = wa_fail(WA_ERR_CUDA, "cudaFreeAsync: %s", cudaGetErrorString(e));
     }
     return st;
 }
