@@ -438,8 +438,11 @@ static wa_status context_workspace(wa_context *ctx, size_t bytes, cudaStream_t s
         CUDA_TRY(cudaMallocAsync(ws, bytes, s));
         return WA_OK;
     }
-    int dev = 0;
-    CUDA_TRY(cudaStreamGetDevice(s, &dev)); /* the pool cudaMallocAsync draws from */
+    int dev = 0; /* the stream's device: the pool cudaMallocAsync draws from */
+    if (cudaStreamGetDevice(s, &dev) != cudaSuccess) {
+        (void)cudaGetLastError(); /* not left behind for the launch checks */
+        CUDA_TRY(cudaGetDevice(&dev));
+    }
     if (ctx->cuda_ws && (ctx->cuda_ws_bytes < bytes || ctx->cuda_ws_device != dev)) {
         if (ctx->cuda_ws_device == dev) CUDA_TRY(cudaFreeAsync(ctx->cuda_ws, s));
         else wa_cuda_context_release(ctx);
