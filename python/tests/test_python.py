@@ -187,11 +187,13 @@ def run_torch():
                 str(dt).replace("torch.", ""), Hq, Hkv, Nq, Nk, left, right),
                 "max err o/dq/dk/dv %s (tol %g)" % ("/".join("%.1e" % e for e in errs), tol))
 
+    def small_qkv():
+        """q [1, 4, 33, 16], k and v [1, 2, 33, 16] that want gradients"""
+        return (torch.randn(1, h, 33, 16, requires_grad=True) for h in (4, 2, 2))
+
     @case("torch deterministic flag")
     def _():
-        q = torch.randn(1, 4, 33, 16, requires_grad=True)
-        k = torch.randn(1, 2, 33, 16, requires_grad=True)
-        v = torch.randn(1, 2, 33, 16, requires_grad=True)
+        q, k, v = small_qkv()
         grads = []
         for det in (False, True):
             for t in (q, k, v):
@@ -203,9 +205,7 @@ def run_torch():
 
     @case("torch release_workspace")
     def _():
-        q = torch.randn(1, 4, 33, 16, requires_grad=True)
-        k = torch.randn(1, 2, 33, 16, requires_grad=True)
-        v = torch.randn(1, 2, 33, 16, requires_grad=True)
+        q, k, v = small_qkv()
         o1 = wt.attention(q, k, v, window=(7, 0))
         wt.release_workspace()
         o2 = wt.attention(q, k, v, window=(7, 0))
@@ -215,9 +215,7 @@ def run_torch():
 
     @case("torch opcheck")
     def _():
-        q = torch.randn(1, 4, 33, 16, requires_grad=True)
-        k = torch.randn(1, 2, 33, 16, requires_grad=True)
-        v = torch.randn(1, 2, 33, 16, requires_grad=True)
+        q, k, v = small_qkv()
         torch.library.opcheck(torch.ops.winattn.forward.default, (q, k, v, 7, 0, 0.0, 0.0, False))
         report(True, "torch.library.opcheck: schema, fake tensor, autograd registration of winattn::forward")
 
