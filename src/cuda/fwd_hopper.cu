@@ -52,8 +52,12 @@ constexpr bool kPingpong = true;
 #endif
 constexpr int kTurn = 1;
 
-/* key tile: S (64 × BN f32 per warpgroup) and O (64 × D) must fit the consumers' 240 registers */
-template <int D> __host__ __device__ constexpr int ws_bn() { return D == 256 ? 64 : 128; }
+/* key tile: S (64 × BN f32 per warpgroup) and O (64 × D) must fit the consumers' 240 registers.
+ * -DWA_FWD_BN128=160|176|192 (lab) sets it at D = 128, as FlashAttention-3 does (176) */
+#ifndef WA_FWD_BN128
+#define WA_FWD_BN128 128
+#endif
+template <int D> __host__ __device__ constexpr int ws_bn() { return D == 256 ? 64 : D == 128 ? WA_FWD_BN128 : 128; }
 
 template <int D> struct ws_layout {
     static constexpr int BN = ws_bn<D>();
@@ -278,7 +282,7 @@ int hopper_forward_supports(const kparams &kp) {
 wa_status hopper_forward(const kparams &kp, wa_dtype dt, cudaStream_t s, int *taken) {
     *taken = 0;
     if (!hopper_forward_supports(kp)) return WA_OK;
-    const int D = (int)kp.D, bn = D == 256 ? ws_bn<256>() : ws_bn<128>();
+    const int D = (int)kp.D, bn = D == 256 ? ws_bn<256>() : D == 128 ? ws_bn<128>() : ws_bn<64>();
     CUtensorMap maps[3];
     if (!tensor_map(&maps[0], kp.q, dt, kp.B, kp.Hq, kp.Nq, D, kBM) || !tensor_map(&maps[1], kp.k, dt, kp.B, kp.Hkv, kp.Nk, D, bn) ||
         !tensor_map(&maps[2], kp.v, dt, kp.B, kp.Hkv, kp.Nk, D, bn))
