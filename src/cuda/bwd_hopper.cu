@@ -304,18 +304,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
     };
 
-    /* pingpong turns (lab): two per step, warpgroup 0 first; warpgroup 1 opens no turn after its last */
-    constexpr bool PINGPONG = kBwdPingpong && BY_ROWS;
-    const int turns = 2 * steps;
-    int turn = 0;
-    auto turn_begin = [&]() {
-        if (PINGPONG) named_sync(kTurn + cw, 256);
-    };
-    auto turn_end = [&]() {
-        if (PINGPONG && !(cw == 1 && turn == turns - 1)) named_arrive(kTurn + 1 - cw, 256);
-        turn++;
-    };
-    if (PINGPONG && cw == 1 && steps > 0) named_arrive(kTurn, 256);
+    /* pingpong turns (lab): two per step */
+    pingpong<kBwdPingpong && BY_ROWS> turns(kTurn, cw, 2 * steps);
 
     if (steps > 0) mbar_wait(kv_full, 0);
     for (int n = 0; n < steps; n++) {
@@ -348,12 +338,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         if constexpr (BY_ROWS) {
             /* Sᵀ and dPᵀ, then dV += Pᵀ dO and dK += dSᵀ Q, all for this warpgroup's keys */
             float dp[8][4];
-            turn_begin();
+            turns.begin();
             wg_fence();
             tile_product(s, opaque(sK), q_s);
             tile_product(dp, opaque(sV), do_s);
             wg_commit();
-            turn_end();
+            turns.end();
             publish_stats();
             wg_wait<0>();
             reg_fence(s);
@@ -374,14 +364,14 @@ __global__ void __launch_bounds__(kThreads, 1)
             reg_fence(pa);
             reg_fence(pb);
             fence_acc();
-            turn_begin();
+            turns.begin();
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) wide_mn_product<T, D, 64>(acc, pa[kk], do_s + kk * (16 * 128));
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) wide_mn_product<T, D, 64>(acc2, pb[kk], q_s + kk * (16 * 128));
             wg_commit();
-            turn_end();
+            turns.end();
             if constexpr (FUSE) {
                 const long long tile = (b * p.Hq + hk * p.group + n / nqt) * (p.nq_pad / 64) + i0 / 64;
                 /* split columns: this warpgroup's block; own keys: every block in turn */

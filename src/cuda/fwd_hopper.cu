@@ -114,24 +114,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
     uint32_t pa[BN / 16][4]; /* P of the last tile, the A operand of O += P V */
 
-    /* pingpong turns (see kPingpong); warpgroup 0 goes first, and warpgroup 1 does not open a
-     * turn after its last one (none would wait for it) */
-    constexpr bool PINGPONG = kPingpong && PIPELINED; /* the counts below hold for the pipelined loop */
-    const int turns = (int)(kt1 - kt0) + 1;
-    int turn = 0;
-    auto turn_begin = [&]() {
-        if (PINGPONG) named_sync(kTurn + cw, 256);
-    };
-    auto turn_end = [&]() {
-        if (PINGPONG && !(cw == 1 && turn == turns - 1)) named_arrive(kTurn + (1 - cw), 256);
-        turn++;
-    };
+    /* pingpong turns (see kPingpong), one per key tile of the CTA and one for the last O += P V;
+     * the counts hold for the pipelined loop only */
+    pingpong<kPingpong && PIPELINED> turns(kTurn, cw, (int)(kt1 - kt0) + 1);
     auto skip_tile = [&](long long kt) {
-        turn_begin();
-        turn_end();
+        turns.begin();
+        turns.end();
         ring.skip((int)(kt - kt0), lane);
     };
-    if (PINGPONG && cw == 1) named_arrive(kTurn, 256);
 
     /* S = Q Kᵀ for the tile in stage st (issue only). The base addresses pass through opaque()
      * so that the compiler forms the 64-bit descriptors next to each wgmma instead of hoisting
@@ -154,11 +144,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_wait(ring.v_full(st), ph);
         reg_fence(pa);
         reg_fence(acc);
-        turn_begin();
+        turns.begin();
         wg_fence();
         issue_pv(st);
         wg_commit();
-        turn_end();
+        turns.end();
         wg_wait<0>();
         reg_fence(acc);
         mbar_arrive_if(ring.v_empty(st), lane == 0);
@@ -175,11 +165,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     /* S of key tile kt (stage st) waited for, its stage released, and its softmax step */
     auto s_and_softmax = [&](float (&s)[BN / 8][4], float (&alpha)[2], long long kt, int st, uint32_t ph) {
         mbar_wait(ring.k_full(st), ph);
-        turn_begin();
+        turns.begin();
         wg_fence();
         issue_s(s, st);
         wg_commit();
-        turn_end();
+        turns.end();
         wg_wait<0>();
         reg_fence(s);
         mbar_arrive_if(ring.k_empty(st), lane == 0);
@@ -210,13 +200,13 @@ __global__ void __launch_bounds__(kThreads, 1)
                 mbar_wait(ring.v_full(pst), pph);
                 reg_fence(pa);
                 reg_fence(acc);
-                turn_begin();
+                turns.begin();
                 wg_fence();
                 issue_s(s, st);
                 wg_commit();
                 issue_pv(pst);
                 wg_commit();
-                turn_end();
+                turns.end();
                 wg_wait<1>();
                 reg_fence(s);
                 mbar_arrive_if(ring.k_empty(st), lane == 0);
@@ -238,8 +228,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     for (long long kt = wk1; kt < kt1; kt++) skip_tile(kt);
     if (wk0 >= wk1) { /* no visible tile: the turn of the last O += P V, empty */
-        turn_begin();
-        turn_end();
+        turns.begin();
+        turns.end();
     }
 
     store_rows<T, DB * 8>(p, reinterpret_cast<const float (&)[DB * 8][4]>(acc), row_max, row_sum, rows, b, h, t4);

@@ -70,6 +70,25 @@ template <int N> __device__ __forceinline__ void setmaxnreg_dec() { asm volatile
 __device__ __forceinline__ void named_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void named_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 
+/* Turn-taking of two consumer warpgroups (FlashAttention-3's "warp scheduler barrier"): named
+ * barriers id and id + 1 open warpgroup 0's and 1's turns; begin() waits for this warpgroup's turn,
+ * end() opens the other's. Both warpgroups must take the same number of turns, `turns`; warpgroup 0
+ * goes first, and warpgroup 1 opens none after its last (nobody would wait for it). With ON false
+ * every call is nothing. */
+template <bool ON> struct pingpong {
+    int id, cw, turns, turn = 0;
+    __device__ pingpong(int id_, int cw_, int turns_) : id(id_), cw(cw_), turns(turns_) {
+        if (ON && cw == 1 && turns > 0) named_arrive(id, 256);
+    }
+    __device__ void begin() const {
+        if (ON) named_sync(id + cw, 256);
+    }
+    __device__ void end() {
+        if (ON && !(cw == 1 && turn == turns - 1)) named_arrive(id + 1 - cw, 256);
+        turn++;
+    }
+};
+
 /* The ring the forward and the dQ kernel stream key tiles through: an "once" barrier for the
  * tiles loaded once per CTA (Q, and dO in the dQ kernel), then for each of two stages a full and
  * an empty mbarrier for K and for V, 8 bytes each from `bar`. Key tile `it` (counted from the
