@@ -47,18 +47,31 @@ namespace {
 #ifndef WA_FWD_BN_256
 #define WA_FWD_BN_256 64
 #endif
-constexpr int kFwdBM = 128, kFwdThreads = 256;
-template <int D> __host__ __device__ constexpr int fwd_bn() { return D == 64 ? WA_FWD_BN_64 : D == 128 ? WA_FWD_BN_128 : WA_FWD_BN_256; }
-
-template <int D> constexpr size_t fwd_smem_bytes() { return (size_t)2 * (kFwdBM * D + 4 * fwd_bn<D>() * D); }
+constexpr int kFwdThreads = 256;
+/* Above D = 256 an O row of f32 accumulators would take 256 registers a thread, so two warps share
+ * 16 query rows (version 5, D = 512): each forms S over one half of D, the pair adds the halves
+ * through shared memory (own + other: both get the same bits), both run the same softmax, and each
+ * accumulates O for its half of the columns. Key tiles of 32 keep Q, K and V (two stages) within
+ * 227 KB. */
+template <int D> __host__ __device__ constexpr int fwd_split() { return D > 256 ? 2 : 1; }
+template <int D> __host__ __device__ constexpr int fwd_bm() { return 128 / fwd_split<D>(); }
+template <int D> __host__ __device__ constexpr int fwd_bn() {
+    return D == 64 ? WA_FWD_BN_64 : D == 128 ? WA_FWD_BN_128 : D == 256 ? WA_FWD_BN_256 : 32;
+}
+/* the exchange buffer of the split form: each warp's S fragments, lane-major */
+template <int D> constexpr size_t fwd_xch_bytes() { return fwd_split<D>() > 1 ? (size_t)8 * fwd_bn<D>() / 2 * 32 * 4 : 0; }
+template <int D> constexpr size_t fwd_smem_bytes() { return (size_t)2 * (fwd_bm<D>() * D + 4 * fwd_bn<D>() * D) + fwd_xch_bytes<D>(); }
 
 template <typename T, int D> __global__ void __launch_bounds__(kFwdThreads, 1) fwd_mma_kernel(kparams p) {
-    constexpr int BM = kFwdBM, BN = fwd_bn<D>(), NT = kFwdThreads, KS = D / 16;
+    constexpr int CS = fwd_split<D>(), BM = fwd_bm<D>(), BN = fwd_bn<D>(), NT = kFwdThreads, KS = D / 16;
+    constexpr int DW = D / CS, STRIPES = 8 / CS; /* columns of O per warp, warps per column half */
     extern __shared__ __align__(1024) unsigned char smem[];
     const uint32_t sQ = smem_u32(smem), sK = sQ + BM * D * 2, sV = sK + 2 * BN * D * 2;
+    float *xch = (float *)(smem + (size_t)2 * (BM * D + 4 * BN * D));
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    const int half = warp / STRIPES, qrow = (warp % STRIPES) * 16;
     const long long h = blockIdx.y, b = blockIdx.z, hk = h / p.group, i0 = (long long)blockIdx.x * BM;
-    const int m = (int)min((long long)BM, p.Nq - i0), qrow = warp * 16;
+    const int m = (int)min((long long)BM, p.Nq - i0);
     int64_t kt0, kt1;
     wa_key_tiles_for_rows(&p.win, i0, i0 + m, BN, &kt0, &kt1);
 
@@ -69,9 +82,9 @@ template <typename T, int D> __global__ void __launch_bounds__(kFwdThreads, 1) f
     }
     cp_async_commit();
 
-    float acc[D / 8][4];
+    float acc[DW / 8][4];
 #pragma unroll
-    for (int i = 0; i < D / 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+    for (int i = 0; i < DW / 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
     const long long rows[2] = {i0 + qrow + g, i0 + qrow + g + 8};
     const float scale2 = p.scale * kLog2e;
@@ -91,7 +104,8 @@ template <typename T, int D> __global__ void __launch_bounds__(kFwdThreads, 1) f
 #pragma unroll
         for (int i = 0; i < BN / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
 #pragma unroll
-        for (int ks = 0; ks < KS; ks++) {
+        for (int kx = 0; kx < KS / CS; kx++) {
+            const int ks = half * (KS / CS) + kx;
             uint32_t a[4];
             load_a<D>(a, sQ, qrow, ks, lane);
 #pragma unroll
@@ -102,11 +116,23 @@ template <typename T, int D> __global__ void __launch_bounds__(kFwdThreads, 1) f
                 mma<T>(s[2 * nb + 1], a, bb[2], bb[3]);
             }
         }
+        if (CS > 1) { /* S = this half + the other half (warp ^ STRIPES holds it) */
+            float *mine = xch + warp * (BN / 2 * 32), *other = xch + (warp ^ STRIPES) * (BN / 2 * 32);
+#pragma unroll
+            for (int i = 0; i < BN / 8; i++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) mine[(i * 4 + e) * 32 + lane] = s[i][e];
+            __syncthreads(); /* the buffer is rewritten only after the barrier that ends the iteration */
+#pragma unroll
+            for (int i = 0; i < BN / 8; i++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[i][e] += other[(i * 4 + e) * 32 + lane];
+        }
 
         const long long j0 = kt * BN;
         const int n = (int)min((long long)BN, p.Nk - j0);
         const bool edge = n < BN || wa_tile_needs_mask(&p.win, i0, i0 + m, j0, j0 + n);
-        softmax_step<BN, D / 8>(p, s, acc, row_max, row_sum, rows, j0, edge, t4, scale2);
+        softmax_step<BN, DW / 8>(p, s, acc, row_max, row_sum, rows, j0, edge, t4, scale2);
 
         /* O += P V: the S accumulator layout of two adjacent n blocks is the A layout of one k step */
 #pragma unroll
@@ -114,9 +140,9 @@ template <typename T, int D> __global__ void __launch_bounds__(kFwdThreads, 1) f
             uint32_t a[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
                              pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
-            for (int nd = 0; nd < D / 16; nd++) {
+            for (int nd = 0; nd < DW / 16; nd++) {
                 uint32_t bb[4];
-                load_b_kn<D>(bb, v_s, kk * 16, nd, lane);
+                load_b_kn<D>(bb, v_s, kk * 16, half * (DW / 16) + nd, lane);
                 mma<T>(acc[2 * nd], a, bb[0], bb[1]);
                 mma<T>(acc[2 * nd + 1], a, bb[2], bb[3]);
             }
@@ -124,7 +150,7 @@ template <typename T, int D> __global__ void __launch_bounds__(kFwdThreads, 1) f
         __syncthreads(); /* every warp is done with this stage before the next prefetch overwrites it */
     }
     cp_async_wait<0>();
-    store_rows<T, D / 8>(p, acc, row_max, row_sum, rows, b, h, t4);
+    store_rows<T, DW / 8>(p, acc, row_max, row_sum, rows, b, h, t4, half * DW);
 }
 
 
@@ -222,54 +248,6 @@ template <typename T, int D> __global__ void __launch_bounds__(kWgThreads, 1) fw
 }
 
 /* ---- backward ---- */
-
-/* δ_i = dO_i · O_i as the diagonal of a 16x16 tensor-core product, with the k steps in the same
- * order as dP = dO Vᵀ in the dK/dV and dQ kernels. When a row sees one key, O_i = V_j bitwise, so
- * dP_ij and δ_i are the same rounded number and dS = 0 exactly, as in exact arithmetic (the
- * parity sweep's window-1 cases need dq = dk = 0 to rounding of the inputs alone). */
-template <typename T, int D> __global__ void __launch_bounds__(128) delta_mma_kernel(kparams p) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
-    const long long h = blockIdx.y, b = blockIdx.z, i0 = ((long long)blockIdx.x * 4 + warp) * 16;
-    if (i0 >= p.Nq) return;
-    const long long r0 = i0 + g, r1 = i0 + g + 8;
-    const bool ok0 = r0 < p.Nq, ok1 = r1 < p.Nq;
-    const uint32_t *go0 = (const uint32_t *)row_of<T>(p.dout, b, h, ok0 ? r0 : i0);
-    const uint32_t *go1 = (const uint32_t *)row_of<T>(p.dout, b, h, ok1 ? r1 : i0);
-    const uint32_t *o0 = (const uint32_t *)row_of<T>(p.o, b, h, ok0 ? r0 : i0);
-    const uint32_t *o1 = (const uint32_t *)row_of<T>(p.o, b, h, ok1 ? r1 : i0);
-    float c0[4] = {0, 0, 0, 0}, c1[4] = {0, 0, 0, 0};
-#pragma unroll 4
-    for (int ks = 0; ks < D / 16; ks++) {
-        const int w = ks * 8 + t4; /* 32-bit word of columns 16 ks + 2 t4, +1 */
-        uint32_t a[4] = {ok0 ? go0[w] : 0u, ok1 ? go1[w] : 0u, ok0 ? go0[w + 4] : 0u, ok1 ? go1[w + 4] : 0u};
-        mma<T>(c0, a, ok0 ? o0[w] : 0u, ok0 ? o0[w + 4] : 0u);
-        mma<T>(c1, a, ok1 ? o1[w] : 0u, ok1 ? o1[w + 4] : 0u);
-    }
-    /* element (g, g) sits in lane (g, g/2), slot g&1 of block 0; (g+8, g+8) in slot 2 + (g&1) of block 1 */
-    if (t4 == (g >> 1)) {
-        float *drow = p.delta + (b * p.Hq + h) * p.Nq;
-        if (ok0) drow[r0] = c0[g & 1];
-        if (ok1) drow[r1] = c1[2 + (g & 1)];
-    }
-}
-
-/* P and dS (dS with respect to the raw q·k, scale and softcap derivative included) of one
- * accumulator element, or 0 and 0 when masked */
-__device__ __forceinline__ void grads_of(const kparams &p, float sacc, float dpacc, float lse2, float delta, float scale2,
-                                         bool visible, float &pv, float &ds) {
-    if (!visible) {
-        pv = 0.0f, ds = 0.0f;
-        return;
-    }
-    if (p.softcap > 0.0f) {
-        float t = tanhf(sacc * p.scale / p.softcap);
-        pv = exp2_(p.softcap * t * kLog2e - lse2);
-        ds = pv * (dpacc - delta) * (1.0f - t * t) * p.scale;
-    } else {
-        pv = exp2_(sacc * scale2 - lse2);
-        ds = pv * (dpacc - delta) * p.scale;
-    }
-}
 
 constexpr int kBwdBN = 64, kBwdBM = 64, kBwdThreads = 256;
 
@@ -565,16 +543,6 @@ template <typename T, int D> __global__ void __launch_bounds__(32 * kDqWarps, 1)
     }
 }
 
-/* dq = the f32 accumulator rounded to the dtype (atomic-dQ option) */
-template <typename T> __global__ void dq_convert_kernel(kparams p) {
-    const long long total = p.B * p.Hq * p.Nq * (p.D / 2);
-    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total; e += (long long)gridDim.x * blockDim.x) {
-        const long long pair = e % (p.D / 2), row = e / (p.D / 2), i = row % p.Nq, bh = row / p.Nq;
-        const float2 v = *(const float2 *)(p.dq_acc + row * p.D + 2 * pair);
-        *(uint32_t *)(row_of<T>(p.dq, bh / p.Hq, bh % p.Hq, i) + 2 * pair) = pack2<T>(v.x, v.y);
-    }
-}
-
 /* ---- host side ---- */
 
 template <typename T, int D> static wa_status fwd_wgmma_launch(const kparams &kp, cudaStream_t s) {
@@ -594,11 +562,12 @@ static int forward_on_mma_sync(void) {
 }
 
 template <typename T, int D> static wa_status fwd_launch(const kparams &kp, cudaStream_t s) {
-    if (D >= WA_WGMMA_MIN_D && !forward_on_mma_sync()) return fwd_wgmma_launch<T, D>(kp, s);
+    if constexpr (D >= WA_WGMMA_MIN_D && D <= 256)
+        if (!forward_on_mma_sync()) return fwd_wgmma_launch<T, D>(kp, s);
     static volatile int done = 0;
     constexpr size_t bytes = fwd_smem_bytes<D>();
     CUDA_TRY(raise_once(fwd_mma_kernel<T, D>, bytes, &done));
-    dim3 grid((unsigned)((kp.Nq + kFwdBM - 1) / kFwdBM), (unsigned)kp.Hq, (unsigned)kp.B);
+    dim3 grid((unsigned)((kp.Nq + fwd_bm<D>() - 1) / fwd_bm<D>()), (unsigned)kp.Hq, (unsigned)kp.B);
     fwd_mma_kernel<T, D><<<grid, kFwdThreads, bytes, s>>>(kp);
     CUDA_TRY(cudaGetLastError());
     return WA_OK;
@@ -625,7 +594,7 @@ template <typename T, int D> static wa_status bwd_launch(const kparams &kp, cuda
     }
     constexpr int BM = 16 * kDqWarps;
     if (kp.Nq > 0 && atomic) {
-        dq_convert_kernel<T><<<1024, 256, 0, s>>>(kp);
+        dq_rows_convert_kernel<T><<<1024, 256, 0, s>>>(kp);
         CUDA_TRY(cudaGetLastError());
     } else if (kp.Nq > 0) {
         dq_mma_kernel<T, D><<<dim3((unsigned)((kp.Nq + BM - 1) / BM), (unsigned)kp.Hq, (unsigned)kp.B), 32 * kDqWarps, q_bytes,
@@ -640,6 +609,7 @@ template <typename T> static wa_status fwd_by_dim(const kparams &kp, cudaStream_
     case 64: return fwd_launch<T, 64>(kp, s);
     case 128: return fwd_launch<T, 128>(kp, s);
     case 256: return fwd_launch<T, 256>(kp, s);
+    case 512: return fwd_launch<T, 512>(kp, s);
     }
     return wa_fail(WA_ERR_UNSUPPORTED, "tensor-core forward: D = %lld", kp.D);
 }
@@ -666,7 +636,7 @@ int mma_supports(const wa_problem *p) {
     const char *force = getenv("WINATTN_CUDA");
     if (force && !strcmp(force, "v1")) return 0;
     if (p->dtype != WA_F16 && p->dtype != WA_BF16) return 0;
-    if (p->D != 64 && p->D != 128 && p->D != 256) return 0;
+    if (p->D != 64 && p->D != 128 && p->D != 256 && p->D != 512) return 0;
     const wa_tensor *all[9] = {p->q, p->k, p->v, p->o, p->lse, p->do_, p->dq, p->dk, p->dv};
     for (int i = 0; i < 9; i++)
         if (i != 4 && !rows_aligned(all[i])) return 0;
@@ -684,5 +654,6 @@ wa_status mma_backward(const kparams &kp, wa_dtype dt, cudaStream_t s) {
     int taken = 0;
     const wa_status st = hopper_backward(kp, dt, s, &taken);
     if (taken || st != WA_OK) return st;
+    if (kp.D == 512) return wide_backward(kp, dt, s); /* version 5 (bwd_wide.cu) */
     return dt == WA_BF16 ? bwd_by_dim<__nv_bfloat16>(kp, s) : bwd_by_dim<__half>(kp, s);
 }

@@ -50,7 +50,7 @@ template <typename T> __device__ __forceinline__ T *row_of(const dev_tensor &t, 
     return (T *)t.data + b * t.s0 + h * t.s1 + n * t.s2;
 }
 
-/* ---- tensor-core path (attn_mma.cu): f16/bf16, D in {64, 128, 256}, 16-byte aligned rows ---- */
+/* ---- tensor-core path (attn_mma.cu): f16/bf16, D in {64, 128, 256, 512}, 16-byte aligned rows ---- */
 int mma_supports(const wa_problem *p);
 /* forward into o and lse */
 wa_status mma_forward(const kparams &kp, wa_dtype dt, cudaStream_t s);
@@ -65,6 +65,9 @@ int hopper_backward_supports(const kparams &kp);
  * head dim (D <= 128); elsewhere it ignores kp.dq_acc */
 int hopper_backward_fuses_dq(const kparams &kp);
 wa_status hopper_backward(const kparams &kp, wa_dtype dt, cudaStream_t s, int *taken);
+/* version 5's backward at D = 512 (bwd_wide.cu, mma.sync); dQ by atomic adds into kp.dq_acc
+ * ([B, Hq, Nq, D] f32) when it is set, else by its own deterministic kernel */
+wa_status wide_backward(const kparams &kp, wa_dtype dt, cudaStream_t s);
 /* backward; kp.delta must point to B*Hq*Nq floats of workspace, which this fills */
 wa_status mma_backward(const kparams &kp, wa_dtype dt, cudaStream_t s);
 

@@ -225,12 +225,12 @@ __device__ __forceinline__ void softmax_step(const kparams &p, float (&s)[BN / 8
     rescale<NA>(acc, alpha);
 }
 
-/* The forward's epilogue, shared by both kernels: O = acc / row sum (NA fragments of 8 columns)
- * and lse, for the thread's two rows. */
+/* The forward's epilogue, shared by both kernels: O = acc / row sum (NA fragments of 8 columns from
+ * column col0) and lse (written by the warp that holds column 0), for the thread's two rows. */
 template <typename T, int NA>
 __device__ __forceinline__ void store_rows(const kparams &p, const float (&acc)[NA][4], const float (&row_max)[2],
                                            const float (&row_sum)[2], const long long (&rows)[2], long long b,
-                                           long long h, int t4) {
+                                           long long h, int t4, int col0 = 0) {
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         float l = row_sum[r];
@@ -241,8 +241,8 @@ __device__ __forceinline__ void store_rows(const kparams &p, const float (&acc)[
         T *orow = row_of<T>(p.o, b, h, rows[r]);
 #pragma unroll
         for (int i = 0; i < NA; i++)
-            *(uint32_t *)(orow + i * 8 + 2 * t4) = pack2<T>(acc[i][2 * r] * inv, acc[i][2 * r + 1] * inv);
-        if (p.lse.data && t4 == 0)
+            *(uint32_t *)(orow + col0 + i * 8 + 2 * t4) = pack2<T>(acc[i][2 * r] * inv, acc[i][2 * r + 1] * inv);
+        if (p.lse.data && t4 == 0 && col0 == 0)
             *row_of<float>(p.lse, b, h, rows[r]) = l > 0.0f ? row_max[r] * kLn2 + logf(l) : -INFINITY;
     }
 }
@@ -276,6 +276,82 @@ __device__ __forceinline__ void store_frag_rows(const dev_tensor &t, const float
         T *row = row_of<T>(t, b, h, rows[r]);
 #pragma unroll
         for (int i = 0; i < NA; i++) *(uint32_t *)(row + i * 8 + 2 * t4) = pack2<T>(acc[i][2 * r], acc[i][2 * r + 1]);
+    }
+}
+
+/* ---- backward pieces shared by versions 2 and 5 ---- */
+
+/* δ_i = dO_i · O_i as the diagonal of a 16x16 tensor-core product, with the k steps in the same
+ * order as dP = dO Vᵀ in the dK/dV and dQ kernels. When a row sees one key, O_i = V_j bitwise, so
+ * dP_ij and δ_i are the same rounded number and dS = 0 exactly, as in exact arithmetic (the
+ * parity sweep's window-1 cases need dq = dk = 0 to rounding of the inputs alone). At D = 512 the
+ * gradient kernels (bwd_wide.cu) form dP as two chains over the halves of D, added at the end; so
+ * does this one (dp_halves). */
+template <int D> __host__ __device__ constexpr int dp_halves() { return D > 256 ? 2 : 1; }
+template <typename T, int D> __global__ void __launch_bounds__(128) delta_mma_kernel(kparams p) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    const long long h = blockIdx.y, b = blockIdx.z, i0 = ((long long)blockIdx.x * 4 + warp) * 16;
+    if (i0 >= p.Nq) return;
+    const long long r0 = i0 + g, r1 = i0 + g + 8;
+    const bool ok0 = r0 < p.Nq, ok1 = r1 < p.Nq;
+    const uint32_t *go0 = (const uint32_t *)row_of<T>(p.dout, b, h, ok0 ? r0 : i0);
+    const uint32_t *go1 = (const uint32_t *)row_of<T>(p.dout, b, h, ok1 ? r1 : i0);
+    const uint32_t *o0 = (const uint32_t *)row_of<T>(p.o, b, h, ok0 ? r0 : i0);
+    const uint32_t *o1 = (const uint32_t *)row_of<T>(p.o, b, h, ok1 ? r1 : i0);
+    constexpr int HALVES = dp_halves<D>(), KH = D / 16 / HALVES;
+    float c0[4] = {0, 0, 0, 0}, c1[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int hf = 0; hf < HALVES; hf++) {
+        float h0[4] = {0, 0, 0, 0}, h1[4] = {0, 0, 0, 0};
+#pragma unroll 4
+        for (int ks = hf * KH; ks < (hf + 1) * KH; ks++) {
+            const int w = ks * 8 + t4; /* 32-bit word of columns 16 ks + 2 t4, +1 */
+            uint32_t a[4] = {ok0 ? go0[w] : 0u, ok1 ? go1[w] : 0u, ok0 ? go0[w + 4] : 0u, ok1 ? go1[w + 4] : 0u};
+            mma<T>(h0, a, ok0 ? o0[w] : 0u, ok0 ? o0[w + 4] : 0u);
+            mma<T>(h1, a, ok1 ? o1[w] : 0u, ok1 ? o1[w + 4] : 0u);
+        }
+        if (hf == 0) { /* a single chain is used as it is (0 + x would turn -0 into +0) */
+#pragma unroll
+            for (int e = 0; e < 4; e++) c0[e] = h0[e], c1[e] = h1[e];
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4; e++) c0[e] += h0[e], c1[e] += h1[e];
+        }
+    }
+    /* element (g, g) sits in lane (g, g/2), slot g&1 of block 0; (g+8, g+8) in slot 2 + (g&1) of block 1 */
+    if (t4 == (g >> 1)) {
+        float *drow = p.delta + (b * p.Hq + h) * p.Nq;
+        if (ok0) drow[r0] = c0[g & 1];
+        if (ok1) drow[r1] = c1[2 + (g & 1)];
+    }
+}
+
+/* P and dS (dS with respect to the raw q·k, scale and softcap derivative included) of one
+ * accumulator element, or 0 and 0 when masked */
+__device__ __forceinline__ void grads_of(const kparams &p, float sacc, float dpacc, float lse2, float delta, float scale2,
+                                         bool visible, float &pv, float &ds) {
+    if (!visible) {
+        pv = 0.0f, ds = 0.0f;
+        return;
+    }
+    if (p.softcap > 0.0f) {
+        float t = tanhf(sacc * p.scale / p.softcap);
+        pv = exp2_(p.softcap * t * kLog2e - lse2);
+        ds = pv * (dpacc - delta) * (1.0f - t * t) * p.scale;
+    } else {
+        pv = exp2_(sacc * scale2 - lse2);
+        ds = pv * (dpacc - delta) * p.scale;
+    }
+}
+
+/* dq = the f32 accumulator [B, Hq, Nq, D] rounded to the dtype (the atomic-dQ option of versions 2
+ * and 5; version 4 keeps its accumulator in fragment order and has its own) */
+template <typename T> __global__ void dq_rows_convert_kernel(kparams p) {
+    const long long total = p.B * p.Hq * p.Nq * (p.D / 2);
+    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total; e += (long long)gridDim.x * blockDim.x) {
+        const long long pair = e % (p.D / 2), row = e / (p.D / 2), i = row % p.Nq, bh = row / p.Nq;
+        const float2 v = *(const float2 *)(p.dq_acc + row * p.D + 2 * pair);
+        *(uint32_t *)(row_of<T>(p.dq, bh / p.Hq, bh % p.Hq, i) + 2 * pair) = pack2<T>(v.x, v.y);
     }
 }
 
