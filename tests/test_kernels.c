@@ -36,11 +36,14 @@ static const tcase cases[] = {
     {1, 2, 1, 0, 50, 32, -1, 0, WA_F32, 0, 0, 0},         /* Nq = 0: dk = dv = 0 */
     {1, 2, 1, 50, 0, 32, -1, -1, WA_F32, 0, 0, 0},        /* Nk = 0: o = 0, lse = -inf */
     {1, 2, 1, 70, 70, 520 - 8, 9, 0, WA_BF16, 0, 0, 0},   /* D = 512 */
-    /* batches on the CUDA tensor-core path (D = 64/128/256, 16-bit): the batch index reaches the
+    /* batches on the CUDA tensor-core path (D = 64/128/256/512, 16-bit): the batch index reaches the
      * TMA coordinates and the padded lse/δ rows there, which no other case exercises */
     {2, 4, 2, 257, 257, 128, 100, 0, WA_BF16, 0, 0, 1},  /* B = 2, GQA 2, bnhd */
     {3, 2, 1, 140, 300, 256, 40, 8, WA_F16, 0, 0, 0},     /* B = 3, Nq < Nk, two-sided */
     {2, 2, 2, 200, 200, 64, -1, 0, WA_BF16, 10.0f, 0, 0}, /* B = 2, causal, softcap */
+    /* ... and on the D = 512 kernels (version 5), which split D between warps */
+    {2, 4, 2, 150, 150, 512, 60, 0, WA_F16, 0, 0, 1},     /* B = 2, GQA 2, bnhd */
+    {2, 2, 1, 100, 130, 512, -1, 0, WA_BF16, 0, 0, 0},    /* B = 2, Nq < Nk, causal */
 };
 
 static const int tile_configs[][2] = {{64, 64}, {16, 48}};

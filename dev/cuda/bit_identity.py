@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """bit_identity.py — runs winattn's forward and backward twice through the PyTorch binding on the
-same bf16 inputs at shapes (a) (D = 256, window 1024) and (b) (D = 128, window 4096), N = 8192,
-and says which of o, dq, dk, dv came out bit-identical. --modes picks the backward forms:
+same bf16 inputs at shapes (a) (D = 256, window 1024), (b) (D = 128, window 4096) and (c) (D = 512,
+causal), N = 8192, and says which of o, dq, dk, dv came out bit-identical. --modes picks the backward forms:
 `deterministic` (deterministic=True, which must give four Trues) and `default` (where dq, added
 with f32 atomics at D <= 128, may differ). On the H200 from the repository root after `make lib`:
     python3 dev/cuda/bit_identity.py [--modes default,deterministic]"""
@@ -23,18 +23,18 @@ def main():
     modes = ap.parse_args().modes.split(",")
     if not set(modes) <= {"default", "deterministic"}:
         sys.exit("bit_identity: --modes takes default and/or deterministic")
-    for hq, hkv, d, w in ((32, 16, 256, 1024), (32, 8, 128, 4096)):
+    for hq, hkv, d, w in ((32, 16, 256, 1024), (32, 8, 128, 4096), (32, 4, 512, None)):
         g = torch.Generator(device="cuda").manual_seed(0)
         q, k, v, do = (torch.randn(1, h, 8192, d, device="cuda", dtype=torch.bfloat16, generator=g) for h in (hq, hkv, hkv, hq))
         for mode in modes:
             outs = []
             for _ in range(2):
                 qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
-                o = wt.attention(qq, kk, vv, window=(w - 1, 0), deterministic=mode == "deterministic")
+                o = wt.attention(qq, kk, vv, window=(w - 1, 0) if w else (-1, 0), deterministic=mode == "deterministic")
                 o.backward(do)
                 outs.append((o.detach(), qq.grad, kk.grad, vv.grad))
             same = [torch.equal(a, b) for a, b in zip(*outs)]
-            print(f"D={d} Hq={hq} Hkv={hkv} window {w} {mode}: o, dq, dk, dv bit-identical across two runs: {same}")
+            print(f"D={d} Hq={hq} Hkv={hkv} window {w or 'causal'} {mode}: o, dq, dk, dv bit-identical across two runs: {same}")
 
 
 if __name__ == "__main__":

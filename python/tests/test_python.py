@@ -246,18 +246,24 @@ def run_torch():
         oc = wt.attention(*(t.detach().cpu() for t in (q, k, v)), window=(15, 0))
         report((o.detach().cpu().float() - oc.float()).abs().max().item() < 3e-2, "torch CUDA tensors match CPU")
 
-        # a batch of two through the tensor-core path, forward and gradients against the CPU kernels
-        g = torch.Generator().manual_seed(3)
-        q, k, v, do = (torch.randn(2, h, 200, 128, generator=g).to(torch.bfloat16) for h in (4, 2, 2, 4))
-        results = []
-        for dev in ("cuda", "cpu"):
-            qq, kk, vv = (t.to(dev).clone().requires_grad_() for t in (q, k, v))
-            o = wt.attention(qq, kk, vv, window=(50, 0))
-            o.backward(do.to(dev))
-            results.append([t.detach().cpu().float() for t in (o, qq.grad, kk.grad, vv.grad)])
-        errs = [((a - b).abs().max() / b.abs().max()).item() for a, b in zip(*results)]
-        report(max(errs) < 3e-2, "torch CUDA B=2 D=128 GQA: o, dq, dk, dv match CPU",
-               "max error relative to max |value| o/dq/dk/dv %s" % "/".join("%.1e" % e for e in errs))
+        # a batch of two through the tensor-core paths (D = 128: version 4, D = 512: version 5),
+        # forward and gradients against the CPU kernels
+        def cuda_against_cpu(d):
+            g = torch.Generator().manual_seed(3)
+            q, k, v, do = (torch.randn(2, h, 200, d, generator=g).to(torch.bfloat16) for h in (4, 2, 2, 4))
+            results = []
+            for dev in ("cuda", "cpu"):
+                qq, kk, vv = (t.to(dev).clone().requires_grad_() for t in (q, k, v))
+                o = wt.attention(qq, kk, vv, window=(50, 0))
+                o.backward(do.to(dev))
+                results.append([t.detach().cpu().float() for t in (o, qq.grad, kk.grad, vv.grad)])
+            errs = [((a - b).abs().max() / b.abs().max()).item() for a, b in zip(*results)]
+            report(max(errs) < 3e-2, "torch CUDA B=2 D=%d GQA: o, dq, dk, dv match CPU" % d,
+                   "max error relative to max |value| o/dq/dk/dv %s" % "/".join("%.1e" % e for e in errs))
+            return q, k, v, do, results[1]
+
+        cuda_against_cpu(512)
+        q, k, v, do, cpu_results = cuda_against_cpu(128)
 
         # deterministic=True: the same gradients within rounding, and bit-identical run to run
         runs = []
@@ -266,7 +272,7 @@ def run_torch():
             wt.attention(qq, kk, vv, window=(50, 0), deterministic=True).backward(do.cuda())
             runs.append([t.grad.detach().cpu().float() for t in (qq, kk, vv)])
         same = all(torch.equal(a, b) for a, b in zip(*runs))
-        errs = [((a - b).abs().max() / b.abs().max()).item() for a, b in zip(runs[0], results[1][1:])]
+        errs = [((a - b).abs().max() / b.abs().max()).item() for a, b in zip(runs[0], cpu_results[1:])]
         report(same and max(errs) < 3e-2, "torch CUDA deterministic=True: bit-identical twice, matches CPU",
                "identical %s, max error relative to max |value| dq/dk/dv %s" % (same, "/".join("%.1e" % e for e in errs)))
     else:

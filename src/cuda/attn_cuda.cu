@@ -409,9 +409,11 @@ template <typename T> static wa_status forward_t(wa_context *ctx, const wa_probl
 
 /* dQ by atomic adds (unless the context asks for determinism) where the tensor-core kernels have
  * that form: version 4 at D <= 128 (dQ fused into the dK/dV kernel) and version 2; version 4 at
- * D = 256 has none and stays deterministic */
+ * D = 256 has none and stays deterministic, as does version 5 at D = 512 (its atomic form is a lab
+ * build: no faster) */
 static int atomic_dq(const wa_context *ctx, const wa_problem *p) {
     if (ctx->params.cuda_deterministic || !mma_supports(p)) return 0;
+    if (p->D == 512) return wide_backward_atomic_dq();
     const kparams kp = params_of(p);
     return !hopper_backward_supports(kp) || hopper_backward_fuses_dq(kp);
 }

@@ -12,9 +12,11 @@
  *   dK, dV     one CTA (8 warps) per 32 keys and kv head, over the group's query heads and the
  *              query tiles the window allows (two stages of Q and dO): warp w owns keys 16 (w & 1)..
  *              and columns 128 (w >> 1).. of dK and dV (128 registers a thread, as at D = 256).
- *   dQ         by default added by that kernel (dQ += dS K for the 32 × 512 tile, f32 atomics into
- *              kp.dq_acc, rounded by dq_rows_convert_kernel); with cuda_deterministic one CTA per
- *              32 query rows forms the same pair tiles again and owns its dQ (no atomics).
+ *   dQ         one CTA per 32 query rows forms the same pair tiles again and owns its dQ (no
+ *              atomics: deterministic). The lab form -DWA_WIDE_ATOMIC_DQ has the dK/dV kernel add
+ *              dQ += dS K instead (f32 atomics into kp.dq_acc, rounded by dq_rows_convert_kernel):
+ *              measured no faster (session 5: 110.2 against 109.6 TFLOP/s at (c)) and it needs
+ *              the f32 copy of dQ, so both library modes take the deterministic form.
  *   δ          delta_mma_kernel (mma_prims.cuh), whose k chain at D = 512 is the same two halves, so
  *              that dP − δ is exactly 0 where a row sees a single key.
  *
@@ -322,6 +324,14 @@ template <typename T> static wa_status launch(const kparams &kp, cudaStream_t s)
 }
 
 } /* namespace */
+
+int wide_backward_atomic_dq(void) {
+#ifdef WA_WIDE_ATOMIC_DQ
+    return 1;
+#else
+    return 0;
+#endif
+}
 
 wa_status wide_backward(const kparams &kp, wa_dtype dt, cudaStream_t s) {
     return dt == WA_BF16 ? launch<__nv_bfloat16>(kp, s) : launch<__half>(kp, s);

@@ -66,7 +66,9 @@ int hopper_backward_supports(const kparams &kp);
 int hopper_backward_fuses_dq(const kparams &kp);
 wa_status hopper_backward(const kparams &kp, wa_dtype dt, cudaStream_t s, int *taken);
 /* version 5's backward at D = 512 (bwd_wide.cu, mma.sync); dQ by atomic adds into kp.dq_acc
- * ([B, Hq, Nq, D] f32) when it is set, else by its own deterministic kernel */
+ * ([B, Hq, Nq, D] f32) when it is set, else by its own deterministic kernel; the dispatcher sets it
+ * only where wide_backward_atomic_dq() says so (a lab build) */
+int wide_backward_atomic_dq(void);
 wa_status wide_backward(const kparams &kp, wa_dtype dt, cudaStream_t s);
 /* backward; kp.delta must point to B*Hq*Nq floats of workspace, which this fills */
 wa_status mma_backward(const kparams &kp, wa_dtype dt, cudaStream_t s);
