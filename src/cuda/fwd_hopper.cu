@@ -1,5 +1,6 @@
 /* fwd_hopper.cu — version 4 of the forward for f16/bf16 at D = 64, 128, 256: the Hopper design
- * (FlashAttention-3's structure, written for this library's window geometry).
+ * (FlashAttention-3's structure, written for this library's window geometry); and since session 5
+ * the same design at D = 512 with D split between the consumers (fwd_wide_ws_kernel, below).
  *
  * One CTA of three warpgroups per 128 query rows of one head:
  *   producer   warpgroup 0 gives its registers back (setmaxnreg) and one thread issues TMA loads:
@@ -235,6 +236,152 @@ __global__ void __launch_bounds__(kThreads, 1)
     store_rows<T, DB * 8>(p, reinterpret_cast<const float (&)[DB * 8][4]>(acc), row_max, row_sum, rows, b, h, t4);
 }
 
+/* ---- head dim 512 (session 5) ----
+ * A warpgroup cannot hold O for 64 rows × 512 columns (256 registers a thread), so here both
+ * consumer warpgroups take the same 64 query rows and split D: each forms S over its half of D's k
+ * steps (m64n32k16 from shared memory), the two trade their partial S through shared memory behind
+ * a named barrier (double-buffered by tile parity, so one barrier per tile suffices: a warpgroup
+ * that passed tile t's barrier knows the other finished reading tile t - 1's buffer) and add own +
+ * other (the same bits in both), both run the same online softmax, and each accumulates O for its
+ * 256 columns (m64n256k16 with P from registers: 128 registers a thread). O += P V of the last tile
+ * is issued behind S of this one and runs while the halves are traded and the softmax runs. Key
+ * tiles of 32: Q (64 KB), two stages of K and V (128 KB) and the exchange buffers (32 KB) take
+ * 225 KB. The mma.sync form (attn_mma.cu, fwd_split) stays the fallback. */
+constexpr int kWideD = 512, kWideBM = 64, kWideBN = 32, kTradeBar = 3;
+struct wide_layout {
+    static constexpr uint32_t q = 0, k = kWideBM * kWideD * 2, v = k + kStages * kWideBN * kWideD * 2,
+                              xch = v + kStages * kWideBN * kWideD * 2, bars = xch + 2 * kConsumers * kWideBM * kWideBN * 4;
+    static constexpr size_t bytes = 1024 + bars + 8 * kv_ring::n_bars;
+};
+static_assert(wide_layout::bytes <= 232448, "the D = 512 forward fits the 227 KB a CTA may have");
+
+template <typename T, Cap CAP>
+__global__ void __launch_bounds__(kThreads, 1)
+    fwd_wide_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+                       const __grid_constant__ CUtensorMap tv, const kparams p) {
+    using L = wide_layout;
+    constexpr int D = kWideD, BM = kWideBM, BN = kWideBN, DB = D / 64, KH = D / 32, TILE = BN * D * 2;
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const uint32_t base = (smem_u32(smem) + 1023u) & ~1023u;
+    const uint32_t sQ = base + L::q, sK = base + L::k, sV = base + L::v;
+    float *xch = (float *)(smem + (base - smem_u32(smem)) + L::xch);
+    const kv_ring ring{base + L::bars};
+
+    const int wg = threadIdx.x >> 7, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const long long qt = (long long)gridDim.x - 1 - blockIdx.x; /* the longest (causal) tiles first */
+    const long long h = blockIdx.y, b = blockIdx.z, hk = h / p.group, i0 = qt * BM;
+    const int m = (int)min((long long)BM, p.Nq - i0);
+    int64_t kt0, kt1;
+    wa_key_tiles_for_rows(&p.win, i0, i0 + m, BN, &kt0, &kt1);
+
+    if (threadIdx.x == 0) ring.init(4 * kConsumers);
+    __syncthreads();
+
+    if (wg == 0) { /* producer */
+        setmaxnreg_dec<kProducerRegs>();
+        if (threadIdx.x == 0 && kt0 < kt1) {
+            mbar_expect_tx(ring.once(), BM * D * 2);
+            for (int c = 0; c < DB; c++) tma_load(sQ + c * (BM * 128), &tq, ring.once(), c * 64, (int)i0, (int)h, (int)b);
+            ring.produce<BN, DB>(&tk, &tv, sK, sV, kt0, kt1, (int)hk, (int)b);
+        }
+        return;
+    }
+
+    /* consumers: warpgroup cw forms S over k steps [16 cw, 16 cw + 16) and owns O's columns [256 cw, 256 cw + 256) */
+    setmaxnreg_inc<kConsumerRegs>();
+    const int cw = wg - 1, w4 = warp & 3, g = lane >> 2, t4 = lane & 3, tid = threadIdx.x & 127;
+    const long long rows[2] = {i0 + w4 * 16 + g, i0 + w4 * 16 + g + 8};
+    const float scale2 = p.scale * kLog2e;
+    float acc[4][8][4];
+    zero_frags(acc);
+    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+    uint32_t pa[BN / 16][4];
+
+    auto issue_s = [&](float (&s)[BN / 8][4], int st) {
+        const uint32_t k_s = opaque(sK + st * TILE), q_s = opaque(sQ);
+#pragma unroll
+        for (int kx = 0; kx < KH; kx++) {
+            const int ks = cw * KH + kx;
+            wgmma_ss<T, BN>(s, gmma_desc(q_s + (ks >> 2) * (BM * 128) + (ks & 3) * 32),
+                            gmma_desc(k_s + (ks >> 2) * (BN * 128) + (ks & 3) * 32), kx > 0);
+        }
+    };
+    auto issue_pv = [&](int st) {
+        const uint32_t v_s = opaque(sV + st * TILE + cw * 4 * (BN * 128));
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) wide_mn_product<T, 256, BN>(acc, pa[kk], v_s + kk * (16 * 128));
+    };
+    /* S of tile `it` (stage st) once its k steps are done: own half + the other warpgroup's, then the softmax step */
+    auto trade_and_softmax = [&](float (&s)[BN / 8][4], float (&alpha)[2], long long kt, int it) {
+        float *mine = xch + ((it & 1) * kConsumers + cw) * (BM * BN), *other = xch + ((it & 1) * kConsumers + (cw ^ 1)) * (BM * BN);
+#pragma unroll
+        for (int i = 0; i < BN / 8; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) mine[(i * 4 + e) * 128 + tid] = s[i][e];
+        named_sync(kTradeBar, 256);
+#pragma unroll
+        for (int i = 0; i < BN / 8; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[i][e] += other[(i * 4 + e) * 128 + tid];
+        const long long j0 = kt * BN;
+        const int n = (int)min((long long)BN, p.Nk - j0);
+        const bool edge = n < BN || wa_tile_needs_mask(&p.win, i0, i0 + m, j0, j0 + n);
+        softmax_scores<BN, CAP>(p, s, row_max, row_sum, alpha, rows, j0, edge, t4, scale2);
+    };
+
+    if (kt0 < kt1) {
+        mbar_wait(ring.once(), 0);
+        int pst = kv_ring::stage(0);
+        uint32_t pph = kv_ring::parity(0);
+        { /* the first tile: nothing to overlap with, O is zero */
+            float s[BN / 8][4], alpha[2];
+            mbar_wait(ring.k_full(pst), pph);
+            wg_fence();
+            issue_s(s, pst);
+            wg_commit();
+            wg_wait<0>();
+            reg_fence(s);
+            mbar_arrive_if(ring.k_empty(pst), lane == 0);
+            trade_and_softmax(s, alpha, kt0, 0);
+            pack_a<T, BN>(pa, s);
+        }
+        for (long long kt = kt0 + 1; kt < kt1; kt++) {
+            const int it = (int)(kt - kt0), st = kv_ring::stage(it);
+            const uint32_t ph = kv_ring::parity(it);
+            float s[BN / 8][4], alpha[2];
+            mbar_wait(ring.k_full(st), ph);
+            mbar_wait(ring.v_full(pst), pph);
+            reg_fence(pa);
+            reg_fence(acc);
+            wg_fence();
+            issue_s(s, st);
+            wg_commit();
+            issue_pv(pst);
+            wg_commit();
+            wg_wait<1>();
+            reg_fence(s);
+            mbar_arrive_if(ring.k_empty(st), lane == 0);
+            trade_and_softmax(s, alpha, kt, it);
+            wg_wait<0>();
+            reg_fence(acc);
+            mbar_arrive_if(ring.v_empty(pst), lane == 0);
+            rescale<32>(reinterpret_cast<float (&)[32][4]>(acc), alpha);
+            pack_a<T, BN>(pa, s);
+            pst = st, pph = ph;
+        }
+        mbar_wait(ring.v_full(pst), pph); /* the last tile's O += P V */
+        reg_fence(pa);
+        reg_fence(acc);
+        wg_fence();
+        issue_pv(pst);
+        wg_commit();
+        wg_wait<0>();
+        reg_fence(acc);
+        mbar_arrive_if(ring.v_empty(pst), lane == 0);
+    }
+    store_rows<T, 32>(p, reinterpret_cast<const float (&)[32][4]>(acc), row_max, row_sum, rows, b, h, t4, cw * 256);
+}
+
 /* ---- host side ---- */
 
 template <typename T, int D, bool PIPELINED, Cap CAP>
@@ -263,20 +410,45 @@ template <typename T> static wa_status by_dim(const kparams &kp, const CUtensorM
     return for_head_dim(kp.D, [&](auto d) { return by_variant<T, decltype(d)::value>(kp, maps, s); });
 }
 
+template <typename T, Cap CAP> static wa_status launch_wide(const kparams &kp, const CUtensorMap (&maps)[3], cudaStream_t s) {
+    static volatile int done = 0;
+    CUDA_TRY(raise_once(fwd_wide_ws_kernel<T, CAP>, wide_layout::bytes, &done));
+    const dim3 grid((unsigned)((kp.Nq + kWideBM - 1) / kWideBM), (unsigned)kp.Hq, (unsigned)kp.B);
+    fwd_wide_ws_kernel<T, CAP><<<grid, kThreads, wide_layout::bytes, s>>>(maps[0], maps[1], maps[2], kp);
+    CUDA_TRY(cudaGetLastError());
+    return WA_OK;
+}
+template <typename T> static wa_status by_cap_wide(const kparams &kp, const CUtensorMap (&maps)[3], cudaStream_t s) {
+    return kp.softcap > 0.0f ? launch_wide<T, Cap::on>(kp, maps, s) : launch_wide<T, Cap::off>(kp, maps, s);
+}
+
+/* the D = 512 forward on wgmma; -DWA_FWD_WIDE_MMA leaves D = 512 to the mma.sync form (lab) */
+static bool wide_forward_head_dim(long long D) {
+#ifdef WA_FWD_WIDE_MMA
+    (void)D;
+    return false;
+#else
+    return D == kWideD;
+#endif
+}
+
 } /* namespace */
 
 int hopper_forward_supports(const kparams &kp) {
-    return !hopper_forced_off() && hopper_head_dim(kp.D) && kp.Nq > 0 && kp.Nk > 0 && tensor_map_encoder() != nullptr;
+    return !hopper_forced_off() && (hopper_head_dim(kp.D) || wide_forward_head_dim(kp.D)) && kp.Nq > 0 && kp.Nk > 0 &&
+           tensor_map_encoder() != nullptr;
 }
 
 wa_status hopper_forward(const kparams &kp, wa_dtype dt, cudaStream_t s, int *taken) {
     *taken = 0;
     if (!hopper_forward_supports(kp)) return WA_OK;
-    const int D = (int)kp.D, bn = D == 256 ? ws_bn<256>() : D == 128 ? ws_bn<128>() : ws_bn<64>();
+    const int D = (int)kp.D, wide = D == kWideD;
+    const int bm = wide ? kWideBM : kBM, bn = wide ? kWideBN : D == 256 ? ws_bn<256>() : D == 128 ? ws_bn<128>() : ws_bn<64>();
     CUtensorMap maps[3];
-    if (!tensor_map(&maps[0], kp.q, dt, kp.B, kp.Hq, kp.Nq, D, kBM) || !tensor_map(&maps[1], kp.k, dt, kp.B, kp.Hkv, kp.Nk, D, bn) ||
+    if (!tensor_map(&maps[0], kp.q, dt, kp.B, kp.Hq, kp.Nq, D, bm) || !tensor_map(&maps[1], kp.k, dt, kp.B, kp.Hkv, kp.Nk, D, bn) ||
         !tensor_map(&maps[2], kp.v, dt, kp.B, kp.Hkv, kp.Nk, D, bn))
         return WA_OK;
     *taken = 1;
+    if (wide) return dt == WA_BF16 ? by_cap_wide<__nv_bfloat16>(kp, maps, s) : by_cap_wide<__half>(kp, maps, s);
     return dt == WA_BF16 ? by_dim<__nv_bfloat16>(kp, maps, s) : by_dim<__half>(kp, maps, s);
 }

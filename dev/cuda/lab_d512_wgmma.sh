@@ -1,0 +1,35 @@
+#!/bin/sh
+# lab_d512_wgmma.sh — session 5: the D = 512 forward on wgmma (fwd_wide_ws_kernel in fwd_hopper.cu)
+# against version 5's mma.sync forward (WINATTN_CUDA=mma): parity on every f16/bf16 D = 512 case,
+# the full sweep, compute-sanitizer on two small D = 512 cases, forward timings at (c) and at D =
+# 512 with a 1024 window. From the repository root on the H200: DEPS=.devdeps sh dev/cuda/lab_d512_wgmma.sh
+. dev/cuda/lab_env.sh
+lab_build build ""
+W=build/winattn
+CASES=$($W parity --list | grep 'D=512' | grep -v ' f32 ' | sed 's/^#\([0-9]*\).*/\1/' | tr '\n' ' ')
+pass=0 fail=0
+for c in $CASES; do
+    if $W parity --device cuda --case $c --threads 4 >"$OUT/p512_$c.txt" 2>&1 && grep -q '^1 passed' "$OUT/p512_$c.txt"; then
+        pass=$((pass + 1))
+    else
+        fail=$((fail + 1)); grep -E '^FAIL|error' "$OUT/p512_$c.txt" | head -3
+    fi
+done
+echo "D=512 parity: $pass passed, $fail failed"
+[ $fail -eq 0 ] || exit 1
+echo "== full sweep"
+timeout 200 $W parity --device cuda --threads 16 >"$OUT/parity_cuda.txt" 2>&1; grep '^FAIL' "$OUT/parity_cuda.txt" | head -5; tail -1 "$OUT/parity_cuda.txt"
+for c in 337 973; do
+    timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 $W parity --device cuda --case $c --threads 1 >"$OUT/mc_$c.txt" 2>&1
+    echo "memcheck $c exit $?"
+done
+for c in 337 836; do
+    timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 $W parity --device cuda --case $c --threads 1 >"$OUT/rc_$c.txt" 2>&1
+    echo "racecheck $c exit $? ($(grep -c 'Race reported' "$OUT/rc_$c.txt") race lines)"
+done
+C="--d 512 --hq 32 --hkv 4"
+for v in default mma default mma; do
+    echo "== forward, $v: (c) causal 8K / 16K; window 1024 16K"
+    WINATTN_CUDA=$v timeout 60 $W bench --device cuda --reps 5 --forward-only $C --causal --n 8192,16384 | tail -2
+    WINATTN_CUDA=$v timeout 60 $W bench --device cuda --reps 5 --forward-only $C --sliding-window 1024 --n 16384 | tail -1
+done
