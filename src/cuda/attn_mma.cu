@@ -278,14 +278,7 @@ template <typename T, int D, bool ATOMIC_DQ> __global__ void __launch_bounds__(k
         const long long h = hk * p.group + it / per_head, i0 = (qt0 + it % per_head) * BM;
         load_tile<T, D, BM, NT>(sQ + stage * BM * D * 2, p.q, b, h, i0, p.Nq);
         load_tile<T, D, BM, NT>(sdO + stage * BM * D * 2, p.dout, b, h, i0, p.Nq);
-        const int r = threadIdx.x;
-        if (r < BM) {
-            const bool ok = i0 + r < p.Nq;
-            cp_async4(smem_u32(stats + stage * BM + r), row_of<float>(p.lse, b, h, ok ? i0 + r : 0), ok);
-        } else if (r < 2 * BM) {
-            const bool ok = i0 + r - BM < p.Nq;
-            cp_async4(smem_u32(stats + 2 * BM + stage * BM + r - BM), p.delta + (b * p.Hq + h) * p.Nq + (ok ? i0 + r - BM : 0), ok);
-        }
+        load_row_stats<BM>(stats + stage * BM, stats + 2 * BM + stage * BM, p, b, h, i0);
     };
 
     load_tile<T, D, BN, NT>(sK, p.k, b, hk, j0, p.Nk);

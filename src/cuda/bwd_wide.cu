@@ -141,14 +141,7 @@ template <typename T, bool ATOMIC_DQ> __global__ void __launch_bounds__(kThreads
         const long long h = hk * p.group + it / per_head, i0 = (qt0 + it % per_head) * BM;
         load_tile<T, D, BM, NT>(sQ + stage * kTile, p.q, b, h, i0, p.Nq);
         load_tile<T, D, BM, NT>(sdO + stage * kTile, p.dout, b, h, i0, p.Nq);
-        const int r = threadIdx.x;
-        if (r < BM) {
-            const bool ok = i0 + r < p.Nq;
-            cp_async4(smem_u32(stats + stage * BM + r), row_of<float>(p.lse, b, h, ok ? i0 + r : 0), ok);
-        } else if (r < 2 * BM) {
-            const bool ok = i0 + r - BM < p.Nq;
-            cp_async4(smem_u32(stats + 2 * BM + stage * BM + r - BM), p.delta + (b * p.Hq + h) * p.Nq + (ok ? i0 + r - BM : 0), ok);
-        }
+        load_row_stats<BM>(stats + stage * BM, stats + 2 * BM + stage * BM, p, b, h, i0);
     };
 
     load_tile<T, D, BN, NT>(sK, p.k, b, hk, j0, p.Nk);
@@ -246,16 +239,7 @@ template <typename T> __global__ void __launch_bounds__(kThreads, 1) dq_wide_ker
 
     load_tile<T, D, BM, NT>(sQ, p.q, b, h, i0, p.Nq);
     load_tile<T, D, BM, NT>(sdO, p.dout, b, h, i0, p.Nq);
-    {
-        const int r = threadIdx.x;
-        if (r < BM) {
-            const bool ok = i0 + r < p.Nq;
-            cp_async4(smem_u32(stats + r), row_of<float>(p.lse, b, h, ok ? i0 + r : 0), ok);
-        } else if (r < 2 * BM) {
-            const bool ok = i0 + r - BM < p.Nq;
-            cp_async4(smem_u32(stats + r), p.delta + (b * p.Hq + h) * p.Nq + (ok ? i0 + r - BM : 0), ok);
-        }
-    }
+    load_row_stats<BM>(stats, stats + BM, p, b, h, i0);
     if (kt0 < kt1) {
         load_tile<T, D, BN, NT>(sK, p.k, b, hk, kt0 * BN, p.Nk);
         load_tile<T, D, BN, NT>(sV, p.v, b, hk, kt0 * BN, p.Nk);

@@ -60,6 +60,20 @@ constexpr int kTurn = 1;
 #endif
 template <int D> __host__ __device__ constexpr int ws_bn() { return D == 256 ? 64 : D == 128 ? WA_FWD_BN128 : 128; }
 
+/* warpgroup 0 of both forwards: gives its registers back, then one thread loads the Q tile (BM rows,
+ * DB column blocks) and K and V of key tiles [kt0, kt1) into the ring */
+template <int BM, int BN, int DB>
+__device__ __forceinline__ void produce_forward(const kv_ring &ring, const CUtensorMap *tq, const CUtensorMap *tk,
+                                                const CUtensorMap *tv, uint32_t sQ, uint32_t sK, uint32_t sV, long long i0,
+                                                long long h, long long hk, long long b, int64_t kt0, int64_t kt1) {
+    setmaxnreg_dec<kProducerRegs>();
+    if (threadIdx.x == 0 && kt0 < kt1) {
+        mbar_expect_tx(ring.once(), BM * DB * 64 * 2);
+        for (int c = 0; c < DB; c++) tma_load(sQ + c * (BM * 128), tq, ring.once(), c * 64, (int)i0, (int)h, (int)b);
+        ring.produce<BN, DB>(tk, tv, sK, sV, kt0, kt1, (int)hk, (int)b);
+    }
+}
+
 template <int D> struct ws_layout {
     static constexpr int BN = ws_bn<D>();
     static constexpr uint32_t q = 0, k = kBM * D * 2, v = k + kStages * BN * D * 2, bars = v + kStages * BN * D * 2;
@@ -88,13 +102,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) ring.init(4 * kConsumers);
     __syncthreads();
 
-    if (wg == 0) { /* producer */
-        setmaxnreg_dec<kProducerRegs>();
-        if (threadIdx.x == 0 && kt0 < kt1) {
-            mbar_expect_tx(ring.once(), BM * D * 2);
-            for (int c = 0; c < DB; c++) tma_load(sQ + c * (BM * 128), &tq, ring.once(), c * 64, (int)i0, (int)h, (int)b);
-            ring.produce<BN, DB>(&tk, &tv, sK, sV, kt0, kt1, (int)hk, (int)b);
-        }
+    if (wg == 0) {
+        produce_forward<BM, BN, DB>(ring, &tq, &tk, &tv, sQ, sK, sV, i0, h, hk, b, kt0, kt1);
         return;
     }
 
@@ -277,13 +286,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) ring.init(4 * kConsumers);
     __syncthreads();
 
-    if (wg == 0) { /* producer */
-        setmaxnreg_dec<kProducerRegs>();
-        if (threadIdx.x == 0 && kt0 < kt1) {
-            mbar_expect_tx(ring.once(), BM * D * 2);
-            for (int c = 0; c < DB; c++) tma_load(sQ + c * (BM * 128), &tq, ring.once(), c * 64, (int)i0, (int)h, (int)b);
-            ring.produce<BN, DB>(&tk, &tv, sK, sV, kt0, kt1, (int)hk, (int)b);
-        }
+    if (wg == 0) {
+        produce_forward<BM, BN, DB>(ring, &tq, &tk, &tv, sQ, sK, sV, i0, h, hk, b, kt0, kt1);
         return;
     }
 

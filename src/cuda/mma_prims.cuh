@@ -281,6 +281,21 @@ __device__ __forceinline__ void store_frag_rows(const dev_tensor &t, const float
 
 /* ---- backward pieces shared by versions 2 and 5 ---- */
 
+/* lse and δ of query rows [i0, i0 + BM) of head (b, h) into shared memory (threads 0..2 BM - 1,
+ * one value each; rows past Nq read as 0), for the backward kernels that keep them per tile */
+template <int BM>
+__device__ __forceinline__ void load_row_stats(float *lse_dst, float *delta_dst, const kparams &p, long long b, long long h,
+                                               long long i0) {
+    const int r = threadIdx.x;
+    if (r < BM) {
+        const bool ok = i0 + r < p.Nq;
+        cp_async4(smem_u32(lse_dst + r), row_of<float>(p.lse, b, h, ok ? i0 + r : 0), ok);
+    } else if (r < 2 * BM) {
+        const bool ok = i0 + r - BM < p.Nq;
+        cp_async4(smem_u32(delta_dst + r - BM), p.delta + (b * p.Hq + h) * p.Nq + (ok ? i0 + r - BM : 0), ok);
+    }
+}
+
 /* δ_i = dO_i · O_i as the diagonal of a 16x16 tensor-core product, with the k steps in the same
  * order as dP = dO Vᵀ in the dK/dV and dQ kernels. When a row sees one key, O_i = V_j bitwise, so
  * dP_ij and δ_i are the same rounded number and dS = 0 exactly, as in exact arithmetic (the
