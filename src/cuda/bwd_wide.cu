@@ -1,4 +1,6 @@
 /* bwd_wide.cu — version 5: the backward at head dim 512 (Gemma 4's global layers) on mma.sync.
+ * (Version 5's forward is fwd_wide_ws_kernel in fwd_hopper.cu, on wgmma, with the split form of
+ * fwd_mma_kernel in attn_mma.cu as its fallback; docs/cuda.md has the measurements.)
  *
  * Versions 2 and 4 keep a warp's share of dK and dV (or dQ) in registers over whole rows of D
  * columns; at D = 512 that is twice what a thread has. Here every tile is 32 × 32 and the work is
