@@ -332,11 +332,8 @@ template <typename T, int D, bool ATOMIC_DQ> __global__ void __launch_bounds__(k
             const int qr = qg * 16 + g + 8 * r;
             const long long i = i0 + qr;
             const float lse2 = stats[stage * BM + qr] * kLog2e, delta = stats[2 * BM + stage * BM + qr];
-            long long lo = 0, hi = 0;
-            if (edge) {
-                lo = wa_row_first_key(&p.win, i), hi = wa_row_last_key(&p.win, i);
-                if (i >= p.Nq) lo = 1, hi = 0;
-            }
+            long long lo, hi;
+            row_visible_keys(p, i, edge, lo, hi);
 #pragma unroll
             for (int nb = 0; nb < 4; nb++) {
                 float pv[2], ds[2];

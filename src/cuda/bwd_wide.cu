@@ -80,11 +80,8 @@ __device__ __forceinline__ void pair_tile(const kparams &p, uint32_t q_s, uint32
     const int qr = qg * 16 + g + 8 * keep;
     const long long i = i0 + qr;
     const float lse2 = lse[qr] * kLog2e, dlt = delta[qr];
-    long long lo = 0, hi = 0;
-    if (edge) {
-        lo = wa_row_first_key(&p.win, i), hi = wa_row_last_key(&p.win, i);
-        if (i >= p.Nq) lo = 1, hi = 0;
-    }
+    long long lo, hi;
+    row_visible_keys(p, i, edge, lo, hi);
 #pragma unroll
     for (int nb = 0; nb < 2; nb++) {
         float pv[2], ds[2];

@@ -341,6 +341,16 @@ template <typename T, int D> __global__ void __launch_bounds__(128) delta_mma_ke
     }
 }
 
+/* the keys query row i sees, [lo, hi], for the backward kernels that keep P and dS in shared
+ * memory: a padded row past Nq sees none (its P and dS must be 0: they enter dK and dV). Only read
+ * on edge tiles (lo = hi = 0 otherwise). */
+__device__ __forceinline__ void row_visible_keys(const kparams &p, long long i, bool edge, long long &lo, long long &hi) {
+    lo = 0, hi = 0;
+    if (!edge) return;
+    lo = wa_row_first_key(&p.win, i), hi = wa_row_last_key(&p.win, i);
+    if (i >= p.Nq) lo = 1, hi = 0;
+}
+
 /* P and dS (dS with respect to the raw q·k, scale and softcap derivative included) of one
  * accumulator element, or 0 and 0 when masked */
 __device__ __forceinline__ void grads_of(const kparams &p, float sacc, float dpacc, float lse2, float delta, float scale2,
