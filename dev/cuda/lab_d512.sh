@@ -9,16 +9,10 @@ lab_build build ""
 nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -Iinclude -std=c++17 -Xptxas -v -c src/cuda/bwd_wide.cu -o /tmp/w.o 2>&1 |
     grep -E "Used|spill" | sort | uniq -c
 W=build/winattn
-CASES=$($W parity --list | grep 'D=512' | grep -v ' f32 ' | sed 's/^#\([0-9]*\).*/\1/' | tr '\n' ' ')
+CASES=$(lab_d512_cases $W)
 echo "== parity on the f16/bf16 D = 512 cases: $CASES"
-for mode in "" --deterministic; do
-    pass=0 fail=0
-    for c in $CASES; do
-        if $W parity --device cuda --case $c --threads 4 $mode >"$OUT/p512_$c$mode.txt" 2>&1 &&
-            grep -q '^1 passed' "$OUT/p512_$c$mode.txt"; then pass=$((pass + 1)); else fail=$((fail + 1)); grep -E '^FAIL|error' "$OUT/p512_$c$mode.txt" | head -3; fi
-    done
-    echo "D=512 ${mode:-default}: $pass passed, $fail failed"
-done
+echo "== D=512, default backward"; lab_parity_each $W "$CASES"
+echo "== D=512, --deterministic"; lab_parity_each $W "$CASES" --deterministic
 echo "== full sweep"
 timeout 200 $W parity --device cuda --threads 16 >"$OUT/parity_cuda.txt" 2>&1; grep '^FAIL' "$OUT/parity_cuda.txt" | head; tail -3 "$OUT/parity_cuda.txt"
 echo "== compute-sanitizer on 337, 341, 836"

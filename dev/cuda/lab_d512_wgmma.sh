@@ -6,17 +6,8 @@
 . dev/cuda/lab_env.sh
 lab_build build ""
 W=build/winattn
-CASES=$($W parity --list | grep 'D=512' | grep -v ' f32 ' | sed 's/^#\([0-9]*\).*/\1/' | tr '\n' ' ')
-pass=0 fail=0
-for c in $CASES; do
-    if $W parity --device cuda --case $c --threads 4 >"$OUT/p512_$c.txt" 2>&1 && grep -q '^1 passed' "$OUT/p512_$c.txt"; then
-        pass=$((pass + 1))
-    else
-        fail=$((fail + 1)); grep -E '^FAIL|error' "$OUT/p512_$c.txt" | head -3
-    fi
-done
-echo "D=512 parity: $pass passed, $fail failed"
-[ $fail -eq 0 ] || exit 1
+echo "== parity on the f16/bf16 D = 512 cases"
+lab_parity_each $W "$(lab_d512_cases $W)" || exit 1
 echo "== full sweep"
 timeout 200 $W parity --device cuda --threads 16 >"$OUT/parity_cuda.txt" 2>&1; grep '^FAIL' "$OUT/parity_cuda.txt" | head -5; tail -1 "$OUT/parity_cuda.txt"
 for c in 337 973; do

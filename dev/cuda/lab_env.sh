@@ -15,3 +15,29 @@ lab_build() {
         JANSSON_LIBS="$DEPS/usr/lib/x86_64-linux-gnu/libjansson.a" "$@" >"$OUT/$dir.txt" 2>&1 ||
         { echo "build of $dir failed:"; tail -20 "$OUT/$dir.txt"; exit 1; }
 }
+
+# lab_d512_cases W: the f16/bf16 parity cases at D = 512 of the winattn binary W (the ones that
+# reach the tensor-core kernels), as a space-separated list
+lab_d512_cases() {
+    $1 parity --list | grep 'D=512' | grep -v ' f32 ' | sed 's/^#\([0-9]*\).*/\1/' | tr '\n' ' '
+}
+
+# lab_parity_each W "CASES" [FLAGS...]: `W parity --device cuda` on each case alone (logs in
+# $OUT/p_CASE.txt, or p_CASE_FLAGS.txt), the first FAIL lines of any that fail, then
+# "N passed, M failed"; returns non-zero when one failed
+lab_parity_each() {
+    w=$1 cases=$2
+    shift 2
+    pass=0 fail=0 tag=$(echo "$*" | tr -c 'a-z0-9\n' '_' | sed 's/^_*//')
+    for c in $cases; do
+        log="$OUT/p_$c${tag:+_$tag}.txt"
+        if $w parity --device cuda --case "$c" --threads 4 "$@" >"$log" 2>&1 && grep -q '^1 passed' "$log"; then
+            pass=$((pass + 1))
+        else
+            fail=$((fail + 1))
+            grep -E '^FAIL|error' "$log" | head -3
+        fi
+    done
+    echo "$pass passed, $fail failed"
+    [ "$fail" -eq 0 ]
+}
