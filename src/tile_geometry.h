@@ -123,6 +123,37 @@ WA_HD static inline int wa_tile_needs_mask(const wa_window *w, int64_t i0, int64
     return !(wa_row_first_key(w, i1 - 1) <= j0 && wa_row_last_key(w, i0) >= j1 - 1);
 }
 
+/* The key tiles (of tile_k keys) that rows [i0, i1) see whole: [*t0, *t1), empty when none. Tile
+ * kt is in it exactly when the kernels' edge test for it is false, i.e. it is not the ragged last
+ * tile (columns [kt·tile_k, (kt+1)·tile_k) all exist) and wa_tile_needs_mask says 0: the same
+ * answer, worked out once per row range instead of once per tile (64-bit arithmetic that the
+ * version-4 forward otherwise repeats on every key tile). */
+WA_HD static inline void wa_unmasked_key_tiles(const wa_window *w, int64_t i0, int64_t i1, int64_t tile_k, int64_t *t0,
+                                               int64_t *t1) {
+    int64_t rb, re;
+    wa_nonempty_rows(w, &rb, &re);
+    *t0 = *t1 = 0;
+    if (i0 >= i1 || i0 < rb || i1 > re) return;
+    /* every row of the range sees keys [first_key(i1 - 1), last_key(i0)], both >= 0 here */
+    int64_t a = (wa_row_first_key(w, i1 - 1) + tile_k - 1) / tile_k, b = (wa_row_last_key(w, i0) + 1) / tile_k;
+    if (a < b) *t0 = a, *t1 = b;
+}
+
+/* The transposed view, for the backward's key tiles: the query tiles (of tile_q queries) whose
+ * rows all see every key of [j0, j1): [*t0, *t1), empty when none. Query tile qt is in it exactly
+ * when it is not the ragged last tile and wa_tile_needs_mask(qt·tile_q, (qt+1)·tile_q, j0, j1)
+ * says 0. */
+WA_HD static inline void wa_unmasked_query_tiles(const wa_window *w, int64_t j0, int64_t j1, int64_t tile_q, int64_t *t0,
+                                                 int64_t *t1) {
+    int64_t cb, ce;
+    wa_nonempty_cols(w, &cb, &ce);
+    *t0 = *t1 = 0;
+    if (j0 >= j1 || j0 < cb || j1 > ce) return;
+    /* the rows that see every key of the range: [first_query(j1 - 1), last_query(j0)] */
+    int64_t a = (wa_col_first_query(w, j1 - 1) + tile_q - 1) / tile_q, b = (wa_col_last_query(w, j0) + 1) / tile_q;
+    if (a < b) *t0 = a, *t1 = b;
+}
+
 /* Exact number of visible (query, key) pairs, for FLOP counts (DESIGN.md section 5). */
 WA_HD static inline int64_t wa_visible_pairs(const wa_window *w) {
     int64_t rb, re, n = 0;

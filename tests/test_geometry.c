@@ -1,7 +1,8 @@
 /* test_geometry.c — every function of src/tile_geometry.h against the predicate wa_visible(),
  * exhaustively over small sizes, windows and tile sizes: the tiles a query tile visits cover
  * exactly its visible pairs, the unmasked ones are fully visible, the reverse map (key tile ->
- * query tiles) agrees, and the pair count is exact. */
+ * query tiles) agrees, the ranges of unmasked key tiles and query tiles match the per-tile test,
+ * and the pair count is exact. */
 #include "check.h"
 #include "tile_geometry.h"
 
@@ -49,6 +50,15 @@ static int check_config(const wa_window *w, int64_t Bq, int64_t Bk, char *why, s
             if (visited && !any) return snprintf(why, n, "query tile %lld visits empty key tile %lld", (long long)i0, (long long)kt), 0;
             if (visited && wa_tile_needs_mask(w, i0, i1, j0, j1) == all)
                 return snprintf(why, n, "mask flag wrong for tile (%lld, %lld)", (long long)i0, (long long)kt), 0;
+            /* the kernels' edge test: ragged last tile or needs_mask; unmasked_key_tiles is its complement */
+            int64_t ut0, ut1;
+            wa_unmasked_key_tiles(w, i0, i1, Bk, &ut0, &ut1);
+            int edge = j0 + Bk > Nk || wa_tile_needs_mask(w, i0, i1, j0, j1);
+            if (visited && edge == (kt >= ut0 && kt < ut1))
+                return snprintf(why, n, "unmasked key tiles [%lld, %lld) wrong at tile (%lld, %lld)", (long long)ut0,
+                                (long long)ut1, (long long)i0, (long long)kt), 0;
+            if (!visited && kt >= ut0 && kt < ut1)
+                return snprintf(why, n, "unmasked key tile %lld outside the visited ones", (long long)kt), 0;
         }
     }
     /* backward view: key tile -> query tiles */
@@ -61,6 +71,15 @@ static int check_config(const wa_window *w, int64_t Bq, int64_t Bk, char *why, s
                 for (int64_t j = j0; j < j1; j++) any |= wa_visible(w, i, j);
             int visited = qt >= qt0 && qt < qt1;
             if (any != visited) return snprintf(why, n, "key tile %lld: query tile %lld visited=%d but visible=%d", (long long)j0, (long long)qt, visited, (int)any), 0;
+            /* the dK/dV kernels' edge test per query tile: ragged or needs_mask */
+            int64_t ut0, ut1;
+            wa_unmasked_query_tiles(w, j0, j1, Bq, &ut0, &ut1);
+            int edge = i0 + Bq > Nq || wa_tile_needs_mask(w, i0, i1, j0, j1);
+            if (visited && edge == (qt >= ut0 && qt < ut1))
+                return snprintf(why, n, "unmasked query tiles [%lld, %lld) wrong at tile (%lld, %lld)", (long long)ut0,
+                                (long long)ut1, (long long)qt, (long long)j0), 0;
+            if (!visited && qt >= ut0 && qt < ut1)
+                return snprintf(why, n, "unmasked query tile %lld outside the visited ones", (long long)qt), 0;
         }
     }
     return 1;

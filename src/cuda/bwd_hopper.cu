@@ -180,7 +180,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto empty = [&](int s) { return bar + 8 * (2 + 2 * s); };
 
     const int wg = threadIdx.x >> 7, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const long long hk = blockIdx.y, b = blockIdx.z, j0 = (long long)blockIdx.x * KEYS;
+    const cta_tile at = heaviest_first<true>(false); /* the first key tiles first: under a causal mask they are the longest */
+    const long long hk = at.head, b = blockIdx.z, j0 = at.tile * KEYS;
     const int nk = (int)min((long long)KEYS, p.Nk - j0);
     int64_t qt0, qt1;
     wa_query_tiles_for_cols(&p.win, j0, j0 + nk, 64, &qt0, &qt1);
@@ -233,13 +234,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     /* x (64 keys × 64 queries) = rows of `a_s` (K or V) times those of `b_s` (Q or dO), transposed */
     auto tile_product = [&](float (&x)[8][4], uint32_t a_s, uint32_t b_s) {
+        const uint64_t a_d = gmma_desc(a_s + kv_row), b_d = gmma_desc(b_s);
 #pragma unroll
         for (int ks = 0; ks < KS; ks++)
-            wgmma_ss<T, 64>(x, gmma_desc(a_s + (ks >> 2) * (KEYS * 128) + kv_row + (ks & 3) * 32),
-                            gmma_desc(b_s + (ks >> 2) * (64 * 128) + (ks & 3) * 32), ks > 0);
+            wgmma_ss<T, 64>(x, desc_at(a_d, (ks >> 2) * (KEYS * 128) + (ks & 3) * 32), desc_at(b_d, (ks >> 2) * (64 * 128) + (ks & 3) * 32),
+                            ks > 0);
     };
-    /* Pᵀ of the tile in place of Sᵀ (0 where masked); pd = what dS needs of it (P times the softcap's derivative) */
-    auto probs = [&](float (&x)[8][4], float (&pd)[8][4], const float *lse2, long long i0, bool edge) {
+    /* Pᵀ of the tile in place of Sᵀ (0 where masked); pd = what dS needs of it (P times the softcap's
+     * derivative). The masked and the unmasked form are compiled apart (edge_form below). */
+    auto probs_as = [&](float (&x)[8][4], float (&pd)[8][4], const float *lse2, long long i0, auto edge_c) {
+        const bool edge = edge_c;
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             int lo = 0, hi = 63;
@@ -255,6 +259,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                     x[nb][e] = pv, pd[nb][e] = pv * dcap;
                 }
         }
+    };
+    auto probs = [&](float (&x)[8][4], float (&pd)[8][4], const float *lse2, long long i0, bool edge) {
+        edge_form<CAP>(edge, [&](auto edge_c) { probs_as(x, pd, lse2, i0, edge_c); });
     };
 
     /* fused: dSᵀ (packed as A fragments: rows w4·16 + g (+8), columns 16 kk + 2 t4 (+8)) into
@@ -282,11 +289,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (SPLIT) named_sync(kDsWritten, 256);
         else named_sync(kDsWritten + cw, 128);
         const uint32_t a_s = opaque(base + L::ds + buf * L::DS + key0 * 128), b_s = opaque(sK + cb * (KEYS * 128) + key0 * 128);
+        const uint64_t a_d = gmma_desc_mn(a_s, KEYS * 128), b_d = gmma_desc_mn(b_s, KEYS * 128);
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < KEY_STEPS; kk++)
-            wgmma_ss_tt<T, 64>(dq, gmma_desc_mn(a_s + kk * (16 * 128), KEYS * 128), gmma_desc_mn(b_s + kk * (16 * 128), KEYS * 128),
-                               kk > 0);
+            wgmma_ss_tt<T, 64>(dq, desc_at(a_d, kk * (16 * 128)), desc_at(b_d, kk * (16 * 128)), kk > 0);
         wg_commit();
     };
     /* fused: dq (64 queries × 64 columns) into shared memory in fragment order, then one thread
@@ -307,13 +314,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     /* pingpong turns (lab): two per step */
     pingpong<kBwdPingpong && BY_ROWS> turns(kTurn, cw, 2 * steps);
 
+    int64_t uq0 = 0, uq1 = 0; /* the query tiles that see all of the CTA's keys: no mask (a ragged key tile: none) */
+    if (nk == KEYS) wa_unmasked_query_tiles(&p.win, j0, j0 + nk, 64, &uq0, &uq1);
+
     if (steps > 0) mbar_wait(kv_full, 0);
     for (int n = 0; n < steps; n++) {
         const int st = n & 1, buf = n & 1;
         const uint32_t ph = (uint32_t)(n >> 1) & 1u;
-        const long long i0 = (qt0 + n % nqt) * 64;
-        const int nq = (int)min(64LL, p.Nq - i0);
-        const bool edge = nq < 64 || nk < KEYS || wa_tile_needs_mask(&p.win, i0, i0 + nq, j0, j0 + nk);
+        const long long qt = qt0 + n % nqt, i0 = qt * 64;
+        const bool edge = !(qt >= uq0 && qt < uq1);
         const uint32_t q_s = opaque(sQ + st * QT), do_s = opaque(sdO + st * QT);
         /* lse2 and δ of the step's 64 queries: each thread of the warpgroup fetches one value before
          * the tile products and stores it to shared memory while they run; a named barrier of the
@@ -366,10 +375,11 @@ __global__ void __launch_bounds__(kThreads, 1)
             fence_acc();
             turns.begin();
             wg_fence();
+            const uint64_t do_d = gmma_desc_mn(do_s, 64 * 128), q_d = gmma_desc_mn(q_s, 64 * 128);
 #pragma unroll
-            for (int kk = 0; kk < 4; kk++) wide_mn_product<T, D, 64>(acc, pa[kk], do_s + kk * (16 * 128));
+            for (int kk = 0; kk < 4; kk++) wide_mn_product_at<T, D>(acc, pa[kk], desc_at(do_d, kk * (16 * 128)));
 #pragma unroll
-            for (int kk = 0; kk < 4; kk++) wide_mn_product<T, D, 64>(acc2, pb[kk], q_s + kk * (16 * 128));
+            for (int kk = 0; kk < 4; kk++) wide_mn_product_at<T, D>(acc2, pb[kk], desc_at(q_d, kk * (16 * 128)));
             wg_commit();
             turns.end();
             if constexpr (FUSE) {
@@ -425,7 +435,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             fence_acc();
             wg_fence();
 #pragma unroll
-            for (int kk = 0; kk < 4; kk++) wide_mn_product<T, D, 64>(acc, pa[kk], m_s + kk * (16 * 128));
+            for (int kk = 0; kk < 4; kk++) wide_mn_product_at<T, D>(acc, pa[kk], desc_at(gmma_desc_mn(m_s, 64 * 128), kk * (16 * 128)));
             wg_commit();
             wg_wait<0>();
             fence_acc();
@@ -467,8 +477,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const kv_ring ring{base + L::bars};
 
     const int wg = threadIdx.x >> 7, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const long long qt = (long long)gridDim.x - 1 - blockIdx.x; /* the longest tiles first under causal masks */
-    const long long h = blockIdx.y, b = blockIdx.z, hk = h / p.group, i0 = qt * BM;
+    const cta_tile at = heaviest_first<false>(true); /* the longest tiles first under causal masks */
+    const long long qt = at.tile, h = at.head, b = blockIdx.z, hk = h / p.group, i0 = qt * BM;
     const int m = (int)min((long long)BM, p.Nq - i0);
     int64_t kt0, kt1;
     wa_key_tiles_for_rows(&p.win, i0, i0 + m, BN, &kt0, &kt1);
@@ -505,6 +515,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         lse2[r] = rows[r] < p.nq_pad ? p.lse2[at] : INFINITY;
         delta[r] = rows[r] < p.nq_pad ? p.delta[at] : 0.0f;
     }
+    int64_t ut0, ut1; /* the key tiles these rows see whole: no mask */
+    wa_unmasked_key_tiles(&p.win, r0, r1, BN, &ut0, &ut1);
     const float scale2 = p.scale * kLog2e;
     float acc[DB][8][4];
     zero_frags(acc);
@@ -520,14 +532,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_wait(ring.k_full(st), ph);
         mbar_wait(ring.v_full(st), ph);
         wg_fence();
+        const uint64_t q_d = gmma_desc(q_s), k_d = gmma_desc(k_s), do_d = gmma_desc(do_s), v_d = gmma_desc(v_s);
 #pragma unroll
         for (int ks = 0; ks < KS; ks++)
-            wgmma_ss<T, BN>(s, gmma_desc(q_s + (ks >> 2) * (BM * 128) + (ks & 3) * 32),
-                            gmma_desc(k_s + (ks >> 2) * (BN * 128) + (ks & 3) * 32), ks > 0);
+            wgmma_ss<T, BN>(s, desc_at(q_d, (ks >> 2) * (BM * 128) + (ks & 3) * 32), desc_at(k_d, (ks >> 2) * (BN * 128) + (ks & 3) * 32),
+                            ks > 0);
 #pragma unroll
         for (int ks = 0; ks < KS; ks++)
-            wgmma_ss<T, BN>(dp, gmma_desc(do_s + (ks >> 2) * (BM * 128) + (ks & 3) * 32),
-                            gmma_desc(v_s + (ks >> 2) * (BN * 128) + (ks & 3) * 32), ks > 0);
+            wgmma_ss<T, BN>(dp, desc_at(do_d, (ks >> 2) * (BM * 128) + (ks & 3) * 32), desc_at(v_d, (ks >> 2) * (BN * 128) + (ks & 3) * 32),
+                            ks > 0);
         wg_commit();
         wg_wait<0>();
         reg_fence(s);
@@ -535,24 +548,25 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_arrive_if(ring.v_empty(st), lane == 0);
 
         const long long j0 = kt * BN;
-        const int n = (int)min((long long)BN, p.Nk - j0);
-        const bool edge = n < BN || wa_tile_needs_mask(&p.win, r0, r1, j0, j0 + n);
+        edge_form<CAP>(!(kt >= ut0 && kt < ut1), [&](auto edge_c) {
+            const bool edge = edge_c;
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            int lo = 0, hi = BN - 1;
-            if (edge) visible_cols<BN>(p, rows[r], j0, lo, hi);
+            for (int r = 0; r < 2; r++) {
+                int lo = 0, hi = BN - 1;
+                if (edge) visible_cols<BN>(p, rows[r], j0, lo, hi);
 #pragma unroll
-            for (int nb = 0; nb < BN / 8; nb++)
+                for (int nb = 0; nb < BN / 8; nb++)
 #pragma unroll
-                for (int e = 2 * r; e < 2 * r + 2; e++) {
-                    const int c = nb * 8 + 2 * t4 + (e & 1);
-                    float pv, dcap;
-                    prob_of<CAP>(p, s[nb][e], lse2[r], scale2, pv, dcap);
-                    float ds = pv * (dp[nb][e] - delta[r]) * dcap * p.scale;
-                    if (edge && (c < lo || c > hi)) ds = 0.0f;
-                    s[nb][e] = ds;
-                }
-        }
+                    for (int e = 2 * r; e < 2 * r + 2; e++) {
+                        const int c = nb * 8 + 2 * t4 + (e & 1);
+                        float pv, dcap;
+                        prob_of<CAP>(p, s[nb][e], lse2[r], scale2, pv, dcap);
+                        float ds = pv * (dp[nb][e] - delta[r]) * dcap * p.scale;
+                        if (edge && (c < lo || c > hi)) ds = 0.0f;
+                        s[nb][e] = ds;
+                    }
+            }
+        });
         uint32_t pa[BN / 16][4];
         pack_a<T, BN>(pa, s);
         /* dQ += dS K, K read transposed as V in the forward */
@@ -560,7 +574,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         reg_fence(acc);
         wg_fence();
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) wide_mn_product<T, D, BN>(acc, pa[kk], k_s + kk * (16 * 128));
+        for (int kk = 0; kk < BN / 16; kk++) wide_mn_product_at<T, D>(acc, pa[kk], desc_at(gmma_desc_mn(k_s, BN * 128), kk * (16 * 128)));
         wg_commit();
         wg_wait<0>();
         reg_fence(acc);

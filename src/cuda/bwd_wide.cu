@@ -129,7 +129,8 @@ template <typename T, bool ATOMIC_DQ> __global__ void __launch_bounds__(kThreads
     float *xch = (float *)(smem + 6 * kTile + 2 * kPair), *stats = xch + kXch / 4; /* lse[2][BM], delta[2][BM] */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     const int kg = warp & 1, c4 = warp >> 1; /* gradient phase: keys 16 kg.., columns 128 c4.. */
-    const long long hk = blockIdx.y, b = blockIdx.z, j0 = (long long)blockIdx.x * BN;
+    const cta_tile at = heaviest_first<true>(false);
+    const long long hk = at.head, b = blockIdx.z, j0 = at.tile * BN;
     const int n = (int)min((long long)BN, p.Nk - j0);
     int64_t qt0, qt1;
     wa_query_tiles_for_cols(&p.win, j0, j0 + n, BM, &qt0, &qt1);
@@ -230,7 +231,8 @@ template <typename T> __global__ void __launch_bounds__(kThreads, 1) dq_wide_ker
     float *xch = (float *)(smem + 6 * kTile + kPair), *stats = xch + kXch / 4; /* lse[BM], delta[BM] */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     const int c4 = warp >> 1;
-    const long long h = blockIdx.y, b = blockIdx.z, hk = h / p.group, i0 = (long long)blockIdx.x * BM;
+    const cta_tile at = heaviest_first<false>(true);
+    const long long h = at.head, b = blockIdx.z, hk = h / p.group, i0 = at.tile * BM;
     const int m = (int)min((long long)BM, p.Nq - i0);
     int64_t kt0, kt1;
     wa_key_tiles_for_rows(&p.win, i0, i0 + m, BN, &kt0, &kt1);

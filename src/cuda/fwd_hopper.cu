@@ -93,8 +93,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     const int wg = threadIdx.x >> 7, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     /* the last query tiles first: under a causal mask they are the longest */
-    const long long qt = (long long)gridDim.x - 1 - blockIdx.x;
-    const long long h = blockIdx.y, b = blockIdx.z, hk = h / p.group, i0 = qt * BM;
+    const cta_tile at = heaviest_first<false>(true);
+    const long long qt = at.tile, h = at.head, b = blockIdx.z, hk = h / p.group, i0 = qt * BM;
     const int m = (int)min((long long)BM, p.Nq - i0);
     int64_t kt0, kt1;
     wa_key_tiles_for_rows(&p.win, i0, i0 + m, BN, &kt0, &kt1);
@@ -117,6 +117,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         wa_key_tiles_for_rows(&p.win, r0, r1, BN, &wk0, &wk1);
         if (wk0 >= wk1) wk0 = wk1 = kt1;
     }
+    int64_t ut0, ut1; /* the key tiles these rows see whole: no mask */
+    wa_unmasked_key_tiles(&p.win, r0, r1, BN, &ut0, &ut1);
     const float scale2 = p.scale * kLog2e;
 
     float acc[DB][8][4];
@@ -133,21 +135,22 @@ __global__ void __launch_bounds__(kThreads, 1)
         ring.skip((int)(kt - kt0), lane);
     };
 
-    /* S = Q Kᵀ for the tile in stage st (issue only). The base addresses pass through opaque()
-     * so that the compiler forms the 64-bit descriptors next to each wgmma instead of hoisting
-     * all of them out of the loop, which held 2 registers per descriptor (spills at D = 128). */
+    /* S = Q Kᵀ for the tile in stage st (issue only). One descriptor per operand and tile, moved
+     * on by each k step's constant offset (desc_at); the base addresses pass through opaque() so
+     * that the compiler does not hoist every step's descriptor out of the loop, which held 2
+     * registers per descriptor (spills at D = 128). */
     auto issue_s = [&](float (&s)[BN / 8][4], int st) {
-        const uint32_t k_s = opaque(sK + st * TILE), q_s = opaque(sQ + cw * (64 * 128));
+        const uint64_t k_d = gmma_desc(opaque(sK + st * TILE)), q_d = gmma_desc(opaque(sQ + cw * (64 * 128)));
 #pragma unroll
         for (int ks = 0; ks < KS; ks++)
-            wgmma_ss<T, BN>(s, gmma_desc(q_s + (ks >> 2) * (BM * 128) + (ks & 3) * 32),
-                            gmma_desc(k_s + (ks >> 2) * (BN * 128) + (ks & 3) * 32), ks > 0);
+            wgmma_ss<T, BN>(s, desc_at(q_d, (ks >> 2) * (BM * 128) + (ks & 3) * 32), desc_at(k_d, (ks >> 2) * (BN * 128) + (ks & 3) * 32),
+                            ks > 0);
     };
     /* O += P V for the tile in stage st (issue only) */
     auto issue_pv = [&](int st) {
-        const uint32_t v_s = opaque(sV + st * TILE);
+        const uint64_t v_d = gmma_desc_mn(opaque(sV + st * TILE), BN * 128);
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) wide_mn_product<T, D, BN>(acc, pa[kk], v_s + kk * (16 * 128));
+        for (int kk = 0; kk < BN / 16; kk++) wide_mn_product_at<T, D>(acc, pa[kk], desc_at(v_d, kk * (16 * 128)));
     };
     /* the last tile's O += P V, waited for */
     auto finish_pv = [&](int st, uint32_t ph) {
@@ -165,10 +168,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     /* the online-softmax step on S of key tile kt; alpha is O's factor, P goes to pa afterwards */
     auto softmax = [&](float (&s)[BN / 8][4], long long kt, float (&alpha)[2]) {
-        const long long j0 = kt * BN;
-        const int n = (int)min((long long)BN, p.Nk - j0);
-        const bool edge = n < BN || wa_tile_needs_mask(&p.win, r0, r1, j0, j0 + n);
-        softmax_scores<BN, CAP>(p, s, row_max, row_sum, alpha, rows, j0, edge, t4, scale2);
+        const bool edge = !(kt >= ut0 && kt < ut1);
+        softmax_scores<BN, CAP>(p, s, row_max, row_sum, alpha, rows, kt * BN, edge, t4, scale2);
     };
     auto pack_p = [&](const float (&s)[BN / 8][4]) { pack_a<T, BN>(pa, s); };
 
@@ -277,8 +278,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const kv_ring ring{base + L::bars};
 
     const int wg = threadIdx.x >> 7, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const long long qt = (long long)gridDim.x - 1 - blockIdx.x; /* the longest (causal) tiles first */
-    const long long h = blockIdx.y, b = blockIdx.z, hk = h / p.group, i0 = qt * BM;
+    const cta_tile at = heaviest_first<false>(true); /* the longest (causal) tiles first */
+    const long long qt = at.tile, h = at.head, b = blockIdx.z, hk = h / p.group, i0 = qt * BM;
     const int m = (int)min((long long)BM, p.Nq - i0);
     int64_t kt0, kt1;
     wa_key_tiles_for_rows(&p.win, i0, i0 + m, BN, &kt0, &kt1);
@@ -438,9 +439,11 @@ static bool wide_forward_head_dim(long long D) {
 
 } /* namespace */
 
+/* Without a softcap the kernels fold the scale into exp2's argument (softmax_scores, mma_prims.cuh),
+ * which needs it positive; a zero or negative scale, which no model uses, runs on versions 2/3. */
 int hopper_forward_supports(const kparams &kp) {
     return !hopper_forced_off() && (hopper_head_dim(kp.D) || wide_forward_head_dim(kp.D)) && kp.Nq > 0 && kp.Nk > 0 &&
-           tensor_map_encoder() != nullptr;
+           (kp.softcap > 0.0f || kp.scale > 0.0f) && tensor_map_encoder() != nullptr;
 }
 
 wa_status hopper_forward(const kparams &kp, wa_dtype dt, cudaStream_t s, int *taken) {

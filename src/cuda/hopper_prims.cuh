@@ -161,6 +161,13 @@ __device__ __forceinline__ void wide_mn_product(float (&acc)[D / 64][8][4], cons
 #endif
 }
 
+/* the same with the operand given by its descriptor (gmma_desc_mn(rows, R * 128), moved on with
+ * desc_at); the wide form only */
+template <typename T, int D>
+__device__ __forceinline__ void wide_mn_product_at(float (&acc)[D / 64][8][4], const uint32_t (&a)[4], uint64_t desc) {
+    wgmma_rs_t<T, D>(reinterpret_cast<float (&)[D / 8][4]>(acc), a, desc, 1);
+}
+
 /* ---- host side: dispatch and tensor maps ---- */
 
 /* WINATTN_CUDA=mma or v3 keeps every call off version 4 (comparisons in dev/cuda) */

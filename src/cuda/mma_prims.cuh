@@ -163,16 +163,72 @@ template <int BM> __device__ __forceinline__ void visible_query_cols(const kpara
     hi = (int)wa_max64(-1, wa_min64(BM, wa_col_last_query(&p.win, key) - i0));
 }
 
+/* Which tile of which head a CTA of a (tiles, heads, batch) grid takes, heaviest tiles first
+ * (`last_first`: the last tiles are the heaviest, as query tiles are under a causal mask; else the
+ * first, as key tiles are). CTAs start in the order of their linear index (x fastest).
+ * across_heads (the dK/dV kernels): CTA L = x + tiles·y takes tile L / heads of head L % heads,
+ * each tile index in every head before the next, so the last wave holds the lightest tiles of all
+ * heads. In the grid's own order the last wave held every tile of the last heads: the dK/dV
+ * kernels have few CTAs (3.9 waves at (b) 8K), their SMs stood idle 14 % of the time (Nsight
+ * Compute; a greedy simulation of the schedule: 1.145× the ideal, 1.000 across heads), and the
+ * order took the (b) 8K backward from 403 to 452 TFLOP/s (session 6, call 2). The query-side
+ * kernels (16 waves and more) keep the grid's order, in which neighbouring query tiles of a head,
+ * which share most of their keys, run together: across heads their forward measured 0-5 % slower
+ * ((a) 8K 492 against 518, the D = 512 forward 347 against 355; same call). */
+struct cta_tile {
+    int tile, head; /* 32 bits, as the grid's x and y (two registers less than 64-bit ones) */
+};
+template <bool ACROSS_HEADS> __device__ __forceinline__ cta_tile heaviest_first(bool last_first) {
+    unsigned t = blockIdx.x, h = blockIdx.y;
+    if (ACROSS_HEADS) {
+        const unsigned long long linear = blockIdx.x + (unsigned long long)gridDim.x * blockIdx.y;
+        t = (unsigned)(linear / gridDim.y), h = (unsigned)(linear % gridDim.y);
+    }
+    return {(int)(last_first ? gridDim.x - 1 - t : t), (int)h};
+}
+
+/* f(edge_fixed<true>{}) on edge tiles, f(edge_fixed<false>{}) on the others (f reads it as a bool): the
+ * masked and the unmasked form of a step compiled apart, in the version-4/5 forwards and the
+ * version-4 backward. With one form whose masks test a run-time flag, ptxas computes the masks on
+ * every tile (the default bounds make them no-ops): Nsight Compute found those compares and selects
+ * a third of the forward's instructions at (b), where it is bound by instruction issue (session 6).
+ * Only without a softcap: with tanhf's temporaries two forms spill at D = 256 (forward) and D = 128
+ * (dK/dV). Versions 2 and 3 pass edge_at_run_time themselves; -DWA_NO_EDGE_SPLIT (lab) keeps one
+ * form everywhere. */
+template <bool V> struct edge_fixed {
+    __device__ constexpr operator bool() const { return V; }
+};
+struct edge_at_run_time {
+    bool value;
+    __device__ constexpr operator bool() const { return value; }
+};
+template <Cap CAP, typename F> __device__ __forceinline__ void edge_form(bool edge, F &&f) {
+#ifndef WA_NO_EDGE_SPLIT
+    if (CAP == Cap::off) {
+        if (edge) f(edge_fixed<true>{});
+        else f(edge_fixed<false>{});
+        return;
+    }
+#endif
+    f(edge_at_run_time{edge});
+}
+
 /* One key tile of the online softmax on a thread's fragment, shared by every forward kernel: s
  * holds the raw scores of its two rows (rows[0], rows[1]; columns j0 + nb*8 + 2*t4 + {0,1}) and
  * becomes exp2(score - new max); the running max and sum are updated, and alpha[r] is the factor
  * the row's output accumulator must be multiplied by (rescale() below). Split from the rescale so
  * that the version-4 forward can run it while O += P V of the previous tile is still in flight.
- * Masks only on edge tiles, from tile_geometry.h. */
-template <int BN, Cap CAP = Cap::per_call>
-__device__ __forceinline__ void softmax_scores(const kparams &p, float (&s)[BN / 8][4], float (&row_max)[2],
-                                               float (&row_sum)[2], float (&alpha)[2], const long long (&rows)[2],
-                                               long long j0, bool edge, int t4, float scale2) {
+ * Masks only on edge tiles (edge_c: a bool, see edge_form), from tile_geometry.h.
+ * FOLD (Cap::off in version 4/5, which the host takes only for a positive scale): the maximum is
+ * taken over the raw scores (a positive factor keeps their order, rounding included) and
+ * exp2(score · scale2 − max) is one fused multiply-add, as FlashAttention-3 does, instead of a
+ * multiply per score first. Masked scores are −∞ raw, hence −∞ after the multiply-add, 0 after
+ * exp2. */
+template <int BN, Cap CAP, bool FOLD, typename Edge>
+__device__ __forceinline__ void softmax_scores_as(const kparams &p, float (&s)[BN / 8][4], float (&row_max)[2],
+                                                  float (&row_sum)[2], float (&alpha)[2], const long long (&rows)[2],
+                                                  long long j0, Edge edge_c, int t4, float scale2) {
+    const bool edge = edge_c;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         int lo = 0, hi = BN - 1;
@@ -182,7 +238,7 @@ __device__ __forceinline__ void softmax_scores(const kparams &p, float (&s)[BN /
         for (int nb = 0; nb < BN / 8; nb++)
 #pragma unroll
             for (int e = 2 * r; e < 2 * r + 2; e++) {
-                float x = score2<CAP>(p, s[nb][e], scale2);
+                float x = FOLD ? s[nb][e] : score2<CAP>(p, s[nb][e], scale2);
                 if (edge) {
                     const int c = nb * 8 + 2 * t4 + (e & 1);
                     if (c < lo || c > hi) x = -INFINITY;
@@ -193,7 +249,7 @@ __device__ __forceinline__ void softmax_scores(const kparams &p, float (&s)[BN /
         /* the four lanes of a quad hold one row */
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(row_max[r], mx);
+        const float m_new = fmaxf(row_max[r], FOLD ? mx * scale2 : mx);
         const float m_use = m_new == -INFINITY ? 0.0f : m_new; /* a row with nothing visible yet stays 0 */
         alpha[r] = exp2_(row_max[r] - m_use);
         row_max[r] = m_new;
@@ -202,11 +258,28 @@ __device__ __forceinline__ void softmax_scores(const kparams &p, float (&s)[BN /
         for (int nb = 0; nb < BN / 8; nb++)
 #pragma unroll
             for (int e = 2 * r; e < 2 * r + 2; e++) {
-                float pv = exp2_(s[nb][e] - m_use);
+                const float pv = exp2_(FOLD ? fmaf(s[nb][e], scale2, -m_use) : s[nb][e] - m_use);
                 s[nb][e] = pv;
                 row_sum[r] += pv;
             }
     }
+}
+
+/* the version-4/5 forwards' step (CAP off or on): the masked form on edge tiles only, folded
+ * without a softcap. -DWA_SOFTMAX_NO_FOLD (lab) restores session 5's unfolded form. */
+template <int BN, Cap CAP>
+__device__ __forceinline__ void softmax_scores(const kparams &p, float (&s)[BN / 8][4], float (&row_max)[2],
+                                               float (&row_sum)[2], float (&alpha)[2], const long long (&rows)[2],
+                                               long long j0, bool edge, int t4, float scale2) {
+    static_assert(CAP != Cap::per_call, "versions 2 and 3 call softmax_step");
+#ifdef WA_SOFTMAX_NO_FOLD
+    constexpr bool fold = false;
+#else
+    constexpr bool fold = CAP == Cap::off;
+#endif
+    edge_form<CAP>(edge, [&](auto edge_c) {
+        softmax_scores_as<BN, CAP, fold>(p, s, row_max, row_sum, alpha, rows, j0, edge_c, t4, scale2);
+    });
 }
 
 /* the NA output fragments of a thread's two rows times alpha (from softmax_scores) */
@@ -221,7 +294,7 @@ __device__ __forceinline__ void softmax_step(const kparams &p, float (&s)[BN / 8
                                              float (&row_max)[2], float (&row_sum)[2], const long long (&rows)[2],
                                              long long j0, bool edge, int t4, float scale2) {
     float alpha[2];
-    softmax_scores<BN>(p, s, row_max, row_sum, alpha, rows, j0, edge, t4, scale2);
+    softmax_scores_as<BN, Cap::per_call, false>(p, s, row_max, row_sum, alpha, rows, j0, edge_at_run_time{edge}, t4, scale2);
     rescale<NA>(acc, alpha);
 }
 
@@ -392,6 +465,18 @@ __device__ __forceinline__ uint64_t gmma_desc(uint32_t addr) {
 __device__ __forceinline__ uint64_t gmma_desc_mn(uint32_t addr, uint32_t lbo) {
     return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo >> 4) & 0x3FFF) << 16) | ((uint64_t)(1024 >> 4) << 32) |
            ((uint64_t)1 << 62);
+}
+/* desc (from gmma_desc or gmma_desc_mn) moved `bytes` further into shared memory: the address
+ * field is the low 14 bits of the low word and a shared address stays below 256 KB, so one 32-bit
+ * add does it. A loop forms one descriptor per operand and tile and adds the constant offsets of
+ * its k steps, instead of masking and shifting a new address before every wgmma (eight
+ * instructions each; 16 wgmma per key tile in the version-4 forward). */
+__device__ __forceinline__ uint64_t desc_at(uint64_t desc, uint32_t bytes) {
+    uint32_t lo, hi;
+    asm("mov.b64 {%0, %1}, %2;" : "=r"(lo), "=r"(hi) : "l"(desc));
+    lo += bytes >> 4;
+    asm("mov.b64 %0, {%1, %2};" : "=l"(desc) : "r"(lo), "r"(hi));
+    return desc;
 }
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
