@@ -302,19 +302,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
     uint32_t pa[BN / 16][4];
 
+    int64_t ut0, ut1; /* the key tiles the CTA's rows see whole: no mask */
+    wa_unmasked_key_tiles(&p.win, i0, i0 + m, BN, &ut0, &ut1);
+    /* descriptors as in fwd_ws_kernel: one per operand and tile, moved on by constant offsets */
     auto issue_s = [&](float (&s)[BN / 8][4], int st) {
-        const uint32_t k_s = opaque(sK + st * TILE), q_s = opaque(sQ);
+        const uint64_t k_d = gmma_desc(opaque(sK + st * TILE + cw * 4 * (BN * 128))), q_d = gmma_desc(opaque(sQ + cw * 4 * (BM * 128)));
 #pragma unroll
-        for (int kx = 0; kx < KH; kx++) {
-            const int ks = cw * KH + kx;
-            wgmma_ss<T, BN>(s, gmma_desc(q_s + (ks >> 2) * (BM * 128) + (ks & 3) * 32),
-                            gmma_desc(k_s + (ks >> 2) * (BN * 128) + (ks & 3) * 32), kx > 0);
-        }
+        for (int kx = 0; kx < KH; kx++)
+            wgmma_ss<T, BN>(s, desc_at(q_d, (kx >> 2) * (BM * 128) + (kx & 3) * 32), desc_at(k_d, (kx >> 2) * (BN * 128) + (kx & 3) * 32),
+                            kx > 0);
     };
     auto issue_pv = [&](int st) {
-        const uint32_t v_s = opaque(sV + st * TILE + cw * 4 * (BN * 128));
+        const uint64_t v_d = gmma_desc_mn(opaque(sV + st * TILE + cw * 4 * (BN * 128)), BN * 128);
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) wide_mn_product<T, 256, BN>(acc, pa[kk], v_s + kk * (16 * 128));
+        for (int kk = 0; kk < BN / 16; kk++) wide_mn_product_at<T, 256>(acc, pa[kk], desc_at(v_d, kk * (16 * 128)));
     };
     /* S of tile `it` (stage st) once its k steps are done: own half + the other warpgroup's, then the softmax step */
     auto trade_and_softmax = [&](float (&s)[BN / 8][4], float (&alpha)[2], long long kt, int it) {
@@ -328,10 +329,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int i = 0; i < BN / 8; i++)
 #pragma unroll
             for (int e = 0; e < 4; e++) s[i][e] += other[(i * 4 + e) * 128 + tid];
-        const long long j0 = kt * BN;
-        const int n = (int)min((long long)BN, p.Nk - j0);
-        const bool edge = n < BN || wa_tile_needs_mask(&p.win, i0, i0 + m, j0, j0 + n);
-        softmax_scores<BN, CAP>(p, s, row_max, row_sum, alpha, rows, j0, edge, t4, scale2);
+        softmax_scores<BN, CAP>(p, s, row_max, row_sum, alpha, rows, kt * BN, !(kt >= ut0 && kt < ut1), t4, scale2);
     };
 
     if (kt0 < kt1) {
