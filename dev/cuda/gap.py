@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """gap.py — where the time between `winattn bench` (C, uniform data) and bench/gpu_peers.py
-(through the PyTorch binding, randn data) goes. For shapes (a) and (b) at 8K, times winattn's
+(through the PyTorch binding, randn data) goes. For shapes (a) and (b) (at 8K unless --cases), times winattn's
 forward and backward through winattn.torch four ways: one call per CUDA-event pair with randn
 inputs (gpu_peers' method), the same with uniform(-1, 1) inputs (the C bench's distribution), and
 ten calls per event pair (launch gaps amortised) for both. Then, for the backward at (a): the host
@@ -8,7 +8,8 @@ time spent inside wa_backward (ctypes call, no sync; after a sync, as in the per
 the per-call timing again after the driver's default memory pool (where the library's workspace
 comes from, cudaMallocAsync) is told to keep freed memory (release threshold = max) instead of
 unmapping it at every synchronisation. Run on the H200 from the repository root after `make`:
-    python3 dev/cuda/gap.py [--host-only]"""
+    python3 dev/cuda/gap.py [--host-only | --no-host] [--cases=a:8192,b:32768]
+(--cases: which shapes and lengths the first part times; (a) and (b) at 8K by default)."""
 import ctypes
 import os
 import sys
@@ -24,10 +25,14 @@ import winattn.torch as wt  # noqa: E402
 from gpu_peers import timed  # noqa: E402  (median seconds per call over reps timings of `calls` calls)
 
 
-def main():
+SHAPES = {"a": (32, 16, 256, 1024), "b": (32, 8, 128, 4096)}
+
+
+def main(cases):
     print("| shape | data | calls per timing | fwd TFLOP/s | bwd TFLOP/s |")
     print("|---|---|---|---|---|")
-    for label, hq, hkv, d, w, n in (("a", 32, 16, 256, 1024, 8192), ("b", 32, 8, 128, 4096, 8192)):
+    for label, n in cases:
+        hq, hkv, d, w = SHAPES[label]
         flops = 4.0 * d * hq * (n * w - w * (w - 1) // 2)
         for data in ("randn", "uniform"):
             g = torch.Generator(device="cuda").manual_seed(1)
@@ -97,6 +102,11 @@ def host_side():
 
 
 if __name__ == "__main__":
+    cases = [("a", 8192), ("b", 8192)]
+    for arg in sys.argv[1:]:
+        if arg.startswith("--cases="):  # e.g. --cases=b:8192,b:32768
+            cases = [(c.split(":")[0], int(c.split(":")[1])) for c in arg[len("--cases="):].split(",")]
     if "--host-only" not in sys.argv:
-        main()
-    host_side()
+        main(cases)
+    if "--no-host" not in sys.argv:
+        host_side()

@@ -54,6 +54,11 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float *dst, uint32_t src, ui
     asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes)
                  : "memory");
 }
+/* global f32 [dst, dst + 4) += v, one relaxed vector reduction performed at L2 (dst 16-byte aligned) */
+__device__ __forceinline__ void red_add_v4(float *dst, float4 v) {
+    asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
+                 : "memory");
+}
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 /* the source of every committed group but the newest N has been read (its buffer may be rewritten) */
 template <int N> __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory"); }
