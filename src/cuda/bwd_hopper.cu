@@ -154,7 +154,9 @@ constexpr int kReady = 1, kFree = 3, kStats = 5, kDsWritten = 7, kDqStaged = 9, 
 /* Lab (-DWA_DQ_RED): the fused form adds its dQ share straight from registers with vector
  * reductions (red.global.add.v4.f32, eight per thread and step, in the accumulator's fragment
  * order) instead of staging it in shared memory for one bulk reduce-add: no shared stores, proxy
- * fence or named barrier per step. */
+ * fence or named barrier per step. Measured much slower (session 6, call 6, lab_s6e.sh: (b) 418 /
+ * 412-418 against 484-486 / 480-512, D = 64 226 against 275; parity and sanitizers clean): the
+ * bulk copy engine does the adds without the load/store pipes. */
 #ifdef WA_DQ_RED
 constexpr bool kDqByRed = true;
 #else
