@@ -8,6 +8,8 @@
 #   build-base  session 5 (724b3f4), for the same-run comparison;
 #   build-nosplit / -headmajor / -nofold   this tree with one change undone each
 #               (-DWA_NO_EDGE_SPLIT, -DWA_HEAD_MAJOR_ORDER, -DWA_SOFTMAX_NO_FOLD).
+# Ran on the tree of commit e17e04c's parent state (see docs/cuda.md, "Session 6"); since then the
+# order is a template argument of heaviest_first and -DWA_HEAD_MAJOR_ORDER no longer exists.
 # Checks on `build`: kernel tests, the full parity sweep, --quick with --deterministic and on
 # version 2. Then `winattn bench` at (b) 8K/32K (two rounds), (a) 8K, D = 64 16K and (c) 8K.
 KEEP=${OUT:-/tmp/out}

@@ -438,7 +438,8 @@ static bool wide_forward_head_dim(long long D) {
 } /* namespace */
 
 /* Without a softcap the kernels fold the scale into exp2's argument (softmax_scores, mma_prims.cuh),
- * which needs it positive; a zero or negative scale, which no model uses, runs on versions 2/3. */
+ * which needs it positive; a negative scale (0 means 1/sqrt(D) by then), which no model uses, runs
+ * on versions 2/3. */
 int hopper_forward_supports(const kparams &kp) {
     return !hopper_forced_off() && (hopper_head_dim(kp.D) || wide_forward_head_dim(kp.D)) && kp.Nq > 0 && kp.Nk > 0 &&
            (kp.softcap > 0.0f || kp.scale > 0.0f) && tensor_map_encoder() != nullptr;
