@@ -9,6 +9,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+/* a range [u0, u1) of tiles said to need no mask, at tile t: it holds t exactly when t is visited
+ * and not an edge tile (edge: the kernels' test, ragged or wa_tile_needs_mask) */
+static int unmasked_range_ok(int64_t u0, int64_t u1, int64_t t, int visited, int edge) {
+    return (t >= u0 && t < u1) == (visited && !edge);
+}
+
 static int check_config(const wa_window *w, int64_t Bq, int64_t Bk, char *why, size_t n) {
     int64_t Nq = w->Nq, Nk = w->Nk;
     int64_t rb, re, cb, ce;
@@ -53,12 +59,9 @@ static int check_config(const wa_window *w, int64_t Bq, int64_t Bk, char *why, s
             /* the kernels' edge test: ragged last tile or needs_mask; unmasked_key_tiles is its complement */
             int64_t ut0, ut1;
             wa_unmasked_key_tiles(w, i0, i1, Bk, &ut0, &ut1);
-            int edge = j0 + Bk > Nk || wa_tile_needs_mask(w, i0, i1, j0, j1);
-            if (visited && edge == (kt >= ut0 && kt < ut1))
+            if (!unmasked_range_ok(ut0, ut1, kt, visited, j0 + Bk > Nk || wa_tile_needs_mask(w, i0, i1, j0, j1)))
                 return snprintf(why, n, "unmasked key tiles [%lld, %lld) wrong at tile (%lld, %lld)", (long long)ut0,
                                 (long long)ut1, (long long)i0, (long long)kt), 0;
-            if (!visited && kt >= ut0 && kt < ut1)
-                return snprintf(why, n, "unmasked key tile %lld outside the visited ones", (long long)kt), 0;
         }
     }
     /* backward view: key tile -> query tiles */
@@ -74,12 +77,9 @@ static int check_config(const wa_window *w, int64_t Bq, int64_t Bk, char *why, s
             /* the dK/dV kernels' edge test per query tile: ragged or needs_mask */
             int64_t ut0, ut1;
             wa_unmasked_query_tiles(w, j0, j1, Bq, &ut0, &ut1);
-            int edge = i0 + Bq > Nq || wa_tile_needs_mask(w, i0, i1, j0, j1);
-            if (visited && edge == (qt >= ut0 && qt < ut1))
+            if (!unmasked_range_ok(ut0, ut1, qt, visited, i0 + Bq > Nq || wa_tile_needs_mask(w, i0, i1, j0, j1)))
                 return snprintf(why, n, "unmasked query tiles [%lld, %lld) wrong at tile (%lld, %lld)", (long long)ut0,
                                 (long long)ut1, (long long)qt, (long long)j0), 0;
-            if (!visited && qt >= ut0 && qt < ut1)
-                return snprintf(why, n, "unmasked query tile %lld outside the visited ones", (long long)qt), 0;
         }
     }
     return 1;

@@ -10,12 +10,8 @@
 #           on a subset, winattn probe, and bench/gpu_peers.py at (a) and (b) (JSON to
 #           $OUT/gpu-peers.json) in what is left of ten minutes
 # `peers` reuses build/ when the machine is still warm from `check`.
-KEEP=${OUT:-/tmp/out}
-OUT=/tmp/lab
-DEPS=$(pwd)/${DEPS:-.devdeps}
+LAB_KEEP=1
 . dev/cuda/lab_env.sh
-mkdir -p "$KEEP"
-t0=$(date +%s)
 what=${1:-check}
 if [ "$what" = check ]; then
     (lab_build build "") &

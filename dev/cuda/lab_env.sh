@@ -1,9 +1,20 @@
 # lab_env.sh — sourced (`. dev/cuda/lab_env.sh`) by the session-4 lab scripts, from the repository
 # root: sets OUT (where logs go, the device tool's $OUT) and DEPS (the unpacked libjansson, see
 # scripts/cuda_check.sh), and defines lab_build.
+# A script that sets LAB_KEEP=1 first gets KEEP = the device tool's $OUT (which returns at most 8
+# files) for what must come back, and OUT = /tmp/lab for the other logs. DEPS is made absolute, so
+# that a build in another tree (.lab-base/, carried for same-run comparisons) finds it; t0 starts
+# the script's clock.
+if [ -n "$LAB_KEEP" ]; then
+    KEEP=${OUT:-/tmp/out}
+    OUT=/tmp/lab
+    mkdir -p "$KEEP"
+fi
 OUT=${OUT:-/tmp/out}
 DEPS=${DEPS:-.devdeps}
+case $DEPS in /*) ;; *) DEPS=$(pwd)/$DEPS ;; esac
 mkdir -p "$OUT"
+t0=$(date +%s)
 
 # lab_build DIR "DEFINES" TARGET...: make the targets with BUILD=DIR and the nvcc defines (e.g.
 # -DWA_FWD_NO_PINGPONG; the Makefile's CUDA_DEFINES); log in $OUT/DIR.txt; on failure print its

@@ -8,11 +8,8 @@
 #  3. Nsight Compute with source counters (warp-stall sampling per SASS instruction) on the
 #     version-4 forward and the fused dK/dV kernel at (b) 8K: src_fwd.csv.gz, src_dkdv.csv.gz
 #     (analysed off the machine) and the details pages come back; other logs stay in /tmp/lab.
-KEEP=${OUT:-/tmp/out} # what comes back (at most 8 files): the profiles; the rest stays in /tmp/lab
-OUT=/tmp/lab
+LAB_KEEP=1 # what comes back (at most 8 files): the profiles; the rest stays in /tmp/lab
 . dev/cuda/lab_env.sh
-mkdir -p "$KEEP"
-t0=$(date +%s)
 (lab_build build "") &
 (lab_build build-nofold -DWA_SOFTMAX_NO_FOLD build-nofold/winattn) &
 wait

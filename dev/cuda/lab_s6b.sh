@@ -12,12 +12,8 @@
 # order is a template argument of heaviest_first and -DWA_HEAD_MAJOR_ORDER no longer exists.
 # Checks on `build`: kernel tests, the full parity sweep, --quick with --deterministic and on
 # version 2. Then `winattn bench` at (b) 8K/32K (two rounds), (a) 8K, D = 64 16K and (c) 8K.
-KEEP=${OUT:-/tmp/out}
-OUT=/tmp/lab
-DEPS=$(pwd)/${DEPS:-.devdeps}
+LAB_KEEP=1
 . dev/cuda/lab_env.sh
-mkdir -p "$KEEP"
-t0=$(date +%s)
 (lab_build build "") &
 (cd .lab-base && OUT=$OUT lab_build build-base "" build-base/winattn) &
 wait

@@ -5,12 +5,8 @@
 # ten calls per timing, beside the C bench, while nvidia-smi samples the SM clock and the power
 # every 100 ms ($OUT/smi.csv; phases marked in $OUT/phases.txt). Then Nsight Compute's
 # per-instruction sampling of the fused dK/dV kernel at (b) 32K ($OUT/src_dkdv32k.csv.gz).
-KEEP=${OUT:-/tmp/out}
-OUT=/tmp/lab
-DEPS=$(pwd)/${DEPS:-.devdeps}
+LAB_KEEP=1
 . dev/cuda/lab_env.sh
-mkdir -p "$KEEP"
-t0=$(date +%s)
 lab_build build "" build/winattn lib
 echo "built in $(($(date +%s) - t0)) s"
 nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,noheader -lms 100 >"$KEEP/smi.csv" &

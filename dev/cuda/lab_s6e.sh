@@ -4,12 +4,8 @@
 # reduce-add (default), `winattn bench` at (b) and D = 64, two rounds; for the variant also the
 # full parity sweep, compute-sanitizer on case 309 (fused D = 128) and bench/gpu_peers.py at (b)
 # against FlexAttention, so that it can become the default on this call's evidence.
-KEEP=${OUT:-/tmp/out}
-OUT=/tmp/lab
-DEPS=$(pwd)/${DEPS:-.devdeps}
+LAB_KEEP=1
 . dev/cuda/lab_env.sh
-mkdir -p "$KEEP"
-t0=$(date +%s)
 (lab_build build "" build/winattn lib) &
 (lab_build build-red -DWA_DQ_RED build-red/winattn lib) &
 wait

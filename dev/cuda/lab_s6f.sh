@@ -4,11 +4,8 @@
 # for the next session's work on them (the first launches of `winattn bench`, forward included): at (b) 32K the prep (δ, lse2, zeroing the f32 dQ
 # accumulator) and convert kernels of the fused backward; at (a) 8K every backward kernel (prep,
 # dK/dV split by output, dQ).
-KEEP=${OUT:-/tmp/out}
-OUT=/tmp/lab
-DEPS=$(pwd)/${DEPS:-.devdeps}
+LAB_KEEP=1
 . dev/cuda/lab_env.sh
-mkdir -p "$KEEP"
 [ -x build/winattn ] || lab_build build "" build/winattn
 M="gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes.sum"
 run() {
