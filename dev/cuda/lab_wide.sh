@@ -1,6 +1,7 @@
 #!/bin/sh
 # lab_wide.sh — version 4 with one wide wgmma per 16 rows of the MN-major operand (default) against
-# the narrow per-column-block form (-DWA_NARROW_MN): quick parity on the default, forward and
+# the narrow per-column-block form (-DWA_NARROW_MN, last honoured by commit 724b3f4; session 6
+# dropped it): quick parity on the default, forward and
 # backward timings of both at (a), (b) and D = 64, then the full parity sweep of the default.
 #   DEPS=.devdeps sh dev/cuda/lab_wide.sh
 OUT=${OUT:-/tmp/out}

@@ -151,18 +151,6 @@ template <int D, bool FUSE> struct kv_layout {
  * warpgroups, or 7 + its index), a warpgroup's dQ share staged (9 + its index) */
 constexpr int kReady = 1, kFree = 3, kStats = 5, kDsWritten = 7, kDqStaged = 9, kTurn = 13;
 
-/* Lab (-DWA_DQ_RED): the fused form adds its dQ share straight from registers with vector
- * reductions (red.global.add.v4.f32, eight per thread and step, in the accumulator's fragment
- * order) instead of staging it in shared memory for one bulk reduce-add: no shared stores, proxy
- * fence or named barrier per step. Measured much slower (session 6, call 6, lab_s6e.sh: (b) 418 /
- * 412-418 against 484-486 / 480-512, D = 64 226 against 275; parity and sanitizers clean): the
- * bulk copy engine does the adds without the load/store pipes. */
-#ifdef WA_DQ_RED
-constexpr bool kDqByRed = true;
-#else
-constexpr bool kDqByRed = false;
-#endif
-
 /* Lab (-DWA_BWD_PINGPONG): by rows, the two consumer warpgroups take turns to issue each batch
  * of products (Sᵀ and dPᵀ; dV and dK), as the forward's pingpong (fwd_hopper.cu), named barriers
  * kTurn + w. Measured no gain where it matters (session 4, call 9, dev/cuda/lab_bwd_pingpong.sh):
@@ -297,7 +285,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         constexpr bool SPLIT = dq_split_columns<D>();
         constexpr int KEY_STEPS = SPLIT ? KEYS / 16 : 4;
         const int key0 = SPLIT ? 0 : cw * 64;
-        if (!kDqByRed && tid == 0) bulk_wait_read<0>();
+        if (tid == 0) bulk_wait_read<0>();
         if (SPLIT) named_sync(kDsWritten, 256);
         else named_sync(kDsWritten + cw, 128);
         const uint32_t a_s = opaque(base + L::ds + buf * L::DS + key0 * 128), b_s = opaque(sK + cb * (KEYS * 128) + key0 * 128);
@@ -312,12 +300,6 @@ __global__ void __launch_bounds__(kThreads, 1)
      * adds it to query tile `tile` (of B·Hq·nq_pad/64) of the accumulator; dq_convert_kernel knows
      * the order */
     auto add_dq = [&](const float (&dq)[8][4], long long tile, int cb) {
-        if (kDqByRed) {
-            float4 *dst = (float4 *)(p.dq_acc + (tile * DB + cb) * 4096);
-#pragma unroll
-            for (int nb = 0; nb < 8; nb++) red_add_v4((float *)(dst + nb * 128 + tid), make_float4(dq[nb][0], dq[nb][1], dq[nb][2], dq[nb][3]));
-            return;
-        }
         float4 *stage = (float4 *)(aligned + L::dq_stage + cw * L::DQ_STAGE);
 #pragma unroll
         for (int nb = 0; nb < 8; nb++) stage[nb * 128 + tid] = make_float4(dq[nb][0], dq[nb][1], dq[nb][2], dq[nb][3]);
@@ -395,9 +377,9 @@ __global__ void __launch_bounds__(kThreads, 1)
             wg_fence();
             const uint64_t do_d = gmma_desc_mn(do_s, 64 * 128), q_d = gmma_desc_mn(q_s, 64 * 128);
 #pragma unroll
-            for (int kk = 0; kk < 4; kk++) wide_mn_product_at<T, D>(acc, pa[kk], desc_at(do_d, kk * (16 * 128)));
+            for (int kk = 0; kk < 4; kk++) wide_mn_product<T, D>(acc, pa[kk], desc_at(do_d, kk * (16 * 128)));
 #pragma unroll
-            for (int kk = 0; kk < 4; kk++) wide_mn_product_at<T, D>(acc2, pb[kk], desc_at(q_d, kk * (16 * 128)));
+            for (int kk = 0; kk < 4; kk++) wide_mn_product<T, D>(acc2, pb[kk], desc_at(q_d, kk * (16 * 128)));
             wg_commit();
             turns.end();
             if constexpr (FUSE) {
@@ -453,14 +435,14 @@ __global__ void __launch_bounds__(kThreads, 1)
             fence_acc();
             wg_fence();
 #pragma unroll
-            for (int kk = 0; kk < 4; kk++) wide_mn_product_at<T, D>(acc, pa[kk], desc_at(gmma_desc_mn(m_s, 64 * 128), kk * (16 * 128)));
+            for (int kk = 0; kk < 4; kk++) wide_mn_product<T, D>(acc, pa[kk], desc_at(gmma_desc_mn(m_s, 64 * 128), kk * (16 * 128)));
             wg_commit();
             wg_wait<0>();
             fence_acc();
         }
         mbar_arrive_if(empty(st), lane == 0);
     }
-    if (FUSE && !kDqByRed && tid == 0) bulk_wait<0>(); /* the reduce-adds are done before the CTA's shared memory goes */
+    if (FUSE && tid == 0) bulk_wait<0>(); /* the reduce-adds are done before the CTA's shared memory goes */
     if constexpr (BY_ROWS) {
         store_frag_rows<T, DB * 8>(p.dv, reinterpret_cast<const float (&)[DB * 8][4]>(acc), keys, p.Nk, b, hk, t4);
         store_frag_rows<T, DB * 8>(p.dk, reinterpret_cast<const float (&)[DB * 8][4]>(acc2), keys, p.Nk, b, hk, t4);
@@ -592,7 +574,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         reg_fence(acc);
         wg_fence();
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) wide_mn_product_at<T, D>(acc, pa[kk], desc_at(gmma_desc_mn(k_s, BN * 128), kk * (16 * 128)));
+        for (int kk = 0; kk < BN / 16; kk++) wide_mn_product<T, D>(acc, pa[kk], desc_at(gmma_desc_mn(k_s, BN * 128), kk * (16 * 128)));
         wg_commit();
         wg_wait<0>();
         reg_fence(acc);

@@ -150,7 +150,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto issue_pv = [&](int st) {
         const uint64_t v_d = gmma_desc_mn(opaque(sV + st * TILE), BN * 128);
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) wide_mn_product_at<T, D>(acc, pa[kk], desc_at(v_d, kk * (16 * 128)));
+        for (int kk = 0; kk < BN / 16; kk++) wide_mn_product<T, D>(acc, pa[kk], desc_at(v_d, kk * (16 * 128)));
     };
     /* the last tile's O += P V, waited for */
     auto finish_pv = [&](int st, uint32_t ph) {
@@ -315,7 +315,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto issue_pv = [&](int st) {
         const uint64_t v_d = gmma_desc_mn(opaque(sV + st * TILE + cw * 4 * (BN * 128)), BN * 128);
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) wide_mn_product_at<T, 256>(acc, pa[kk], desc_at(v_d, kk * (16 * 128)));
+        for (int kk = 0; kk < BN / 16; kk++) wide_mn_product<T, 256>(acc, pa[kk], desc_at(v_d, kk * (16 * 128)));
     };
     /* S of tile `it` (stage st) once its k steps are done: own half + the other warpgroup's, then the softmax step */
     auto trade_and_softmax = [&](float (&s)[BN / 8][4], float (&alpha)[2], long long kt, int it) {

@@ -54,11 +54,6 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float *dst, uint32_t src, ui
     asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes)
                  : "memory");
 }
-/* global f32 [dst, dst + 4) += v, one relaxed vector reduction performed at L2 (dst 16-byte aligned) */
-__device__ __forceinline__ void red_add_v4(float *dst, float4 v) {
-    asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
-                 : "memory");
-}
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 /* the source of every committed group but the newest N has been read (its buffer may be rewritten) */
 template <int N> __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory"); }
@@ -152,24 +147,13 @@ struct kv_ring {
 };
 
 /* acc (64 × D per warpgroup, f32) += a (16 columns of P or dS, registers) × 16 rows of an MN-major
- * operand at `rows` (V, K, Q or dO: a tile of R rows stored as D/64 column blocks R × 128 bytes
- * apart). One wgmma m64nDk16 spanning every column block (the descriptor's leading offset steps
- * from block to block), not D/64 narrow ones: fewer instructions, and the register operand is
- * read once. -DWA_NARROW_MN restores the narrow form (version 4's first measurements). */
-template <typename T, int D, int R>
-__device__ __forceinline__ void wide_mn_product(float (&acc)[D / 64][8][4], const uint32_t (&a)[4], uint32_t rows) {
-#ifndef WA_NARROW_MN
-    wgmma_rs_t<T, D>(reinterpret_cast<float (&)[D / 8][4]>(acc), a, gmma_desc_mn(rows, R * 128), 1);
-#else
-#pragma unroll
-    for (int c = 0; c < D / 64; c++) wgmma_rs_t<T, 64>(acc[c], a, gmma_desc(rows + c * (R * 128)), 1);
-#endif
-}
-
-/* the same with the operand given by its descriptor (gmma_desc_mn(rows, R * 128), moved on with
- * desc_at); the wide form only */
+ * operand (V, K, Q or dO: a tile of R rows stored as D/64 column blocks R × 128 bytes apart) given
+ * by its descriptor, gmma_desc_mn(rows, R * 128) moved on with desc_at. One wgmma m64nDk16 spanning
+ * every column block (the descriptor's leading offset steps from block to block), not D/64 narrow
+ * ones: fewer instructions, and the register operand is read once (version 4's first measurements;
+ * the narrow form's lab switch -DWA_NARROW_MN went in session 6, when the callers moved to desc_at). */
 template <typename T, int D>
-__device__ __forceinline__ void wide_mn_product_at(float (&acc)[D / 64][8][4], const uint32_t (&a)[4], uint64_t desc) {
+__device__ __forceinline__ void wide_mn_product(float (&acc)[D / 64][8][4], const uint32_t (&a)[4], uint64_t desc) {
     wgmma_rs_t<T, D>(reinterpret_cast<float (&)[D / 8][4]>(acc), a, desc, 1);
 }
 
