@@ -48,16 +48,8 @@ if [ "$what" = peers ]; then
     timeout 200 python3 dev/cuda/bit_identity.py
     echo "== sanitizers"
     : >"$OUT/sanitize.txt"
-    for run in 309 "309 --deterministic" "399 --deterministic" 748 337 973; do
-        timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 build/winattn parity --device cuda --threads 1 --case $run \
-            >>"$OUT/sanitize.txt" 2>&1
-        echo "memcheck case $run: exit $?"
-    done
-    for run in 309 "399 --deterministic" 337; do
-        timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 build/winattn parity --device cuda --case $run --threads 1 \
-            >>"$OUT/sanitize.txt" 2>&1
-        echo "racecheck case $run: exit $?"
-    done
+    lab_sanitize memcheck build/winattn 309 309:--deterministic 399:--deterministic 748 337 973
+    lab_sanitize racecheck build/winattn 309 399:--deterministic 337
     grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitize.txt" | sort | uniq -c
     cp "$OUT/sanitize.txt" "$KEEP/"
     echo "== probe at $(($(date +%s) - t0)) s"

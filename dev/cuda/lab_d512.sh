@@ -16,14 +16,8 @@ echo "== D=512, --deterministic"; lab_parity_each $W "$CASES" --deterministic
 echo "== full sweep"
 timeout 200 $W parity --device cuda --threads 16 >"$OUT/parity_cuda.txt" 2>&1; grep '^FAIL' "$OUT/parity_cuda.txt" | head; tail -3 "$OUT/parity_cuda.txt"
 echo "== compute-sanitizer on 337, 341, 836"
-for c in 337 341 836; do
-    timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 $W parity --device cuda --case $c --threads 1 >"$OUT/mc_$c.txt" 2>&1
-    echo "memcheck $c exit $?"
-done
-for c in 337 836; do
-    timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 $W parity --device cuda --case $c --threads 1 >"$OUT/rc_$c.txt" 2>&1
-    echo "racecheck $c exit $? ($(grep -c 'Race reported' "$OUT/rc_$c.txt") race lines)"
-done
+lab_sanitize memcheck $W 337 341 836
+lab_sanitize racecheck $W 337 836
 echo "== (c) bf16, Hq=32, Hkv=4, D=512, causal, 8K"
 C="--n 8192 --d 512 --hq 32 --hkv 4 --causal"
 timeout 120 $W bench --device cuda --reps 5 $C | tail -2

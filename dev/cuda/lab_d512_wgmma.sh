@@ -10,14 +10,8 @@ echo "== parity on the f16/bf16 D = 512 cases"
 lab_parity_each $W "$(lab_d512_cases $W)" || exit 1
 echo "== full sweep"
 timeout 200 $W parity --device cuda --threads 16 >"$OUT/parity_cuda.txt" 2>&1; grep '^FAIL' "$OUT/parity_cuda.txt" | head -5; tail -1 "$OUT/parity_cuda.txt"
-for c in 337 973; do
-    timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 $W parity --device cuda --case $c --threads 1 >"$OUT/mc_$c.txt" 2>&1
-    echo "memcheck $c exit $?"
-done
-for c in 337 836; do
-    timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 $W parity --device cuda --case $c --threads 1 >"$OUT/rc_$c.txt" 2>&1
-    echo "racecheck $c exit $? ($(grep -c 'Race reported' "$OUT/rc_$c.txt") race lines)"
-done
+lab_sanitize memcheck $W 337 973
+lab_sanitize racecheck $W 337 836
 C="--d 512 --hq 32 --hkv 4"
 for v in default mma default mma; do
     echo "== forward, $v: (c) causal 8K / 16K; window 1024 16K"

@@ -23,9 +23,5 @@ done
 echo "== parity (full)"
 timeout 120 build/winattn parity --device cuda --threads 16 >"$OUT/parity-cuda.txt" 2>&1; echo "exit $?"
 grep '^FAIL' "$OUT/parity-cuda.txt" | head; tail -1 "$OUT/parity-cuda.txt"
-for c in 309 314; do
-    timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 build/winattn parity --device cuda --case $c >"$OUT/memcheck_$c.txt" 2>&1
-    echo "memcheck $c exit $? $(grep 'ERROR SUMMARY' "$OUT/memcheck_$c.txt")"
-    timeout 90 compute-sanitizer --tool racecheck --error-exitcode 9 build/winattn parity --device cuda --case $c >"$OUT/racecheck_$c.txt" 2>&1
-    echo "racecheck $c exit $? $(grep 'RACECHECK SUMMARY' "$OUT/racecheck_$c.txt")"
-done
+lab_sanitize memcheck build/winattn 309 314
+lab_sanitize racecheck build/winattn 309 314

@@ -52,3 +52,21 @@ lab_parity_each() {
     echo "$pass passed, $fail failed"
     [ "$fail" -eq 0 ]
 }
+
+# lab_sanitize TOOL W CASE...: compute-sanitizer --tool TOOL (memcheck or racecheck) on
+# `W parity --device cuda --case N` for each CASE, N or N:FLAG (309:--deterministic); the logs
+# are appended to $OUT/sanitize.txt; one line per case: the exit status (0: clean, 9: errors or
+# hazards, 124: timed out) and the tool's summary
+lab_sanitize() {
+    tool=$1 w=$2
+    shift 2
+    for c in "$@"; do
+        n=${c%%:*} flag=
+        [ "$n" = "$c" ] || flag=${c#*:}
+        timeout 150 compute-sanitizer --tool "$tool" --error-exitcode 9 "$w" parity --device cuda --threads 1 --case "$n" $flag \
+            >"$OUT/sanitize_one.txt" 2>&1
+        rc=$?
+        cat "$OUT/sanitize_one.txt" >>"$OUT/sanitize.txt"
+        echo "$tool case $n${flag:+ $flag}: exit $rc, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_one.txt" | sed 's/^=* *//')"
+    done
+}

@@ -23,14 +23,8 @@ for flag in --deterministic ""; do
     $B $flag --n 8192 --d 128 --hkv 8 --causal --dtype f16 | tail -1
 done
 echo "== compute-sanitizer on the fused kernel"
-for c in 120 309 314 399 719; do
-    timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 build/winattn parity --device cuda --case $c \
-        >"$OUT/memcheck_$c.txt" 2>&1; echo "memcheck $c exit $? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck_$c.txt")"
-done
-for c in 309 314 399; do
-    timeout 90 compute-sanitizer --tool racecheck --error-exitcode 9 build/winattn parity --device cuda --case $c \
-        >"$OUT/racecheck_$c.txt" 2>&1; echo "racecheck $c exit $? $(grep -E 'RACECHECK SUMMARY' "$OUT/racecheck_$c.txt")"
-done
+lab_sanitize memcheck build/winattn 120 309 314 399 719
+lab_sanitize racecheck build/winattn 309 314 399
 echo "== binding gap"
 timeout 120 python3 dev/cuda/gap.py --host-only
 if [ "${1:-}" = full ]; then

@@ -23,11 +23,7 @@ for round in 1 2; do
 done
 timeout 240 build-red/winattn parity --device cuda --threads 16 >"$KEEP/parity-red.txt" 2>&1
 echo "build-red parity: $(tail -1 "$KEEP/parity-red.txt")"; grep '^FAIL' "$KEEP/parity-red.txt" | head -5
-for tool in memcheck racecheck; do
-    timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 build-red/winattn parity --device cuda --threads 1 --case 309 \
-        >"$OUT/san-$tool.txt" 2>&1
-    echo "$tool 309: exit $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/san-$tool.txt")"
-done
+for tool in memcheck racecheck; do lab_sanitize $tool build-red/winattn 309; done
 left=$((560 - ($(date +%s) - t0)))
 echo "== gpu_peers (b), build-red, at $(($(date +%s) - t0)) s, $left s left"
 WINATTN_LIBRARY=build-red/libwinattn.so timeout $left python3 bench/gpu_peers.py --shapes b --systems flex,winattn --reps 3 \
