@@ -15,7 +15,26 @@ import os
 import sys
 import time
 
-import torch
+SHAPES = {"a": (32, 16, 256, 1024), "b": (32, 8, 128, 4096)}
+
+
+def parse_cases(argv):
+    """--cases=SHAPE:N,... (e.g. b:8192,b:32768); (a) and (b) at 8K without it"""
+    cases = [("a", 8192), ("b", 8192)]
+    for arg in argv:
+        if arg.startswith("--cases="):
+            cases = []
+            for c in arg[len("--cases="):].split(","):
+                label, _, n = c.partition(":")
+                if label not in SHAPES or not n.isdigit() or int(n) <= 0:
+                    sys.exit("gap.py: --cases takes SHAPE:N pairs, SHAPE a or b and N a positive length, not %r" % c)
+                cases.append((label, int(n)))
+    return cases
+
+
+CASES = parse_cases(sys.argv[1:])  # before torch loads, so that a bad argument fails at once
+
+import torch  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
@@ -23,9 +42,6 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 os.environ.setdefault("WINATTN_LIBRARY", os.path.join(ROOT, "build", "libwinattn.so"))
 import winattn.torch as wt  # noqa: E402
 from gpu_peers import timed  # noqa: E402  (median seconds per call over reps timings of `calls` calls)
-
-
-SHAPES = {"a": (32, 16, 256, 1024), "b": (32, 8, 128, 4096)}
 
 
 def main(cases):
@@ -102,11 +118,7 @@ def host_side():
 
 
 if __name__ == "__main__":
-    cases = [("a", 8192), ("b", 8192)]
-    for arg in sys.argv[1:]:
-        if arg.startswith("--cases="):  # e.g. --cases=b:8192,b:32768
-            cases = [(c.split(":")[0], int(c.split(":")[1])) for c in arg[len("--cases="):].split(",")]
     if "--host-only" not in sys.argv:
-        main(cases)
+        main(CASES)
     if "--no-host" not in sys.argv:
         host_side()
