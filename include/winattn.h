@@ -171,6 +171,54 @@ wa_status wa_backward(wa_context *ctx, const wa_attn_desc *desc,
                       const wa_tensor *o, const wa_tensor *lse, const wa_tensor *do_,
                       wa_tensor *dq, wa_tensor *dk, wa_tensor *dv);
 
+/* ---- packed variable-length batches ("varlen") ----
+ *
+ * B sequences of different lengths laid end to end along the token dimension, no padding:
+ * sequence b owns query rows [cu_seqlens_q[b], cu_seqlens_q[b+1]) and key rows
+ * [cu_seqlens_k[b], cu_seqlens_k[b+1]), and attends only within itself, with its own
+ * bottom-right-aligned window (off_b = Nk_b - Nq_b), exactly as if it were called alone. This is
+ * FlashAttention's flash_attn_varlen_func layout.
+ *
+ * The tensors are the same wa_tensor with batch dimension 1 and the tokens in dimension 2:
+ *   q, o, dq, do_ : [1, Hq, Tq, D]     k, v, dk, dv : [1, Hkv, Tk, D]     lse : [1, Hq, Tq, 1] f32
+ * wa_tensor_thd() describes packed [T, H, D] memory (any element strides work, head-dim stride 1).
+ *
+ * The offsets are int32 (so Tq, Tk < 2^31) and live on the tensors' device. They must start at 0,
+ * never decrease, end at Tq (Tk), and no sequence may be longer than max_seqlen_q (max_seqlen_k).
+ * On the CPU all of this is checked and a violation returns WA_ERR_SHAPE. On CUDA the offsets are
+ * never read back to the host (the call stays asynchronous and CUDA-graph capturable): the kernels
+ * clamp every offset into [0, T] and every length into [0, max_seqlen], so malformed offsets give
+ * unspecified values in the outputs but never an access outside the tensors. Sequences of length 0
+ * are allowed (an empty query sequence writes nothing; an empty key sequence gives its queries
+ * o = 0, lse = -inf). Rows of q beyond what a sequence's window lets see follow the rectangular rules. */
+typedef struct wa_varlen {
+    int64_t batch;                      /* B, the number of sequences (0 allowed) */
+    const int32_t *cu_seqlens_q;        /* B + 1 offsets into the query rows */
+    const int32_t *cu_seqlens_k;        /* B + 1 offsets into the key rows */
+    int64_t max_seqlen_q, max_seqlen_k; /* the longest sequence (an upper bound is fine) */
+} wa_varlen;
+
+/* Packed [T, H, D] memory as a varlen tensor [1, H, T, D]. */
+static inline wa_tensor wa_tensor_thd(void *data, wa_dtype dt, int64_t T, int64_t H, int64_t D) {
+    wa_tensor t = {data, dt, WA_DEVICE_CPU, {1, H, T, D}, {T * H * D, D, H * D, 1}};
+    return t;
+}
+/* The varlen lse: f32 [H, T] memory as [1, H, T, 1]. */
+static inline wa_tensor wa_tensor_lse_varlen(float *data, int64_t H, int64_t T) {
+    wa_tensor t = {data, WA_F32, WA_DEVICE_CPU, {1, H, T, 1}, {H * T, T, 1, 1}};
+    return t;
+}
+
+/* wa_forward and wa_backward over a packed batch: same contracts, dtypes, head dims, windows,
+ * softcap, GQA and determinism, per sequence. seqs describes the sequences; see above. */
+wa_status wa_forward_varlen(wa_context *ctx, const wa_attn_desc *desc, const wa_varlen *seqs,
+                            const wa_tensor *q, const wa_tensor *k, const wa_tensor *v,
+                            wa_tensor *o, wa_tensor *lse);
+wa_status wa_backward_varlen(wa_context *ctx, const wa_attn_desc *desc, const wa_varlen *seqs,
+                             const wa_tensor *q, const wa_tensor *k, const wa_tensor *v,
+                             const wa_tensor *o, const wa_tensor *lse, const wa_tensor *do_,
+                             wa_tensor *dq, wa_tensor *dk, wa_tensor *dv);
+
 /* Bytes of workspace wa_forward (backward = 0) or wa_backward (backward = 1) would allocate
  * through the context's allocator for these shapes. Validates like the calls themselves. */
 wa_status wa_workspace_size(wa_context *ctx, const wa_attn_desc *desc,

@@ -54,7 +54,26 @@ typedef struct wa_problem {
     wa_dtype dtype;
     wa_device device;
     const wa_tensor *q, *k, *v, *o, *lse, *do_, *dq, *dk, *dv;
+    /* Packed variable-length batches (wa_forward_varlen): NULL for rectangular calls. Otherwise
+     * the tensors have batch 1 and Tq (Tk) token rows in dimension 2, cu_q and cu_k hold B + 1
+     * int32 offsets on p->device (checked on the CPU, clamped by the CUDA kernels), Nq and Nk are
+     * the longest sequence lengths, and win.Nq, win.Nk hold those maxima: each backend rebuilds
+     * the window for sequence b with wa_seq_window(). */
+    const int32_t *cu_q, *cu_k;
+    int64_t Tq, Tk;
 } wa_problem;
+
+/* Sequence b of a varlen problem (both ends clamped into [0, T] and its length to the stated
+ * maximum, so that malformed offsets on a device never address outside the tensors; the CPU path
+ * has checked them already, so there the clamps change nothing). */
+WA_HD static inline void wa_seq_rows(const int32_t *cu, int64_t b, int64_t T, int64_t max_len, int64_t *start,
+                               int64_t *len) {
+    int64_t s = cu[b], e = cu[b + 1];
+    s = s < 0 ? 0 : s > T ? T : s;
+    e = e < s ? s : e > T ? T : e;
+    *start = s;
+    *len = e - s < max_len ? e - s : max_len;
+}
 
 /* Address of element (b, h, n, 0) of a tensor. */
 static inline void *wa_row_ptr(const wa_tensor *t, int64_t b, int64_t h, int64_t n) {
