@@ -23,7 +23,7 @@ ifneq (,$(findstring x86_64,$(TARGET_ARCH)))
 X86 := 1
 endif
 
-LIB_SRC := src/winattn.c src/cpu/pool.c src/cpu/dispatch.c src/cpu/dense.c
+LIB_SRC := src/winattn.c src/overlap.c src/cpu/pool.c src/cpu/dispatch.c src/cpu/dense.c
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o) $(BUILD)/src/cpu/attn_generic.o
 ifdef X86
 LIB_OBJ += $(BUILD)/src/cpu/attn_avx512bf16.o $(BUILD)/src/cpu/attn_avx512.o $(BUILD)/src/cpu/attn_avx2.o

@@ -11,12 +11,20 @@
  * Tensors are described by logical shape and element strides, always in the logical order
  *   q, o, dq, do_ : [B, Hq,  Nq, D]      k, v, dk, dv : [B, Hkv, Nk, D]      lse : [B, Hq, Nq, 1] f32
  * so [B,H,N,D] and [B,N,H,D] memory both work without copies (pass the strides). The head-dim
- * stride must be 1.
+ * stride must be 1, strides are non-negative, and data pointers are aligned to their element size
+ * (4 bytes for f32, 2 for f16/bf16; a misaligned pointer returns WA_ERR_STRIDE). Each dimension is
+ * at most 2^31 - 1 and each tensor at most 2^48 elements whose addresses span at most 2^60
+ * elements: sizes the library derives from them can then never overflow (WA_ERR_SHAPE or
+ * WA_ERR_STRIDE otherwise). Outputs may not share memory with each other, with any input, or with
+ * themselves (two elements at one address): WA_ERR_STRIDE. The test is exact for strided views, so
+ * disjoint interleaved views of one buffer (q and o as the halves of [B, N, 2H, D]) are accepted.
  *
  * Visibility (bottom-right aligned, as FlashAttention >= 2.1): with off = Nk - Nq, query row i
  * sees key j iff  i + off - left <= j <= i + off + right  and  0 <= j < Nk.  -1 on a side means
  * unbounded on that side. Full attention (-1,-1); causal (-1,0); a "sliding window of W keys
- * including self" (Hugging Face, Gemma, MLX, cuDNN) is (W-1, 0). README.md has the table.
+ * including self" (Hugging Face, Gemma, MLX, cuDNN) is (W-1, 0). README.md has the table. A side
+ * at least as long as the sequence (left >= Nk - 1, right >= Nq - 1) is the same as unbounded and
+ * is treated as -1, so any int64 window is valid.
  *
  * Scores s = scale * q.k, optionally softcapped s = c * tanh(s / c); o = softmax(s) v over the
  * visible keys; lse = log(sum exp(s)) (natural log, scale included). A row with no visible key
@@ -46,7 +54,8 @@ typedef enum wa_status {
     WA_OK = 0,
     WA_ERR_INVALID_ARG,  /* NULL where a value is needed, window < -1, non-finite scale, bad option */
     WA_ERR_SHAPE,        /* shapes disagree, Hq % Hkv != 0, D outside 1..512, negative sizes */
-    WA_ERR_STRIDE,       /* head-dim stride != 1, negative strides, outputs overlapping inputs */
+    WA_ERR_STRIDE,       /* head-dim stride != 1, negative or oversized strides, misaligned data,
+                          * outputs sharing memory with an input, another output or themselves */
     WA_ERR_DTYPE,        /* unknown dtype, tensors of different dtypes, lse not f32 */
     WA_ERR_DEVICE,       /* tensors on different devices, or an unknown device */
     WA_ERR_UNSUPPORTED,  /* valid request this build cannot run (e.g. CUDA without nvcc) */
@@ -102,18 +111,24 @@ static inline wa_attn_desc wa_attn_desc_sliding(int64_t W) {
     return d;
 }
 
+/* Stride products for the helpers below, in unsigned arithmetic so that absurd sizes cannot
+ * overflow here (undefined behaviour in the caller); the calls then refuse such tensors. */
+static inline int64_t wa_stride_of_(int64_t a, int64_t b, int64_t c) {
+    return (int64_t)((uint64_t)a * (uint64_t)b * (uint64_t)c);
+}
+
 /* Contiguous [B, H, N, D] ("bhnd") and [B, N, H, D] ("bnhd") memory, described in logical order. */
 static inline wa_tensor wa_tensor_bhnd(void *data, wa_dtype dt, int64_t B, int64_t H, int64_t N, int64_t D) {
-    wa_tensor t = {data, dt, WA_DEVICE_CPU, {B, H, N, D}, {H * N * D, N * D, D, 1}};
+    wa_tensor t = {data, dt, WA_DEVICE_CPU, {B, H, N, D}, {wa_stride_of_(H, N, D), wa_stride_of_(N, D, 1), D, 1}};
     return t;
 }
 static inline wa_tensor wa_tensor_bnhd(void *data, wa_dtype dt, int64_t B, int64_t H, int64_t N, int64_t D) {
-    wa_tensor t = {data, dt, WA_DEVICE_CPU, {B, H, N, D}, {N * H * D, D, H * D, 1}};
+    wa_tensor t = {data, dt, WA_DEVICE_CPU, {B, H, N, D}, {wa_stride_of_(N, H, D), D, wa_stride_of_(H, D, 1), 1}};
     return t;
 }
 /* The lse tensor: f32, contiguous [B, H, N, 1]. */
 static inline wa_tensor wa_tensor_lse(float *data, int64_t B, int64_t H, int64_t N) {
-    wa_tensor t = {data, WA_F32, WA_DEVICE_CPU, {B, H, N, 1}, {H * N, N, 1, 1}};
+    wa_tensor t = {data, WA_F32, WA_DEVICE_CPU, {B, H, N, 1}, {wa_stride_of_(H, N, 1), N, 1, 1}};
     return t;
 }
 
@@ -144,7 +159,10 @@ typedef struct wa_context_params {
 } wa_context_params;
 
 /* Create a context (thread pool, allocator, stream). params may be NULL for the defaults.
- * A context may be used by one calling thread at a time. */
+ * A context serves one calling thread at a time: a call that finds another thread's call still
+ * running on the same context returns WA_ERR_INVALID_ARG ("context is in use by another thread")
+ * without touching anything. Give each thread its own context. wa_context_destroy must not race
+ * with a call on the same context. */
 wa_status wa_context_create(const wa_context_params *params, wa_context **out);
 void wa_context_destroy(wa_context *ctx);
 
@@ -200,12 +218,12 @@ typedef struct wa_varlen {
 
 /* Packed [T, H, D] memory as a varlen tensor [1, H, T, D]. */
 static inline wa_tensor wa_tensor_thd(void *data, wa_dtype dt, int64_t T, int64_t H, int64_t D) {
-    wa_tensor t = {data, dt, WA_DEVICE_CPU, {1, H, T, D}, {T * H * D, D, H * D, 1}};
+    wa_tensor t = {data, dt, WA_DEVICE_CPU, {1, H, T, D}, {wa_stride_of_(T, H, D), D, wa_stride_of_(H, D, 1), 1}};
     return t;
 }
 /* The varlen lse: f32 [H, T] memory as [1, H, T, 1]. */
 static inline wa_tensor wa_tensor_lse_varlen(float *data, int64_t H, int64_t T) {
-    wa_tensor t = {data, WA_F32, WA_DEVICE_CPU, {1, H, T, 1}, {H * T, T, 1, 1}};
+    wa_tensor t = {data, WA_F32, WA_DEVICE_CPU, {1, H, T, 1}, {wa_stride_of_(H, T, 1), T, 1, 1}};
     return t;
 }
 

@@ -40,10 +40,15 @@ struct wa_context {
     void *cuda_ws;
     size_t cuda_ws_bytes;
     int cuda_ws_device;
+    int busy; /* 1 while a call runs (atomic exchange in winattn.c): one thread at a time */
 };
 
 void *wa_alloc(wa_context *ctx, size_t bytes);
 void wa_free(wa_context *ctx, void *ptr);
+
+/* Exact memory-overlap tests for strided views (overlap.c); they may allocate through ctx. */
+wa_status wa_views_overlap(wa_context *ctx, const wa_tensor *x, const wa_tensor *y, int *overlap);
+wa_status wa_view_aliases_itself(wa_context *ctx, const wa_tensor *t, int *aliases);
 
 /* One validated attention call, dimensions resolved, scale defaulted. */
 typedef struct wa_problem {
