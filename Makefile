@@ -7,13 +7,23 @@ PREFIX  ?= /usr/local
 BUILD   ?= build
 WERROR  ?= 0
 
-WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter
+# CFLAGS, CPPFLAGS, LDFLAGS and LDLIBS are the user's (`make CFLAGS=-O1 LDFLAGS=-Wl,--as-needed`):
+# CFLAGS sets optimisation, debug and extra flags; what the build cannot do without (C11, -fPIC,
+# the include path, dependency files) lives in WA_CFLAGS and is always added in front. CFLAGS
+# and LDFLAGS go to every link too, so -fsanitize=... or -flto need no second variable.
 CFLAGS  ?= -O2 -g
-CFLAGS  += -std=c11 $(WARN) -fPIC -Iinclude -MMD -MP
+CPPFLAGS ?=
+LDFLAGS ?=
+LDLIBS  ?=
+WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter
+WA_CFLAGS := -std=c11 $(WARN) -fPIC -Iinclude -MMD -MP
 ifeq ($(WERROR),1)
-CFLAGS  += -Werror
+WA_CFLAGS += -Werror
 endif
-LDLIBS  := -lm -lpthread
+COMPILE  = $(CC) $(WA_CFLAGS) $(CPPFLAGS) $(CFLAGS)
+LINK     = $(CC) $(CFLAGS) $(LDFLAGS)
+# the library's own link dependencies (also what winattn.pc lists for static linking)
+WA_LIBS := -lm -lpthread
 
 # x86-64 gets the AVX-512 and AVX2 builds of the CPU kernels beside the portable one; other
 # targets build the portable one only. This asks the compiler what it targets; it never
@@ -27,7 +37,7 @@ LIB_SRC := src/winattn.c src/overlap.c src/cpu/pool.c src/cpu/dispatch.c src/cpu
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o) $(BUILD)/src/cpu/attn_generic.o
 ifdef X86
 LIB_OBJ += $(BUILD)/src/cpu/attn_avx512bf16.o $(BUILD)/src/cpu/attn_avx512.o $(BUILD)/src/cpu/attn_avx2.o
-$(BUILD)/src/cpu/dispatch.o: CFLAGS += -DWA_HAVE_X86_KERNELS
+$(BUILD)/src/cpu/dispatch.o: WA_CFLAGS += -DWA_HAVE_X86_KERNELS
 endif
 
 # CUDA: built whenever nvcc is found (NO_CUDA=1 forces it off); otherwise a stub that reports
@@ -50,7 +60,7 @@ NVCCFLAGS += $(CUDA_DEFINES)
 LIB_OBJ  += $(CUDA_SRC:%.cu=$(BUILD)/%.o)
 # the static runtime: binaries start on machines without the CUDA toolkit's libraries (CI),
 # where wa_device_available(WA_DEVICE_CUDA) then reports 0
-LDLIBS   += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+WA_LIBS  += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 else
 LIB_OBJ  += $(BUILD)/src/cuda/stub.o
 endif
@@ -67,29 +77,33 @@ TOOL_LIBS := $(JANSSON_LIBS)
 # The trainer (train/, `winattn train`): part of the command, not of the library. Its matrix
 # products use OpenBLAS when it links (libopenblas-dev), else built-in loops.
 HAVE_CBLAS := $(shell printf '\043include <cblas.h>\nint main(void){openblas_set_num_threads(1);return 0;}\n' | \
-                $(CC) -x c - -lopenblas -o /dev/null >/dev/null 2>&1 && echo 1)
+                $(CC) $(CPPFLAGS) $(CFLAGS) -x c - $(LDFLAGS) -lopenblas -o /dev/null >/dev/null 2>&1 && echo 1)
 TRAIN_SRC  := train/config.c train/checkpoint.c train/data.c train/linalg.c train/trainer.c
 TRAIN_OBJ  := $(TRAIN_SRC:%.c=$(BUILD)/%.o) $(BUILD)/train/model_f32.o $(BUILD)/train/model_f64.o
 TRAIN_LIBS :=
 ifeq ($(HAVE_CBLAS),1)
-$(BUILD)/train/linalg.o: CFLAGS += -DWA_HAVE_CBLAS
+$(BUILD)/train/linalg.o: WA_CFLAGS += -DWA_HAVE_CBLAS
 TRAIN_LIBS := -lopenblas
 endif
 
 TEST_NAMES := test_geometry test_convert test_oracle test_kernels test_api test_safetensors
+# tests/test_misuse.c (hostile and odd inputs; run under `make sanitize`) builds once it exists
+TEST_NAMES += $(if $(wildcard tests/test_misuse.c),test_misuse)
 TESTS    := $(TEST_NAMES:%=$(BUILD)/tests/%) $(BUILD)/tests/cli_helper $(BUILD)/tests/test_train
 
 STATIC   := $(BUILD)/libwinattn.a
 SHARED   := $(BUILD)/libwinattn.so
 SONAME   := libwinattn.so.0
 
-.PHONY: all lib test test-long install uninstall clean help fuzz demo tile-gemm
+.PHONY: all lib tests test test-long sanitize install uninstall clean help fuzz demo tile-gemm
 # keep intermediate objects (and keep make quiet after the test summary)
 .SECONDARY:
 all: lib $(BUILD)/winattn $(TESTS)
 	@echo "winattn: built ($(if $(CUDA_ON),CUDA on: $(NVCC),CUDA off: nvcc not found))"
 
 lib: $(STATIC) $(SHARED)
+tests: $(TESTS)
+
 
 $(STATIC): $(LIB_OBJ)
 	@mkdir -p $(@D)
@@ -98,25 +112,25 @@ $(STATIC): $(LIB_OBJ)
 
 $(SHARED): $(LIB_OBJ)
 	@mkdir -p $(@D)
-	$(CC) -shared -Wl,-soname,$(SONAME) -o $@ $^ $(LDLIBS)
+	$(LINK) -shared -Wl,-soname,$(SONAME) -o $@ $^ $(WA_LIBS) $(LDLIBS)
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -c $< -o $@
+	$(COMPILE) -c $< -o $@
 
 # One source, four ISA builds (src/cpu/simd.h).
 $(BUILD)/src/cpu/attn_avx512bf16.o: src/cpu/attn_cpu.c
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -DWA_ISA_AVX512 -DWA_BF16_DOT -mavx512f -mavx512bw -mavx512vl -mavx512bf16 -mfma -c $< -o $@
+	$(COMPILE) -DWA_ISA_AVX512 -DWA_BF16_DOT -mavx512f -mavx512bw -mavx512vl -mavx512bf16 -mfma -c $< -o $@
 $(BUILD)/src/cpu/attn_avx512.o: src/cpu/attn_cpu.c
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -DWA_ISA_AVX512 -mavx512f -mavx512bw -mavx512vl -mfma -c $< -o $@
+	$(COMPILE) -DWA_ISA_AVX512 -mavx512f -mavx512bw -mavx512vl -mfma -c $< -o $@
 $(BUILD)/src/cpu/attn_avx2.o: src/cpu/attn_cpu.c
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -DWA_ISA_AVX2 -mavx2 -mfma -c $< -o $@
+	$(COMPILE) -DWA_ISA_AVX2 -mavx2 -mfma -c $< -o $@
 $(BUILD)/src/cpu/attn_generic.o: src/cpu/attn_cpu.c
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -DWA_ISA_GENERIC -c $< -o $@
+	$(COMPILE) -DWA_ISA_GENERIC -c $< -o $@
 
 # nvcc writes no dependency files here: the .cu objects depend on every header they may include
 $(BUILD)/src/cuda/%.o: src/cuda/%.cu $(wildcard src/cuda/*.cuh) src/internal.h src/tile_geometry.h include/winattn.h
@@ -126,29 +140,29 @@ $(BUILD)/src/cuda/%.o: src/cuda/%.cu $(wildcard src/cuda/*.cuh) src/internal.h s
 # model.c twice: float for training, double for the finite-difference tests
 $(BUILD)/train/model_f32.o: train/model.c
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -c $< -o $@
+	$(COMPILE) -c $< -o $@
 $(BUILD)/train/model_f64.o: train/model.c
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -DMODEL_F64 -c $< -o $@
+	$(COMPILE) -DMODEL_F64 -c $< -o $@
 
 $(BUILD)/winattn: $(TOOL_OBJ) $(REF_OBJ) $(TRAIN_OBJ) $(STATIC)
-	$(CC) -o $@ $^ $(TOOL_LIBS) $(TRAIN_LIBS) $(LDLIBS)
+	$(LINK) -o $@ $^ $(TOOL_LIBS) $(TRAIN_LIBS) $(WA_LIBS) $(LDLIBS)
 
 $(BUILD)/tests/test_train: $(BUILD)/tests/test_train.o $(BUILD)/tests/check.o $(TRAIN_OBJ) $(BUILD)/tools/safetensors.o $(BUILD)/tools/tool.o $(STATIC)
-	$(CC) -o $@ $^ $(TOOL_LIBS) $(TRAIN_LIBS) $(LDLIBS)
+	$(LINK) -o $@ $^ $(TOOL_LIBS) $(TRAIN_LIBS) $(WA_LIBS) $(LDLIBS)
 
 $(BUILD)/tests/test_safetensors: $(BUILD)/tests/test_safetensors.o $(BUILD)/tools/safetensors.o
-	$(CC) -o $@ $^ $(TOOL_LIBS) $(LDLIBS)
+	$(LINK) -o $@ $^ $(TOOL_LIBS) $(WA_LIBS) $(LDLIBS)
 
 $(BUILD)/tests/cli_helper: $(BUILD)/tests/cli_helper.o $(BUILD)/tests/check.o $(BUILD)/tools/safetensors.o $(REF_OBJ) $(STATIC)
-	$(CC) -o $@ $^ $(TOOL_LIBS) $(LDLIBS)
+	$(LINK) -o $@ $^ $(TOOL_LIBS) $(WA_LIBS) $(LDLIBS)
 
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/tests/check.o $(REF_OBJ) $(STATIC)
-	$(CC) -o $@ $^ $(LDLIBS)
+	$(LINK) -o $@ $^ $(WA_LIBS) $(LDLIBS)
 
-$(BUILD)/tests/%.o: CFLAGS += -Isrc -Itools -Itrain $(JANSSON_CFLAGS)
-$(BUILD)/tools/%.o: CFLAGS += -Isrc -Itools -Itrain $(JANSSON_CFLAGS)
-$(BUILD)/train/%.o: CFLAGS += -Isrc -Itools $(JANSSON_CFLAGS)
+$(BUILD)/tests/%.o: WA_CFLAGS += -Isrc -Itools -Itrain $(JANSSON_CFLAGS)
+$(BUILD)/tools/%.o: WA_CFLAGS += -Isrc -Itools -Itrain $(JANSSON_CFLAGS)
+$(BUILD)/train/%.o: WA_CFLAGS += -Isrc -Itools $(JANSSON_CFLAGS)
 
 test: all
 	@sh tests/run_tests.sh $(BUILD)
@@ -157,9 +171,17 @@ test: all
 # OpenBLAS only; docs/cpu.md has the result).
 $(BUILD)/bench/tile_gemm: bench/tile_gemm.c $(STATIC)
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -Isrc -o $@ $< $(STATIC) -lopenblas $(LDLIBS)
+	$(COMPILE) $(LDFLAGS) -Isrc -o $@ $< $(STATIC) -lopenblas $(WA_LIBS) $(LDLIBS)
 tile-gemm: $(BUILD)/bench/tile_gemm
 	$(BUILD)/bench/tile_gemm
+
+# The library, the command and the tests built with AddressSanitizer and UBSan in build-san
+# (SAN_BUILD), for the misuse tests: e.g. `make sanitize && build-san/tests/test_misuse`, or
+# `sh tests/test_cli.sh build-san`. Not part of `make test`.
+SAN_BUILD ?= build-san
+SAN_CFLAGS ?= -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+sanitize:
+	$(MAKE) BUILD=$(SAN_BUILD) NO_CUDA=1 CFLAGS="$(SAN_CFLAGS)" all
 
 # The trainer demo: corpus, a small random Gemma 4, a short LoRA run with held-out loss.
 demo: all
@@ -184,7 +206,7 @@ install: lib
 	install -m 755 $(SHARED) $(DESTDIR)$(PREFIX)/lib/$(SONAME)
 	ln -sf $(SONAME) $(DESTDIR)$(PREFIX)/lib/libwinattn.so
 	if [ -f $(BUILD)/winattn ]; then install -m 755 $(BUILD)/winattn $(DESTDIR)$(PREFIX)/bin/; fi
-	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBS@|$(LDLIBS)|' winattn.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/winattn.pc
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBS@|$(WA_LIBS)|' winattn.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/winattn.pc
 
 uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/include/winattn.h $(DESTDIR)$(PREFIX)/lib/libwinattn.a \
@@ -202,6 +224,7 @@ help:
 	@echo "make demo       corpus + small random Gemma 4 + a short LoRA run through winattn (a few minutes)"
 	@echo "make install    PREFIX=$(PREFIX): header, libwinattn.{a,so}, winattn, pkg-config file"
 	@echo "make fuzz       libFuzzer target for the safetensors reader"
-	@echo "options: NO_CUDA=1, WERROR=1, CC=clang, BUILD=dir"
+	@echo "make sanitize   library, winattn and tests with ASan + UBSan in $(SAN_BUILD) (not run by make test)"
+	@echo "options: NO_CUDA=1, WERROR=1, CC=clang, BUILD=dir; CFLAGS (default -O2 -g), CPPFLAGS, LDFLAGS, LDLIBS add to the build's own flags"
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
