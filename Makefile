@@ -151,10 +151,11 @@ $(BUILD)/winattn: $(TOOL_OBJ) $(REF_OBJ) $(TRAIN_OBJ) $(STATIC)
 $(BUILD)/tests/test_train: $(BUILD)/tests/test_train.o $(BUILD)/tests/check.o $(TRAIN_OBJ) $(BUILD)/tools/safetensors.o $(BUILD)/tools/tool.o $(STATIC)
 	$(LINK) -o $@ $^ $(TOOL_LIBS) $(TRAIN_LIBS) $(WA_LIBS) $(LDLIBS)
 
-$(BUILD)/tests/test_safetensors: $(BUILD)/tests/test_safetensors.o $(BUILD)/tools/safetensors.o
+# safetensors.o writes through tool.o's out_open
+$(BUILD)/tests/test_safetensors: $(BUILD)/tests/test_safetensors.o $(BUILD)/tools/safetensors.o $(BUILD)/tools/tool.o
 	$(LINK) -o $@ $^ $(TOOL_LIBS) $(WA_LIBS) $(LDLIBS)
 
-$(BUILD)/tests/cli_helper: $(BUILD)/tests/cli_helper.o $(BUILD)/tests/check.o $(BUILD)/tools/safetensors.o $(REF_OBJ) $(STATIC)
+$(BUILD)/tests/cli_helper: $(BUILD)/tests/cli_helper.o $(BUILD)/tests/check.o $(BUILD)/tools/safetensors.o $(BUILD)/tools/tool.o $(REF_OBJ) $(STATIC)
 	$(LINK) -o $@ $^ $(TOOL_LIBS) $(WA_LIBS) $(LDLIBS)
 
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/tests/check.o $(REF_OBJ) $(STATIC)
@@ -195,8 +196,8 @@ test-long: all
 # libFuzzer target for the safetensors reader (needs clang and libclang-rt-14-dev or newer).
 fuzz:
 	@mkdir -p $(BUILD)/fuzz
-	clang -g -O1 -fsanitize=fuzzer,address,undefined -Itools tools/safetensors.c tests/fuzz/fuzz_safetensors.c \
-	    -ljansson -o $(BUILD)/fuzz/fuzz_safetensors
+	clang -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined $(CPPFLAGS) -Iinclude -Isrc -Itools $(JANSSON_CFLAGS) \
+	    tools/safetensors.c tools/tool.c tests/fuzz/fuzz_safetensors.c $(LDFLAGS) $(JANSSON_LIBS) -lm -o $(BUILD)/fuzz/fuzz_safetensors
 	@echo "run: mkdir -p $(BUILD)/fuzz/new && $(BUILD)/fuzz/fuzz_safetensors $(BUILD)/fuzz/new tests/fuzz/corpus -max_total_time=600"
 
 install: lib

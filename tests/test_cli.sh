@@ -75,6 +75,79 @@ else
     expect_error "--device cuda without CUDA" attn "$T/ok_bhnd.safetensors" "$T/out.safetensors" --device cuda
 fi
 
+# What OUT (and a --json path) may name: a file is replaced through a temporary and rename; a
+# symlink's target is replaced the same way and the link stays a link; a FIFO or a device node is
+# written directly (never replaced by a file); a directory is refused with one line. Each kind for
+# `attn` OUT and for `parity --case 0 --json` (the cheapest command with --json).
+# leftovers DIR...: the temporaries left in DIRs (none expected)
+leftovers() { for d in "$@"; do ls -a "$d" | grep '\.tmp\.'; done; }
+IN=$T/ok_fwd_only.safetensors
+attn_to() { "$W" attn "$IN" "$1" --causal >/dev/null 2>"$T/stderr"; }
+attn_check() { "$BUILD/tests/cli_helper" verify "$IN" "$1" -1 0 bhnd 2>>"$T/stderr"; }
+json_to() { "$W" parity --case 0 --json "$1" >/dev/null 2>"$T/stderr"; }
+json_check() { grep -q '"passed": 1' "$1" 2>>"$T/stderr"; }
+for kind in attn json; do
+    mkdir -p "$T/k_$kind/tgt" "$T/k_$kind/lnk"
+    K=$T/k_$kind
+    # a regular file, replaced; its permission bits are kept
+    echo old >"$K/file" && chmod 600 "$K/file"
+    if ${kind}_to "$K/file" && ${kind}_check "$K/file" && [ "$(stat -c %a "$K/file")" = 600 ] && [ -z "$(leftovers "$K")" ]; then
+        ok "$kind: an existing 0600 file is replaced and stays 0600"
+    else
+        no "$kind: existing file: mode $(stat -c %a "$K/file"), $(cat "$T/stderr")"
+    fi
+    # a relative symlink in another directory: the target is replaced, the link stays
+    echo old >"$K/tgt/out" && ln -s ../tgt/out "$K/lnk/out"
+    if ${kind}_to "$K/lnk/out" && [ -L "$K/lnk/out" ] && [ "$(readlink "$K/lnk/out")" = ../tgt/out ] &&
+        [ -f "$K/tgt/out" ] && [ ! -L "$K/tgt/out" ] && ${kind}_check "$K/tgt/out" && [ -z "$(leftovers "$K/tgt" "$K/lnk")" ]; then
+        ok "$kind: OUT a symlink -> the link stays a link, its target gets the bytes"
+    else
+        no "$kind: symlink: $(ls -l "$K/lnk" "$K/tgt" | tr '\n' ' ') $(cat "$T/stderr")"
+    fi
+    # a chain of two links ending in a missing file: the file is created, both links stay
+    ln -s new "$K/tgt/mid" && ln -s ../tgt/mid "$K/lnk/chain"
+    if ${kind}_to "$K/lnk/chain" && [ -L "$K/lnk/chain" ] && [ -L "$K/tgt/mid" ] && [ -f "$K/tgt/new" ] &&
+        ${kind}_check "$K/tgt/new" && [ -z "$(leftovers "$K/tgt" "$K/lnk")" ]; then
+        ok "$kind: OUT a dangling symlink chain -> its final target is created, the links stay"
+    else
+        no "$kind: dangling chain: $(ls -l "$K/lnk" "$K/tgt" | tr '\n' ' ') $(cat "$T/stderr")"
+    fi
+    # a FIFO: a reader gets the bytes, the FIFO stays a FIFO
+    mkfifo "$K/fifo"
+    cat "$K/fifo" >"$K/from_fifo" &
+    reader=$!
+    ${kind}_to "$K/fifo"
+    wrote=$?
+    # never hang: a writer that failed before opening the FIFO, or replaced it, leaves the reader waiting
+    if [ $wrote -ne 0 ] && [ -p "$K/fifo" ]; then timeout 5 sh -c ': >"$1"' _ "$K/fifo" 2>/dev/null; fi
+    [ -p "$K/fifo" ] || kill $reader 2>/dev/null
+    if [ $wrote -eq 0 ] && wait $reader && [ -p "$K/fifo" ] && ${kind}_check "$K/from_fifo" && [ -z "$(leftovers "$K")" ]; then
+        ok "$kind: OUT a FIFO -> a reader gets the bytes, the FIFO stays"
+    else
+        no "$kind: FIFO: $(ls -l "$K/fifo") $(cat "$T/stderr")"
+    fi
+    # a directory: one line, non-zero exit, the directory untouched
+    mkdir "$K/dir"
+    ${kind}_to "$K/dir"
+    rc=$?
+    if [ $rc -ne 0 ] && [ $rc -lt 128 ] && [ "$(wc -l <"$T/stderr")" -eq 1 ] && grep -q "is a directory" "$T/stderr" &&
+        [ -d "$K/dir" ] && [ -z "$(ls -A "$K/dir")" ] && [ -z "$(leftovers "$K")" ]; then
+        ok "$kind: OUT a directory -> exit $rc: $(cat "$T/stderr")"
+    else
+        no "$kind: OUT a directory -> exit $rc: $(cat "$T/stderr")"
+    fi
+    # a character device (the null device, made here so a regression cannot replace /dev/null)
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "SKIP cli $kind: OUT a device node: mknod needs root"
+    elif ! mknod "$K/null" c 1 3 2>/dev/null || ! (echo probe >"$K/null") 2>/dev/null; then
+        echo "SKIP cli $kind: OUT a device node: cannot make or open one in $K (nodev?)"
+    elif ${kind}_to "$K/null" && [ -c "$K/null" ] && [ -z "$(leftovers "$K")" ]; then
+        ok "$kind: OUT a character device (null, 1:3) -> written to, stays a device"
+    else
+        no "$kind: OUT a device node: $(ls -l "$K/null") $(cat "$T/stderr")"
+    fi
+done
+
 # train and init-model: a tiny run end to end, then bad input
 FX=train/fixtures/gemma4_smoke
 mkdir -p "$T/data" "$T/nodata" "$T/ple" "$T/short"

@@ -4,12 +4,15 @@
  * checked for exact type and range, sizes are computed with overflow checks, and the tensors are
  * required to tile the data region exactly (no overlaps, no holes), as the reference
  * implementation does. Only after all of that does anyone get a pointer into the data.
- * The writer builds the header with jansson and replaces the target file atomically (temporary
- * + fsync + rename) so a crash or a full disk never leaves a half-written file behind.
+ * The writer builds the header with jansson and hands the bytes to out_open (tools/tool.c): a file
+ * is replaced atomically (temporary + fsync + rename) so a crash or a full disk never leaves a
+ * half-written file behind; a symlink's target is replaced the same way, a device or FIFO is
+ * written directly.
  */
 #define _POSIX_C_SOURCE 200809L
 
 #include "safetensors.h"
+#include "tool.h" /* out_open: how an output path is written */
 
 #include <errno.h>
 #include <fcntl.h>
@@ -716,29 +719,6 @@ uint64_t st_numel(const st_tensor *t)
  * writing
  */
 
-/* write(2) may write less than asked and may be interrupted; loop until done or a real error.
- * Chunks stay under 1 GiB because some kernels cap a single write. */
-static int write_all(int fd, const void *buf, uint64_t len)
-{
-    const unsigned char *p = buf;
-    while (len > 0) {
-        size_t chunk = len > (1u << 30) ? (size_t)1 << 30 : (size_t)len;
-        ssize_t n = write(fd, p, chunk);
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            return -1;
-        }
-        if (n == 0) {
-            errno = EIO; /* no progress and no error: do not spin */
-            return -1;
-        }
-        p += n;
-        len -= (uint64_t)n;
-    }
-    return 0;
-}
-
 /* Build the header object. Returns the root (caller decrefs) or NULL with err set. */
 static json_t *build_header(const st_out *tensors, int count, const char *const *metadata_kv,
                             char *err, size_t errlen)
@@ -909,69 +889,26 @@ int st_write(const char *path, const st_out *tensors, int count, const char *con
     memset(head + 8 + jlen, ' ', hlen - jlen);
     free(json);
 
-    /* The temporary sits next to path so rename() stays within one filesystem and is atomic.
-     * The name is unique per process and attempt; O_EXCL guards against anything left over. */
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 64);
-    if (tmp == NULL) {
-        set_err(err, errlen, "out of memory");
+    /* out_open (tools/tool.c) decides how path is written: a temporary beside the file (or
+     * beside a symlink's target) renamed over it by out_commit, or a device or FIFO written
+     * directly; on failure out_abort removes the temporary. */
+    out_file of;
+    if (out_open(&of, path, err, errlen) != 0) {
         free(head);
         return -1;
     }
-    struct timespec ts;
-    if (clock_gettime(CLOCK_REALTIME, &ts) != 0)
-        ts.tv_nsec = 0; /* only a uniqueness hint; O_EXCL is what guarantees it */
-    int fd = -1;
-    for (long attempt = 0; attempt < 100; attempt++) {
-        snprintf(tmp, plen + 64, "%s.tmp.%ld.%ld", path, (long)getpid(),
-                 (long)ts.tv_nsec + attempt);
-        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-        if (fd >= 0 || errno != EEXIST)
-            break;
-    }
-    if (fd < 0) {
-        set_err(err, errlen, "cannot create a temporary file for %s: %s", path, strerror(errno));
-        free(tmp);
-        free(head);
-        return -1;
-    }
-
-    int rc = -1;
-    if (write_all(fd, head, 8 + hlen) != 0) {
-        set_err(err, errlen, "cannot write %s: %s", path, strerror(errno));
-        goto fail;
-    }
+    if (out_write(&of, head, 8 + hlen) != 0)
+        goto write_failed;
     for (int i = 0; i < count; i++) {
-        uint64_t n = out_nbytes(&tensors[i]);
-        if (n > 0 && write_all(fd, tensors[i].data, n) != 0) {
-            set_err(err, errlen, "cannot write %s: %s", path, strerror(errno));
-            goto fail;
-        }
+        uint64_t n = out_nbytes(&tensors[i]); /* in memory already, so it fits a size_t */
+        if (n > 0 && out_write(&of, tensors[i].data, (size_t)n) != 0)
+            goto write_failed;
     }
-    /* fsync before rename: otherwise a crash could leave path naming a file whose blocks were
-     * never written, which is exactly the half-written file the rename is meant to prevent. */
-    if (fsync(fd) != 0) {
-        set_err(err, errlen, "cannot flush %s: %s", path, strerror(errno));
-        goto fail;
-    }
-    int cfd = fd;
-    fd = -1;
-    if (close(cfd) != 0) {
-        set_err(err, errlen, "cannot close %s: %s", path, strerror(errno));
-        goto fail;
-    }
-    if (rename(tmp, path) != 0) {
-        set_err(err, errlen, "cannot rename the temporary file to %s: %s", path, strerror(errno));
-        goto fail;
-    }
-    rc = 0;
-fail:
-    if (rc != 0) {
-        if (fd >= 0)
-            (void)close(fd); /* already failing; the first error is the one reported */
-        (void)unlink(tmp);   /* best effort: the error being reported matters more */
-    }
-    free(tmp);
     free(head);
-    return rc;
+    return out_commit(&of, err, errlen); /* which cleans up after itself on failure */
+write_failed:
+    set_err(err, errlen, "cannot write %s: %s", path, strerror(errno));
+    out_abort(&of);
+    free(head);
+    return -1;
 }
