@@ -196,6 +196,40 @@ static void fmt_time(char *buf, size_t n, const measurement *m, double s) {
     else snprintf(buf, n, "-");
 }
 
+/* "41 s", "1 min 20 s", "2 h 5 min" */
+static void fmt_duration(char *buf, size_t n, double s) {
+    long t = (long)(s + 0.5);
+    if (t < 60) snprintf(buf, n, "%ld s", t);
+    else if (t < 3600) snprintf(buf, n, "%ld min %ld s", t / 60, t % 60);
+    else snprintf(buf, n, "%ld h %ld min", t / 3600, t % 3600 / 60);
+}
+
+/* One child run of the plan, with what it is expected to cost: the bytes the library says the
+ * run needs, linear in N for the tiled path and quadratic for the dense one, as its time is. */
+typedef struct probe_run {
+    int s, dense;
+    double cost;
+} probe_run;
+
+/* Progress on stderr (stdout keeps the table's format): before each run, which one, the time so
+ * far and the time left, estimated from the seconds per cost unit of the last run of the same
+ * path (of the other path until this one has run once). */
+static void progress(int i, int count, const probe_run *runs, const int64_t *sizes, double elapsed,
+                     const double rate[2]) {
+    char el[32], left[32];
+    fmt_duration(el, sizeof el, elapsed);
+    double remaining = 0;
+    int known = rate[0] > 0 || rate[1] > 0;
+    for (int j = i; j < count; j++) {
+        int d = runs[j].dense;
+        remaining += runs[j].cost * (rate[d] > 0 ? rate[d] : rate[!d]);
+    }
+    fmt_duration(left, sizeof left, remaining);
+    fprintf(stderr, "probe: %d/%d %s N=%lld forward + backward ... %s elapsed%s%s%s\n", i + 1, count,
+            runs[i].dense ? "dense" : "winattn", (long long)sizes[runs[i].s], el, known ? ", ~" : "",
+            known ? left : "", known ? " left" : "");
+}
+
 int cmd_probe(int argc, char **argv) {
     int quick = 0, cuda = 0;
     int64_t threads = 0;
@@ -220,17 +254,37 @@ int cmd_probe(int argc, char **argv) {
            "child process (wait4 ru_maxrss - VmHWM after inputs); CPU kernels %s\n\n",
            P_B, P_HQ, P_HKV, P_D, P_WINDOW, wa_cpu_kernels());
     fflush(stdout);
+    /* the plan first, so that progress can count and estimate: per N the tiled run, then the
+     * dense one where it runs */
+    probe_run runs[6];
+    int count = 0;
+    double avail = (double)mem_available_bytes() / 1e9;
     for (int s = 0; s < 3; s++) {
         int64_t N = sizes[s];
         tiled[s].need_gb = bytes_needed_gb(N, 0);
-        if (run_child(N, 0, cuda, threads, &tiled[s]) != 0) die("the tiled child at N=%lld failed", (long long)N);
         dense[s].need_gb = bytes_needed_gb(N, 1);
-        double avail = (double)mem_available_bytes() / 1e9;
+        runs[count++] = (probe_run){s, 0, tiled[s].need_gb};
         if (cuda) dense[s].why = "the dense path is CPU-only";
         else if (quick && N > 2048) dense[s].why = "not run under --quick";
         else if (dense[s].need_gb > 0.85 * avail) dense[s].why = "does not fit in RAM: not run";
-        else if (run_child(N, 1, 0, threads, &dense[s]) != 0) dense[s].why = "child failed";
+        else runs[count++] = (probe_run){s, 1, dense[s].need_gb};
     }
+    double start = now_seconds(), rate[2] = {0, 0}; /* seconds per cost unit: tiled, dense */
+    for (int i = 0; i < count; i++) {
+        const probe_run *r = &runs[i];
+        int64_t N = sizes[r->s];
+        progress(i, count, runs, sizes, now_seconds() - start, rate);
+        double t0 = now_seconds();
+        if (!r->dense) {
+            if (run_child(N, 0, cuda, threads, &tiled[r->s]) != 0) die("the tiled child at N=%lld failed", (long long)N);
+        } else if (run_child(N, 1, 0, threads, &dense[r->s]) != 0) {
+            dense[r->s].why = "child failed";
+        }
+        if (r->cost > 0) rate[r->dense] = (now_seconds() - t0) / r->cost;
+    }
+    char total[32];
+    fmt_duration(total, sizeof total, now_seconds() - start);
+    fprintf(stderr, "probe: %d runs in %s\n", count, total);
     printf("| N | winattn peak above inputs | fwd s | bwd s | fwd TFLOP/s | bwd TFLOP/s | dense peak above inputs | dense fwd s | dense bwd s |%s\n",
            quick ? "" : " write-up: fork | write-up: MLX dense |");
     printf("|---|---|---|---|---|---|---|---|---|%s\n", quick ? "" : "---|---|");
