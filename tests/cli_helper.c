@@ -23,6 +23,18 @@ static void write_or_die(const char *dir, const char *name, const st_out *t, int
     }
 }
 
+/* DIR/NAME holding a[0..na) then b[0..nb); 0, or 1 with a message */
+static int put(const char *dir, const char *name, const void *a, size_t na, const void *b, size_t nb) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    if (!f) return fprintf(stderr, "cli_helper: cannot write %s\n", path), 1;
+    int ok = fwrite(a, 1, na, f) == na && (nb == 0 || fwrite(b, 1, nb, f) == nb);
+    ok &= fclose(f) == 0;
+    if (!ok) fprintf(stderr, "cli_helper: cannot write %s\n", path);
+    return !ok;
+}
+
 static st_out tensor(const char *name, st_dtype dt, int64_t a, int64_t b, int64_t c, int64_t d, const void *data) {
     st_out t;
     memset(&t, 0, sizeof t);
@@ -78,27 +90,21 @@ static int gen(const char *dir) {
     fseek(f, 0, SEEK_END);
     long len = ftell(f);
     fseek(f, 0, SEEK_SET);
-    unsigned char *bytes = malloc((size_t)len);
-    if (fread(bytes, 1, (size_t)len, f) != (size_t)len) return 1;
+    unsigned char *bytes = len > 8 ? malloc((size_t)len) : NULL;
+    int got = bytes && fread(bytes, 1, (size_t)len, f) == (size_t)len;
     fclose(f);
-    snprintf(path, sizeof path, "%s/bad_truncated.safetensors", dir);
-    f = fopen(path, "wb");
-    fwrite(bytes, 1, (size_t)len / 2, f);
-    fclose(f);
-    snprintf(path, sizeof path, "%s/bad_lying_header.safetensors", dir);
-    f = fopen(path, "wb");
+    if (!got) {
+        free(bytes);
+        return 1;
+    }
     uint64_t huge = (uint64_t)len * 4;
     unsigned char le[8];
     for (int i = 0; i < 8; i++) le[i] = (unsigned char)(huge >> (8 * i));
-    fwrite(le, 1, 8, f);
-    fwrite(bytes + 8, 1, (size_t)len - 8, f);
-    fclose(f);
-    snprintf(path, sizeof path, "%s/bad_short.safetensors", dir);
-    f = fopen(path, "wb");
-    fwrite(bytes, 1, 5, f);
-    fclose(f);
+    int failed = put(dir, "bad_truncated.safetensors", bytes, (size_t)len / 2, NULL, 0);
+    failed |= put(dir, "bad_lying_header.safetensors", le, 8, bytes + 8, (size_t)len - 8);
+    failed |= put(dir, "bad_short.safetensors", bytes, 5, NULL, 0);
     free(bytes);
-    return 0;
+    return failed;
 }
 
 static wa_tensor view(const st_tensor *t, int bnhd) {
@@ -114,47 +120,65 @@ static int same_shape(const st_tensor *t, const st_tensor *ref) {
     return 1;
 }
 
+/* Every exit goes through the end, so that the helper runs clean under LeakSanitizer. */
 static int verify(const char *in, const char *out, int64_t left, int64_t right, int bnhd) {
     st_file fi, fo;
+    memset(&fi, 0, sizeof fi), memset(&fo, 0, sizeof fo); /* st_close is safe on a zeroed st_file */
     char err[512];
+    void *o = NULL, *dq = NULL, *dk = NULL, *dv = NULL;
+    float *lse = NULL;
+    wa_context *ctx = NULL;
+    int same = 0;
     if (st_open(in, &fi, err, sizeof err) || st_open(out, &fo, err, sizeof err)) {
         fprintf(stderr, "%s\n", err);
-        return 1;
+        goto done;
     }
     const st_tensor *sq = st_find(&fi, "q"), *sk = st_find(&fi, "k"), *sv = st_find(&fi, "v"), *sg = st_find(&fi, "do");
     const st_tensor *so = st_find(&fo, "o"), *sl = st_find(&fo, "lse");
-    if (!so || !sl || !same_shape(so, sq) || sl->dtype != ST_F32 || sl->rank != 3) {
+    if (!sq || !sk || !sv || !so || !sl || !same_shape(so, sq) || sl->dtype != ST_F32 || sl->rank != 3) {
         fprintf(stderr, "verify: o or lse missing or shaped wrong\n");
-        return 1;
+        goto done;
     }
     if ((st_find(&fo, "dq") != NULL) != (sg != NULL)) {
         fprintf(stderr, "verify: dq present=%d but do present=%d\n", st_find(&fo, "dq") != NULL, sg != NULL);
-        return 1;
+        goto done;
     }
     wa_tensor q = view(sq, bnhd), k = view(sk, bnhd), v = view(sv, bnhd);
     size_t nq = st_numel(sq), nk = st_numel(sk), es = st_dtype_size(sq->dtype);
-    void *o = malloc(nq * es), *dq = malloc(nq * es), *dk = malloc(nk * es), *dv = malloc(nk * es);
-    float *lse = malloc((size_t)(q.shape[0] * q.shape[1] * q.shape[2]) * 4);
     const int64_t *s = q.shape, *sk4 = k.shape;
+    size_t nl = (size_t)(s[0] * s[1] * s[2]);
+    o = malloc(nq * es), dq = malloc(nq * es), dk = malloc(nk * es), dv = malloc(nk * es), lse = malloc(nl * 4);
+    if (!o || !dq || !dk || !dv || !lse) {
+        fprintf(stderr, "verify: out of memory\n");
+        goto done;
+    }
     wa_tensor to = bnhd ? wa_tensor_bnhd(o, q.dtype, s[0], s[1], s[2], s[3]) : wa_tensor_bhnd(o, q.dtype, s[0], s[1], s[2], s[3]);
     wa_tensor tl = wa_tensor_lse(lse, s[0], s[1], s[2]);
-    wa_context *ctx;
-    wa_context_create(NULL, &ctx);
     wa_attn_desc d = {0, 0, left, right};
-    if (wa_forward(ctx, &d, &q, &k, &v, &to, &tl) != WA_OK) return fprintf(stderr, "%s\n", wa_last_error()), 1;
-    int same = memcmp(o, so->data, nq * es) == 0 && memcmp(lse, sl->data, (size_t)(s[0] * s[1] * s[2]) * 4) == 0;
+    if (wa_context_create(NULL, &ctx) != WA_OK || wa_forward(ctx, &d, &q, &k, &v, &to, &tl) != WA_OK) {
+        fprintf(stderr, "%s\n", wa_last_error());
+        goto done;
+    }
+    same = memcmp(o, so->data, nq * es) == 0 && memcmp(lse, sl->data, nl * 4) == 0;
     if (sg) {
         wa_tensor g = view(sg, bnhd);
         wa_tensor tdq = bnhd ? wa_tensor_bnhd(dq, q.dtype, s[0], s[1], s[2], s[3]) : wa_tensor_bhnd(dq, q.dtype, s[0], s[1], s[2], s[3]);
         wa_tensor tdk = bnhd ? wa_tensor_bnhd(dk, q.dtype, sk4[0], sk4[1], sk4[2], sk4[3]) : wa_tensor_bhnd(dk, q.dtype, sk4[0], sk4[1], sk4[2], sk4[3]);
         wa_tensor tdv = bnhd ? wa_tensor_bnhd(dv, q.dtype, sk4[0], sk4[1], sk4[2], sk4[3]) : wa_tensor_bhnd(dv, q.dtype, sk4[0], sk4[1], sk4[2], sk4[3]);
-        if (wa_backward(ctx, &d, &q, &k, &v, &to, &tl, &g, &tdq, &tdk, &tdv) != WA_OK) return fprintf(stderr, "%s\n", wa_last_error()), 1;
+        if (wa_backward(ctx, &d, &q, &k, &v, &to, &tl, &g, &tdq, &tdk, &tdv) != WA_OK) {
+            fprintf(stderr, "%s\n", wa_last_error());
+            same = 0;
+            goto done;
+        }
         const st_tensor *odq = st_find(&fo, "dq"), *odk = st_find(&fo, "dk"), *odv = st_find(&fo, "dv");
         same = same && odq && odk && odv && same_shape(odq, sq) && same_shape(odk, sk) && same_shape(odv, sv) &&
                memcmp(dq, odq->data, nq * es) == 0 && memcmp(dk, odk->data, nk * es) == 0 && memcmp(dv, odv->data, nk * es) == 0;
     }
-    wa_context_destroy(ctx);
     if (!same) fprintf(stderr, "verify: OUT differs from the library's own result\n");
+done:
+    if (ctx) wa_context_destroy(ctx);
+    free(o), free(dq), free(dk), free(dv), free(lse);
+    st_close(&fi), st_close(&fo);
     return same ? 0 : 1;
 }
 
