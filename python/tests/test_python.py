@@ -17,7 +17,7 @@ import numpy as np
 import winattn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import case, finish, report, skip  # noqa: E402
+from harness import case, expect_error, finish, report, skip  # noqa: E402
 
 TOL = {"float32": 2e-4, "float16": 4e-3, "bfloat16": 3e-2}
 
@@ -138,6 +138,22 @@ def _():
         ("Hq % Hkv", lambda: winattn.attention(np.zeros((1, 3, 8, 4), np.float32), x, x), winattn.WinattnError,
          "multiple"),
         ("window -2", lambda: winattn.attention(x, x, x, window=(-2, 0)), ValueError, "window"),
+        ("window left 2**64 (would wrap to 0)", lambda: winattn.attention(x, x, x, window=(2 ** 64, 0)), ValueError,
+         "outside"),
+        ("window right 2**63", lambda: winattn.attention(x, x, x, window=(0, 2 ** 63)), ValueError, "outside"),
+        ("window left -2**63-1", lambda: winattn.attention(x, x, x, window=(-2 ** 63 - 1, 0)), ValueError,
+         "outside"),
+        ("window 7.5", lambda: winattn.attention(x, x, x, window=(7.5, 0)), TypeError, "integer"),
+        ("window not a pair", lambda: winattn.attention(x, x, x, window=7), ValueError, "pair"),
+        ("scale 1e300 (inf as float32)", lambda: winattn.attention(x, x, x, scale=1e300), ValueError, "float32"),
+        ("scale 2**1024", lambda: winattn.attention(x, x, x, scale=2 ** 1024), ValueError, "float32"),
+        ("scale 1e-50 (0 = default as float32)", lambda: winattn.attention(x, x, x, scale=1e-50), ValueError,
+         "float32"),
+        ("scale nan", lambda: winattn.attention(x, x, x, scale=float("nan")), ValueError, "float32"),
+        ("softcap -1", lambda: winattn.attention(x, x, x, softcap=-1.0), ValueError, "softcap"),
+        ("backward window 2**64", lambda: winattn.attention_backward(x, x, x, x, x[..., 0], x, window=(2 ** 64, 0)),
+         ValueError, "outside"),
+        ("Context threads 2**32", lambda: winattn.Context(threads=2 ** 32), ValueError, "threads"),
         ("causal with right 3", lambda: winattn.attention(x, x, x, window=(4, 3), causal=True), ValueError, "causal"),
         ("mixed dtypes", lambda: winattn.attention(x, x.astype(np.float16), x), winattn.WinattnError, "dtype"),
         ("bad layout", lambda: winattn.attention(x, x, x, layout="nhd"), ValueError, "layout"),
@@ -231,11 +247,10 @@ def run_torch():
     @case("torch bad input")
     def _():
         x = torch.zeros(1, 2, 8, 4, dtype=torch.float64)
-        try:
-            wt.attention(x, x, x)
-            report(False, "torch float64 input", "no error")
-        except TypeError as e:
-            report("dtype" in str(e), "torch float64 input raises TypeError", str(e))
+        expect_error("torch float64 input", lambda: wt.attention(x, x, x), TypeError, "dtype")
+        x = x.float()
+        expect_error("torch window 2**64", lambda: wt.attention(x, x, x, window=(2 ** 64, 0)), ValueError, "outside")
+        expect_error("torch scale 1e300", lambda: wt.attention(x, x, x, scale=1e300), ValueError, "float32")
 
     if torch.cuda.is_available():
         q = torch.randn(1, 4, 70, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)

@@ -84,13 +84,13 @@ def main():
         import torch
         import transformers
         import winattn.transformers as wtf
+        wtf.register()  # ImportError from a transformers without the attention interfaces
     except ImportError as e:
-        skip("transformers", "torch or transformers is not installed (%s)" % e)
+        skip("transformers", "torch or transformers is not installed or too old (%s)" % e)
         return
     print("torch %s, transformers %s" % (torch.__version__, transformers.__version__))
     transformers.logging.set_verbosity_error()  # the cache case's past_key_values deprecation notice
     warnings.filterwarnings("ignore", category=FutureWarning)
-    wtf.register()
     torch.set_num_threads(min(4, torch.get_num_threads()))
     try:
         models = tiny_models()

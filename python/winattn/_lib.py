@@ -4,6 +4,8 @@ The shared library ships inside the package (copied by setup.py from the reposit
 `make lib`); WINATTN_LIBRARY in the environment points elsewhere (a build tree, say).
 """
 import ctypes
+import math
+import operator
 import os
 import threading
 
@@ -77,7 +79,7 @@ class Context:
 
     def __init__(self, threads=0, cuda_stream=None, cuda_deterministic=False):
         params = ContextParams()
-        params.threads = threads
+        params.threads = int_arg(threads, "threads", 0, 2 ** 31 - 1)
         params.cuda_stream = cuda_stream
         params.cuda_deterministic = int(bool(cuda_deterministic))
         self.lock = threading.Lock()
@@ -105,17 +107,55 @@ class Context:
             self.ptr = None
 
 
+INT64_MIN, INT64_MAX = -2 ** 63, 2 ** 63 - 1
+
+
+def int_arg(x, what, lo=INT64_MIN, hi=INT64_MAX):
+    """x as a Python int in [lo, hi] (by default int64, what ctypes' c_int64 holds without
+    wrapping); TypeError for a non-integer (a float is not truncated, a bool is not a number),
+    ValueError outside the range."""
+    if isinstance(x, bool) or not hasattr(type(x), "__index__"):
+        raise TypeError("winattn: %s must be an integer, got %r" % (what, x))
+    v = operator.index(x)
+    if not lo <= v <= hi:
+        raise ValueError("winattn: %s = %d is outside [%d, %d]" % (what, v, lo, hi))
+    return v
+
+
+def float32_arg(x, what):
+    """x as a Python float that a C float holds: finite, not overflowing to inf and, if nonzero,
+    not underflowing to 0 (for scale and softcap 0 means "default" or "off", so a tiny value
+    rounding to 0 would silently change the computation)."""
+    try:
+        v = float(x)
+    except OverflowError:
+        v = math.inf
+    # plain comparisons (torch.compile traces them): |v| < 2^128 - 2^103 rounds to a finite
+    # float32, |v| > 2^-150 to a nonzero one
+    if not (abs(v) < 2.0 ** 128 - 2.0 ** 103 and (v == 0 or abs(v) > 2.0 ** -150)):
+        raise ValueError("winattn: %s = %.6g is not 0 or a finite float32 that does not round to 0" % (what, v))
+    return v
+
+
 def window_args(window, causal, scale, softcap):
     """Validated (left, right, scale, softcap) as plain Python numbers (scale 0.0 = 1/sqrt(D));
     plain values so torch.compile can trace the callers."""
-    left, right = window
+    try:
+        left, right = window
+    except (TypeError, ValueError):
+        raise ValueError("winattn: window must be a pair (left, right), got %r" % (window,)) from None
+    left, right = int_arg(left, "window left"), int_arg(right, "window right")
     if causal:
         if right not in (-1, 0):
             raise ValueError("causal=True means window right = 0, but window=%r" % (window,))
         right = 0
     if left < -1 or right < -1:
         raise ValueError("window %r: each side must be -1 (unbounded) or >= 0" % (window,))
-    return int(left), int(right), 0.0 if scale is None else float(scale), float(softcap)
+    scale = 0.0 if scale is None else float32_arg(scale, "scale")
+    softcap = float32_arg(softcap, "softcap")
+    if softcap < 0:
+        raise ValueError("winattn: softcap = %r must be 0 (off) or positive" % (softcap,))
+    return left, right, scale, softcap
 
 
 def desc(window, causal, scale, softcap):

@@ -12,8 +12,11 @@ import threading
 
 import torch
 
-from . import _lib
-from ._lib import WA_BF16, WA_DEVICE_CPU, WA_DEVICE_CUDA, WA_F16, WA_F32, Context, Tensor, lib
+if not hasattr(torch.library, "custom_op"):  # ImportError, so that callers treat it like a missing torch
+    raise ImportError("winattn.torch needs PyTorch >= 2.4 (torch.library.custom_op); this is %s" % torch.__version__)
+
+from . import _lib  # noqa: E402
+from ._lib import WA_BF16, WA_DEVICE_CPU, WA_DEVICE_CUDA, WA_F16, WA_F32, Context, Tensor, lib  # noqa: E402
 
 __all__ = ["attention", "release_workspace"]
 
