@@ -66,7 +66,7 @@ static void run_table(const char *isa, wa_device device) {
         for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
             const tcase *tc = &cases[i];
             wa_case c = {tc->B, tc->Hq, tc->Hkv, tc->Nq, tc->Nk, tc->D, tc->dt, tc->bnhd, tc->left, tc->right,
-                         tc->scale, tc->softcap, 1000 + i, device};
+                         tc->scale, tc->softcap, 1000 + i, device, 0, NULL, NULL};
             wa_case_result r;
             char name[200];
             wa_case_name(&c, name, sizeof name);

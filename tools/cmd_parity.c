@@ -40,7 +40,7 @@ typedef struct case_list {
 } case_list;
 
 static const char *const group_names[] = {"window sweep", "head dims", "GQA", "Nq != Nk", "long (4224)", "softcap",
-                                          "scale 1", "random", "head dim 512"};
+                                          "scale 1", "random", "head dim 512", "varlen"};
 enum { n_groups = sizeof group_names / sizeof *group_names };
 
 static void add(case_list *l, int group, int cfg, wa_dtype dt, int64_t Hq, int64_t Hkv, int64_t Nq, int64_t Nk,
@@ -52,7 +52,7 @@ static void add(case_list *l, int group, int cfg, wa_dtype dt, int64_t Hq, int64
     }
     pcase *p = &l->v[l->n];
     memset(p, 0, sizeof *p);
-    p->c = (wa_case){1, Hq, Hkv, Nq, Nk, D, dt, l->n % 2, left, right, scale, cap, (uint64_t)l->n + 1, WA_DEVICE_CPU};
+    p->c = (wa_case){1, Hq, Hkv, Nq, Nk, D, dt, l->n % 2, left, right, scale, cap, (uint64_t)l->n + 1, WA_DEVICE_CPU, 0, NULL, NULL};
     p->cfg = cfg, p->group = group;
     l->n++;
 }
@@ -149,6 +149,74 @@ static void build_cases(case_list *l) {
     }
 }
 
+/* The last case added, made a packed batch of these lengths (one allocation holding both arrays,
+ * freed with the list). */
+static void make_varlen(case_list *l, int nseq, const int32_t *seq_q, const int32_t *seq_k) {
+    int32_t *lens = xmalloc(2 * (size_t)(nseq > 0 ? nseq : 1) * sizeof *lens, "varlen lengths");
+    memcpy(lens, seq_q, (size_t)nseq * sizeof *lens);
+    memcpy(lens + nseq, seq_k, (size_t)nseq * sizeof *lens);
+    wa_case_varlen(&l->v[l->n - 1].c, nseq, lens, lens + nseq);
+}
+
+static void add_varlen(case_list *l, int cfg, wa_dtype dt, int64_t Hq, int64_t Hkv, int64_t D, int64_t left,
+                       int64_t right, float scale, float cap, int nseq, const int32_t *seq_q, const int32_t *seq_k) {
+    add(l, 9, cfg, dt, Hq, Hkv, 0, 0, D, left, right, scale, cap);
+    make_varlen(l, nseq, seq_q, seq_k ? seq_k : seq_q);
+}
+
+/* J: packed variable-length batches, each sequence checked against its own float64 oracle: empty
+ * sequences and single tokens among long ones, Nq_b != Nk_b both ways, windows shorter than some
+ * sequences and longer than others, B = 1 and B = 1000, head dims 1 to 512, GQA 8, softcap, scale
+ * 1, then seeded random mixes. Appended, so earlier case numbers hold. */
+static void build_varlen_cases(case_list *l) {
+    static const wa_dtype dts[3] = {WA_F32, WA_F16, WA_BF16};
+    static const int32_t mix[] = {0, 37, 1, 0, 513, 200, 64, 65};
+    static const int32_t corpus[] = {1500, 700, 300, 90};      /* the corpus's profile, scaled down */
+    static const int32_t uneven_q[] = {5, 100, 0, 64, 300, 1}, uneven_k[] = {40, 100, 7, 1, 129, 0};
+    static const int32_t one[] = {1000};
+    static const int32_t dims_mix[] = {300, 0, 129, 64, 1};
+    for (int d = 0; d < 3; d++) {
+        add_varlen(l, d % 2, dts[d], 4, 2, 64, SLIDE(100), 0, 0, 8, mix, NULL);
+        add_varlen(l, (d + 1) % 2, dts[d], 4, 2, 64, -1, 0, 0, 0, 8, mix, NULL);
+        add_varlen(l, d % 2, dts[d], 4, 2, 128, SLIDE(129), 0, 0, 4, corpus, NULL);
+        add_varlen(l, (d + 1) % 2, dts[d], 2, 1, 80, -1, 0, 0, 0, 6, uneven_q, uneven_k);
+        add_varlen(l, d % 2, dts[d], 2, 1, 80, 30, 10, 0, 0, 6, uneven_q, uneven_k);
+        add_varlen(l, (d + 1) % 2, dts[d], 2, 1, 80, SLIDE(7), 0, 0, 6, uneven_k, uneven_q);
+        add_varlen(l, d % 2, dts[d], 2, 2, 64, SLIDE(64), 0, 0, 1, one, NULL);
+        add_varlen(l, (d + 1) % 2, dts[d], 8, 1, 64, SLIDE(5000), 0, 0, 8, mix, NULL);
+        add_varlen(l, d % 2, dts[d], 4, 2, 64, -1, -1, 0, 0, 8, mix, NULL);
+        add_varlen(l, (d + 1) % 2, dts[d], 2, 1, 256, SLIDE(100), 0, 20.0f, 8, mix, NULL);
+        add_varlen(l, d % 2, dts[d], 2, 1, 128, SLIDE(33), 1.0f, 0, 4, corpus, NULL);
+        static const int64_t dims[] = {1, 72, 200, 512};
+        for (int k = 0; k < 4; k++)
+            add_varlen(l, (d + k) % 2, dts[d], 2, 1, dims[k], k % 2 ? -1 : SLIDE(100), 0, 0, 5, dims_mix, NULL);
+        add_varlen(l, d % 2, dts[d], 8, 1, 512, -1, 0, 0, 0, 4, corpus, NULL);
+    }
+    /* B = 1000 short sequences (lengths 0 to 12) */
+    int32_t many[1000];
+    uint64_t s = 0xba7c4;
+#define DRAW(n) ((int32_t)(((s = s * 6364136223846793005ull + 1442695040888963407ull) >> 33) % (uint64_t)(n)))
+    for (int b = 0; b < 1000; b++) many[b] = DRAW(13);
+    for (int d = 0; d < 3; d++) add_varlen(l, d % 2, dts[d], 2, 1, 32, SLIDE(5), 0, 0, 1000, many, NULL);
+    /* seeded random mixes over every axis */
+    for (int i = 0; i < 40; i++) {
+        int32_t lq[12], lk[12];
+        int nseq = 1 + DRAW(12), same = DRAW(3) > 0;
+        for (int b = 0; b < nseq; b++) {
+            lq[b] = DRAW(5) ? DRAW(400) : DRAW(3);
+            lk[b] = same ? lq[b] : DRAW(5) ? DRAW(400) : DRAW(3);
+        }
+        int64_t ratio = (int64_t)1 << DRAW(4), Hkv = 1 + DRAW(2);
+        int64_t D = DRAW(3) ? 8 * (1 + DRAW(64)) : 1 + DRAW(512);
+        int64_t left = DRAW(4) ? DRAW(300) : -1, right = DRAW(3) ? 0 : DRAW(4) ? DRAW(50) : -1;
+        int cfg = DRAW(2);
+        wa_dtype dt = dts[DRAW(3)];
+        float cap = DRAW(5) ? 0.0f : 20.0f;
+        add_varlen(l, cfg, dt, ratio * Hkv, Hkv, D, left, right, 0, cap, nseq, lq, lk);
+    }
+#undef DRAW
+}
+
 typedef struct parity_run {
     const pcase *cases;
     const int *todo;
@@ -223,6 +291,7 @@ int cmd_parity(int argc, char **argv) {
 
     case_list l = {0};
     build_cases(&l);
+    build_varlen_cases(&l);
     int *todo = xmalloc((size_t)l.n * sizeof *todo, "the case list");
     int n_todo = 0;
     for (int i = 0; i < l.n; i++) {
@@ -302,6 +371,8 @@ int cmd_parity(int argc, char **argv) {
         json_decref(jcases);
     }
     printf("%d passed, %d failed\n", passed, failed);
+    for (int i = 0; i < l.n; i++)
+        if (l.v[i].c.nseq > 0) free((void *)l.v[i].c.seq_q);
     free(todo), free(run.results), free(tids), free(l.v);
     return failed ? 1 : 0;
 }

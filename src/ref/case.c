@@ -114,10 +114,22 @@ void wa_case_name(const wa_case *c, char *out, size_t n) {
     if (c->softcap > 0) snprintf(cap, sizeof cap, " cap=%g", (double)c->softcap);
     char sc[32] = "";
     if (c->scale != 0) snprintf(sc, sizeof sc, " scale=%g", (double)c->scale);
-    snprintf(out, n, "%s%s B=%lld Hq=%lld Hkv=%lld Nq=%lld Nk=%lld D=%lld win=(%lld,%lld)%s%s%s",
+    char seqs[48] = "";
+    if (c->nseq > 0) {
+        int32_t longest = 0;
+        for (int b = 0; b < c->nseq; b++) longest = c->seq_q[b] > longest ? c->seq_q[b] : longest;
+        snprintf(seqs, sizeof seqs, " varlen seqs=%d longest=%d", c->nseq, (int)longest);
+    }
+    snprintf(out, n, "%s%s B=%lld Hq=%lld Hkv=%lld Nq=%lld Nk=%lld D=%lld win=(%lld,%lld)%s%s%s%s",
              c->device == WA_DEVICE_CUDA ? "cuda " : "", dt[c->dtype],
              (long long)c->B, (long long)c->Hq, (long long)c->Hkv, (long long)c->Nq, (long long)c->Nk, (long long)c->D,
-             (long long)c->left, (long long)c->right, cap, sc, c->bnhd ? " bnhd" : "");
+             (long long)c->left, (long long)c->right, cap, sc, c->bnhd && !c->nseq ? " bnhd" : "", seqs);
+}
+
+void wa_case_varlen(wa_case *c, int nseq, const int32_t *seq_q, const int32_t *seq_k) {
+    c->nseq = nseq, c->seq_q = seq_q, c->seq_k = seq_k;
+    c->B = 1, c->bnhd = 1, c->Nq = 0, c->Nk = 0;
+    for (int b = 0; b < nseq; b++) c->Nq += seq_q[b], c->Nk += seq_k[b];
 }
 
 typedef struct outputs {
@@ -195,8 +207,66 @@ static void note(wa_case_result *r, const char *fmt, const char *a, double x) {
     snprintf(r->detail, sizeof r->detail, fmt, a, x);
 }
 
+/* Rows [r0, r0 + len) of every head of a contiguous [1, H, T, D] f64 array, to or from a
+ * contiguous [1, H, len, D] one: one sequence of a packed batch, for the per-sequence oracle. */
+static void move_rows(double *full, double *part, int64_t H, int64_t T, int64_t D, int64_t r0, int64_t len, int gather) {
+    for (int64_t h = 0; h < H; h++) {
+        double *f = full + (h * T + r0) * D, *p = part + h * len * D;
+        if (gather) memcpy(p, f, (size_t)(len * D) * sizeof *p);
+        else memcpy(f, p, (size_t)(len * D) * sizeof *p);
+    }
+}
+
+/* The float64 oracle over a case: once over the whole tensors, or per sequence of a packed batch
+ * (each sequence gathered into its own arrays, its results scattered back). 0 if out of memory. */
+static int run_oracle(const wa_case *c, const wa_oracle_shape *whole, const double *q, const double *k, const double *v,
+                      const double *do_, double *o, double *lse, double *dq, double *dk, double *dv) {
+    if (c->nseq == 0) {
+        wa_oracle(whole, q, k, v, do_, o, lse, dq, dk, dv);
+        return 1;
+    }
+    int64_t Hq = c->Hq, Hkv = c->Hkv, D = c->D, longest_q = 0, longest_k = 0;
+    for (int b = 0; b < c->nseq; b++) {
+        longest_q = c->seq_q[b] > longest_q ? c->seq_q[b] : longest_q;
+        longest_k = c->seq_k[b] > longest_k ? c->seq_k[b] : longest_k;
+    }
+    size_t nq = (size_t)(Hq * longest_q * D) + 1, nk = (size_t)(Hkv * longest_k * D) + 1;
+    double *pq = malloc(nq * 8), *pdo = malloc(nq * 8), *po = malloc(nq * 8), *pdq = malloc(nq * 8);
+    double *plse = malloc((size_t)(Hq * longest_q + 1) * 8), *pk = malloc(nk * 8), *pv = malloc(nk * 8);
+    double *pdk = malloc(nk * 8), *pdv = malloc(nk * 8);
+    int ok = pq && pdo && po && pdq && plse && pk && pv && pdk && pdv;
+    for (int64_t b = 0, q0 = 0, k0 = 0; ok && b < c->nseq; q0 += c->seq_q[b], k0 += c->seq_k[b], b++) {
+        int64_t nqb = c->seq_q[b], nkb = c->seq_k[b];
+        move_rows((double *)q, pq, Hq, c->Nq, D, q0, nqb, 1), move_rows((double *)do_, pdo, Hq, c->Nq, D, q0, nqb, 1);
+        move_rows((double *)k, pk, Hkv, c->Nk, D, k0, nkb, 1), move_rows((double *)v, pv, Hkv, c->Nk, D, k0, nkb, 1);
+        wa_oracle_shape s = *whole;
+        s.B = 1, s.Nq = nqb, s.Nk = nkb, s.win.Nq = nqb, s.win.Nk = nkb;
+        wa_oracle(&s, pq, pk, pv, pdo, po, plse, pdq, pdk, pdv);
+        move_rows(o, po, Hq, c->Nq, D, q0, nqb, 0), move_rows(dq, pdq, Hq, c->Nq, D, q0, nqb, 0);
+        move_rows(lse, plse, Hq, c->Nq, 1, q0, nqb, 0);
+        move_rows(dk, pdk, Hkv, c->Nk, D, k0, nkb, 0), move_rows(dv, pdv, Hkv, c->Nk, D, k0, nkb, 0);
+    }
+    free(pq), free(pdo), free(po), free(pdq), free(plse), free(pk), free(pv), free(pdk), free(pdv);
+    return ok;
+}
+
+/* Whether key row j (of the whole packed tensor) is seen by some query of its own sequence. */
+static int key_seen(const wa_case *c, int64_t j) {
+    int64_t k0 = 0, b = 0, nqb = c->Nq, nkb = c->Nk;
+    if (c->nseq > 0) {
+        while (b < c->nseq && j >= k0 + c->seq_k[b]) k0 += c->seq_k[b++];
+        if (b == c->nseq) return 0;
+        nqb = c->seq_q[b], nkb = c->seq_k[b];
+    }
+    wa_window w = {nqb, nkb, c->left, c->right};
+    for (int64_t i = 0; i < nqb; i++)
+        if (wa_visible(&w, i, j - k0)) return 1;
+    return 0;
+}
+
 void wa_run_case(const wa_case *c, wa_context *kernel, wa_context *baseline, double grad_mult, wa_case_result *r) {
     memset(r, 0, sizeof *r);
+    int32_t *cu = NULL; /* a packed batch's offsets */
     size_t es = wa_dtype_size(c->dtype);
     size_t nq = (size_t)(c->B * c->Hq * c->Nq * c->D), nk = (size_t)(c->B * c->Hkv * c->Nk * c->D);
     size_t nrows = (size_t)(c->B * c->Hq * c->Nq);
@@ -220,6 +290,25 @@ void wa_run_case(const wa_case *c, wa_context *kernel, wa_context *baseline, dou
     wa_tensor tv = make_tensor(v, c->dtype, c->bnhd, c->B, c->Hkv, c->Nk, c->D);
     wa_tensor tdo = make_tensor(go, c->dtype, c->bnhd, c->B, c->Hq, c->Nq, c->D);
     wa_attn_desc desc = {c->scale, c->softcap, c->left, c->right};
+    /* a packed batch: offsets on the host (baseline) and, for CUDA, on the device */
+    cu = c->nseq > 0 ? malloc(2 * (size_t)(c->nseq + 1) * sizeof *cu) : NULL;
+    wa_varlen seqs = {0}, kseqs = {0};
+    void *dcu = NULL;
+    if (c->nseq > 0) {
+        if (!cu) {
+            r->status = WA_ERR_NO_MEMORY;
+            snprintf(r->detail, sizeof r->detail, "test harness out of memory");
+            goto done;
+        }
+        int32_t *cu_q = cu, *cu_k = cu + c->nseq + 1, mq = 0, mk = 0;
+        cu_q[0] = cu_k[0] = 0;
+        for (int b = 0; b < c->nseq; b++) {
+            cu_q[b + 1] = cu_q[b] + c->seq_q[b], cu_k[b + 1] = cu_k[b] + c->seq_k[b];
+            mq = c->seq_q[b] > mq ? c->seq_q[b] : mq, mk = c->seq_k[b] > mk ? c->seq_k[b] : mk;
+        }
+        seqs = (wa_varlen){c->nseq, cu_q, cu_k, mq, mk};
+        kseqs = seqs;
+    }
 
     wa_tensor kq = tq, kk = tk, kv = tv, kdo = tdo;
     void *dq_in = NULL, *dk_in = NULL, *dv_in = NULL, *ddo_in = NULL;
@@ -232,14 +321,26 @@ void wa_run_case(const wa_case *c, wa_context *kernel, wa_context *baseline, dou
         }
         kq.data = dq_in, kk.data = dk_in, kv.data = dv_in, kdo.data = ddo_in;
         kq.device = kk.device = kv.device = kdo.device = WA_DEVICE_CUDA;
+        if (c->nseq > 0) {
+            dcu = input_to_device(kernel, cu, 2 * (size_t)(c->nseq + 1) * sizeof *cu);
+            if (!dcu && r->status == WA_OK) {
+                r->status = WA_ERR_CUDA;
+                snprintf(r->detail, sizeof r->detail, "cannot stage the offsets on the GPU: %s", wa_last_error());
+            }
+            kseqs.cu_seqlens_q = dcu, kseqs.cu_seqlens_k = (const int32_t *)dcu + c->nseq + 1;
+        }
     }
     double t0 = seconds(), t1 = t0;
     if (r->status == WA_OK) {
-        r->status = wa_forward(kernel, &desc, &kq, &kk, &kv, &ker.to, &ker.tlse);
+        r->status = c->nseq > 0 ? wa_forward_varlen(kernel, &desc, &kseqs, &kq, &kk, &kv, &ker.to, &ker.tlse)
+                                : wa_forward(kernel, &desc, &kq, &kk, &kv, &ker.to, &ker.tlse);
         if (r->status == WA_OK) r->status = wa_synchronize(kernel);
         t1 = seconds();
         if (r->status == WA_OK)
-            r->status = wa_backward(kernel, &desc, &kq, &kk, &kv, &ker.to, &ker.tlse, &kdo, &ker.tdq, &ker.tdk, &ker.tdv);
+            r->status = c->nseq > 0 ? wa_backward_varlen(kernel, &desc, &kseqs, &kq, &kk, &kv, &ker.to, &ker.tlse, &kdo,
+                                                         &ker.tdq, &ker.tdk, &ker.tdv)
+                                    : wa_backward(kernel, &desc, &kq, &kk, &kv, &ker.to, &ker.tlse, &kdo, &ker.tdq, &ker.tdk,
+                                                  &ker.tdv);
         if (r->status == WA_OK) r->status = wa_synchronize(kernel);
     }
     double t2 = seconds();
@@ -252,10 +353,17 @@ void wa_run_case(const wa_case *c, wa_context *kernel, wa_context *baseline, dou
         }
         wa_free_memory(kernel, WA_DEVICE_CUDA, dq_in), wa_free_memory(kernel, WA_DEVICE_CUDA, dk_in);
         wa_free_memory(kernel, WA_DEVICE_CUDA, dv_in), wa_free_memory(kernel, WA_DEVICE_CUDA, ddo_in);
+        wa_free_memory(kernel, WA_DEVICE_CUDA, dcu);
     }
     if (r->status != WA_OK) goto done;
-    wa_status bs = wa_forward(baseline, &desc, &tq, &tk, &tv, &base.to, &base.tlse);
-    if (bs == WA_OK) bs = wa_backward(baseline, &desc, &tq, &tk, &tv, &base.to, &base.tlse, &tdo, &base.tdq, &base.tdk, &base.tdv);
+    /* the dense baseline; for a packed batch the library's varlen call runs it per sequence */
+    wa_status bs = c->nseq > 0 ? wa_forward_varlen(baseline, &desc, &seqs, &tq, &tk, &tv, &base.to, &base.tlse)
+                               : wa_forward(baseline, &desc, &tq, &tk, &tv, &base.to, &base.tlse);
+    if (bs == WA_OK)
+        bs = c->nseq > 0 ? wa_backward_varlen(baseline, &desc, &seqs, &tq, &tk, &tv, &base.to, &base.tlse, &tdo, &base.tdq,
+                                              &base.tdk, &base.tdv)
+                         : wa_backward(baseline, &desc, &tq, &tk, &tv, &base.to, &base.tlse, &tdo, &base.tdq, &base.tdk,
+                                       &base.tdv);
     if (bs != WA_OK) {
         snprintf(r->detail, sizeof r->detail, "baseline failed: %s: %s", wa_status_str(bs), wa_last_error());
         goto done;
@@ -267,7 +375,11 @@ void wa_run_case(const wa_case *c, wa_context *kernel, wa_context *baseline, dou
                          {c->Nq, c->Nk, c->left, c->right}};
     /* the kernel's scale is a float: use exactly that value */
     s.scale = (double)(c->scale != 0 ? c->scale : (float)(1.0 / sqrt((double)c->D)));
-    wa_oracle(&s, rq, rk, rv, rdo, ro, rlse, rdq, rdk, rdv);
+    if (!run_oracle(c, &s, rq, rk, rv, rdo, ro, rlse, rdq, rdk, rdv)) {
+        r->pass = 0;
+        snprintf(r->detail, sizeof r->detail, "test harness out of memory (oracle)");
+        goto done;
+    }
 
     /* oracle arrays are contiguous bhnd; compare through bhnd views of the same order */
     const double *refs[WA_N_OUT] = {ro, rlse, rdq, rdk, rdv};
@@ -302,7 +414,6 @@ void wa_run_case(const wa_case *c, wa_context *kernel, wa_context *baseline, dou
         note(r, "%s: a write landed outside an output buffer%.0f", "guard bytes", 0);
     }
     /* exact contracts: rows that see no key, keys no query sees */
-    wa_window w = {c->Nq, c->Nk, c->left, c->right};
     double *got = malloc((nq > nk ? nq : nk) * 8 + 8);
     if (got) {
         wa_tensor_to_f64(&ker.to, got);
@@ -316,9 +427,7 @@ void wa_run_case(const wa_case *c, wa_context *kernel, wa_context *baseline, dou
             }
         wa_tensor_to_f64(&ker.tdk, got);
         for (int64_t j = 0; j < c->Nk; j++) {
-            int seen = 0;
-            for (int64_t i = 0; i < c->Nq && !seen; i++) seen = wa_visible(&w, i, j);
-            if (seen) continue;
+            if (key_seen(c, j)) continue;
             for (int64_t bh = 0; bh < c->B * c->Hkv; bh++)
                 for (int64_t d = 0; d < c->D; d++)
                     if (got[((size_t)bh * (size_t)c->Nk + (size_t)j) * (size_t)c->D + (size_t)d] != 0.0) {
@@ -329,6 +438,7 @@ void wa_run_case(const wa_case *c, wa_context *kernel, wa_context *baseline, dou
         free(got);
     }
 done:
+    free(cu);
     free(q), free(k), free(v), free(go), free(rq), free(rk), free(rv), free(rdo), free(ro), free(rlse), free(rdq);
     free(rdk), free(rdv);
     if (have_ker) outputs_free(&ker);

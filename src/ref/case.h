@@ -16,7 +16,15 @@ typedef struct wa_case {
     float softcap;
     uint64_t seed;
     wa_device device;     /* where the kernel under test runs; the oracle and baseline run on the CPU */
+    /* A packed varlen batch when nseq > 0: nseq sequences of seq_q[b] queries and seq_k[b] keys,
+     * packed [T, H, D]; then B = 1, bnhd = 1, Nq and Nk are the totals (wa_case_varlen sets them).
+     * The oracle runs per sequence; the baseline is the dense path through the varlen call. */
+    int nseq;
+    const int32_t *seq_q, *seq_k;
 } wa_case;
+
+/* c as the packed batch of these lengths (B, bnhd, Nq, Nk set from them) */
+void wa_case_varlen(wa_case *c, int nseq, const int32_t *seq_q, const int32_t *seq_k);
 
 enum { WA_OUT_O, WA_OUT_LSE, WA_OUT_DQ, WA_OUT_DK, WA_OUT_DV, WA_N_OUT };
 extern const char *const wa_out_names[WA_N_OUT];
