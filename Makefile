@@ -73,6 +73,10 @@ TOOL_OBJ := $(TOOL_SRC:%.c=$(BUILD)/%.o)
 JANSSON_CFLAGS ?=
 JANSSON_LIBS ?= -ljansson
 TOOL_LIBS := $(JANSSON_LIBS)
+# Without jansson the objects that include it stop the build with one line saying what to install
+# (scripts/deps.sh does it); the library alone (`make lib`, pip) does not need it.
+HAVE_JANSSON := $(shell printf '\043include <jansson.h>\nint main(void){return json_object()==0;}\n' | \
+                $(CC) $(CPPFLAGS) $(JANSSON_CFLAGS) -x c - $(LDFLAGS) $(JANSSON_LIBS) -o /dev/null >/dev/null 2>&1 && echo 1)
 
 # The trainer (train/, `winattn train`): part of the command, not of the library. Its matrix
 # products use OpenBLAS when it links (libopenblas-dev), else built-in loops.
@@ -95,7 +99,7 @@ STATIC   := $(BUILD)/libwinattn.a
 SHARED   := $(BUILD)/libwinattn.so
 SONAME   := libwinattn.so.0
 
-.PHONY: all lib tests test test-long sanitize install uninstall clean help fuzz demo tile-gemm
+.PHONY: all lib tests test test-long sanitize install uninstall clean help fuzz demo tile-gemm no-jansson
 # keep intermediate objects (and keep make quiet after the test summary)
 .SECONDARY:
 all: lib $(BUILD)/winattn $(TESTS)
@@ -104,6 +108,12 @@ all: lib $(BUILD)/winattn $(TESTS)
 lib: $(STATIC) $(SHARED)
 tests: $(TESTS)
 
+ifneq ($(HAVE_JANSSON),1)
+$(TOOL_OBJ) $(TRAIN_OBJ) $(BUILD)/tests/test_safetensors.o $(BUILD)/tests/test_train.o $(BUILD)/tests/cli_helper.o: | no-jansson
+no-jansson:
+	@echo "winattn: jansson not found (<jansson.h>, -ljansson): run 'sh scripts/deps.sh', or apt-get install libjansson-dev pkg-config" >&2
+	@exit 1
+endif
 
 $(STATIC): $(LIB_OBJ)
 	@mkdir -p $(@D)
