@@ -16,16 +16,162 @@
 static const char bench_usage[] =
     "winattn bench [--n N[,N...]] [--dtype f32|f16|bf16] [--b B] [--hq H] [--hkv H] [--d D] "
     "[--sliding-window W | --causal | --full | --window-left L --window-right R] [--scale S] [--threads T] "
-    "[--tile-q Q] [--tile-k K] [--reps R] [--algo tiled|dense] [--device cpu|cuda] [--forward-only] [--deterministic] [--json F]";
+    "[--tile-q Q] [--tile-k K] [--reps R] [--algo tiled|dense] [--device cpu|cuda] [--forward-only] [--deterministic] [--json F] "
+    "[--varlen L[,L...]]";
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
 }
 
+/* "a,b,c" into up to max lengths in [lo, hi]; dies naming the flag otherwise */
+static int64_t parse_lengths(const char *flag, const char *v, int64_t lo, int64_t hi, int64_t *out, int64_t max) {
+    char *copy = strdup(v), *save = NULL;
+    int64_t n = 0;
+    if (!copy) die("out of memory");
+    for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (n == max || parse_i64(t, lo, hi, &out[n]))
+            usage_error(bench_usage, "%s '%s': up to %lld comma-separated lengths, each %lld to %lld", flag, v,
+                        (long long)max, (long long)lo, (long long)hi);
+        n++;
+    }
+    free(copy);
+    if (!n) usage_error(bench_usage, "%s needs at least one length", flag);
+    return n;
+}
+
+/* ---- --varlen: one packed batch against the same sequences one call each and the padded batch ---- */
+
+typedef struct varlen_bench {
+    wa_context *ctx;
+    wa_device dev;
+    wa_dtype dt;
+    const wa_attn_desc *desc;
+    int64_t B, Hq, Hkv, D, Tq, longest;
+    const int64_t *lens;
+    int32_t *cu_host;
+    void *cu;            /* offsets where the tensors live */
+    wa_tensor t[9];      /* packed q k v do o lse dq dk dv */
+    wa_tensor pad[9];    /* the padded [B, H, longest, D] batch */
+} varlen_bench;
+
+enum { ARM_VARLEN, ARM_PER_SEQUENCE, ARM_PADDED, N_ARMS };
+static const char *const arm_names[N_ARMS] = {"varlen, one call", "one call per sequence", "padded batch"};
+
+static wa_tensor seq_view(const wa_tensor *t, int64_t start, int64_t len) {
+    wa_tensor s = *t;
+    s.data = (char *)t->data + start * t->stride[2] * (int64_t)wa_dtype_size(t->dtype);
+    s.shape[2] = len;
+    return s;
+}
+
+static void run_arm(varlen_bench *vb, int arm, int backward) {
+    wa_status st = WA_OK;
+    wa_tensor *t = arm == ARM_PADDED ? vb->pad : vb->t;
+    if (arm == ARM_PER_SEQUENCE) {
+        for (int64_t b = 0, q0 = 0; b < vb->B && st == WA_OK; q0 += vb->lens[b], b++) {
+            wa_tensor s[9];
+            for (int i = 0; i < 9; i++) s[i] = seq_view(&t[i], q0, vb->lens[b]);
+            st = backward ? wa_backward(vb->ctx, vb->desc, &s[0], &s[1], &s[2], &s[4], &s[5], &s[3], &s[6], &s[7], &s[8])
+                          : wa_forward(vb->ctx, vb->desc, &s[0], &s[1], &s[2], &s[4], &s[5]);
+        }
+    } else if (arm == ARM_VARLEN) {
+        wa_varlen seqs = {vb->B, vb->cu, vb->cu, vb->longest, vb->longest};
+        st = backward ? wa_backward_varlen(vb->ctx, vb->desc, &seqs, &t[0], &t[1], &t[2], &t[4], &t[5], &t[3], &t[6],
+                                           &t[7], &t[8])
+                      : wa_forward_varlen(vb->ctx, vb->desc, &seqs, &t[0], &t[1], &t[2], &t[4], &t[5]);
+    } else {
+        st = backward ? wa_backward(vb->ctx, vb->desc, &t[0], &t[1], &t[2], &t[4], &t[5], &t[3], &t[6], &t[7], &t[8])
+                      : wa_forward(vb->ctx, vb->desc, &t[0], &t[1], &t[2], &t[4], &t[5]);
+    }
+    if (st == WA_OK) st = wa_synchronize(vb->ctx);
+    if (st != WA_OK) die("%s %s: %s", arm_names[arm], backward ? "backward" : "forward", wa_last_error());
+}
+
+/* nine tensors (q k v do o lse dq dk dv) in fresh memory: packed [T, H, D] when packed, else
+ * [B, H, N, D]; q, k, v, do filled */
+static void make_tensors(varlen_bench *vb, wa_tensor *t, int packed, int64_t Bt, int64_t N, void **bufs) {
+    size_t es = wa_dtype_size(vb->dt);
+    const int64_t heads[9] = {vb->Hq, vb->Hkv, vb->Hkv, vb->Hq, vb->Hq, vb->Hq, vb->Hq, vb->Hkv, vb->Hkv};
+    for (int i = 0; i < 9; i++) {
+        size_t n = (size_t)(Bt * heads[i] * N * (i == 5 ? 1 : vb->D)), bytes = n * (i == 5 ? 4 : es);
+        if (wa_malloc(vb->ctx, vb->dev, bytes, &bufs[i]) != WA_OK) die("%s", wa_last_error());
+        if (i < 4) {
+            void *h = vb->dev == WA_DEVICE_CPU ? bufs[i] : xmalloc(bytes, "staging");
+            fill_uniform(h, vb->dt, n, (uint64_t)i + 1);
+            if (h != bufs[i]) {
+                if (wa_memcpy(vb->ctx, bufs[i], vb->dev, h, WA_DEVICE_CPU, bytes) != WA_OK) die("%s", wa_last_error());
+                free(h);
+            }
+        }
+        if (i == 5) t[i] = packed ? wa_tensor_lse_varlen(bufs[i], heads[i], N) : wa_tensor_lse(bufs[i], Bt, heads[i], N);
+        else t[i] = packed ? wa_tensor_thd(bufs[i], vb->dt, N, heads[i], vb->D) : wa_tensor_bhnd(bufs[i], vb->dt, Bt, heads[i], N, vb->D);
+        t[i].device = vb->dev;
+    }
+}
+
+static void bench_varlen(wa_context *ctx, wa_device dev, wa_dtype dt, const wa_attn_desc *desc, const int64_t *lens,
+                         int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t reps, int forward_only, json_t *rows) {
+    varlen_bench vb = {ctx, dev, dt, desc, B, Hq, Hkv, D, 0, 0, lens, NULL, NULL, {{0}}, {{0}}};
+    vb.cu_host = xmalloc((size_t)(B + 1) * sizeof *vb.cu_host, "offsets");
+    vb.cu_host[0] = 0;
+    double pairs = 0, padded_pairs = 0;
+    for (int64_t b = 0; b < B; b++) {
+        vb.cu_host[b + 1] = vb.cu_host[b] + (int32_t)lens[b];
+        vb.longest = lens[b] > vb.longest ? lens[b] : vb.longest;
+        wa_window w = {lens[b], lens[b], desc->window_left, desc->window_right};
+        pairs += (double)wa_visible_pairs(&w);
+    }
+    vb.Tq = vb.cu_host[B];
+    wa_window wp = {vb.longest, vb.longest, desc->window_left, desc->window_right};
+    padded_pairs = (double)B * (double)wa_visible_pairs(&wp);
+    if (dev == WA_DEVICE_CPU) vb.cu = vb.cu_host;
+    else if (wa_malloc(ctx, dev, (size_t)(B + 1) * 4, &vb.cu) != WA_OK ||
+             wa_memcpy(ctx, vb.cu, dev, vb.cu_host, WA_DEVICE_CPU, (size_t)(B + 1) * 4) != WA_OK)
+        die("%s", wa_last_error());
+    void *bufs[9], *pad_bufs[9];
+    make_tensors(&vb, vb.t, 1, 1, vb.Tq, bufs);
+    make_tensors(&vb, vb.pad, 0, B, vb.longest, pad_bufs);
+    double flops = 4.0 * (double)D * pairs * (double)Hq; /* useful work: the sequences' own pairs */
+    printf("varlen: %lld sequences, %lld tokens (longest %lld; padded batch %lld x %lld = %lld tokens, %.2fx the pairs)\n",
+           (long long)B, (long long)vb.Tq, (long long)vb.longest, (long long)B, (long long)vb.longest,
+           (long long)(B * vb.longest), padded_pairs / pairs);
+    printf("| arm | fwd ms | bwd ms | fwd TFLOP/s | bwd TFLOP/s |\n|---|---|---|---|---|\n");
+    double med[N_ARMS][2] = {{0}};
+    double *times = xmalloc((size_t)reps * 8, "times");
+    for (int arm = 0; arm < N_ARMS; arm++) {
+        for (int pass = 0; pass < (forward_only ? 1 : 2); pass++) {
+            run_arm(&vb, arm, 0); /* warm-up, and the backward's o and lse */
+            if (pass) run_arm(&vb, arm, 1);
+            for (int64_t r = 0; r < reps; r++) {
+                double t0 = now_seconds();
+                run_arm(&vb, arm, pass);
+                times[r] = now_seconds() - t0;
+            }
+            qsort(times, (size_t)reps, 8, cmp_double);
+            med[arm][pass] = times[reps / 2];
+        }
+        char bms[32] = "-", btf[32] = "-";
+        if (!forward_only)
+            snprintf(bms, sizeof bms, "%.2f", med[arm][1] * 1e3), snprintf(btf, sizeof btf, "%.3f", 2.5 * flops / med[arm][1] / 1e12);
+        printf("| %s | %.2f | %s | %.3f | %s |\n", arm_names[arm], med[arm][0] * 1e3, bms, flops / med[arm][0] / 1e12, btf);
+        json_array_append_new(rows, json_pack("{s:s,s:f,s:f,s:f,s:f}", "arm", arm_names[arm], "fwd_s", med[arm][0], "bwd_s",
+                                              med[arm][1], "fwd_tflops", flops / med[arm][0] / 1e12, "bwd_tflops",
+                                              forward_only ? 0.0 : 2.5 * flops / med[arm][1] / 1e12));
+    }
+    double total[N_ARMS];
+    for (int arm = 0; arm < N_ARMS; arm++) total[arm] = med[arm][0] + med[arm][1];
+    printf("varlen vs one call per sequence (TFLOP/s ratio, fwd+bwd): %.3f; padded batch time / varlen time: %.2fx\n",
+           total[ARM_PER_SEQUENCE] / total[ARM_VARLEN], total[ARM_PADDED] / total[ARM_VARLEN]);
+    for (int i = 0; i < 9; i++) wa_free_memory(ctx, dev, bufs[i]), wa_free_memory(ctx, dev, pad_bufs[i]);
+    if (dev != WA_DEVICE_CPU) wa_free_memory(ctx, dev, vb.cu);
+    free(vb.cu_host), free(times);
+}
+
 int cmd_bench(int argc, char **argv) {
     int64_t lens[16] = {8192}, n_lens = 1, B = 1, Hq = 32, Hkv = 16, D = 256, threads = 0, tq = 0, tk = 0, reps = 3;
-    int64_t left = 1023, right = 0;
+    int64_t left = 1023, right = 0, n_varlen = 0;
+    static int64_t varlen[4096];
     float scale = 0;
     wa_dtype dt = WA_BF16;
     int dense = 0, forward_only = 0, deterministic = 0;
@@ -34,14 +180,9 @@ int cmd_bench(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         int64_t x;
         if ((v = flag_value(argc, argv, &i, "--n", bench_usage))) {
-            char *copy = strdup(v), *save = NULL;
-            n_lens = 0;
-            for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-                if (n_lens == 16 || parse_i64(t, 1, 1 << 24, &lens[n_lens])) usage_error(bench_usage, "--n '%s': up to 16 lengths >= 1", v);
-                n_lens++;
-            }
-            free(copy);
-            if (!n_lens) usage_error(bench_usage, "--n needs at least one length");
+            n_lens = parse_lengths("--n", v, 1, 1 << 24, lens, 16);
+        } else if ((v = flag_value(argc, argv, &i, "--varlen", bench_usage))) {
+            n_varlen = parse_lengths("--varlen", v, 0, 1 << 24, varlen, 4096);
         } else if ((v = flag_value(argc, argv, &i, "--dtype", bench_usage))) {
             if (!strcmp(v, "f32")) dt = WA_F32;
             else if (!strcmp(v, "f16")) dt = WA_F16;
@@ -101,8 +242,14 @@ int cmd_bench(int argc, char **argv) {
     printf("bench: %s B=%lld Hq=%lld Hkv=%lld D=%lld window=(%lld,%lld) %s %s, %d reps (median)\n", dtype_name(dt),
            (long long)B, (long long)Hq, (long long)Hkv, (long long)D, (long long)left, (long long)right,
            dense ? "dense" : "tiled", dev == WA_DEVICE_CUDA ? (deterministic ? "cuda (deterministic backward)" : "cuda") : wa_cpu_kernels(), (int)reps);
-    printf("| N | fwd ms | bwd ms | fwd TFLOP/s | bwd TFLOP/s | peak RSS growth GB |\n|---|---|---|---|---|---|\n");
     json_t *rows = json_array();
+    if (n_varlen) {
+        if (B != 1) usage_error(bench_usage, "--varlen sets the batch from its lengths; drop --b");
+        bench_varlen(ctx, dev, dt, &desc, varlen, n_varlen, Hq, Hkv, D, reps, forward_only, rows);
+        n_lens = 0;
+    } else {
+        printf("| N | fwd ms | bwd ms | fwd TFLOP/s | bwd TFLOP/s | peak RSS growth GB |\n|---|---|---|---|---|---|\n");
+    }
     size_t es = wa_dtype_size(dt);
     for (int64_t li = 0; li < n_lens; li++) {
         int64_t N = lens[li];
