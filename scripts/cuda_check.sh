@@ -9,7 +9,7 @@
 #   for f in *.deb; do dpkg -x "$f" .; done && cd .. && echo /.devdeps/ >> .git/info/exclude
 # and pass carry=[".devdeps"] to the device tool).
 # `sh scripts/cuda_check.sh quick` stops before the sanitizers. The CUDA backward is checked in its
-# default form (at D <= 128 dQ by reduce-adds); dev/cuda/final_v4b.sh check adds --deterministic.
+# default form (at D <= 128 dQ by reduce-adds); dev/cuda/check_v4_fused.sh check adds --deterministic.
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 J=.devdeps/usr

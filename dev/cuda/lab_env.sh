@@ -1,4 +1,4 @@
-# lab_env.sh — sourced (`. dev/cuda/lab_env.sh`) by the session-4 lab scripts, from the repository
+# lab_env.sh — sourced (`. dev/cuda/lab_env.sh`) by the lab scripts, from the repository
 # root: sets OUT (where logs go, the device tool's $OUT) and DEPS (the unpacked libjansson, see
 # scripts/cuda_check.sh), and defines lab_build.
 # A script that sets LAB_KEEP=1 first gets KEEP = the device tool's $OUT (which returns at most 8

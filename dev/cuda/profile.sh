@@ -1,7 +1,7 @@
 #!/bin/sh
 # profile.sh — Nsight Compute on the tensor-core kernels (one launch each of forward, prep/delta,
 # dK/dV, dQ) at the write-up's shape, N=8192: duration, tensor-pipe and issue utilisation, and the
-# stall reasons that matter. Needs build/ from lab.sh. Extra arguments go to `winattn bench`;
+# stall reasons that matter. Needs build/ from bench_parity.sh. Extra arguments go to `winattn bench`;
 # KERNELS overrides the name filter (default: version 4's kernels; "mma" for version 2's).
 # LAUNCHES: how many launches to profile (default 4).
 OUT=${OUT:-/tmp/out}

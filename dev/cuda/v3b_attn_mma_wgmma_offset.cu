@@ -143,7 +143,7 @@ __device__ __forceinline__ float score2(const kparams &p, float acc, float scale
 
 /* ---- forward ---- */
 
-/* key-tile widths; the lab (dev/cuda/lab.sh) overrides them with -D to time variants */
+/* key-tile widths; the lab (dev/cuda/bench_parity.sh) overrides them with -D to time variants */
 #ifndef WA_FWD_BN_64
 #define WA_FWD_BN_64 64
 #endif

@@ -1,9 +1,9 @@
 #!/bin/sh
-# lab_s6f.sh — session 6, call 8 on the H200 (DEPS=.devdeps): how long the backward's small kernels
-# take beside the main ones (Nsight Compute, speed-of-light section: duration, DRAM throughput),
-# for the next session's work on them (the first launches of `winattn bench`, forward included): at (b) 32K the prep (δ, lse2, zeroing the f32 dQ
-# accumulator) and convert kernels of the fused backward; at (a) 8K every backward kernel (prep,
-# dK/dV split by output, dQ).
+# bwd_small_kernels.sh — how long the backward's small kernels take beside the main ones (Nsight
+# Compute, speed-of-light section: duration, DRAM throughput; the first launches of `winattn
+# bench`, forward included): at (b) 32K the prep (δ, lse2, zeroing the f32 dQ accumulator) and
+# convert kernels of the fused backward; at (a) 8K every backward kernel (prep, dK/dV split by
+# output, dQ). On the H200 (DEPS=.devdeps).
 LAB_KEEP=1
 . dev/cuda/lab_env.sh
 [ -x build/winattn ] || lab_build build "" build/winattn

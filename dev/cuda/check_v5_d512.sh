@@ -1,9 +1,9 @@
 #!/bin/sh
-# final_v5.sh — session 5's closing check on the H200, after version 5 (D = 512 on mma.sync):
-# kernel tests (CUDA table: batches at D = 64..512), the Python tests on CUDA, the full parity
+# check_v5_d512.sh — the checks and figures for docs/ of version 5 (D = 512 on mma.sync), on the
+# H200: kernel tests (CUDA table: batches at D = 64..512), the Python tests on CUDA, the full parity
 # sweep in both backward modes, bit-identity through PyTorch at (a), (b), (c), C-bench timings at
 # (c) and, to show versions 2-4 unchanged, (a) and (b) at 8K; then compute-sanitizer
-# (dev/cuda/sanitize.sh). From the repository root: DEPS=.devdeps sh dev/cuda/final_v5.sh
+# (dev/cuda/sanitize.sh). From the repository root: DEPS=.devdeps sh dev/cuda/check_v5_d512.sh
 . dev/cuda/lab_env.sh
 t0=$(date +%s)
 lab_build build ""

@@ -1,9 +1,9 @@
 #!/bin/sh
-# lab_d512.sh — version 5 (session 5): head dim 512 on mma.sync (fwd_mma_kernel split over D,
-# bwd_wide.cu). Build, registers, parity on every D = 512 case (default and --deterministic), the
-# full sweep once, compute-sanitizer on three small D = 512 cases, then shape (c) timed against
-# version 1 (WINATTN_CUDA=v1, one rep: it takes seconds). From the repository root on the H200:
-#   DEPS=.devdeps sh dev/cuda/lab_d512.sh
+# v5_d512.sh — version 5: head dim 512 on mma.sync (fwd_mma_kernel split over D, bwd_wide.cu).
+# Build, registers, parity on every D = 512 case (default and --deterministic), the full sweep
+# once, compute-sanitizer on three small D = 512 cases, then shape (c) timed against version 1
+# (WINATTN_CUDA=v1, one rep: it takes seconds). From the repository root on the H200:
+#   DEPS=.devdeps sh dev/cuda/v5_d512.sh
 . dev/cuda/lab_env.sh
 lab_build build ""
 nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -Iinclude -std=c++17 -Xptxas -v -c src/cuda/bwd_wide.cu -o /tmp/w.o 2>&1 |

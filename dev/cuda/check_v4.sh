@@ -1,11 +1,12 @@
 #!/bin/sh
-# final_v4.sh — the measurements that go into docs/ for version 4, on the H200, from the
-# repository root:  DEPS=.devdeps sh dev/cuda/final_v4.sh peers|check
+# check_v4.sh — the measurements that went into docs/ for version 4 before the fused backward
+# (commits 9324d8a to 71c7489), on the H200, from the repository root:
+#   DEPS=.devdeps sh dev/cuda/check_v4.sh peers|check|all
 #   peers   winattn probe --device cuda (memory above inputs) and bench/gpu_peers.py (the issue's
 #           table against FlexAttention and SDPA, JSON to $OUT/gpu-peers.json)
 #   check   compute-sanitizer (dev/cuda/sanitize.sh) and a run-to-run bit-identity check of the
-#           backward through the PyTorch binding (dev/cuda/bit_identity.py --modes deterministic:
-#           the default in session 3; since session 4, final_v4b.sh supersedes this script)
+#           backward through the PyTorch binding (dev/cuda/bit_identity.py --modes deterministic,
+#           the only form then); check_v4_fused.sh supersedes this script from commit 1309c0f on
 #   all     peers, then the Python binding's tests on CUDA tensors and the bit-identity check
 OUT=${OUT:-/tmp/out}
 DEPS=${DEPS:-.devdeps}

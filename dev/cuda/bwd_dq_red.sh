@@ -1,10 +1,10 @@
 #!/bin/sh
-# lab_s6e.sh — session 6, call 6 on the H200 (DEPS=.devdeps): the fused backward's dQ share added
-# from registers by vector reductions (-DWA_DQ_RED; since it measured slower the variant lives in
-# dev/cuda/dq_red.patch, applied here to the device's copy of the tree) against the staged bulk
-# reduce-add (default), `winattn bench` at (b) and D = 64, two rounds; for the variant also the
-# full parity sweep, compute-sanitizer on case 309 (fused D = 128) and bench/gpu_peers.py at (b)
-# against FlexAttention, so that it can become the default on this call's evidence.
+# bwd_dq_red.sh — the fused backward's dQ share added from registers by vector reductions
+# (-DWA_DQ_RED; since it measured slower the variant lives in dev/cuda/dq_red.patch, applied here to
+# the device's copy of the tree) against the staged bulk reduce-add (default), `winattn bench` at
+# (b) and D = 64, two rounds; for the variant also the full parity sweep, compute-sanitizer on case
+# 309 (fused D = 128) and bench/gpu_peers.py at (b) against FlexAttention, so that one run holds
+# the evidence it would need to become the default. On the H200 (DEPS=.devdeps).
 LAB_KEEP=1
 . dev/cuda/lab_env.sh
 git apply dev/cuda/dq_red.patch || { echo "dq_red.patch does not apply"; exit 1; }

@@ -1,10 +1,10 @@
 #!/bin/sh
-# lab_pingpong.sh — the version-4 forward with the consumers taking turns to issue their products
-# (pingpong, fwd_hopper.cu; the default since session 4, where this script measured it 6 % faster
-# at D = 128 and 0-2 % at D = 64 and 256) against free drift (-DWA_FWD_NO_PINGPONG), at the issue's
-# shapes (a) and (b), D = 64 and causal D = 128; quick parity of the variant first. From the
+# fwd_pingpong.sh — the version-4 forward with the consumers taking turns to issue their products
+# (pingpong, fwd_hopper.cu; the default since commit 269dca8, after this script measured it 6 %
+# faster at D = 128 and 0-2 % at D = 64 and 256) against free drift (-DWA_FWD_NO_PINGPONG), at the
+# issue's shapes (a) and (b), D = 64 and causal D = 128; quick parity of the variant first. From the
 # repository root on the H200:
-#   DEPS=.devdeps sh dev/cuda/lab_pingpong.sh
+#   DEPS=.devdeps sh dev/cuda/fwd_pingpong.sh
 . dev/cuda/lab_env.sh
 lab_build build "" build/winattn
 lab_build build-drift -DWA_FWD_NO_PINGPONG build-drift/winattn

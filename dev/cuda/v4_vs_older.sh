@@ -1,10 +1,10 @@
 #!/bin/sh
-# lab_v4.sh — one device call for version 4 (src/cuda/fwd_hopper.cu, bwd_hopper.cu): build, a quick
-# CUDA parity sweep, timings of v4 against the older kernels at the shapes, then the full
-# CUDA parity sweep. Run from the repository root on the H200:
-#   DEPS=.devdeps sh dev/cuda/lab_v4.sh [bench|parity|all|bwd]
+# v4_vs_older.sh — version 4 (src/cuda/fwd_hopper.cu, bwd_hopper.cu) against the older kernels:
+# build, a quick CUDA parity sweep, timings of v4 beside v4a / v3 / mma.sync at the shapes,
+# then the full CUDA parity sweep. Run from the repository root on the H200:
+#   DEPS=.devdeps sh dev/cuda/v4_vs_older.sh [bench|parity|all|bwd]
 # `bwd`: quick parity, forward+backward timings of v4 and v2 (WINATTN_CUDA=mma), full parity.
-# Every step has a time limit, so a hung kernel costs minutes, not the session.
+# Every step has a time limit, so a hung kernel costs minutes, not the whole run.
 OUT=${OUT:-/tmp/out}
 DEPS=${DEPS:-.devdeps}
 mkdir -p "$OUT"

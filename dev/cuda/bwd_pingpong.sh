@@ -1,8 +1,8 @@
 #!/bin/sh
-# lab_bwd_pingpong.sh — the dK/dV kernel at D <= 128 with its two consumer warpgroups taking turns
+# bwd_pingpong.sh — the dK/dV kernel at D <= 128 with its two consumer warpgroups taking turns
 # to issue each batch of products (-DWA_BWD_PINGPONG, bwd_hopper.cu) against free drift, for the
 # default (fused) and the --deterministic backward; quick parity of the variant in both forms
-# first. From the repository root on the H200:  DEPS=.devdeps sh dev/cuda/lab_bwd_pingpong.sh
+# first. From the repository root on the H200:  DEPS=.devdeps sh dev/cuda/bwd_pingpong.sh
 . dev/cuda/lab_env.sh
 lab_build build "" build/winattn
 lab_build build-pp -DWA_BWD_PINGPONG build-pp/winattn

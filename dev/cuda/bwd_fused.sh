@@ -1,10 +1,10 @@
 #!/bin/sh
-# lab_fused.sh — one device call for the fused backward (dQ added by the dK/dV kernel with bulk
-# f32 reduce-adds at D <= 128, bwd_hopper.cu; the default since session 4, when it ran as call 2
-# behind the then opt-in flag --atomic-dq, since renamed: --deterministic selects the other form):
+# bwd_fused.sh — the fused backward (dQ added by the dK/dV kernel with bulk f32 reduce-adds at
+# D <= 128, bwd_hopper.cu; the default since commit 1309c0f; this script first ran it behind the
+# then opt-in flag --atomic-dq, since renamed: --deterministic now selects the other form):
 # build, parity of the fused form, timings of both forms at the shape (b) and at D = 64,
-# sanitizers on the fused kernel, and the binding's per-call gap (dev/cuda/gap.py --host-only).
-# Run from the repository root on the H200:  DEPS=.devdeps sh dev/cuda/lab_fused.sh [full]
+# sanitizers on the fused kernel, and the binding's per-call gap (dev/cuda/binding_gap.py --host-only).
+# Run from the repository root on the H200:  DEPS=.devdeps sh dev/cuda/bwd_fused.sh [full]
 . dev/cuda/lab_env.sh
 t0=$(date +%s)
 lab_build build "" build/winattn lib
@@ -26,7 +26,7 @@ echo "== compute-sanitizer on the fused kernel"
 lab_sanitize memcheck build/winattn 120 309 314 399 719
 lab_sanitize racecheck build/winattn 309 314 399
 echo "== binding gap"
-timeout 120 python3 dev/cuda/gap.py --host-only
+timeout 120 python3 dev/cuda/binding_gap.py --host-only
 if [ "${1:-}" = full ]; then
     echo "== parity (full, default)"
     $P >"$OUT/parity_cuda.txt" 2>&1; echo "exit $?"; grep '^FAIL' "$OUT/parity_cuda.txt" | head; tail -1 "$OUT/parity_cuda.txt"

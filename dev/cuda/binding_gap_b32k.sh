@@ -1,10 +1,11 @@
 #!/bin/sh
-# lab_s6d.sh — session 6, call 5 on the H200 (DEPS=.devdeps): why the backward at (b) 32K runs at
-# 431-440 TFLOP/s through the PyTorch binding (bench/gpu_peers.py, call 4) but 508 in
-# `winattn bench` (call 3). dev/cuda/gap.py times the binding with randn and uniform data, one and
-# ten calls per timing, beside the C bench, while nvidia-smi samples the SM clock and the power
-# every 100 ms ($OUT/smi.csv; phases marked in $OUT/phases.txt). Then Nsight Compute's
-# per-instruction sampling of the fused dK/dV kernel at (b) 32K ($OUT/src_dkdv32k.csv.gz).
+# binding_gap_b32k.sh — why the backward at (b) 32K runs at 431-440 TFLOP/s through the PyTorch
+# binding (bench/gpu_peers.py, `check_fewer_instructions.sh peers`) but 508 in `winattn bench`
+# (`check_fewer_instructions.sh check`), both on commit 1ab130a; on the H200 (DEPS=.devdeps).
+# dev/cuda/binding_gap.py times the binding with randn and uniform data, one and ten calls per
+# timing, beside the C bench, while nvidia-smi samples the SM clock and the power every 100 ms
+# ($OUT/smi.csv; phases marked in $OUT/phases.txt). Then Nsight Compute's per-instruction sampling
+# of the fused dK/dV kernel at (b) 32K ($OUT/src_dkdv32k.csv.gz).
 LAB_KEEP=1
 . dev/cuda/lab_env.sh
 lab_build build "" build/winattn lib
@@ -12,8 +13,8 @@ echo "built in $(($(date +%s) - t0)) s"
 nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,noheader -lms 100 >"$KEEP/smi.csv" &
 smi=$!
 phase() { echo "$(date +%H:%M:%S.%N) $1" >>"$KEEP/phases.txt"; }
-phase "gap.py"
-timeout 200 python3 dev/cuda/gap.py --no-host --cases=b:8192,b:32768
+phase "binding_gap.py"
+timeout 200 python3 dev/cuda/binding_gap.py --no-host --cases=b:8192,b:32768
 phase "C bench"
 timeout 90 build/winattn bench --device cuda --reps 5 --n 8192,32768 --d 128 --hkv 8 --sliding-window 4096 | tail -2
 phase "end"

@@ -1,13 +1,15 @@
 #!/bin/sh
-# lab_dq_delay.sh — the fused backward with each warpgroup forming step n's dQ during step n + 1
+# bwd_dq_delay.sh — the fused backward with each warpgroup forming step n's dQ during step n + 1
 # (mbarriers on three dSᵀ buffers instead of a named barrier every step), the change kept in
 # dev/cuda/dq_delay.patch and applied here to the device's copy of the tree; checked and timed:
 # quick and full parity, memcheck and racecheck on D = 128 cases, then the backward at (b) and
-# D = 64 beside the deterministic form. From the repository root on the H200:
-#   DEPS=.devdeps sh dev/cuda/lab_dq_delay.sh
-# Session 4 (call 8): parity 962/962, sanitizers clean, but no faster: (b) bwd 366 / 410 TFLOP/s
-# against 371 / 421 for the named-barrier form a call earlier (the deterministic form, unchanged,
-# read 327 / 342 against 327 / 360 in the same two calls), so the simpler form stayed.
+# D = 64 beside the deterministic form. The patch applies to the tree of commit 65d589e (and back to
+# b27bf16's parent), not to later ones; from the root of such a tree on the H200:
+#   DEPS=.devdeps sh dev/cuda/bwd_dq_delay.sh
+# Measured on b27bf16 (recorded in 65d589e): parity 962/962, sanitizers clean, but no faster: (b)
+# bwd 366 / 410 TFLOP/s against 371 / 421 for the named-barrier form in an earlier run (the
+# deterministic form, unchanged, read 327 / 342 against 327 / 360 in the same two runs), so the
+# simpler form stayed.
 . dev/cuda/lab_env.sh
 git apply dev/cuda/dq_delay.patch || { echo "dq_delay.patch does not apply"; exit 1; }
 lab_build build "" build/winattn lib

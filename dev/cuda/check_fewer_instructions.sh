@@ -1,8 +1,9 @@
 #!/bin/sh
-# final_v6.sh — session 6's measurements for docs/, after the instruction-count work on version 4
-# (edge_form, wa_unmasked_key_tiles / wa_unmasked_query_tiles, desc_at, the folded softmax, the
-# dK/dV kernels' heaviest-first order). On the H200, from the repository root:
-#   DEPS=.devdeps sh dev/cuda/final_v6.sh check|peers
+# check_fewer_instructions.sh — the checks and figures for docs/ after the instruction-count work
+# on versions 4 and 5 (edge_form, wa_unmasked_key_tiles / wa_unmasked_query_tiles, desc_at, the
+# folded softmax, the dK/dV kernels' heaviest-first order; commit 1ab130a). On the H200, from the
+# repository root:
+#   DEPS=.devdeps sh dev/cuda/check_fewer_instructions.sh check|peers
 #   check   build (and .lab-base/, when carried: the tree to compare against, `git archive` of an
 #           earlier commit); kernel tests; the full parity sweep in both backward modes and
 #           --quick on version 2; `winattn bench` at (a), (b), D = 64 and (c), both trees, (b) twice

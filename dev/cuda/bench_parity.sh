@@ -1,7 +1,8 @@
 #!/bin/sh
-# lab.sh — one device call for the kernel lab: build with nvcc, time the shapes on CUDA,
-# then the CUDA parity sweep. Run from the repository root (or a copy of it) on the H200:
-#   DEPS=path/to/.devdeps sh dev/cuda/lab.sh [bench|parity|all]
+# bench_parity.sh — build with nvcc, time the issue's shapes on CUDA (`winattn bench --device
+# cuda`, both backward forms, and the mma.sync forward beside), then the CUDA parity sweep (default
+# and --deterministic). Run from the repository root (or a copy of it) on the H200:
+#   DEPS=path/to/.devdeps sh dev/cuda/bench_parity.sh [bench|parity|all]
 # WINATTN_CUDA=v1 in the environment times version 1 instead (src/cuda/attn_mma.cu: mma_supports).
 OUT=${OUT:-/tmp/out}
 DEPS=${DEPS:-.devdeps}
@@ -38,7 +39,7 @@ if [ "$what" = all ] || [ "$what" = parity ]; then
     grep '^FAIL' "$OUT/parity_cuda_deterministic.txt" | head -20
     tail -1 "$OUT/parity_cuda_deterministic.txt"
 fi
-# `lab.sh variants NAME "FLAGS" [NAME "FLAGS"...]`: each variant built into build-NAME with extra
+# `bench_parity.sh variants NAME "FLAGS" [NAME "FLAGS"...]`: each variant built into build-NAME with extra
 # nvcc defines, then forward and backward timed at (a) N=16384 and (b) N=8192.
 if [ "$what" = variants ]; then
     shift

@@ -1,9 +1,9 @@
 #!/bin/sh
-# lab_fused_variants.sh — the fused backward (the default at D <= 128; in session 4, call 3, it
-# was the opt-in --atomic-dq, since renamed to the opposite --deterministic) with dQ split by columns
+# bwd_fused_own_keys.sh — the fused backward (the default at D <= 128 since commit 1309c0f; before
+# it, the opt-in --atomic-dq, since renamed to the opposite --deterministic) with dQ split by columns
 # between the warpgroups (default) against each warpgroup forming dQ over its own keys
 # (-DWA_DQ_OWN_KEYS), beside the deterministic backward; then the binding's per-call host time.
-# Run from the repository root on the H200:  DEPS=.devdeps sh dev/cuda/lab_fused_variants.sh
+# Run from the repository root on the H200:  DEPS=.devdeps sh dev/cuda/bwd_fused_own_keys.sh
 . dev/cuda/lab_env.sh
 lab_build build "" build/winattn lib
 lab_build build-own -DWA_DQ_OWN_KEYS build-own/winattn
@@ -21,4 +21,4 @@ run "deterministic" build/winattn --deterministic
 run "fused, split columns" build/winattn ""
 run "fused, own keys" build-own/winattn ""
 echo "== binding gap (context keeps its workspace now)"
-timeout 120 python3 dev/cuda/gap.py --host-only
+timeout 120 python3 dev/cuda/binding_gap.py --host-only

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""gap.py — where the time between `winattn bench` (C, uniform data) and bench/gpu_peers.py
+"""binding_gap.py — where the time between `winattn bench` (C, uniform data) and bench/gpu_peers.py
 (through the PyTorch binding, randn data) goes. For shapes (a) and (b) (at 8K unless --cases), times winattn's
 forward and backward through winattn.torch four ways: one call per CUDA-event pair with randn
 inputs (gpu_peers' method), the same with uniform(-1, 1) inputs (the C bench's distribution), and
@@ -8,7 +8,7 @@ time spent inside wa_backward (ctypes call, no sync; after a sync, as in the per
 the per-call timing again after the driver's default memory pool (where the library's workspace
 comes from, cudaMallocAsync) is told to keep freed memory (release threshold = max) instead of
 unmapping it at every synchronisation. Run on the H200 from the repository root after `make`:
-    python3 dev/cuda/gap.py [--host-only | --no-host] [--cases=a:8192,b:32768]
+    python3 dev/cuda/binding_gap.py [--host-only | --no-host] [--cases=a:8192,b:32768]
 (--cases: which shapes and lengths the first part times; (a) and (b) at 8K by default)."""
 import ctypes
 import os
@@ -27,7 +27,7 @@ def parse_cases(argv):
             for c in arg[len("--cases="):].split(","):
                 label, _, n = c.partition(":")
                 if label not in SHAPES or not n.isdigit() or int(n) <= 0:
-                    sys.exit("gap.py: --cases takes SHAPE:N pairs, SHAPE a or b and N a positive length, not %r" % c)
+                    sys.exit("binding_gap.py: --cases takes SHAPE:N pairs, SHAPE a or b and N a positive length, not %r" % c)
                 cases.append((label, int(n)))
     return cases
 

@@ -1,9 +1,10 @@
 #!/bin/sh
-# lab_wide.sh — version 4 with one wide wgmma per 16 rows of the MN-major operand (default) against
-# the narrow per-column-block form (-DWA_NARROW_MN, last honoured by commit 724b3f4; session 6
-# dropped it): quick parity on the default, forward and
-# backward timings of both at (a), (b) and D = 64, then the full parity sweep of the default.
-#   DEPS=.devdeps sh dev/cuda/lab_wide.sh
+# v4_wide_wgmma.sh — version 4 with one wide wgmma per 16 rows of the MN-major operand (default)
+# against the narrow per-column-block form (-DWA_NARROW_MN): quick parity on the default, forward
+# and backward timings of both at (a), (b) and D = 64, then the full parity sweep of the default.
+# -DWA_NARROW_MN was last honoured by commit 724b3f4 (e17e04c moved the products to desc_at, and
+# 44c8ed2 removed the narrow form): run it in a worktree of 724b3f4, where it is lab_wide.sh.
+#   DEPS=.devdeps sh dev/cuda/v4_wide_wgmma.sh
 OUT=${OUT:-/tmp/out}
 DEPS=${DEPS:-.devdeps}
 J="JANSSON_CFLAGS=-I$DEPS/usr/include JANSSON_LIBS=$DEPS/usr/lib/x86_64-linux-gnu/libjansson.a"

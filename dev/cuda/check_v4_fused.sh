@@ -1,8 +1,8 @@
 #!/bin/sh
-# final_v4b.sh — the measurements that go into docs/ for version 4 with the fused backward (dQ
-# added by the dK/dV kernel at D <= 128, the default since session 4; --deterministic keeps the
-# separate dQ kernel) and the context's kept workspace. On the H200, from the repository root:
-#   DEPS=.devdeps sh dev/cuda/final_v4b.sh check|peers
+# check_v4_fused.sh — the measurements that go into docs/ for version 4 with the fused backward (dQ
+# added by the dK/dV kernel at D <= 128, the default since commit 1309c0f; --deterministic keeps
+# the separate dQ kernel) and the context's kept workspace. On the H200, from the repository root:
+#   DEPS=.devdeps sh dev/cuda/check_v4_fused.sh check|peers
 #   check   parity (default and --deterministic), the Python tests on CUDA, C bench timings of
 #           both backward forms (version 4, and version 2 via WINATTN_CUDA=mma), run-to-run
 #           bit-identity of the deterministic backward, compute-sanitizer (dev/cuda/sanitize.sh)

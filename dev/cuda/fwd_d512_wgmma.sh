@@ -1,8 +1,8 @@
 #!/bin/sh
-# lab_d512_wgmma.sh — session 5: the D = 512 forward on wgmma (fwd_wide_ws_kernel in fwd_hopper.cu)
-# against version 5's mma.sync forward (WINATTN_CUDA=mma): parity on every f16/bf16 D = 512 case,
-# the full sweep, compute-sanitizer on two small D = 512 cases, forward timings at (c) and at D =
-# 512 with a 1024 window. From the repository root on the H200: DEPS=.devdeps sh dev/cuda/lab_d512_wgmma.sh
+# fwd_d512_wgmma.sh — the D = 512 forward on wgmma (fwd_wide_ws_kernel in fwd_hopper.cu) against
+# version 5's mma.sync forward (WINATTN_CUDA=mma): parity on every f16/bf16 D = 512 case, the full
+# sweep, compute-sanitizer on two small D = 512 cases, forward timings at (c) and at D = 512 with a
+# 1024 window. From the repository root on the H200: DEPS=.devdeps sh dev/cuda/fwd_d512_wgmma.sh
 . dev/cuda/lab_env.sh
 lab_build build ""
 W=build/winattn

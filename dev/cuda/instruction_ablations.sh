@@ -1,15 +1,17 @@
 #!/bin/sh
-# lab_s6b.sh — session 6, call 2 on the H200, from the repository root (DEPS=.devdeps; .lab-base
-# carried: `git archive` of session 5's last commit, made by the caller):
+# instruction_ablations.sh — the instruction-count changes to versions 4 and 5 against the tree
+# before them, and one build per change undone; on the H200, from the repository root
+# (DEPS=.devdeps; .lab-base carried: `git archive` of the base commit, 724b3f4, made by the caller):
 #   build       this tree: the masked and unmasked softmax/probability steps compiled apart
 #               (edge_form), the unmasked key tiles worked out once per warpgroup
 #               (wa_unmasked_key_tiles), descriptors moved on by constant offsets (desc_at), the
 #               folded softmax (FFMA), CTAs in heaviest-first order across heads (heaviest_first);
-#   build-base  session 5 (724b3f4), for the same-run comparison;
+#   build-base  commit 724b3f4, for the same-run comparison;
 #   build-nosplit / -headmajor / -nofold   this tree with one change undone each
 #               (-DWA_NO_EDGE_SPLIT, -DWA_HEAD_MAJOR_ORDER, -DWA_SOFTMAX_NO_FOLD).
-# Ran on the tree of commit e17e04c's parent state (see docs/cuda.md, "Session 6"); since then the
-# order is a template argument of heaviest_first and -DWA_HEAD_MAJOR_ORDER no longer exists.
+# Ran on the tree committed as e17e04c, before the forward's grid order was settled (docs/cuda.md,
+# "Instruction issue"); since then the order is a template argument of heaviest_first and
+# -DWA_HEAD_MAJOR_ORDER no longer exists.
 # Checks on `build`: kernel tests, the full parity sweep, --quick with --deterministic and on
 # version 2. Then `winattn bench` at (b) 8K/32K (two rounds), (a) 8K, D = 64 16K and (c) 8K.
 LAB_KEEP=1

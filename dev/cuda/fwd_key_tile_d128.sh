@@ -1,11 +1,11 @@
 #!/bin/sh
-# lab_fwd_bn.sh — (prepared in session 4, not yet run) the version-4 forward at D = 128 with key
-# tiles of 128 (default) against 160, 176 and 192 (-DWA_FWD_BN128, fwd_hopper.cu), each with the
-# pipelined pingpong form (default) and without the in-warpgroup overlap (WINATTN_CUDA=v4a, which
-# also drops pingpong). ptxas (session 4): at 160-192 the pipelined form spills 68-128 bytes (P of
-# the last tile stays live beside S and O), the other form does not. Quick parity per variant, then
-# forward timings at (b) and causal D = 128. From the repository root on the H200:
-#   DEPS=.devdeps sh dev/cuda/lab_fwd_bn.sh
+# fwd_key_tile_d128.sh — the version-4 forward at D = 128 with key tiles of 128 (default) against
+# 160, 176 and 192 (-DWA_FWD_BN128, fwd_hopper.cu), each with the pipelined pingpong form (default)
+# and without the in-warpgroup overlap (WINATTN_CUDA=v4a, which also drops pingpong). ptxas (commit
+# 0b8d8e4): at 160-192 the pipelined form spills 68-128 bytes (P of the last tile stays live beside
+# S and O), the other form does not. Quick parity per variant, then forward timings at (b) and
+# causal D = 128. From the repository root on the H200:
+#   DEPS=.devdeps sh dev/cuda/fwd_key_tile_d128.sh
 . dev/cuda/lab_env.sh
 for bn in 128 160 176 192; do (lab_build build-bn$bn -DWA_FWD_BN128=$bn build-bn$bn/winattn) & done
 wait # the four builds side by side (16 cores; each is bound by its slowest .cu file)

@@ -1,8 +1,11 @@
 #!/bin/sh
-# lab_s6a.sh — session 6, call 1 on the H200, from the repository root (DEPS=.devdeps):
-#  1. session 5's last, compile-checked commits (row_visible_keys shared by version 2's dK/dV
-#     kernel and version 5's pair tile; lab_env.sh's D = 512 helpers): kernel tests, quick parity
-#     on the default path and on version 2 (WINATTN_CUDA=mma), every f16/bf16 D = 512 case alone;
+# instruction_profile.sh — Nsight Compute's per-instruction warp sampling of the version-4 forward
+# and fused dK/dV kernel at (b) 8K, with checks and the folded-softmax comparison first; on the
+# H200, from the repository root (DEPS=.devdeps):
+#  1. checks: kernel tests, quick parity on the default path and on version 2 (WINATTN_CUDA=mma),
+#     every f16/bf16 D = 512 case alone (first run on commit 724b3f4, whose changes had been
+#     compile-checked only: row_visible_keys shared by version 2's dK/dV kernel and version 5's
+#     pair tile; lab_env.sh's D = 512 helpers);
 #  2. the folded softmax (softmax_scores_folded, mma_prims.cuh: exp2(s·scale2 − max) as one FFMA)
 #     against -DWA_SOFTMAX_NO_FOLD, forward at (a), (b) and D = 64, two rounds alternating;
 #  3. Nsight Compute with source counters (warp-stall sampling per SASS instruction) on the
