@@ -94,6 +94,174 @@ def run_numpy_grid():
                     "max err o/dq/dk/dv %s (tol %g)" % ("/".join("%.1e" % e for e in errs), tol))
 
 
+def varlen_reference(q, k, v, do, cu_q, cu_k, left, right, scale, softcap):
+    """The float64 reference of a packed batch: each sequence alone through reference(), with
+    o = 0, lse = -inf, dq = 0 for queries of a sequence without keys."""
+    Tq, Hq, D = q.shape
+    o, dq = np.zeros(q.shape), np.zeros(q.shape)
+    dk, dv = np.zeros(k.shape), np.zeros(v.shape)
+    lse = np.full((Hq, Tq), -np.inf)
+    for b in range(len(cu_q) - 1):
+        qs, ks = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        if qs.stop == qs.start or ks.stop == ks.start:
+            continue
+        bhnd = [x[s].transpose(1, 0, 2)[None] for x, s in ((q, qs), (k, ks), (v, ks), (do, qs))]
+        r = reference(*bhnd, left, right, scale, softcap)
+        for out, got, s in zip((o, dq, dk, dv), r, (qs, qs, ks, ks)):
+            out[s] = got[0].transpose(1, 0, 2)
+        lse[:, qs] = reference_lse(*bhnd[:2], left, right, scale, softcap)[0]
+    return o, lse, dq, dk, dv
+
+
+def reference_lse(q, k, left, right, scale, softcap):
+    """float64 log-sum-exp of the visible scores, [B, Hq, Nq] (-inf where a row sees no key)"""
+    q, k = q.astype(np.float64), k.astype(np.float64)
+    Nq, Nk = q.shape[2], k.shape[2]
+    kk = np.repeat(k, q.shape[1] // k.shape[1], axis=1)
+    i = np.arange(Nq)[:, None] + (Nk - Nq)
+    j = np.arange(Nk)[None, :]
+    mask = np.ones((Nq, Nk), bool)
+    if left >= 0:
+        mask &= j >= i - left
+    if right >= 0:
+        mask &= j <= i + right
+    s = scale * q @ kk.transpose(0, 1, 3, 2)
+    if softcap > 0:
+        s = softcap * np.tanh(s / softcap)
+    s = np.where(mask, s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    m2 = np.where(np.isfinite(m), m, 0)
+    with np.errstate(divide="ignore"):
+        return np.log(np.exp(s - m2).sum(-1)) + m2[..., 0]
+
+
+def poisoned(fn, *args, **kwargs):
+    """fn(*args, **kwargs) with the binding's output arrays (np.empty) filled with NaN, so that an
+    element the library does not write shows up as an error."""
+    real = np.empty
+
+    def empty(*a, **kw):
+        out = real(*a, **kw)
+        out.fill(np.nan)
+        return out
+    np.empty = empty
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        np.empty = real
+
+
+def run_varlen_grid():
+    if not winattn._lib.HAS_VARLEN:
+        skip("numpy varlen", "this libwinattn has no wa_forward_varlen")
+        return
+    rng = np.random.default_rng(5)
+    # (query lengths, key lengths) per sequence: empty sequences on either side, single tokens,
+    # Nq_b < Nk_b (a prefill after a cache) and Nq_b > Nk_b (rows that see no key), one long one
+    mixes = [([5, 0, 1, 33, 17], [5, 0, 1, 33, 17]),
+             ([0, 1, 40, 3], [4, 1, 70, 0]),
+             ([70, 2, 0, 9, 1, 1], [30, 2, 3, 9, 0, 1]),
+             ([1], [1]),
+             ([0, 0], [0, 0])]
+    heads = [(2, 2, 32), (4, 2, 24), (8, 1, 16), (4, 1, 64)]  # (Hq, Hkv, D)
+    windows = [(-1, 0), (4, 0), (50, 0), (-1, -1), (3, 2), (0, 0)]  # (50, 0): longer than most sequences
+    n = 0
+    for dt in dtypes():
+        for lq, lk in mixes:
+            for left, right in windows:
+                n += 1
+                Hq, Hkv, D = heads[n % len(heads)]
+                softcap = 4.0 if n % 4 == 0 else 0.0
+                cu_q, cu_k = (np.concatenate([[0], np.cumsum(x)]).astype(np.int32) for x in (lq, lk))
+                Tq, Tk = int(cu_q[-1]), int(cu_k[-1])
+                q, do = (rng.standard_normal((Tq, Hq, D)).astype(dt) for _ in range(2))
+                # k and v as strided views into one [Tk, 2, Hkv, D] buffer, as a fused kv projection gives
+                kv = rng.standard_normal((Tk, 2, Hkv, D)).astype(dt)
+                k, v = kv[:, 0], kv[:, 1]
+                scale = 1.0 / np.sqrt(D)
+                name = "numpy varlen %s Hq=%d Hkv=%d D=%d lens q %s k %s win=(%d,%d)%s" % (
+                    np.dtype(dt).name, Hq, Hkv, D, lq, lk, left, right, " cap=4" if softcap else "")
+
+                @case(name)
+                def _():
+                    o, lse = poisoned(winattn.attention_varlen, q, k, v, cu_q, cu_k, window=(left, right),
+                                      softcap=softcap, return_lse=True)
+                    dq, dk, dv = poisoned(winattn.attention_varlen_backward, q, k, v, o, lse, do, cu_q, cu_k,
+                                          window=(left, right), softcap=softcap)
+                    ro, rlse, rdq, rdk, rdv = varlen_reference(q, k, v, do, cu_q, cu_k, left, right, scale, softcap)
+                    errs = [np.abs(x.astype(np.float64) - r).max(initial=0.0)
+                            for x, r in zip((o, dq, dk, dv), (ro, rdq, rdk, rdv))]
+                    # GQA sums Hq/Hkv heads into dk and dv: their tolerance scales with it
+                    tol = TOL[np.dtype(dt).name]
+                    tols = [tol, tol, tol * Hq / Hkv, tol * Hq / Hkv]
+                    same_inf = np.array_equal(np.isinf(lse), np.isinf(rlse))
+                    finite = np.isfinite(rlse)
+                    lse_err = np.abs(lse[finite] - rlse[finite]).max(initial=0.0)
+                    ok = all(e <= t for e, t in zip(errs, tols)) and same_inf and lse_err <= 1e-3
+                    ok = ok and o.shape == q.shape and dk.shape == k.shape and lse.shape == (Hq, Tq)
+                    report(ok, name, "max err o/dq/dk/dv %s lse %.1e, -inf rows match %s (tol %g)" % (
+                        "/".join("%.1e" % e for e in errs), lse_err, same_inf, tol))
+
+
+@case("numpy varlen equals one rectangular call per sequence")
+def _():
+    if not winattn._lib.HAS_VARLEN:
+        skip("numpy varlen vs rectangular", "this libwinattn has no wa_forward_varlen")
+        return
+    rng = np.random.default_rng(6)
+    lq, lk = [7, 30, 1], [20, 30, 9]
+    cu_q, cu_k = (np.concatenate([[0], np.cumsum(x)]) for x in (lq, lk))  # int64: converted by the binding
+    q = rng.standard_normal((cu_q[-1], 4, 32)).astype(np.float32)
+    k, v = (rng.standard_normal((cu_k[-1], 2, 32)).astype(np.float32) for _ in range(2))
+    o = winattn.attention_varlen(q, k, v, cu_q, cu_k, window=(6, 0))
+    same = True
+    for b in range(3):
+        qs, ks = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        r = winattn.attention(q[None, qs], k[None, ks], v[None, ks], window=(6, 0), layout="bnhd")
+        same &= np.array_equal(o[qs], r[0])
+    report(same, "numpy varlen: each sequence bit-identical to attention() on it alone (int64 offsets accepted)")
+
+
+@case("numpy varlen bad input")
+def _():
+    if not winattn._lib.HAS_VARLEN:
+        skip("numpy varlen bad input", "this libwinattn has no wa_forward_varlen")
+        return
+    q = np.zeros((10, 2, 8), np.float32)
+    k = np.zeros((12, 2, 8), np.float32)
+    cu_q, cu_k = np.array([0, 4, 10], np.int32), np.array([0, 6, 12], np.int32)
+
+    def call(cq=cu_q, ck=cu_k, **kw):
+        return lambda: winattn.attention_varlen(kw.pop("q", q), k, k, cq, ck, **kw)
+    for name, fn, exc, text in [
+        ("float offsets", call(cq=cu_q.astype(np.float32)), TypeError, "integers"),
+        ("bool offsets", call(cq=np.array([True, False])), TypeError, "integers"),
+        ("2-d offsets", call(cq=cu_q[None]), ValueError, "1-d"),
+        ("empty offsets", call(cq=np.zeros(0, np.int32)), ValueError, "1-d"),
+        ("first offset 1", call(cq=np.array([1, 4, 10])), ValueError, "must be 0"),
+        ("decreasing offsets", call(cq=np.array([0, 6, 4, 10]), ck=np.array([0, 4, 8, 12])), ValueError,
+         "decreases"),
+        ("last offset short of T", call(cq=np.array([0, 4, 9])), ValueError, "token rows"),
+        ("last offset past T", call(ck=np.array([0, 6, 13])), ValueError, "token rows"),
+        ("offset 2**32 (would wrap to 0 as int32)", call(cq=np.array([0, 4, 2 ** 32 + 10], np.int64)), ValueError,
+         "int32"),
+        ("negative offset", call(cq=np.array([0, -4, 10])), ValueError, "int32"),
+        ("uint64 offset 2**63", call(cq=np.array([0, 2 ** 63], np.uint64)), ValueError, "int32"),
+        ("B differs between q and k", call(ck=np.array([0, 12])), ValueError, "B + 1"),
+        ("max_seqlen_q below the longest", call(max_seqlen_q=5), ValueError, "max_seqlen_q"),
+        ("max_seqlen_k 2**64", call(max_seqlen_k=2 ** 64), ValueError, "outside"),
+        ("max_seqlen_q 4.5", call(max_seqlen_q=4.5), TypeError, "integer"),
+        ("q 4-d", call(q=q[None]), ValueError, "3-d"),
+        ("window 2**64", call(window=(2 ** 64, 0)), ValueError, "outside"),
+    ]:
+        expect_error("numpy varlen bad input: %s" % name, fn, exc, text)
+    o, lse = winattn.attention_varlen(q, k, k, cu_q, cu_k, return_lse=True)
+    expect_error("numpy varlen backward: lse [Hq, Tq] required", lambda: winattn.attention_varlen_backward(
+        q, k, k, o, lse[None], o, cu_q, cu_k), ValueError, "2-d")
+    expect_error("numpy varlen backward: lse of the wrong length", lambda: winattn.attention_varlen_backward(
+        q, k, k, o, lse[:, :5], o, cu_q, cu_k), winattn.WinattnError, "lse")
+
+
 @case("numpy strided views need no copy and give identical results")
 def _():
     rng = np.random.default_rng(1)
@@ -297,5 +465,6 @@ def run_torch():
 if __name__ == "__main__":
     print("winattn %s" % winattn.version())
     run_numpy_grid()
+    run_varlen_grid()
     run_torch()
     finish()

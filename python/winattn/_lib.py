@@ -26,6 +26,12 @@ class AttnDesc(ctypes.Structure):
                 ("window_right", ctypes.c_int64)]
 
 
+class Varlen(ctypes.Structure):
+    """wa_varlen: the offsets are device pointers for CUDA tensors, so plain addresses here."""
+    _fields_ = [("batch", ctypes.c_int64), ("cu_seqlens_q", ctypes.c_void_p), ("cu_seqlens_k", ctypes.c_void_p),
+                ("max_seqlen_q", ctypes.c_int64), ("max_seqlen_k", ctypes.c_int64)]
+
+
 class ContextParams(ctypes.Structure):
     _fields_ = [("threads", ctypes.c_int), ("tile_q", ctypes.c_int), ("tile_k", ctypes.c_int),
                 ("algorithm", ctypes.c_int), ("cuda_stream", ctypes.c_void_p), ("alloc", ctypes.c_void_p),
@@ -55,6 +61,13 @@ lib.wa_forward.argtypes = [ctypes.c_void_p, P(AttnDesc), P(Tensor), P(Tensor), P
 lib.wa_forward.restype = ctypes.c_int
 lib.wa_backward.argtypes = [ctypes.c_void_p, P(AttnDesc)] + [P(Tensor)] * 9
 lib.wa_backward.restype = ctypes.c_int
+# A library older than 0.3 has no varlen entry points; the varlen bindings then raise WinattnError.
+HAS_VARLEN = hasattr(lib, "wa_forward_varlen") and hasattr(lib, "wa_backward_varlen")
+if HAS_VARLEN:
+    lib.wa_forward_varlen.argtypes = [ctypes.c_void_p, P(AttnDesc), P(Varlen)] + [P(Tensor)] * 5
+    lib.wa_forward_varlen.restype = ctypes.c_int
+    lib.wa_backward_varlen.argtypes = [ctypes.c_void_p, P(AttnDesc), P(Varlen)] + [P(Tensor)] * 9
+    lib.wa_backward_varlen.restype = ctypes.c_int
 lib.wa_last_error.restype = ctypes.c_char_p
 lib.wa_version.restype = ctypes.c_char_p
 lib.wa_cpu_kernels.restype = ctypes.c_char_p
@@ -64,6 +77,12 @@ lib.wa_device_available.restype = ctypes.c_int
 
 class WinattnError(RuntimeError):
     """A winattn call failed; the message is the library's one-line explanation."""
+
+
+def require_varlen():
+    if not HAS_VARLEN:
+        raise WinattnError("winattn: this libwinattn (%s) has no wa_forward_varlen; rebuild it from a newer checkout"
+                           % lib.wa_version().decode())
 
 
 def check(status):
