@@ -22,7 +22,7 @@
 #include <string.h>
 #include <unistd.h>
 
-static const char parity_usage[] = "winattn parity [--quick] [--device cpu|cuda] [--json F] [--threads T] [--verbose] [--case I] [--list] [--deterministic]";
+static const char parity_usage[] = "winattn parity [--quick] [--device cpu|cuda] [--json F] [--threads T] [--verbose] [--case I] [--group NAME] [--list] [--deterministic]";
 
 /* The two tile configurations every case may run under: the default, and a non-square one whose
  * key tile is not a power of two. */
@@ -266,6 +266,7 @@ static void line(int index, const pcase *pc, const wa_case_result *r, char *buf,
 int cmd_parity(int argc, char **argv) {
     int quick = 0, verbose = 0, list = 0, deterministic = 0;
     int64_t threads = 0, only = -1;
+    int group = -1; /* --group: only this part of the grid */
     const char *json_path = NULL, *v;
     wa_device device = WA_DEVICE_CPU;
     for (int i = 1; i < argc; i++) {
@@ -274,6 +275,10 @@ int cmd_parity(int argc, char **argv) {
         else if (strcmp(argv[i], "--list") == 0) list = 1;
         else if (strcmp(argv[i], "--deterministic") == 0) deterministic = 1;
         else if ((v = flag_value(argc, argv, &i, "--json", parity_usage))) json_path = v;
+        else if ((v = flag_value(argc, argv, &i, "--group", parity_usage))) {
+            for (group = 0; group < n_groups && strcmp(group_names[group], v) != 0; group++) {}
+            if (group == n_groups) usage_error(parity_usage, "--group '%s': not a group name (see --list)", v);
+        }
         else if ((v = flag_value(argc, argv, &i, "--case", parity_usage))) {
             if (parse_i64(v, 0, 1 << 20, &only)) usage_error(parity_usage, "--case '%s': need a case number", v);
             verbose = 1;
@@ -297,6 +302,7 @@ int cmd_parity(int argc, char **argv) {
     for (int i = 0; i < l.n; i++) {
         const wa_case *c = &l.v[i].c;
         if (only >= 0 && i != only) continue;
+        if (group >= 0 && l.v[i].group != group) continue;
         if (quick && (i % 3 != 0 || c->Nq > 1100 || c->Nk > 1100)) continue;
         todo[n_todo++] = i;
     }
