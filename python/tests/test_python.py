@@ -420,6 +420,8 @@ def run_torch():
         expect_error("torch window 2**64", lambda: wt.attention(x, x, x, window=(2 ** 64, 0)), ValueError, "outside")
         expect_error("torch scale 1e300", lambda: wt.attention(x, x, x, scale=1e300), ValueError, "float32")
 
+    run_torch_varlen(torch, wt)
+
     if torch.cuda.is_available():
         q = torch.randn(1, 4, 70, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         k = torch.randn(1, 2, 70, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -460,6 +462,144 @@ def run_torch():
                "identical %s, max error relative to max |value| dq/dk/dv %s" % (same, "/".join("%.1e" % e for e in errs)))
     else:
         skip("torch CUDA", "no CUDA device")
+
+
+def run_torch_varlen(torch, wt):
+    if not winattn._lib.HAS_VARLEN:
+        skip("torch varlen", "this libwinattn has no wa_forward_varlen")
+        return
+    g = torch.Generator().manual_seed(11)
+
+    def packed(lq, lk, Hq, Hkv, D, dtype, device="cpu"):
+        cu_q, cu_k = (torch.tensor([0] + list(np.cumsum(x)), dtype=torch.int32, device=device) for x in (lq, lk))
+        q, do = (torch.randn(sum(lq), Hq, D, generator=g).to(device, dtype) for _ in range(2))
+        k, v = (torch.randn(sum(lk), Hkv, D, generator=g).to(device, dtype) for _ in range(2))
+        return q, k, v, do, cu_q, cu_k
+
+    for dt, tol in ((torch.float32, 2e-4), (torch.bfloat16, 3e-2)):
+        for lq, lk, Hq, Hkv, D, window, softcap in (([5, 0, 1, 33, 17], [5, 0, 1, 33, 17], 4, 2, 32, (7, 0), 0.0),
+                                                    ([0, 1, 40, 3], [4, 1, 70, 0], 8, 1, 16, (-1, 0), 5.0),
+                                                    ([70, 2, 9], [30, 2, 9], 2, 2, 64, (50, 0), 0.0)):
+            name = "torch varlen autograd %s Hq=%d Hkv=%d D=%d lens q %s k %s win=%s%s" % (
+                str(dt).replace("torch.", ""), Hq, Hkv, D, lq, lk, window, " cap=5" if softcap else "")
+
+            @case(name)
+            def _():
+                q, k, v, do, cu_q, cu_k = packed(lq, lk, Hq, Hkv, D, dt)
+                q, k, v = (t.requires_grad_() for t in (q, k, v))
+                o = wt.attention_varlen(q, k, v, cu_q, cu_k, max(lq), max(lk), window=window, softcap=softcap)
+                o.backward(do)
+                ref = varlen_reference(*(t.detach().float().numpy() for t in (q, k, v, do)), cu_q.numpy(),
+                                       cu_k.numpy(), window[0], window[1], D ** -0.5, softcap)
+                got = (o, q.grad, k.grad, v.grad)
+                errs = [np.abs(a.detach().double().numpy() - r).max(initial=0.0)
+                        for a, r in zip(got, (ref[0],) + ref[2:])]
+                tols = [tol, tol, tol * Hq / Hkv, tol * Hq / Hkv]
+                report(all(e <= t for e, t in zip(errs, tols)), name + " vs the float64 reference per sequence",
+                       "max err o/dq/dk/dv %s (tol %g)" % ("/".join("%.1e" % e for e in errs), tol))
+
+    def small():
+        q, k, v, do, cu_q, cu_k = packed([9, 0, 20, 1], [12, 3, 20, 1], 4, 2, 16, torch.float32)
+        return [t.requires_grad_() for t in (q, k, v)] + [do, cu_q, cu_k]
+
+    @case("torch varlen vs attention per sequence")
+    def _():
+        q, k, v, do, cu_q, cu_k = small()
+        o = wt.attention_varlen(q, k, v, cu_q, cu_k, 20, 20, window=(5, 0))
+        same = True
+        for b in range(4):
+            qs, ks = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+            if qs.stop > qs.start and ks.stop > ks.start:
+                r = wt.attention(*(t[s].transpose(0, 1)[None] for t, s in ((q, qs), (k, ks), (v, ks))), window=(5, 0))
+                same &= torch.equal(o[qs], r[0].transpose(0, 1))
+            elif qs.stop > qs.start:
+                same &= bool((o[qs] == 0).all())
+        report(same, "torch varlen: each sequence bit-identical to winattn.torch.attention on it alone")
+
+    @case("torch varlen opcheck")
+    def _():
+        q, k, v, do, cu_q, cu_k = small()
+        torch.library.opcheck(torch.ops.winattn.forward_varlen.default, (q, k, v, cu_q, cu_k, 20, 20, 5, 0, 0.0, 0.0,
+                                                                         False))
+        o, lse = torch.ops.winattn.forward_varlen(q, k, v, cu_q, cu_k, 20, 20, 5, 0, 0.0, 0.0, False)
+        torch.library.opcheck(torch.ops.winattn.backward_varlen.default,
+                              (q.detach(), k.detach(), v.detach(), o.detach(), lse, do, cu_q, cu_k, 20, 20, 5, 0, 0.0,
+                               0.0, False))
+        report(True, "torch.library.opcheck: schema, fake tensor, autograd registration of winattn::forward_varlen "
+               "and winattn::backward_varlen")
+
+    @case("torch varlen compile")
+    def _():
+        q, k, v, do, cu_q, cu_k = small()
+        f = torch.compile(lambda q, k, v, cu_q, cu_k, mq, mk: wt.attention_varlen(q, k, v, cu_q, cu_k, mq, mk,
+                                                                                  window=(5, 0)),
+                          backend="aot_eager", fullgraph=True, dynamic=True)
+        o = f(q, k, v, cu_q, cu_k, 20, 20)
+        o.backward(do)
+        grads = [t.grad.clone() for t in (q, k, v)]
+        for t in (q, k, v):
+            t.grad = None
+        o2 = wt.attention_varlen(q, k, v, cu_q, cu_k, 20, 20, window=(5, 0))
+        o2.backward(do)
+        report(torch.equal(o, o2) and all(torch.equal(a, t.grad) for a, t in zip(grads, (q, k, v))),
+               "torch.compile(fullgraph=True, dynamic=True, backend=aot_eager): winattn.torch.attention_varlen "
+               "forward and backward, max_seqlen as traced ints")
+
+    @case("torch varlen bad input")
+    def _():
+        q, k, v, do, cu_q, cu_k = small()
+        for name, call, exc, text in [
+            ("int64 offsets", lambda: wt.attention_varlen(q, k, v, cu_q.long(), cu_k, 20, 20), TypeError, "int32"),
+            ("2-d offsets", lambda: wt.attention_varlen(q, k, v, cu_q[None], cu_k, 20, 20), ValueError, "1-d"),
+            ("offsets of different B", lambda: wt.attention_varlen(q, k, v, cu_q[:-1], cu_k, 20, 20), ValueError,
+             "B + 1"),
+            ("max_seqlen as a tensor", lambda: wt.attention_varlen(q, k, v, cu_q, cu_k, torch.tensor(20), 20),
+             TypeError, "Python int"),
+            ("max_seqlen 2**40", lambda: wt.attention_varlen(q, k, v, cu_q, cu_k, 2 ** 40, 20), ValueError, "outside"),
+            ("q 4-d", lambda: wt.attention_varlen(q[None], k, v, cu_q, cu_k, 20, 20), ValueError, "3-d"),
+            ("offsets past T (checked by the library on the CPU)",
+             lambda: wt.attention_varlen(q, k, v, cu_q + 1, cu_k, 21, 20), winattn.WinattnError, "cu_seqlens_q"),
+            ("max_seqlen below the longest (CPU)", lambda: wt.attention_varlen(q, k, v, cu_q, cu_k, 19, 20),
+             winattn.WinattnError, "maximum"),
+        ]:
+            expect_error("torch varlen bad input: %s" % name, call, exc, text)
+
+    if not torch.cuda.is_available():
+        skip("torch varlen CUDA", "no CUDA device")
+        return
+
+    @case("torch varlen CUDA")
+    def _():
+        q, k, v, do, cu_q, cu_k = packed([300, 0, 1, 77, 128], [300, 5, 1, 200, 128], 8, 2, 128, torch.bfloat16)
+        results = []
+        try:
+            for dev in ("cuda", "cpu"):
+                qq, kk, vv = (t.to(dev).clone().requires_grad_() for t in (q, k, v))
+                o = wt.attention_varlen(qq, kk, vv, cu_q.to(dev), cu_k.to(dev), 300, 300, window=(63, 0))
+                o.backward(do.to(dev))
+                results.append([t.detach().cpu().float() for t in (o, qq.grad, kk.grad, vv.grad)])
+        except winattn.WinattnError as e:
+            if "unsupported" in str(e):
+                skip("torch varlen CUDA", str(e))
+                return
+            raise
+        errs = [((a - b).abs().max() / b.abs().max()).item() for a, b in zip(*results)]
+        report(max(errs) < 3e-2, "torch varlen CUDA bf16 D=128 GQA: o, dq, dk, dv match CPU",
+               "max error relative to max |value| o/dq/dk/dv %s" % "/".join("%.1e" % e for e in errs))
+
+        # captured into a CUDA graph and replayed on new inputs: nothing may read the offsets back
+        qc, kc, vc, cq, ck = (t.cuda() for t in (q, k, v, cu_q, cu_k))
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            wt.attention_varlen(qc, kc, vc, cq, ck, 300, 300, window=(63, 0))  # the context, outside the capture
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=side):
+                out = wt.attention_varlen(qc, kc, vc, cq, ck, 300, 300, window=(63, 0))
+        qc.copy_(torch.randn_like(qc))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = wt.attention_varlen(qc, kc, vc, cq, ck, 300, 300, window=(63, 0))
+        report(torch.equal(out, want), "torch varlen CUDA: captured into a CUDA graph, replayed on new q")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,10 @@ q [B, Hq, N, D], k and v [B, Hkv, N, D] (SDPA's layout; any strides with a unit 
 Hq % Hkv == 0 with the same head grouping as F.scaled_dot_product_attention(..., enable_gqa=True).
 window=(left, right) is bottom-right aligned (FlashAttention's rule); note that SDPA's is_causal
 is top-left aligned, which differs when Nq != Nk.
+
+`winattn.torch.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...)`
+takes packed batches of sequences of different lengths in flash_attn_varlen_func's layout and
+argument order: q [Tq, Hq, D], k and v [Tk, Hkv, D], int32 offsets on the tensors' device.
 """
 import ctypes
 import threading
@@ -18,7 +22,7 @@ if not hasattr(torch.library, "custom_op"):  # ImportError, so that callers trea
 from . import _lib  # noqa: E402
 from ._lib import WA_BF16, WA_DEVICE_CPU, WA_DEVICE_CUDA, WA_F16, WA_F32, Context, Tensor, lib  # noqa: E402
 
-__all__ = ["attention", "release_workspace"]
+__all__ = ["attention", "attention_varlen", "release_workspace"]
 
 _DTYPES = {torch.float32: WA_F32, torch.float16: WA_F16, torch.bfloat16: WA_BF16}
 _contexts = {}  # one per CPU, or per (GPU, stream, deterministic): the library's contexts
@@ -159,4 +163,151 @@ def attention(q, k, v, window=(-1, -1), causal=False, scale=None, softcap=0.0, r
         raise ValueError("winattn: q, k, v are on different devices (%s, %s, %s)" % (q.device, k.device, v.device))
     left, right, scale, softcap = _lib.window_args(window, causal, scale, softcap)
     o, lse = _forward(q, k, v, left, right, scale, softcap, bool(deterministic))
+    return (o, lse) if return_lse else o
+
+
+# ---- packed variable-length batches ----
+
+def _wa_thd(t, name):
+    """[T, H, D] as the varlen wa_tensor [1, H, T, D]; lse [H, T] as [1, H, T, 1]"""
+    w = Tensor()
+    w.data = t.data_ptr()
+    w.device = WA_DEVICE_CPU if t.device.type == "cpu" else WA_DEVICE_CUDA
+    if name == "lse":
+        w.dtype = WA_F32
+        w.shape[:] = [1, t.shape[0], t.shape[1], 1]
+        w.stride[:] = [0, t.stride(0), t.stride(1), 1]
+    else:
+        if t.dtype not in _DTYPES:
+            raise TypeError("winattn: %s has dtype %s; float32, float16 or bfloat16 are supported" % (name, t.dtype))
+        w.dtype = _DTYPES[t.dtype]
+        w.shape[:] = [1, t.shape[1], t.shape[0], t.shape[2]]
+        w.stride[:] = [0, t.stride(1), t.stride(0), 1]  # the batch of one is never stepped over
+    return w
+
+
+def _seqs(cu_q, cu_k, max_q, max_k):
+    seqs = _lib.Varlen()
+    seqs.batch = cu_q.numel() - 1
+    seqs.cu_seqlens_q, seqs.cu_seqlens_k = cu_q.data_ptr(), cu_k.data_ptr()
+    seqs.max_seqlen_q, seqs.max_seqlen_k = max_q, max_k
+    return seqs
+
+
+@torch.library.custom_op("winattn::forward_varlen", mutates_args=())
+def _forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                    cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, left: int, right: int,
+                    scale: float, softcap: float, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    _lib.require_varlen()
+    q, k, v = _unit_stride(q), _unit_stride(k), _unit_stride(v)
+    cu_q, cu_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
+    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+    args = [_wa_thd(q, "q"), _wa_thd(k, "k"), _wa_thd(v, "v"), _wa_thd(o, "o"), _wa_thd(lse, "lse")]
+    d = _desc(left, right, scale, softcap)
+    seqs = _seqs(cu_q, cu_k, max_seqlen_q, max_seqlen_k)
+    _call(q, False, lib.wa_forward_varlen, ctypes.byref(d), ctypes.byref(seqs), *[ctypes.byref(a) for a in args])
+    return o, lse
+
+
+@_forward_varlen.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, left, right, scale, softcap, deterministic):
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+            q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))
+
+
+@torch.library.custom_op("winattn::backward_varlen", mutates_args=())
+def _backward_varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                        do: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int,
+                        max_seqlen_k: int, left: int, right: int, scale: float, softcap: float,
+                        deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    _lib.require_varlen()
+    q, k, v, o, do = (_unit_stride(t) for t in (q, k, v, o, do))
+    lse = lse.contiguous()
+    cu_q, cu_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+    args = [_wa_thd(t, n) for t, n in ((q, "q"), (k, "k"), (v, "v"), (o, "o"), (lse, "lse"), (do, "do"),
+                                       (dq, "dq"), (dk, "dk"), (dv, "dv"))]
+    d = _desc(left, right, scale, softcap)
+    seqs = _seqs(cu_q, cu_k, max_seqlen_q, max_seqlen_k)
+    _call(q, deterministic, lib.wa_backward_varlen, ctypes.byref(d), ctypes.byref(seqs),
+          *[ctypes.byref(a) for a in args])
+    return dq, dk, dv
+
+
+@_backward_varlen_op.register_fake
+def _(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, left, right, scale, softcap,
+      deterministic):
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+            torch.empty_like(k, memory_format=torch.contiguous_format),
+            torch.empty_like(v, memory_format=torch.contiguous_format))
+
+
+def _setup_context_varlen(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, max_q, max_k, left, right, scale, softcap, deterministic = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k)
+    ctx.params = (max_q, max_k, left, right, scale, softcap, deterministic)
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward_varlen(ctx, do, dlse):
+    q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
+    dq, dk, dv = _backward_varlen_op(q, k, v, o, lse, do, cu_q, cu_k, *ctx.params)
+    return (dq, dk, dv) + (None,) * 9
+
+
+_forward_varlen.register_autograd(_backward_varlen, setup_context=_setup_context_varlen)
+
+
+def _max_seqlen_arg(x, name):
+    if isinstance(x, torch.Tensor):  # reading it would be a device sync (and break CUDA graph capture)
+        raise TypeError("winattn: %s must be a Python int, not a tensor (flash_attn_varlen_func takes an int too)"
+                        % name)
+    if isinstance(x, torch.SymInt):  # traced by torch.compile: the library checks it at run time
+        return x
+    return _lib.int_arg(x, name, 0, 2 ** 31 - 1)
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window=(-1, -1), causal=False,
+                     scale=None, softcap=0.0, return_lse=False, deterministic=False):
+    """Exact attention over a packed batch of B sequences of different lengths, differentiable in q,
+    k and v; the arguments in flash_attn_varlen_func's order. q [Tq, Hq, D], k and v [Tk, Hkv, D]
+    hold the sequences end to end; cu_seqlens_q and cu_seqlens_k are int32 tensors of B + 1
+    offsets on the tensors' device (sequence b owns query rows cu_seqlens_q[b]:cu_seqlens_q[b+1]
+    and key rows cu_seqlens_k[b]:cu_seqlens_k[b+1]); max_seqlen_q and max_seqlen_k are Python ints,
+    the longest sequence (an upper bound is fine). Each sequence attends only within itself, its
+    window bottom-right aligned as if it were called alone. Returns o [Tq, Hq, D] and, with
+    return_lse, lse float32 [Hq, Tq].
+
+    Nothing reads the offsets back to the host: on CUDA the call is asynchronous and CUDA-graph
+    capturable. So on CUDA malformed offsets are not reported (the kernels clamp them, giving
+    unspecified values but no access outside the tensors; include/winattn.h), while on the CPU
+    the library checks them and raises WinattnError."""
+    for name, t in (("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError("winattn: %s must be a torch.Tensor" % name)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 3:
+            raise ValueError("winattn: %s must be 3-d [T, H, D] (tokens of all sequences, heads, head dim), got "
+                             "shape %s" % (name, tuple(t.shape)))
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if t.dtype != torch.int32:
+            raise TypeError("winattn: %s must be int32 (as flash_attn_varlen_func takes), got %s" % (name, t.dtype))
+        if t.dim() != 1 or t.numel() < 1:
+            raise ValueError("winattn: %s must be 1-d with B + 1 >= 1 entries, got shape %s" % (name, tuple(t.shape)))
+    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+        raise ValueError("winattn: cu_seqlens_q has %d entries and cu_seqlens_k %d; both must be B + 1"
+                         % (cu_seqlens_q.numel(), cu_seqlens_k.numel()))
+    devices = [t.device for t in (q, k, v, cu_seqlens_q, cu_seqlens_k)]
+    if any(d != devices[0] for d in devices):
+        raise ValueError("winattn: q, k, v, cu_seqlens_q, cu_seqlens_k must be on one device, got %s"
+                         % ", ".join(map(str, devices)))
+    max_q = _max_seqlen_arg(max_seqlen_q, "max_seqlen_q")
+    max_k = _max_seqlen_arg(max_seqlen_k, "max_seqlen_k")
+    left, right, scale, softcap = _lib.window_args(window, causal, scale, softcap)
+    o, lse = _forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, left, right, scale, softcap,
+                             bool(deterministic))
     return (o, lse) if return_lse else o
