@@ -2,7 +2,8 @@
  * and with -DMODEL_F64 as double (finite-difference and fixture tests). Read top to bottom:
  * loading, the elementwise ops with their backwards, the LoRA linear, the three attention arms,
  * one decoder layer forward and backward, the head (final norm, tied logits, softcap, cross-
- * entropy), and the per-sequence drivers with per-layer recomputation. */
+ * entropy), and the drivers with per-layer recomputation. A batch runs packed (model.h): rows of
+ * every record end to end; RoPE positions and attention follow the records. */
 #define _GNU_SOURCE
 #include "model.h"
 
@@ -305,7 +306,7 @@ static void rmsnorm_bwd(const real *x, const real *w, const real *dy, real *dx, 
     }
 }
 
-/* Rotary tables for T positions: cos/sin [T, D/2], angles in double. transformers forms them in
+/* Rotary tables for positions 0..T-1: cos/sin [T, D/2], angles in double. transformers forms them in
  * float32 (inv_freq and position · inv_freq), which at position 300 already moves gemma4_tiny's
  * logits by 3e-3 (train/fixtures/README.md): this model's score scale is 1 and the q/k norms make
  * the softmax sharp, so angle rounding matters; exact angles are the reference we test against. */
@@ -323,14 +324,16 @@ static void rope_table(const gemma_rope *r, int D, int T, real *cosv, real *sinv
     }
 }
 
-/* Rotate-half RoPE in place on [T, heads, D]; sign -1 applies the inverse rotation (the
- * backward, since a rotation's transpose is its inverse). */
-static void rope_apply(real *x, int T, int heads, int D, const real *cosv, const real *sinv, int sign) {
+/* Rotate-half RoPE in place on [T, heads, D], row t at position pos[t] (its place in its own
+ * record); sign -1 applies the inverse rotation (the backward, since a rotation's transpose is
+ * its inverse). */
+static void rope_apply(real *x, int T, int heads, int D, const real *cosv, const real *sinv, const int32_t *pos,
+                       int sign) {
     int half = D / 2;
     for (int t = 0; t < T; t++)
         for (int h = 0; h < heads; h++) {
             real *v = x + ((long)t * heads + h) * D;
-            const real *c = cosv + (long)t * half, *s = sinv + (long)t * half;
+            const real *c = cosv + (long)pos[t] * half, *s = sinv + (long)pos[t] * half;
             for (int j = 0; j < half; j++) {
                 real x1 = v[j], x2 = v[j + half], sn = sign * s[j];
                 v[j] = x1 * c[j] - x2 * sn;
@@ -384,8 +387,70 @@ static void linear_bwd(model *m, int l, gemma_proj p, const real *x, const real 
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * A packed batch: n records end to end as T rows. Per-token ops see only rows; RoPE reads pos,
+ * attention reads cu, the head reads target. */
+
+typedef struct packing {
+    int n, T, longest;
+    int32_t *cu;      /* [n + 1] row offsets of the records, as winattn's varlen takes them */
+    int32_t *pos;     /* [T] each row's position within its record */
+    int32_t *tokens;  /* [T] */
+    int32_t *target;  /* [T] the token row t is trained to predict; -1 where nothing counts */
+    void *block;      /* the one allocation behind all of the above */
+} packing;
+
+static void packing_free(packing *pk) {
+    free(pk->block);
+    memset(pk, 0, sizeof *pk);
+}
+
+/* Checks every record (at least one token, tokens in the vocabulary) and lays the batch out. */
+static int packing_build(model *m, const gemma_seq *seqs, int n, packing *pk) {
+    memset(pk, 0, sizeof *pk);
+    if (n < 1) return set_err(m, "a batch needs at least one record");
+    long T = 0;
+    for (int b = 0; b < n; b++) {
+        const gemma_seq *s = &seqs[b];
+        char where[32] = "";
+        if (n > 1) snprintf(where, sizeof where, "record %d: ", b + 1);
+        if (s->len < 1) return set_err(m, "%sa sequence needs at least one token", where);
+        for (int t = 0; t < s->len; t++)
+            if (s->tokens[t] < 0 || s->tokens[t] >= m->cfg.vocab)
+                return set_err(m, "%stoken %d at position %d is outside the vocabulary (%d)", where, s->tokens[t], t,
+                               m->cfg.vocab);
+        T += s->len;
+        if (T > INT32_MAX) return set_err(m, "a packed batch must hold fewer than 2^31 tokens");
+        pk->longest = s->len > pk->longest ? s->len : pk->longest;
+    }
+    pk->n = n;
+    pk->T = (int)T;
+    pk->block = malloc(((size_t)n + 1 + 3 * (size_t)T) * sizeof(int32_t));
+    if (!pk->block) return set_err(m, "out of memory for a batch of %ld tokens", T);
+    pk->cu = pk->block;
+    pk->pos = pk->cu + n + 1;
+    pk->tokens = pk->pos + T;
+    pk->target = pk->tokens + T;
+    pk->cu[0] = 0;
+    for (int b = 0; b < n; b++) {
+        const gemma_seq *s = &seqs[b];
+        int32_t r0 = pk->cu[b];
+        pk->cu[b + 1] = r0 + s->len;
+        memcpy(pk->tokens + r0, s->tokens, (size_t)s->len * sizeof(int32_t));
+        for (int t = 0; t < s->len; t++) {
+            pk->pos[r0 + t] = t;
+            /* the last row of a record predicts nothing: the next row is another record's */
+            int counted = t < s->len - 1 && (!s->target_mask || s->target_mask[t]);
+            pk->target[r0 + t] = counted ? s->tokens[t + 1] : -1;
+        }
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
  * Attention over q [T, Hq, D], k and v [T, Hkv, D] (rows of the projections, no transposes):
- * causal, and for sliding layers only keys q − window < k ≤ q. */
+ * causal, and for sliding layers only keys q − window < k ≤ q, within each record. The
+ * functions on one sequence take its T in attn_args; the packed entry points below run them on
+ * each record's rows. */
 
 typedef struct attn_args {
     int T, Hq, Hkv, D;
@@ -443,17 +508,9 @@ static size_t block_scratch_count(const model *m, const attn_args *a) {
     return (size_t)rows * (size_t)(m->arm == ATTN_DENSE ? a->T : rows + (a->window ? a->window : a->T));
 }
 
-static int attn_matmul_fwd(model *m, const attn_args *a, const real *q, const real *k, const real *v, real *o,
-                           real **probs) {
-    size_t n = stored_prob_count(m, a);
-    /* refuse up front what the layer's backward would need, instead of being killed half way */
-    size_t need = (n + block_scratch_count(m, a) * (a->softcap > 0 ? 2 : 1)) * sizeof(real);
-    if (m->mem_limit && need > m->mem_limit)
-        return set_err(m, "%s attention at %d tokens needs %.2f GB (probabilities and scratch); %.2f GB allowed: out of memory",
-                       attn_arm_name(m->arm), a->T, need / 1e9, m->mem_limit / 1e9);
-    real *P = malloc(n * sizeof(real));
-    if (!P) return set_err(m, "%s attention at %d tokens: out of memory (%.2f GB)", attn_arm_name(m->arm), a->T,
-                           n * sizeof(real) / 1e9);
+/* One sequence: o, and its probabilities into P (stored_prob_count elements). */
+static void attn_matmul_fwd_seq(const model *m, const attn_args *a, const real *q, const real *k, const real *v,
+                                real *o, real *P) {
     int group = a->Hq / a->Hkv;
     size_t off = 0;
     for (int q0 = 0, nq, k0, span; q0 < a->T; q0 += nq) {
@@ -474,26 +531,53 @@ static int attn_matmul_fwd(model *m, const attn_args *a, const real *q, const re
                a->Hkv * a->D, 0, o + (long)q0 * a->Hq * a->D + (long)h * a->D, a->Hq * a->D);
         }
     }
+}
+
+/* a for record b of a packed batch (a->T is the batch's) */
+static attn_args record_args(const attn_args *a, const packing *pk, int b) {
+    attn_args r = *a;
+    r.T = pk->cu[b + 1] - pk->cu[b];
+    return r;
+}
+
+/* The packed batch, record by record; *probs receives every record's probabilities, end to end. */
+static int attn_matmul_fwd(model *m, const attn_args *a, const packing *pk, const real *q, const real *k,
+                           const real *v, real *o, real **probs) {
+    size_t n = 0, scratch = 0;
+    for (int b = 0; b < pk->n; b++) {
+        attn_args r = record_args(a, pk, b);
+        n += stored_prob_count(m, &r);
+        scratch = block_scratch_count(m, &r) > scratch ? block_scratch_count(m, &r) : scratch;
+    }
+    char what[64];
+    if (pk->n > 1) snprintf(what, sizeof what, "%d tokens in %d records", pk->T, pk->n);
+    else snprintf(what, sizeof what, "%d tokens", pk->T);
+    /* refuse up front what the layer's backward would need, instead of being killed half way */
+    size_t need = (n + scratch * (a->softcap > 0 ? 2 : 1)) * sizeof(real);
+    if (m->mem_limit && need > m->mem_limit)
+        return set_err(m, "%s attention at %s needs %.2f GB (probabilities and scratch); %.2f GB allowed: out of memory",
+                       attn_arm_name(m->arm), what, need / 1e9, m->mem_limit / 1e9);
+    real *P = malloc((n ? n : 1) * sizeof(real));
+    if (!P) return set_err(m, "%s attention at %s: out of memory (%.2f GB)", attn_arm_name(m->arm), what,
+                           n * sizeof(real) / 1e9);
+    size_t off = 0;
+    for (int b = 0; b < pk->n; b++) {
+        attn_args r = record_args(a, pk, b);
+        long row = pk->cu[b];
+        attn_matmul_fwd_seq(m, &r, q + row * a->Hq * a->D, k + row * a->Hkv * a->D, v + row * a->Hkv * a->D,
+                            o + row * a->Hq * a->D, P + off);
+        off += stored_prob_count(m, &r);
+    }
     *probs = P;
     return 0;
 }
 
-/* dS = P ∘ (dP − rowsum(P ∘ dP)), through the softcap, then the three products. dq, dk, dv are
- * overwritten. */
-static int attn_matmul_bwd(model *m, const attn_args *a, const real *q, const real *k, const real *v, const real *P,
-                           const real *dout, real *dq, real *dk, real *dv) {
+/* One sequence: dS = P ∘ (dP − rowsum(P ∘ dP)), through the softcap, then the three products,
+ * added into dq, dk, dv. dP and S (the latter only with a softcap) hold block_scratch_count. */
+static void attn_matmul_bwd_seq(const model *m, const attn_args *a, const real *q, const real *k, const real *v,
+                                const real *P, const real *dout, real *dq, real *dk, real *dv, real *dP, real *S) {
     int group = a->Hq / a->Hkv;
     long qs = (long)a->Hq * a->D, ks = (long)a->Hkv * a->D;
-    size_t tmp = block_scratch_count(m, a);
-    real *dP = malloc(tmp * sizeof(real)), *S = a->softcap > 0 ? malloc(tmp * sizeof(real)) : NULL;
-    if (!dP || (a->softcap > 0 && !S)) {
-        free(dP);
-        free(S);
-        return set_err(m, "%s attention backward: out of memory", attn_arm_name(m->arm));
-    }
-    memset(dq, 0, (size_t)a->T * qs * sizeof(real));
-    memset(dk, 0, (size_t)a->T * ks * sizeof(real));
-    memset(dv, 0, (size_t)a->T * ks * sizeof(real));
     size_t off = 0;
     for (int q0 = 0, nq, k0, span; q0 < a->T; q0 += nq) {
         block_extent(m, a, q0, &nq, &k0, &span);
@@ -525,6 +609,34 @@ static int attn_matmul_bwd(model *m, const attn_args *a, const real *q, const re
             mm(1, 0, span, a->D, nq, 1, Ph, span, doh, (int)qs, 1, dv + (long)k0 * ks + (long)g * a->D, (int)ks);
         }
     }
+}
+
+/* The packed batch, record by record, P as attn_matmul_fwd left it. dq, dk, dv are overwritten. */
+static int attn_matmul_bwd(model *m, const attn_args *a, const packing *pk, const real *q, const real *k,
+                           const real *v, const real *P, const real *dout, real *dq, real *dk, real *dv) {
+    size_t tmp = 0;
+    for (int b = 0; b < pk->n; b++) {
+        attn_args r = record_args(a, pk, b);
+        tmp = block_scratch_count(m, &r) > tmp ? block_scratch_count(m, &r) : tmp;
+    }
+    real *dP = malloc(tmp * sizeof(real)), *S = a->softcap > 0 ? malloc(tmp * sizeof(real)) : NULL;
+    if (!dP || (a->softcap > 0 && !S)) {
+        free(dP);
+        free(S);
+        return set_err(m, "%s attention backward: out of memory", attn_arm_name(m->arm));
+    }
+    long qs = (long)a->Hq * a->D, ks = (long)a->Hkv * a->D;
+    memset(dq, 0, (size_t)a->T * qs * sizeof(real));
+    memset(dk, 0, (size_t)a->T * ks * sizeof(real));
+    memset(dv, 0, (size_t)a->T * ks * sizeof(real));
+    size_t off = 0;
+    for (int b = 0; b < pk->n; b++) {
+        attn_args r = record_args(a, pk, b);
+        long row = pk->cu[b];
+        attn_matmul_bwd_seq(m, &r, q + row * qs, k + row * ks, v + row * ks, P + off, dout + row * qs, dq + row * qs,
+                            dk + row * ks, dv + row * ks, dP, S);
+        off += stored_prob_count(m, &r);
+    }
     free(dP);
     free(S);
     return 0;
@@ -538,31 +650,60 @@ static wa_attn_desc fused_desc(const attn_args *a) {
     return d;
 }
 
-static int attn_fused_fwd(model *m, const attn_args *a, const real *q, const real *k, const real *v, real *o,
-                          float *lse) {
+/* A batch of one record is a plain call; more are one varlen call, each record on its own rows
+ * with its own window. lse is [Hq, T] either way. */
+static int attn_fused_fwd(model *m, const attn_args *a, const packing *pk, const real *q, const real *k,
+                          const real *v, real *o, float *lse) {
     wa_attn_desc d = fused_desc(a);
-    wa_tensor tq = wa_tensor_bnhd((void *)q, WA_F32, 1, a->Hq, a->T, a->D);
-    wa_tensor tk = wa_tensor_bnhd((void *)k, WA_F32, 1, a->Hkv, a->T, a->D);
-    wa_tensor tv = wa_tensor_bnhd((void *)v, WA_F32, 1, a->Hkv, a->T, a->D);
-    wa_tensor to = wa_tensor_bnhd(o, WA_F32, 1, a->Hq, a->T, a->D);
-    wa_tensor tl = wa_tensor_lse(lse, 1, a->Hq, a->T);
-    wa_status st = wa_forward(m->wa, &d, &tq, &tk, &tv, &to, &tl);
+    wa_status st;
+    if (pk->n == 1) {
+        wa_tensor tq = wa_tensor_bnhd((void *)q, WA_F32, 1, a->Hq, a->T, a->D);
+        wa_tensor tk = wa_tensor_bnhd((void *)k, WA_F32, 1, a->Hkv, a->T, a->D);
+        wa_tensor tv = wa_tensor_bnhd((void *)v, WA_F32, 1, a->Hkv, a->T, a->D);
+        wa_tensor to = wa_tensor_bnhd(o, WA_F32, 1, a->Hq, a->T, a->D);
+        wa_tensor tl = wa_tensor_lse(lse, 1, a->Hq, a->T);
+        st = wa_forward(m->wa, &d, &tq, &tk, &tv, &to, &tl);
+    } else {
+        wa_varlen vl = {pk->n, pk->cu, pk->cu, pk->longest, pk->longest};
+        wa_tensor tq = wa_tensor_thd((void *)q, WA_F32, a->T, a->Hq, a->D);
+        wa_tensor tk = wa_tensor_thd((void *)k, WA_F32, a->T, a->Hkv, a->D);
+        wa_tensor tv = wa_tensor_thd((void *)v, WA_F32, a->T, a->Hkv, a->D);
+        wa_tensor to = wa_tensor_thd(o, WA_F32, a->T, a->Hq, a->D);
+        wa_tensor tl = wa_tensor_lse_varlen(lse, a->Hq, a->T);
+        st = wa_forward_varlen(m->wa, &d, &vl, &tq, &tk, &tv, &to, &tl);
+    }
     return st == WA_OK ? 0 : set_err(m, "winattn forward: %s (%s)", wa_status_str(st), wa_last_error());
 }
 
-static int attn_fused_bwd(model *m, const attn_args *a, const real *q, const real *k, const real *v, const real *o,
-                          const float *lse, const real *dout, real *dq, real *dk, real *dv) {
+static int attn_fused_bwd(model *m, const attn_args *a, const packing *pk, const real *q, const real *k,
+                          const real *v, const real *o, const float *lse, const real *dout, real *dq, real *dk,
+                          real *dv) {
     wa_attn_desc d = fused_desc(a);
-    wa_tensor tq = wa_tensor_bnhd((void *)q, WA_F32, 1, a->Hq, a->T, a->D);
-    wa_tensor tk = wa_tensor_bnhd((void *)k, WA_F32, 1, a->Hkv, a->T, a->D);
-    wa_tensor tv = wa_tensor_bnhd((void *)v, WA_F32, 1, a->Hkv, a->T, a->D);
-    wa_tensor to = wa_tensor_bnhd((void *)o, WA_F32, 1, a->Hq, a->T, a->D);
-    wa_tensor tl = wa_tensor_lse((float *)lse, 1, a->Hq, a->T);
-    wa_tensor tdo = wa_tensor_bnhd((void *)dout, WA_F32, 1, a->Hq, a->T, a->D);
-    wa_tensor tdq = wa_tensor_bnhd(dq, WA_F32, 1, a->Hq, a->T, a->D);
-    wa_tensor tdk = wa_tensor_bnhd(dk, WA_F32, 1, a->Hkv, a->T, a->D);
-    wa_tensor tdv = wa_tensor_bnhd(dv, WA_F32, 1, a->Hkv, a->T, a->D);
-    wa_status st = wa_backward(m->wa, &d, &tq, &tk, &tv, &to, &tl, &tdo, &tdq, &tdk, &tdv);
+    wa_status st;
+    if (pk->n == 1) {
+        wa_tensor tq = wa_tensor_bnhd((void *)q, WA_F32, 1, a->Hq, a->T, a->D);
+        wa_tensor tk = wa_tensor_bnhd((void *)k, WA_F32, 1, a->Hkv, a->T, a->D);
+        wa_tensor tv = wa_tensor_bnhd((void *)v, WA_F32, 1, a->Hkv, a->T, a->D);
+        wa_tensor to = wa_tensor_bnhd((void *)o, WA_F32, 1, a->Hq, a->T, a->D);
+        wa_tensor tl = wa_tensor_lse((float *)lse, 1, a->Hq, a->T);
+        wa_tensor tdo = wa_tensor_bnhd((void *)dout, WA_F32, 1, a->Hq, a->T, a->D);
+        wa_tensor tdq = wa_tensor_bnhd(dq, WA_F32, 1, a->Hq, a->T, a->D);
+        wa_tensor tdk = wa_tensor_bnhd(dk, WA_F32, 1, a->Hkv, a->T, a->D);
+        wa_tensor tdv = wa_tensor_bnhd(dv, WA_F32, 1, a->Hkv, a->T, a->D);
+        st = wa_backward(m->wa, &d, &tq, &tk, &tv, &to, &tl, &tdo, &tdq, &tdk, &tdv);
+    } else {
+        wa_varlen vl = {pk->n, pk->cu, pk->cu, pk->longest, pk->longest};
+        wa_tensor tq = wa_tensor_thd((void *)q, WA_F32, a->T, a->Hq, a->D);
+        wa_tensor tk = wa_tensor_thd((void *)k, WA_F32, a->T, a->Hkv, a->D);
+        wa_tensor tv = wa_tensor_thd((void *)v, WA_F32, a->T, a->Hkv, a->D);
+        wa_tensor to = wa_tensor_thd((void *)o, WA_F32, a->T, a->Hq, a->D);
+        wa_tensor tl = wa_tensor_lse_varlen((float *)lse, a->Hq, a->T);
+        wa_tensor tdo = wa_tensor_thd((void *)dout, WA_F32, a->T, a->Hq, a->D);
+        wa_tensor tdq = wa_tensor_thd(dq, WA_F32, a->T, a->Hq, a->D);
+        wa_tensor tdk = wa_tensor_thd(dk, WA_F32, a->T, a->Hkv, a->D);
+        wa_tensor tdv = wa_tensor_thd(dv, WA_F32, a->T, a->Hkv, a->D);
+        st = wa_backward_varlen(m->wa, &d, &vl, &tq, &tk, &tv, &to, &tl, &tdo, &tdq, &tdk, &tdv);
+    }
     return st == WA_OK ? 0 : set_err(m, "winattn backward: %s (%s)", wa_status_str(st), wa_last_error());
 }
 #endif
@@ -573,13 +714,14 @@ static int attn_fused_bwd(model *m, const attn_args *a, const real *q, const rea
 
 typedef struct acts {
     int T;
+    const packing *pk;    /* the batch the rows belong to */
     real *a, *q, *k, *v, *qr, *kr, *vn, *o, *ao, *h, *mi, *g, *u, *z, *mo, *tmp;
     real *t[PROJ_COUNT];  /* LoRA x·A */
     float *lse;           /* fused arm */
     real *probs;          /* dense/chunked arms, owned while a layer is between forward and backward */
     /* gradients */
     real *d_h, *d_tmp, *d_mi, *d_z, *d_g, *d_u, *d_o, *d_qr, *d_kr, *d_vn, *d_q, *d_k, *d_v, *d_a, *d_t;
-    real *cos[2], *sin[2];  /* rope tables per layer kind */
+    real *cos[2], *sin[2];  /* rope tables per layer kind, for positions up to the longest record */
     real *block;            /* the one allocation behind all of the above */
 } acts;
 
@@ -590,10 +732,12 @@ static void acts_free(acts *A) {
     memset(A, 0, sizeof *A);
 }
 
-static int acts_alloc(model *m, acts *A, int T, int backward) {
+static int acts_alloc(model *m, acts *A, const packing *pk, int backward) {
     const gemma_config *c = &m->cfg;
+    int T = pk->T;
     memset(A, 0, sizeof *A);
     A->T = T;
+    A->pk = pk;
     long H = c->hidden, I = c->intermediate, r = m->lora.rank > 0 ? m->lora.rank : 1;
     long qd = 0, kd = 0;
     for (int k = 0; k < 2; k++) {
@@ -601,20 +745,21 @@ static int acts_alloc(model *m, acts *A, int T, int backward) {
         qd = (long)c->heads * s->head_dim > qd ? (long)c->heads * s->head_dim : qd;
         kd = (long)s->kv_heads * s->head_dim > kd ? (long)s->kv_heads * s->head_dim : kd;
     }
+    /* per-row buffers, T rows each */
     struct { real **p; long n; } parts[] = {
         {&A->a, H}, {&A->q, qd}, {&A->k, kd}, {&A->v, kd}, {&A->qr, qd}, {&A->kr, kd}, {&A->vn, kd}, {&A->o, qd},
         {&A->ao, H}, {&A->h, H}, {&A->mi, H}, {&A->g, I}, {&A->u, I}, {&A->z, I}, {&A->mo, H}, {&A->tmp, H},
         {&A->t[0], r}, {&A->t[1], r}, {&A->t[2], r}, {&A->t[3], r}, {&A->t[4], r}, {&A->t[5], r}, {&A->t[6], r},
-        {&A->cos[0], c->kind[0].head_dim / 2}, {&A->sin[0], c->kind[0].head_dim / 2},
-        {&A->cos[1], c->kind[1].head_dim / 2}, {&A->sin[1], c->kind[1].head_dim / 2},
         /* backward only from here */
         {&A->d_h, H}, {&A->d_tmp, H}, {&A->d_mi, H}, {&A->d_z, I}, {&A->d_g, I}, {&A->d_u, I}, {&A->d_o, qd},
         {&A->d_qr, qd}, {&A->d_kr, kd}, {&A->d_vn, kd}, {&A->d_q, qd}, {&A->d_k, kd}, {&A->d_v, kd}, {&A->d_a, H},
         {&A->d_t, r},
     };
-    int nparts = (int)(sizeof parts / sizeof *parts), forward_parts = 27;
-    size_t total = 0;
-    for (int i = 0; i < (backward ? nparts : forward_parts); i++) total += (size_t)T * (size_t)parts[i].n;
+    int nparts = backward ? (int)(sizeof parts / sizeof *parts) : 23;
+    /* the rope tables: one row per position, and positions restart with each record */
+    long P = pk->longest, half[2] = {c->kind[0].head_dim / 2, c->kind[1].head_dim / 2};
+    size_t total = 2 * (size_t)P * (size_t)(half[0] + half[1]);
+    for (int i = 0; i < nparts; i++) total += (size_t)T * (size_t)parts[i].n;
     A->block = malloc(total * sizeof(real));
     A->lse = malloc((size_t)c->heads * (size_t)T * sizeof(float));
     if (!A->block || !A->lse) {
@@ -622,11 +767,16 @@ static int acts_alloc(model *m, acts *A, int T, int backward) {
         return set_err(m, "out of memory for one layer's activations at %d tokens", T);
     }
     size_t off = 0;
-    for (int i = 0; i < (backward ? nparts : forward_parts); i++) {
+    for (int i = 0; i < nparts; i++) {
         *parts[i].p = A->block + off;
         off += (size_t)T * (size_t)parts[i].n;
     }
-    for (int k = 0; k < 2; k++) rope_table(&c->kind[k].rope, c->kind[k].head_dim, T, A->cos[k], A->sin[k]);
+    for (int k = 0; k < 2; k++) {
+        A->cos[k] = A->block + off;
+        A->sin[k] = A->block + off + (size_t)P * half[k];
+        off += 2 * (size_t)P * half[k];
+        rope_table(&c->kind[k].rope, c->kind[k].head_dim, (int)P, A->cos[k], A->sin[k]);
+    }
     return 0;
 }
 
@@ -652,9 +802,9 @@ static int layer_forward(model *m, int l, const real *x, acts *A, real *out) {
     if (!s->k_eq_v) linear_fwd(m, l, PROJ_V, A->a, T, A->v, A->t[PROJ_V]);
     const real *vraw = s->k_eq_v ? A->k : A->v; /* k_eq_v: values are the raw keys, before k_norm and RoPE */
     rmsnorm_fwd(A->q, L->q_norm, A->qr, (long)T * c->heads, D, c->norm_eps);
-    rope_apply(A->qr, T, c->heads, D, A->cos[L->kind], A->sin[L->kind], 1);
+    rope_apply(A->qr, T, c->heads, D, A->cos[L->kind], A->sin[L->kind], A->pk->pos, 1);
     rmsnorm_fwd(A->k, L->k_norm, A->kr, (long)T * s->kv_heads, D, c->norm_eps);
-    rope_apply(A->kr, T, s->kv_heads, D, A->cos[L->kind], A->sin[L->kind], 1);
+    rope_apply(A->kr, T, s->kv_heads, D, A->cos[L->kind], A->sin[L->kind], A->pk->pos, 1);
     if (c->family == GEMMA_4) rmsnorm_fwd(vraw, NULL, A->vn, (long)T * s->kv_heads, D, c->norm_eps);
     else memcpy(A->vn, vraw, (size_t)T * s->kv_heads * D * sizeof(real));
 
@@ -662,10 +812,10 @@ static int layer_forward(model *m, int l, const real *x, acts *A, real *out) {
     A->probs = NULL;
     int rc;
 #if REAL_IS_FLOAT
-    if (m->arm == ATTN_FUSED) rc = attn_fused_fwd(m, &aa, A->qr, A->kr, A->vn, A->o, A->lse);
+    if (m->arm == ATTN_FUSED) rc = attn_fused_fwd(m, &aa, A->pk, A->qr, A->kr, A->vn, A->o, A->lse);
     else
 #endif
-        rc = attn_matmul_fwd(m, &aa, A->qr, A->kr, A->vn, A->o, &A->probs);
+        rc = attn_matmul_fwd(m, &aa, A->pk, A->qr, A->kr, A->vn, A->o, &A->probs);
     if (rc) return rc;
 
     linear_fwd(m, l, PROJ_O, A->o, T, A->ao, A->t[PROJ_O]);
@@ -710,10 +860,11 @@ static int layer_backward(model *m, int l, const real *x, acts *A, const real *d
 
     int rc;
 #if REAL_IS_FLOAT
-    if (m->arm == ATTN_FUSED) rc = attn_fused_bwd(m, &aa, A->qr, A->kr, A->vn, A->o, A->lse, A->d_o, A->d_qr, A->d_kr, A->d_vn);
+    if (m->arm == ATTN_FUSED)
+        rc = attn_fused_bwd(m, &aa, A->pk, A->qr, A->kr, A->vn, A->o, A->lse, A->d_o, A->d_qr, A->d_kr, A->d_vn);
     else
 #endif
-        rc = attn_matmul_bwd(m, &aa, A->qr, A->kr, A->vn, A->probs, A->d_o, A->d_qr, A->d_kr, A->d_vn);
+        rc = attn_matmul_bwd(m, &aa, A->pk, A->qr, A->kr, A->vn, A->probs, A->d_o, A->d_qr, A->d_kr, A->d_vn);
     free(A->probs);
     A->probs = NULL;
     if (rc) return rc;
@@ -722,11 +873,11 @@ static int layer_backward(model *m, int l, const real *x, acts *A, const real *d
     const real *vraw = s->k_eq_v ? A->k : A->v;
     if (c->family == GEMMA_4) rmsnorm_bwd(vraw, NULL, A->d_vn, A->d_v, (long)T * s->kv_heads, D, c->norm_eps, 0);
     else memcpy(A->d_v, A->d_vn, (size_t)kn * sizeof(real));
-    rope_apply(A->d_kr, T, s->kv_heads, D, A->cos[L->kind], A->sin[L->kind], -1);
+    rope_apply(A->d_kr, T, s->kv_heads, D, A->cos[L->kind], A->sin[L->kind], A->pk->pos, -1);
     rmsnorm_bwd(A->k, L->k_norm, A->d_kr, A->d_k, (long)T * s->kv_heads, D, c->norm_eps, 0);
     if (s->k_eq_v)
         for (long i = 0; i < kn; i++) A->d_k[i] += A->d_v[i];
-    rope_apply(A->d_qr, T, c->heads, D, A->cos[L->kind], A->sin[L->kind], -1);
+    rope_apply(A->d_qr, T, c->heads, D, A->cos[L->kind], A->sin[L->kind], A->pk->pos, -1);
     rmsnorm_bwd(A->q, L->q_norm, A->d_qr, A->d_q, (long)T * c->heads, D, c->norm_eps, 0);
 
     linear_bwd(m, l, PROJ_Q, A->a, A->t[PROJ_Q], A->d_q, T, A->d_a, 0, A->d_t);
@@ -740,10 +891,10 @@ static int layer_backward(model *m, int l, const real *x, acts *A, const real *d
  * The head: final norm, tied logits, final softcap, cross-entropy over masked targets. With dxL
  * not NULL it also writes dL/dxL for loss = grad_scale · Σ CE. */
 
-static int head(model *m, const real *xL, const int32_t *tokens, int T, const uint8_t *target_mask,
-                gemma_stats *st, real *logits_out, double grad_scale, real *dxL) {
+static int head(model *m, const real *xL, const packing *pk, gemma_stats *st, real *logits_out, double grad_scale,
+                real *dxL) {
     const gemma_config *c = &m->cfg;
-    int H = c->hidden, V = c->vocab;
+    int H = c->hidden, V = c->vocab, T = pk->T;
     real *f = malloc((size_t)T * H * sizeof(real));
     real *lg = malloc((size_t)T * V * sizeof(real));
     if (!f || !lg) {
@@ -759,9 +910,8 @@ static int head(model *m, const real *xL, const int32_t *tokens, int T, const ui
     if (logits_out) memcpy(logits_out, lg, (size_t)T * V * sizeof(real));
     for (int t = 0; t < T; t++) {
         real *row = lg + (long)t * V;
-        int counted = t < T - 1 && (!target_mask || target_mask[t]);
-        if (counted) {
-            int y = tokens[t + 1];
+        if (pk->target[t] >= 0) {
+            int y = pk->target[t];
             int arg = 0;
             for (int j = 1; j < V; j++) arg = row[j] > row[arg] ? j : arg;
             double mx = row[arg], sum = 0;
@@ -789,14 +939,6 @@ static int head(model *m, const real *xL, const int32_t *tokens, int T, const ui
     return 0;
 }
 
-static int check_tokens(model *m, const int32_t *tokens, int T) {
-    if (T < 1) return set_err(m, "a sequence needs at least one token");
-    for (int t = 0; t < T; t++)
-        if (tokens[t] < 0 || tokens[t] >= m->cfg.vocab)
-            return set_err(m, "token %d at position %d is outside the vocabulary (%d)", tokens[t], t, m->cfg.vocab);
-    return 0;
-}
-
 static void embed(const model *m, const int32_t *tokens, int T, real *x) {
     int H = m->cfg.hidden;
     real scale = (real)m->cfg.embed_scale;
@@ -804,22 +946,21 @@ static void embed(const model *m, const int32_t *tokens, int T, real *x) {
         for (int i = 0; i < H; i++) x[(long)t * H + i] = m->embed[(long)tokens[t] * H + i] * scale;
 }
 
-int MT(gemma_forward)(model *m, const int32_t *tokens, int T, const uint8_t *target_mask, gemma_stats *stats,
-                      real *logits) {
-    if (check_tokens(m, tokens, T)) return -1;
+static int forward_packed(model *m, const packing *pk, gemma_stats *stats, real *logits) {
+    int T = pk->T;
     long TH = (long)T * m->cfg.hidden;
     real *x = malloc((size_t)TH * sizeof(real)), *y = malloc((size_t)TH * sizeof(real));
     acts A;
-    int rc = (!x || !y) ? set_err(m, "out of memory for %d tokens", T) : acts_alloc(m, &A, T, 0);
+    int rc = (!x || !y) ? set_err(m, "out of memory for %d tokens", T) : acts_alloc(m, &A, pk, 0);
     if (rc == 0) {
-        embed(m, tokens, T, x);
+        embed(m, pk->tokens, T, x);
         for (int l = 0; l < m->cfg.layers && rc == 0; l++) {
             rc = layer_forward(m, l, x, &A, y);
             real *swap = x;
             x = y;
             y = swap;
         }
-        if (rc == 0) rc = head(m, x, tokens, T, target_mask, stats, logits, 0, NULL);
+        if (rc == 0) rc = head(m, x, pk, stats, logits, 0, NULL);
         acts_free(&A);
     }
     free(x);
@@ -827,25 +968,23 @@ int MT(gemma_forward)(model *m, const int32_t *tokens, int T, const uint8_t *tar
     return rc;
 }
 
-int MT(gemma_backward)(model *m, const int32_t *tokens, int T, const uint8_t *target_mask, double grad_scale,
-                       gemma_stats *stats) {
-    if (check_tokens(m, tokens, T)) return -1;
-    int Lc = m->cfg.layers;
+static int backward_packed(model *m, const packing *pk, double grad_scale, gemma_stats *stats) {
+    int Lc = m->cfg.layers, T = pk->T;
     long TH = (long)T * m->cfg.hidden;
     /* the layer inputs are all the forward keeps; each layer's insides are recomputed */
     real *xs = malloc((size_t)(Lc + 1) * TH * sizeof(real));
     real *dx = malloc((size_t)TH * sizeof(real)), *dprev = malloc((size_t)TH * sizeof(real));
     acts A;
     int rc = (!xs || !dx || !dprev) ? set_err(m, "out of memory for the layer inputs of %d tokens", T)
-                                    : acts_alloc(m, &A, T, 1);
+                                    : acts_alloc(m, &A, pk, 1);
     if (rc == 0) {
-        embed(m, tokens, T, xs);
+        embed(m, pk->tokens, T, xs);
         for (int l = 0; l < Lc && rc == 0; l++) {
             rc = layer_forward(m, l, xs + l * TH, &A, xs + (l + 1) * TH);
             free(A.probs); /* recomputed in the backward */
             A.probs = NULL;
         }
-        if (rc == 0) rc = head(m, xs + Lc * TH, tokens, T, target_mask, stats, NULL, grad_scale, dx);
+        if (rc == 0) rc = head(m, xs + Lc * TH, pk, stats, NULL, grad_scale, dx);
         for (int l = Lc - 1; l >= 0 && rc == 0; l--) {
             real *scratch = dprev; /* the recomputed output is not needed: write it where dprev goes */
             rc = layer_forward(m, l, xs + l * TH, &A, scratch);
@@ -860,4 +999,32 @@ int MT(gemma_backward)(model *m, const int32_t *tokens, int T, const uint8_t *ta
     free(dx);
     free(dprev);
     return rc;
+}
+
+int MT(gemma_forward_batch)(model *m, const gemma_seq *seqs, int n, gemma_stats *stats, real *logits) {
+    packing pk;
+    int rc = packing_build(m, seqs, n, &pk);
+    if (rc == 0) rc = forward_packed(m, &pk, stats, logits);
+    packing_free(&pk);
+    return rc;
+}
+
+int MT(gemma_backward_batch)(model *m, const gemma_seq *seqs, int n, double grad_scale, gemma_stats *stats) {
+    packing pk;
+    int rc = packing_build(m, seqs, n, &pk);
+    if (rc == 0) rc = backward_packed(m, &pk, grad_scale, stats);
+    packing_free(&pk);
+    return rc;
+}
+
+int MT(gemma_forward)(model *m, const int32_t *tokens, int T, const uint8_t *target_mask, gemma_stats *stats,
+                      real *logits) {
+    gemma_seq s = {tokens, T, target_mask};
+    return MT(gemma_forward_batch)(m, &s, 1, stats, logits);
+}
+
+int MT(gemma_backward)(model *m, const int32_t *tokens, int T, const uint8_t *target_mask, double grad_scale,
+                       gemma_stats *stats) {
+    gemma_seq s = {tokens, T, target_mask};
+    return MT(gemma_backward_batch)(m, &s, 1, grad_scale, stats);
 }

@@ -6,12 +6,18 @@
  * finite differences against the float64 references. gemma_model_f32 / gemma_model_f64 and
  * their functions are declared by model_generic.h, included below once per precision.
  *
- * Memory for one sequence of T tokens: the L+1 layer inputs (T·hidden each) plus one layer's
+ * A batch of records runs packed: the records laid end to end as one sequence of T = Σ len rows,
+ * no padding. Every per-token op (embedding, norms, projections with LoRA, MLP, head and loss)
+ * runs once over the T rows; RoPE positions restart at 0 for each record; attention keeps each
+ * record to itself: one winattn varlen call per layer for the fused arm, a loop over the records
+ * for the dense and chunked arms. A batch of one record is the plain single-sequence model.
+ *
+ * Memory for T packed tokens: the L+1 layer inputs (T·hidden each) plus one layer's
  * activations, recomputed layer by layer during the backward (as mlx-lm's grad_checkpoint does),
  * plus what the attention arm needs: nothing quadratic for the fused arm (winattn); the full
  * score matrix of every head for the dense arm (what a framework's unfused fallback keeps); the
  * probabilities of each query block over its visible keys for the chunked arm (what autodiff
- * keeps for the model-side workaround). */
+ * keeps for the model-side workaround); for these two, summed over the records of the batch. */
 #ifndef WA_TRAIN_MODEL_H
 #define WA_TRAIN_MODEL_H
 
@@ -55,7 +61,14 @@ typedef struct lora_slot {
     size_t a, b;  /* offsets of A (in·r) and B (r·out) */
 } lora_slot;
 
-/* What a forward over one sequence measured on its masked targets. */
+/* One record of a batch: tokens[0..len) and its target mask [len - 1] (NULL = every target). */
+typedef struct gemma_seq {
+    const int32_t *tokens;
+    int len;
+    const uint8_t *target_mask;
+} gemma_seq;
+
+/* What a forward over one sequence or batch measured on its masked targets. */
 typedef struct gemma_stats {
     double loss_sum;  /* sum of per-token cross-entropy (nats) */
     long tokens;      /* masked target tokens */

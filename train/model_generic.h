@@ -61,3 +61,10 @@ int MT(gemma_forward)(MT(gemma_model) *m, const int32_t *tokens, int T, const ui
  * mlx-lm's token-weighted mean). Adds to *stats. 0, or -1 with m->err. */
 int MT(gemma_backward)(MT(gemma_model) *m, const int32_t *tokens, int T, const uint8_t *target_mask,
                        double grad_scale, gemma_stats *stats);
+
+/* The same over a batch of n records packed into one sequence of T = Σ seqs[i].len rows (see
+ * model.h): record i predicts only its own tokens, from positions 0..len-1 of its own. logits, if
+ * not NULL, receives [T, vocab] in packed order. Loss sums, targets and gradients are those of
+ * the n records run one by one, to float rounding. T must stay below 2^31. */
+int MT(gemma_forward_batch)(MT(gemma_model) *m, const gemma_seq *seqs, int n, gemma_stats *stats, REAL *logits);
+int MT(gemma_backward_batch)(MT(gemma_model) *m, const gemma_seq *seqs, int n, double grad_scale, gemma_stats *stats);
