@@ -19,7 +19,7 @@
 static const char train_usage[] = "winattn train --model DIR --data DIR [options]; winattn train --help lists them";
 static const char train_help[] =
     "usage: winattn train --model DIR --data DIR [--attn fused|dense|chunked] [--chunk Q] [--epochs E | --iters N]\n"
-    "       [--batch-size B] [--grad-accum K] [--lr LR] [--optimizer adam|adamw] [--weight-decay WD]\n"
+    "       [--batch-size B] [--pack 0|1] [--grad-accum K] [--lr LR] [--optimizer adam|adamw] [--weight-decay WD]\n"
     "       [--bias-correction] [--lora-rank R] [--lora-scale S] [--lora-keys q,k,v,o,gate,up,down]\n"
     "       [--lora-layers N] [--seed S] [--adapters FILE] [--resume DIR] [--out DIR] [--log FILE]\n"
     "       [--eval] [--eval-every N] [--eval-only] [--max-seq-length N] [--pad-target] [--threads T]\n"
@@ -29,6 +29,8 @@ static const char train_help[] =
     "  --attn A           fused (winattn, default), dense (full score matrices), chunked (query blocks of --chunk)\n"
     "  --epochs E         passes over train.jsonl (default 2): ceil(E * records / batch) batches; or --iters N\n"
     "  --batch-size B     records per batch (default 4); loss = token-weighted mean over the batch\n"
+    "  --pack 0|1         1 (default): a batch's records run as one packed sequence, attention\n"
+    "                     kept within each record; 0: one record at a time (same losses)\n"
     "  --grad-accum K     batches per optimizer update (default 1)\n"
     "  --lr LR            learning rate (default 1e-5); Adam (MLX's, no bias correction) or AdamW\n"
     "  --lora-rank R      default 32; --lora-scale S default 20; --lora-keys default q,k,v,o;\n"
@@ -97,6 +99,7 @@ int cmd_train(int argc, char **argv) {
         else if ((v = flag_value(argc, argv, &i, "--epochs", train_usage))) o.epochs = parse_positive("--epochs", v, 0), saw_epochs = 1;
         else if ((v = flag_value(argc, argv, &i, "--iters", train_usage))) o.iters = parse_int_flag("--iters", v, 1, 1 << 30), saw_iters = 1;
         else if ((v = flag_value(argc, argv, &i, "--batch-size", train_usage))) o.batch = parse_int_flag("--batch-size", v, 1, 1 << 20);
+        else if ((v = flag_value(argc, argv, &i, "--pack", train_usage))) o.pack = parse_int_flag("--pack", v, 0, 1);
         else if ((v = flag_value(argc, argv, &i, "--grad-accum", train_usage))) o.grad_accum = parse_int_flag("--grad-accum", v, 1, 1 << 20);
         else if ((v = flag_value(argc, argv, &i, "--lr", train_usage))) o.lr = parse_positive("--lr", v, 1);
         else if ((v = flag_value(argc, argv, &i, "--weight-decay", train_usage))) o.weight_decay = parse_positive("--weight-decay", v, 1);

@@ -1,6 +1,7 @@
-/* trainer.c — see trainer.h. The step: zero the adapter gradients every grad_accum batches; for
- * each sequence of the batch, forward + backward with grad_scale = 1 / (the batch's target count
- * · grad_accum) so the gradient is that of mlx-lm's token-weighted batch mean; then Adam(W). */
+/* trainer.c — see trainer.h. The step: zero the adapter gradients every grad_accum batches; one
+ * forward + backward over the batch packed into one sequence (or, with pack = 0, one per record),
+ * with grad_scale = 1 / (the batch's target count · grad_accum) so the gradient is that of mlx-lm's
+ * token-weighted batch mean; then Adam(W). */
 #define _GNU_SOURCE
 #include "trainer.h"
 
@@ -26,6 +27,7 @@ void train_defaults(train_options *o) {
     o->chunk = 512;
     o->epochs = 2;
     o->batch = 4;
+    o->pack = 1;
     o->grad_accum = 1;
     o->lr = 1e-5;
     o->beta1 = 0.9;
@@ -286,22 +288,32 @@ static void format_duration(double s, char *buf, size_t n) {
     else snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
 }
 
-static int evaluate(gemma_model_f32 *m, const dataset *valid, int batch, gemma_stats *st) {
+/* the records b[0..n) as the model takes them */
+static gemma_seq *batch_seqs(const sequence *b, int n) {
+    gemma_seq *s = malloc((size_t)n * sizeof *s);
+    for (int j = 0; s && j < n; j++) s[j] = (gemma_seq){b[j].tokens, b[j].len, b[j].target_mask};
+    return s;
+}
+
+static int evaluate(gemma_model_f32 *m, const dataset *valid, int batch, int pack, gemma_stats *st) {
     memset(st, 0, sizeof *st);
     /* mlx-lm evaluates whole batches only; so do we, for the same token set */
-    int n = valid->count / batch * batch;
-    for (int i = 0; i < n; i++) {
-        const sequence *s = &valid->seq[i];
-        if (gemma_forward_f32(m, s->tokens, s->len, s->target_mask, st, NULL) != 0) return -1;
-        if (isatty(STDERR_FILENO)) fprintf(stderr, "\r  eval %d/%d ", i + 1, n);
+    int n = valid->count / batch * batch, step = pack ? batch : 1;
+    for (int i = 0; i < n; i += step) {
+        gemma_seq *s = batch_seqs(&valid->seq[i], step);
+        if (!s) return snprintf(m->err, sizeof m->err, "out of memory"), -1;
+        int rc = gemma_forward_batch_f32(m, s, step, st, NULL);
+        free(s);
+        if (rc != 0) return -1;
+        if (isatty(STDERR_FILENO)) fprintf(stderr, "\r  eval %d/%d ", i + step, n);
     }
     if (isatty(STDERR_FILENO)) fprintf(stderr, "\r%*s\r", 30, "");
     return 0;
 }
 
 /* Evaluate, print one line and log it; "label" says when ("before training", "after step 43"). */
-static int report_eval(gemma_model_f32 *m, const dataset *valid, int batch, int step, const char *label, FILE *log,
-                       char *err, size_t errlen);
+static int report_eval(gemma_model_f32 *m, const dataset *valid, const train_options *o, int step, const char *label,
+                       FILE *log, char *err, size_t errlen);
 
 static void log_line(FILE *log, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void log_line(FILE *log, const char *fmt, ...) {
@@ -314,11 +326,11 @@ static void log_line(FILE *log, const char *fmt, ...) {
     fflush(log);
 }
 
-static int report_eval(gemma_model_f32 *m, const dataset *valid, int batch, int step, const char *label, FILE *log,
-                       char *err, size_t errlen) {
+static int report_eval(gemma_model_f32 *m, const dataset *valid, const train_options *o, int step, const char *label,
+                       FILE *log, char *err, size_t errlen) {
     gemma_stats ev;
     double t0 = now_seconds();
-    if (evaluate(m, valid, batch, &ev) != 0) return fail(err, errlen, "evaluation: %s", m->err);
+    if (evaluate(m, valid, o->batch, o->pack, &ev) != 0) return fail(err, errlen, "evaluation: %s", m->err);
     double vl = ev.loss_sum / (ev.tokens ? ev.tokens : 1), ag = (double)ev.agree / (ev.tokens ? ev.tokens : 1);
     printf("eval%s%s: held-out loss %.4f over %ld tokens, next-token agreement %.2f%% (%.1f s)\n", *label ? " " : "", label, vl, ev.tokens,
            100 * ag, now_seconds() - t0);
@@ -364,8 +376,9 @@ int train_run(const train_options *o, char *err, size_t errlen) {
      * pushing the machine into swap); 80% of what the kernel calls available leaves room for the
      * activations and whatever else runs */
     m.mem_limit = (size_t)(mem_available_bytes() * 0.8);
-    printf("attention: %s%s; matrix products: %s\n", attn_arm_name(o->arm),
-           o->arm == ATTN_CHUNKED ? " (query blocks of the chunk size)" : "", linalg_backend());
+    printf("attention: %s%s; batches %s; matrix products: %s\n", attn_arm_name(o->arm),
+           o->arm == ATTN_CHUNKED ? " (query blocks of the chunk size)" : "",
+           o->pack ? "packed (one sequence per batch)" : "one record at a time", linalg_backend());
 
     data_options dopt = {m.cfg.vocab, o->max_len, o->pad_target};
     snprintf(path, sizeof path, "%s/valid.jsonl", o->data_dir);
@@ -395,7 +408,7 @@ int train_run(const train_options *o, char *err, size_t errlen) {
     if (start) printf("adapters: %s\n", start);
 
     if (o->eval_only) {
-        rc = report_eval(&m, &valid, o->batch, 0, "", NULL, err, errlen);
+        rc = report_eval(&m, &valid, o, 0, "", NULL, err, errlen);
         goto done;
     }
 
@@ -433,7 +446,7 @@ int train_run(const train_options *o, char *err, size_t errlen) {
     fflush(stdout);
 
     /* the starting point of the held-out curve */
-    if (o->eval_every && batches_done == 0 && report_eval(&m, &valid, o->batch, 0, "before training", log, err, errlen) != 0)
+    if (o->eval_every && batches_done == 0 && report_eval(&m, &valid, o, 0, "before training", log, err, errlen) != 0)
         goto done;
     uint64_t base_hash = weights_hash(&m);
     long first_batch = batches_done;
@@ -452,19 +465,33 @@ int train_run(const train_options *o, char *err, size_t errlen) {
         reset_peak_rss();
         double t0 = now_seconds();
         gemma_stats st = {0};
-        for (int j = 0; j < o->batch; j++) {
-            double scale = targets ? 1.0 / ((double)targets * o->grad_accum) : 0;
-            if (gemma_backward_f32(&m, b[j].tokens, b[j].len, b[j].target_mask, scale, &st) != 0) {
-                fail(err, errlen, "batch %d, record %d (%d tokens): %s", i + 1, order[i] + j + 1, b[j].len, m.err);
+        double scale = targets ? 1.0 / ((double)targets * o->grad_accum) : 0;
+        if (o->pack) {
+            if (isatty(STDERR_FILENO)) fprintf(stderr, "\r  step %d/%d  %ld tokens packed   ", i + 1, iters, tokens);
+            gemma_seq *seqs = batch_seqs(b, o->batch);
+            if (!seqs) snprintf(m.err, sizeof m.err, "out of memory");
+            int brc = seqs ? gemma_backward_batch_f32(&m, seqs, o->batch, scale, &st) : -1;
+            free(seqs);
+            if (brc != 0) {
+                fail(err, errlen, "batch %d (records %d to %d, %ld tokens): %s", i + 1, order[i] + 1, order[i] + o->batch,
+                     tokens, m.err);
                 goto done;
             }
-            done_tokens += b[j].len;
-            if (isatty(STDERR_FILENO)) {
-                double el = now_seconds() - run_start;
-                char eta[32];
-                format_duration(el / done_tokens * (total_tokens - done_tokens), eta, sizeof eta);
-                fprintf(stderr, "\r  step %d/%d  record %d/%d  %d tokens  ETA %s   ", i + 1, iters, j + 1, o->batch,
-                        b[j].len, eta);
+            done_tokens += tokens;
+        } else { /* the records one by one, as before packing: the comparison run */
+            for (int j = 0; j < o->batch; j++) {
+                if (gemma_backward_f32(&m, b[j].tokens, b[j].len, b[j].target_mask, scale, &st) != 0) {
+                    fail(err, errlen, "batch %d, record %d (%d tokens): %s", i + 1, order[i] + j + 1, b[j].len, m.err);
+                    goto done;
+                }
+                done_tokens += b[j].len;
+                if (isatty(STDERR_FILENO)) {
+                    double el = now_seconds() - run_start;
+                    char eta[32];
+                    format_duration(el / done_tokens * (total_tokens - done_tokens), eta, sizeof eta);
+                    fprintf(stderr, "\r  step %d/%d  record %d/%d  %d tokens  ETA %s   ", i + 1, iters, j + 1,
+                            o->batch, b[j].len, eta);
+                }
             }
         }
         if ((i + 1 - batches_done) % o->grad_accum == 0 || i + 1 == iters) {
@@ -482,13 +509,13 @@ int train_run(const train_options *o, char *err, size_t errlen) {
         fflush(stdout);
         log_line(log,
                  "{\"step\": %d, \"loss\": %.6f, \"targets\": %ld, \"tokens\": %ld, \"longest\": %d, \"seconds\": %.4f, "
-                 "\"peak_rss\": %zu, \"arm\": \"%s\"}",
-                 i + 1, loss, st.tokens, tokens, longest, secs, peak, attn_arm_name(o->arm));
+                 "\"peak_rss\": %zu, \"arm\": \"%s\", \"packed\": %d}",
+                 i + 1, loss, st.tokens, tokens, longest, secs, peak, attn_arm_name(o->arm), o->pack);
         batches_done = i + 1;
         if (o->eval_every && (i + 1) % o->eval_every == 0 && i + 1 < iters) {
             char label[64];
             snprintf(label, sizeof label, "after step %d", i + 1);
-            if (report_eval(&m, &valid, o->batch, i + 1, label, log, err, errlen) != 0) goto done;
+            if (report_eval(&m, &valid, o, i + 1, label, log, err, errlen) != 0) goto done;
         }
     }
     double wall = now_seconds() - run_start;
@@ -499,14 +526,14 @@ int train_run(const train_options *o, char *err, size_t errlen) {
     printf("trained %d batches in %.1f s (%.0f tok/s), peak RSS %.2f GB; base weights unchanged (FNV-1a %016llx)\n",
            (int)(iters - first_batch), wall,
            done_tokens / (wall > 0 ? wall : 1), run_peak / 1e9, (unsigned long long)base_hash);
-    log_line(log, "{\"done\": %d, \"seconds\": %.3f, \"peak_rss\": %zu, \"tokens\": %ld, \"arm\": \"%s\"}", iters, wall,
-             run_peak, done_tokens, attn_arm_name(o->arm));
+    log_line(log, "{\"done\": %d, \"seconds\": %.3f, \"peak_rss\": %zu, \"tokens\": %ld, \"arm\": \"%s\", \"packed\": %d}",
+             iters, wall, run_peak, done_tokens, attn_arm_name(o->arm), o->pack);
     if (o->out_dir) {
         if (adapters_save(&m, o->out_dir, err, errlen) != 0 || optimizer_save(&opt, batches_done, o->out_dir, err, errlen) != 0)
             goto done;
         printf("saved: %s/adapters.safetensors, adapter_config.json, optimizer.safetensors\n", o->out_dir);
     }
-    if (o->eval_at_end && report_eval(&m, &valid, o->batch, iters, "after training", log, err, errlen) != 0) goto done;
+    if (o->eval_at_end && report_eval(&m, &valid, o, iters, "after training", log, err, errlen) != 0) goto done;
     rc = 0;
 done:
     if (log) fclose(log);

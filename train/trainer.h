@@ -19,6 +19,7 @@ typedef struct train_options {
     double epochs;             /* used when iters is 0: iters = ceil(epochs · records / batch) */
     int iters;                 /* batches to train on */
     int batch;
+    int pack;                  /* 1: each batch's records packed into one sequence (default); 0: one by one */
     int grad_accum;            /* batches per optimizer update */
     double lr, beta1, beta2, eps, weight_decay;
     int adamw;                 /* decoupled weight decay */
@@ -35,7 +36,7 @@ typedef struct train_options {
 
 /* Zeroes *o and sets the defaults: the write-up's job (LoRA r = 32 on q, k, v, o of every layer,
  * batch 4, 2 epochs) with mlx-lm's defaults where it says nothing (scale 20, lr 1e-5, Adam
- * without bias correction, seed 0), fused attention. */
+ * without bias correction, seed 0), fused attention, batches packed. */
 void train_defaults(train_options *o);
 
 /* Run training and/or evaluation as o says, printing progress to stdout (and a live line to
