@@ -3,6 +3,7 @@
  *      (train/fixtures, made by train/fixtures/make_fixtures.py), for the double and the float
  *      model and every attention arm;
  *   2. central finite differences of the double model's loss on LoRA entries of every kind;
+ *      a packed batch against its records run one by one;
  *   3. checkpoint variants (F32 single file vs BF16 shards under the multimodal prefix), config
  *      parsing and refusals, data parsing and its errors;
  *   4. the training loop: loss falls, resuming gives bit-identical adapters, the base stays frozen.
@@ -237,6 +238,121 @@ static void test_finite_differences(const char *name) {
     fixture_close(&fx);
 }
 
+/* A packed batch against its records one at a time: records of 300, 1, 64 and 2 tokens (the
+ * fixture's first and second sequences with their masks, and the first one and two tokens of its
+ * third without), so that a record shorter than the window, one with no target at all and
+ * records longer than the window sit next to each other. Loss, target and agreement counts,
+ * logits and LoRA gradients must agree. */
+typedef struct pack_diff {
+    double logits, loss, grads; /* relative, as in the fixture checks */
+    int counts_equal, rc;
+} pack_diff;
+
+enum { PACK_N = 4 };
+
+static void pack_records(const fixture *fx, gemma_seq seqs[PACK_N], uint8_t *masks[PACK_N]) {
+    const int32_t *third = fx->tokens + 2L * fx->T;
+    masks[0] = target_mask(fx, 0);
+    masks[2] = target_mask(fx, 1);
+    masks[1] = masks[3] = NULL;
+    seqs[0] = (gemma_seq){fx->tokens, fx->lengths[0], masks[0]};
+    seqs[1] = (gemma_seq){third, 1, NULL};
+    seqs[2] = (gemma_seq){fx->tokens + fx->T, fx->lengths[1], masks[2]};
+    seqs[3] = (gemma_seq){third, 2, NULL};
+}
+
+#define DEFINE_PACK_CHECK(SUF, REALT)                                                                        \
+    static pack_diff pack_check_##SUF(fixture *fx, gemma_model_##SUF *m) {                                  \
+        pack_diff d = {0, 0, 0, 0, 0};                                                                      \
+        gemma_seq seqs[PACK_N];                                                                             \
+        uint8_t *masks[PACK_N];                                                                             \
+        pack_records(fx, seqs, masks);                                                                      \
+        long T = 0, targets = 0;                                                                            \
+        for (int b = 0; b < PACK_N; b++) {                                                                  \
+            T += seqs[b].len;                                                                               \
+            for (int t = 0; t < seqs[b].len - 1; t++) targets += !seqs[b].target_mask || seqs[b].target_mask[t]; \
+        }                                                                                                   \
+        size_t P = m->param_count, V = (size_t)m->cfg.vocab;                                                \
+        REALT *g1 = malloc(P * sizeof(REALT)), *lg1 = malloc((size_t)T * V * sizeof(REALT));                \
+        REALT *lg2 = malloc((size_t)T * V * sizeof(REALT));                                                 \
+        gemma_stats f1 = {0}, f2 = {0}, b1 = {0}, b2 = {0};                                                 \
+        /* one by one: the forward's logits end to end, and the gradients summed */                       \
+        for (long b = 0, row = 0; b < PACK_N && !d.rc; row += seqs[b].len, b++)                             \
+            d.rc = gemma_forward_##SUF(m, seqs[b].tokens, seqs[b].len, seqs[b].target_mask, &f1, lg1 + row * (long)V); \
+        memset(m->grads, 0, P * sizeof(REALT));                                                             \
+        for (int b = 0; b < PACK_N && !d.rc; b++)                                                           \
+            d.rc = gemma_backward_##SUF(m, seqs[b].tokens, seqs[b].len, seqs[b].target_mask, 1.0 / targets, &b1); \
+        memcpy(g1, m->grads, P * sizeof(REALT));                                                            \
+        /* packed */                                                                                        \
+        if (!d.rc) d.rc = gemma_forward_batch_##SUF(m, seqs, PACK_N, &f2, lg2);                             \
+        memset(m->grads, 0, P * sizeof(REALT));                                                             \
+        if (!d.rc) d.rc = gemma_backward_batch_##SUF(m, seqs, PACK_N, 1.0 / targets, &b2);                  \
+        double worst = 0, scale = 0;                                                                        \
+        for (size_t i = 0; i < (size_t)T * V; i++) {                                                        \
+            worst = fmax(worst, fabs((double)lg1[i] - lg2[i]));                                             \
+            scale = fmax(scale, fabs((double)lg1[i]));                                                      \
+        }                                                                                                   \
+        d.logits = worst / (scale > 0 ? scale : 1);                                                         \
+        d.loss = fmax(fabs(f1.loss_sum - f2.loss_sum) / f1.loss_sum, fabs(b1.loss_sum - b2.loss_sum) / b1.loss_sum); \
+        d.counts_equal = f1.tokens == targets && f2.tokens == targets && b1.tokens == targets &&            \
+                         b2.tokens == targets && f1.agree == f2.agree && b1.agree == b2.agree;              \
+        for (int i = 0; i < m->slot_count; i++)                                                             \
+            for (int k = 0; k < 2; k++) {                                                                   \
+                const lora_slot *s = &m->slots[i];                                                          \
+                size_t off = k ? s->b : s->a, n = (size_t)m->lora.rank * (size_t)(k ? s->out : s->in);      \
+                double err = 0, mx = 0;                                                                     \
+                for (size_t j = 0; j < n; j++) {                                                            \
+                    err = fmax(err, fabs((double)g1[off + j] - m->grads[off + j]));                         \
+                    mx = fmax(mx, fabs((double)g1[off + j]));                                               \
+                }                                                                                           \
+                d.grads = fmax(d.grads, err / (mx > 0 ? mx : 1));                                           \
+            }                                                                                               \
+        free(g1);                                                                                           \
+        free(lg1);                                                                                          \
+        free(lg2);                                                                                          \
+        free(masks[0]);                                                                                     \
+        free(masks[2]);                                                                                     \
+        return d;                                                                                           \
+    }
+DEFINE_PACK_CHECK(f64, double)
+DEFINE_PACK_CHECK(f32, float)
+
+static void report_pack(const char *name, const char *precision, attn_arm arm, const pack_diff *d, const char *err,
+                        const double tol[3]) {
+    check(!d->rc && d->counts_equal && d->logits <= tol[0] && d->loss <= tol[1] && d->grads <= tol[2],
+          "%s %-6s %-7s packed batch (300, 1, 64, 2 tokens) vs one by one: logits %.1e, loss %.1e, LoRA grads %.1e "
+          "(relative; tol %.0e %.0e %.0e), target and agreement counts %s%s%s",
+          name, precision, attn_arm_name(arm), d->logits, d->loss, d->grads, tol[0], tol[1], tol[2],
+          d->counts_equal ? "equal" : "DIFFER", d->rc ? " error: " : "", d->rc ? err : "");
+}
+
+/* Tolerances: packing changes no arithmetic inside a record except the order of float sums: the
+ * matrix products run over T packed rows instead of one record's (BLAS blocks them differently),
+ * the adapter gradients are reduced over all rows in one product instead of record by record,
+ * and the loss sum is the same sequence of additions. So the double model agrees to rounding of
+ * double, and the float model to float32 rounding. gemma4_tiny's 12 sharp-softmax layers amplify
+ * a change of summation order about a thousandfold (the double model: 2.8e-13 on the gradients,
+ * ~1000 ulps of double), so float32 (ulp 6e-8) differs by ~1e-4 there (measured: logits 6.8e-5,
+ * loss 3.1e-7, gradients 1.4e-4; gemma3_tiny ≤ 1.3e-6); the bounds leave 3-10x room. */
+static const double pack_tol64[3] = {1e-12, 1e-13, 1e-11}, pack_tol32[3] = {3e-4, 3e-6, 1e-3};
+
+static void test_packed(const char *name) {
+    fixture fx;
+    if (fixture_open(&fx, name) != 0) return;
+    const attn_arm arms[] = {ATTN_DENSE, ATTN_CHUNKED, ATTN_FUSED};
+    for (int a = 0; a < 2; a++) {
+        gemma_set_attention_f64(&fx.m64, arms[a], 7, 1);
+        pack_diff d = pack_check_f64(&fx, &fx.m64);
+        report_pack(name, "double", arms[a], &d, fx.m64.err, pack_tol64);
+    }
+    for (int a = 0; a < 3; a++) {
+        pack_diff d = {0, 0, 0, 0, gemma_set_attention_f32(&fx.m32, arms[a], 7, 2)};
+        if (!d.rc) d = pack_check_f32(&fx, &fx.m32);
+        report_pack(name, "float", arms[a], &d, fx.m32.err, pack_tol32);
+    }
+    fixture_close(&fx);
+}
+
 static void test_checkpoint_variants(void) {
     char single[1024], sharded[1024], err[1024];
     snprintf(single, sizeof single, "%s/gemma4_tiny", fixtures);
@@ -362,8 +478,22 @@ static int read_losses(const char *log, double *first, double *last) {
     return n;
 }
 
+/* every step's loss from a log, in order; the count */
+static int read_step_losses(const char *log, double *loss, int cap) {
+    FILE *f = fopen(log, "r");
+    if (!f) return -1;
+    char line[1024];
+    int n = 0;
+    while (fgets(line, sizeof line, f) && n < cap) {
+        const char *p = strstr(line, "\"loss\": ");
+        if (strncmp(line, "{\"step\"", 7) == 0 && p && sscanf(p + 8, "%lf", &loss[n]) == 1) n++;
+    }
+    fclose(f);
+    return n;
+}
+
 static void test_training(const char *tmp) {
-    char data[900], out_a[900], out_b[900], path[1024], err[1024];
+    char data[900], out_a[900], out_b[900], out_c[900], path[1024], err[1024];
     snprintf(data, sizeof data, "%s/data", tmp);
     mkdir(data, 0777);
     /* 4 records of one repeated phrase: learnable in a few steps */
@@ -379,6 +509,7 @@ static void test_training(const char *tmp) {
     write_text(path, "{\"tokens\": [2, 10, 17, 24, 31, 15, 22, 29, 13]}\n{\"tokens\": [2, 11, 18, 25, 32, 16, 23]}\n");
     snprintf(out_a, sizeof out_a, "%s/a", tmp);
     snprintf(out_b, sizeof out_b, "%s/b", tmp);
+    snprintf(out_c, sizeof out_c, "%s/c", tmp);
     char model[1024];
     snprintf(model, sizeof model, "%s/gemma4_smoke", fixtures);
 
@@ -400,6 +531,20 @@ static void test_training(const char *tmp) {
     int steps = rc == 0 ? read_losses(path, &first, &last) : 0;
     check(rc == 0 && steps == 6 && last < first - 0.1, "training: 6 steps, loss %.4f -> %.4f %s", first, last,
           rc ? err : "");
+
+    /* the same 6 steps with every record on its own (--pack 0): the same losses to float rounding */
+    o.out_dir = out_c;
+    o.pack = 0;
+    rc = train_run(&o, err, sizeof err);
+    o.pack = 1;
+    double packed[6], single[6], worst = rc ? 1 : 0;
+    char pc[1100];
+    snprintf(pc, sizeof pc, "%s/log.jsonl", out_c);
+    int np = read_step_losses(path, packed, 6), ns = rc ? 0 : read_step_losses(pc, single, 6);
+    for (int i = 0; i < 6 && np == 6 && ns == 6; i++) worst = fmax(worst, fabs(packed[i] - single[i]) / single[i]);
+    check(rc == 0 && np == 6 && ns == 6 && worst <= 1e-5,
+          "training: batches packed and --pack 0 give the same 6 losses (worst relative difference %.1e, tol 1e-5) %s",
+          worst, rc ? err : "");
 
     o.out_dir = out_b;
     o.iters = 3;
@@ -449,6 +594,8 @@ int main(int argc, char **argv) {
     test_fixture("gemma3_tiny");
     test_finite_differences("gemma4_tiny");
     test_finite_differences("gemma3_tiny");
+    test_packed("gemma4_tiny");
+    test_packed("gemma3_tiny");
     test_training(tmp);
     char cmd[1100];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
