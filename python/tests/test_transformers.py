@@ -6,7 +6,10 @@ Run from the repository root after `make`:
 
 The sequence (40 tokens) is five times the sliding window (8), so every sliding layer masks, and
 a control case checks that the window changes the logits (a test that ran every layer causal
-would fail it). Weights are re-initialised larger than the models' default (std 0.02), which
+would fail it). Padded batches (left and right, one row padded by more than two windows) and
+packed rows (position_ids restarting, no attention_mask) go through winattn's varlen path and are
+compared with eager given the same attention_mask or position_ids: logits of real tokens, and
+gradients of a loss over real tokens only. Weights are re-initialised larger than the models' default (std 0.02), which
 leaves attention nearly uniform and the comparison weak. Tolerance: float32 eager and winattn
 differ only in summation order; relative errors are ~1e-6, held to 1e-4 of each tensor's
 largest element.
@@ -55,15 +58,21 @@ def build(cls, config, seed):
     return model
 
 
-def run(model, impl, ids, **kw):
-    """Logits and {parameter name: gradient} of the next-token loss with implementation impl."""
+def run(model, impl, ids, real=None, **kw):
+    """Logits and {parameter name: gradient} of the next-token loss with implementation impl; with
+    real (a [B, N] boolean tensor), only the logits of real tokens, and the loss over real tokens
+    whose next token is real too, so that nothing the padding computes can reach either."""
     import torch
     model.set_attn_implementation(impl)
     model.zero_grad()
     out = model(ids, **kw)
-    loss = torch.nn.functional.cross_entropy(out.logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+    labels = ids[:, 1:].clone()
+    if real is not None:
+        labels[~(real[:, 1:] & real[:, :-1])] = -100
+    loss = torch.nn.functional.cross_entropy(out.logits[:, :-1].flatten(0, 1), labels.flatten())
     loss.backward()
-    return out.logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    logits = out.logits.detach() if real is None else out.logits.detach()[real]
+    return logits, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
 def rel_err(a, b, floor=1e-30):
@@ -134,6 +143,113 @@ def main():
             report(d > 100 * TOL, "transformers %s control: window %d vs %d changes the logits" % (label, N, WINDOW),
                    "rel difference %.1e" % d)
 
+    varlen_calls = []
+    varlen_forward = wtf._varlen_forward
+
+    def count_varlen(query, key, value, plan, *args):
+        varlen_calls.append(len(plan.cu_q) - 1)
+        return varlen_forward(query, key, value, plan, *args)
+    wtf._varlen_forward = count_varlen
+
+    def padding(kind, B=3):
+        """[B, N] attention_mask: row 0 padded by 5, row 1 not at all, row 2 by 17 (more than two
+        windows), on the left or the right"""
+        mask = torch.ones(B, N, dtype=torch.long)
+        for row, n in ((0, 5), (2, 17)):
+            if kind == "left":
+                mask[row, :n] = 0
+            else:
+                mask[row, N - n:] = 0
+        return mask
+
+    for seed, (label, cls, config) in enumerate(models):
+        for kind in ("left", "right"):
+            @case("transformers %s %s-padded batch" % (label, kind))
+            def _():
+                model = build(cls, config, seed)
+                mask = padding(kind)
+                ids = torch.randint(1, config.vocab_size, (3, N), generator=torch.Generator().manual_seed(20 + seed))
+                masks.clear()
+                varlen_calls.clear()
+                logits, grads = run(model, "winattn", ids, real=mask.bool(), attention_mask=mask, use_cache=False)
+                ref_logits, ref_grads = run(model, "eager", ids, real=mask.bool(), attention_mask=mask,
+                                            use_cache=False)
+                missing = sorted(set(ref_grads) ^ set(grads))
+                worst = worst_of(grads, ref_grads)
+                e = rel_err(logits, ref_logits)
+                layers = config.num_hidden_layers
+                report(e <= TOL and worst[0] <= TOL and not missing and len(grads) > 10 and not masks
+                       and varlen_calls == [3] * layers,
+                       "transformers %s %s padding (5, 0, 17 of %d tokens): winattn (unpadded to varlen) vs eager, "
+                       "logits of real tokens and %d parameter gradients" % (label, kind, N, len(grads)),
+                       "logits rel err %.1e, worst gradient %.1e (%s) (tol %g); %d varlen calls of %d layers, "
+                       "%d dense masks%s" % (e, worst[0], worst[1], TOL, len(varlen_calls), layers, len(masks),
+                                             ", gradients missing: %s" % missing if missing else ""))
+
+        @case("transformers %s packed sequences" % label)
+        def _():
+            # DataCollatorWithFlattening's batches: sequences end to end in one row, position_ids
+            # restarting at 0, no attention_mask
+            model = build(cls, config, seed)
+            lens = [13, 1, 20, 6]
+            position_ids = torch.cat([torch.arange(n) for n in lens])[None]
+            ids = torch.randint(1, config.vocab_size, (1, N), generator=torch.Generator().manual_seed(30 + seed))
+            masks.clear()
+            varlen_calls.clear()
+            logits, grads = run(model, "winattn", ids, position_ids=position_ids, use_cache=False)
+            ref_logits, ref_grads = run(model, "eager", ids, position_ids=position_ids, use_cache=False)
+            missing = sorted(set(ref_grads) ^ set(grads))
+            worst = worst_of(grads, ref_grads)
+            e = rel_err(logits, ref_logits)
+            # the control: the same row as one sequence gives other logits
+            model.set_attn_implementation("winattn")
+            with torch.no_grad():
+                d = rel_err(model(ids, use_cache=False).logits, ref_logits)
+            layers = config.num_hidden_layers
+            report(e <= TOL and worst[0] <= TOL and not missing and not masks and d > 100 * TOL
+                   and varlen_calls == [len(lens)] * layers,
+                   "transformers %s packed %s (position_ids restarting, no attention_mask): winattn varlen vs eager, "
+                   "logits and %d parameter gradients" % (label, lens, len(grads)),
+                   "logits rel err %.1e, worst gradient %.1e (%s) (tol %g); %d varlen calls; unpacked differs by "
+                   "%.1e%s" % (e, worst[0], worst[1], TOL, len(varlen_calls), d,
+                               ", gradients missing: %s" % missing if missing else ""))
+
+    @case("transformers Gemma 4 two packed rows")
+    def _():
+        label, cls, config = models[0]
+        model = build(cls, config, 4)
+        position_ids = torch.stack([torch.cat([torch.arange(n) for n in lens]) for lens in ([3, 30, 7], [40])])
+        ids = torch.randint(1, config.vocab_size, (2, N), generator=torch.Generator().manual_seed(40))
+        varlen_calls.clear()
+        logits, grads = run(model, "winattn", ids, position_ids=position_ids, use_cache=False)
+        ref_logits, ref_grads = run(model, "eager", ids, position_ids=position_ids, use_cache=False)
+        worst = worst_of(grads, ref_grads)
+        e = rel_err(logits, ref_logits)
+        report(e <= TOL and worst[0] <= TOL and varlen_calls == [4] * config.num_hidden_layers,
+               "transformers Gemma 4 packed rows [3, 30, 7] and [40]: winattn varlen vs eager",
+               "logits rel err %.1e, worst gradient %.1e (%s) (tol %g)" % (e, worst[0], worst[1], TOL))
+
+    for label, cls, config in models[:2]:
+        @case("transformers %s generate from a left-padded batch" % label)
+        def _():
+            model = build(cls, config, 5)
+            ids = torch.randint(1, config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(8))
+            mask = torch.ones(2, 12, dtype=torch.long)
+            mask[1, :4] = 0
+            outs = {}
+            varlen_calls.clear()
+            for impl in ("winattn", "eager"):
+                model.set_attn_implementation(impl)
+                with torch.no_grad():
+                    g = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False,
+                                       output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+                outs[impl] = torch.stack(g.logits)
+            e = rel_err(outs["winattn"], outs["eager"])
+            report(e <= TOL and len(varlen_calls) == 6 * config.num_hidden_layers,
+                   "transformers %s generate, prompts of 12 and 8 tokens (left-padded) + 6 new tokens, dynamic "
+                   "cache (sliding layers full)" % label,
+                   "logits rel err %.1e (tol %g), %d varlen calls" % (e, TOL, len(varlen_calls)))
+
     @case("transformers Gemma 4 prefill then decode with a cache")
     def _():
         label, cls, config = models[0]
@@ -177,10 +293,29 @@ def main():
         model.set_attn_implementation("winattn")
         ids = torch.randint(0, config.vocab_size, (2, N))
         pad = torch.ones(2, N, dtype=torch.long)
-        pad[0, :5] = 0  # left padding: a mask winattn cannot express
-        expect_error("transformers left-padded batch", lambda: model(ids, attention_mask=pad), ValueError,
-                     "differs from this layer's")
+        pad[0, 10:13] = 0  # padding between real tokens: not one sequence once unpadded
+        expect_error("transformers padding inside a row", lambda: model(ids, attention_mask=pad, use_cache=False),
+                     ValueError, "padding between real tokens")
         attn = model.model.layers[0].self_attn
+        # PackedMask (a mask transformers would not skip, without attention_mask) on layer 0, a sliding
+        # layer of 8 keys, with 12 tokens: accepted when it is the band, refused with anything else in it
+        from transformers.masking_utils import and_masks, sliding_window_causal_mask_function
+        band = sliding_window_causal_mask_function(WINDOW)
+        q12, kv12 = torch.randn(1, 8, 12, 16), torch.randn(1, 4, 12, 16)
+        plain = wtf.mask_builder(1, 12, 12, mask_function=band, allow_is_causal_skip=False)
+        o, _ = wtf.attention_forward(attn, q12, kv12, kv12, plain, position_ids=torch.arange(12)[None])
+        want = wtf._attention(q12, kv12, kv12, window=(WINDOW - 1, 0), scale=attn.scaling).transpose(1, 2)
+        report(isinstance(plain, wtf.PackedMask) and torch.equal(o, want),
+               "transformers PackedMask of the band alone, one sequence: the plain sliding-window result")
+        extra = wtf.mask_builder(1, 12, 12, mask_function=and_masks(band, lambda b, h, q, kv: kv != 3),
+                                 allow_is_causal_skip=False)
+        expect_error("transformers PackedMask with a key hidden besides the band",
+                     lambda: wtf.attention_forward(attn, q12, kv12, kv12, extra, position_ids=torch.arange(12)[None]),
+                     ValueError, "differs from this layer's")
+        expect_error("transformers PackedMask whose position_ids disagree with the mask",
+                     lambda: wtf.attention_forward(attn, q12, kv12, kv12, plain,
+                                                   position_ids=torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4, 5, 6, 7, 8]])),
+                     ValueError, "differs from this layer's")
         q = torch.randn(1, 8, 5, 16)
         kv = torch.randn(1, 4, 5, 16)
         expect_error("transformers attention dropout",

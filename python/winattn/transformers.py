@@ -5,8 +5,8 @@
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="winattn")
     # or, on a model already loaded: model.set_attn_implementation("winattn")
 
-Each attention layer then calls winattn.torch.attention (CPU or CUDA tensors, float32, float16,
-bfloat16, autograd) with its own window, scale and softcap, taken from what the model passes to
+Each attention layer then calls winattn.torch.attention, or attention_varlen for padded and packed
+batches (CPU or CUDA tensors, float32, float16, bfloat16, autograd), with its own window, scale and softcap, taken from what the model passes to
 its attention function:
 
 - window: the `sliding_window` keyword (else `module.sliding_window`, else `config.sliding_window`
@@ -20,23 +20,39 @@ its attention function:
   does this.
 - GQA: key and value arrive with the model's KV heads and are used without repeating them.
 
-Masks. winattn computes the causal or sliding band itself, so the attention mask is only checked,
-never applied. register() also registers a mask builder under the same name: transformers' SDPA
-one, which hands over no mask at all in the plain cases, also leaving out the dense sliding-window
-mask of a sequence without cache or padding (training), and otherwise a boolean mask. A given mask must equal the layer's own band, bottom-right aligned
-(query i at position i + Nk - Nq), or that band over the first keys only with the rest hidden (a
-static cache not yet full): that holds for training and for prefill and decoding with
-transformers' dynamic and static caches. Anything else (padding, packed sequences, a custom 4-d
-mask, a bidirectional layer) raises ValueError rather than silently computing something else.
-For a right-padded batch, pass no attention_mask: causality already hides the padding from every
-real token, and labels of -100 keep the padded positions out of the loss. Attention dropout and
-attention sinks are refused the same way.
+Masks. winattn computes the causal or sliding band itself, so a mask is only read for what the
+band cannot know, never applied element by element. register() also registers a mask builder
+under the same name, which hands attention_forward one of:
+
+- no mask, for a plain batch (training without padding, a first prefill): the band alone;
+- a padded batch's [B, Nk] boolean padding mask (as transformers' FlashAttention builder does),
+  when the model gives an attention_mask with zeros and there is no cache or a dynamic one:
+  each row's real tokens (left, right or both sides padded; they must be one contiguous run)
+  are gathered into a packed batch, run through winattn.torch.attention_varlen and scattered
+  back, padded query rows getting 0;
+- a PackedMask for a batch without attention_mask whose mask transformers would not skip (it
+  found position_ids restarting within a row, as DataCollatorWithFlattening makes them): the
+  sequences, taken from position_ids, run as one packed varlen batch;
+- otherwise transformers' SDPA boolean mask, which must equal the layer's own band, bottom-right
+  aligned (query i at position i + Nk - Nq), or that band over the first keys only with the rest
+  hidden (a static cache not yet full): that holds for prefill and decoding with transformers'
+  static caches.
+
+The unpadded and packed paths need the sequence lengths on the host (for max_seqlen and the
+gather indices), read from attention_mask or position_ids once per mask: a device sync, as
+transformers' own FlashAttention varlen path does. A PackedMask is checked once per forward and
+window against the mask transformers would have built (B*N^2 comparisons in row chunks of 16M
+elements, never the whole [B, N, N] mask in memory), so a mask with
+more in it than packing and the band (Gemma 3's bidirectional image blocks, say) raises
+ValueError instead of being computed as something else. So do padding inside a row, a custom 4-d
+mask and bidirectional layers. Attention dropout and attention sinks are refused the same way.
 """
 import torch
 
 from .torch import attention as _attention
+from .torch import attention_varlen as _attention_varlen
 
-__all__ = ["register", "attention_forward", "mask_builder"]
+__all__ = ["register", "attention_forward", "mask_builder", "PackedMask"]
 
 
 def _window(module, sliding_window):
@@ -88,10 +104,142 @@ def _keys_used(mask, Nq, Nk, left):
         if torch.equal(visible, expected.expand_as(visible)):
             return used
     what = "sliding window of %d keys" % (left + 1) if left >= 0 else "causal"
-    raise ValueError("winattn: attention_mask differs from this layer's %s mask (padding, packed sequences "
-                     "or a custom mask?); winattn applies only the band itself. For right padding pass no "
-                     "attention_mask and label padded positions -100; otherwise use attn_implementation='sdpa'"
-                     % what)
+    raise ValueError("winattn: attention_mask differs from this layer's %s mask (padding with a static cache, "
+                     "or a custom mask?); winattn takes the band, padded batches without a cache or with a "
+                     "dynamic one, and packed sequences; otherwise use attn_implementation='sdpa'" % what)
+
+
+class _Plan:
+    """A padded or packed batch as varlen: int32 offsets on the device, the longest lengths, and
+    the flat token rows ([B * Nq] queries, [B * Nk] keys) the packed batch takes, None for all of
+    them in order."""
+
+    def __init__(self, lens_q, lens_k, rows_q, rows_k, device):
+        self.cu_q = torch.tensor([0] + list(_cumsum(lens_q)), dtype=torch.int32, device=device)
+        self.cu_k = torch.tensor([0] + list(_cumsum(lens_k)), dtype=torch.int32, device=device)
+        self.max_q, self.max_k = max(lens_q, default=0), max(lens_k, default=0)
+        self.rows_q = None if rows_q is None else torch.tensor(rows_q, dtype=torch.long, device=device)
+        self.rows_k = None if rows_k is None else torch.tensor(rows_k, dtype=torch.long, device=device)
+
+
+def _cumsum(xs):
+    total = 0
+    for x in xs:
+        total += x
+        yield total
+
+
+def _padding_plan(mask, Nq, Nk):
+    """The plan of a [B, Nk] padding mask whose queries are its last Nq positions. Each row's real
+    tokens must be one run [s, e): then the window counted over the row's positions equals the
+    window counted over the packed sequence, and query p (absolute) sits at p - s of its sequence,
+    bottom-right aligned because the run ends at e for keys and queries alike."""
+    if mask.dim() != 2 or mask.shape[1] != Nk or Nq > Nk:
+        raise ValueError("winattn: a padding mask of shape %s does not fit keys of length %d and %d queries"
+                         % (tuple(mask.shape), Nk, Nq))
+    m = mask.to(device="cpu", dtype=torch.bool)  # the host read (see the module docstring)
+    runs = (m[:, 1:] & ~m[:, :-1]).sum(1) + m[:, 0]
+    if bool((runs > 1).any()):
+        b = int((runs > 1).nonzero()[0])
+        raise ValueError("winattn: row %d of the attention_mask has padding between real tokens; winattn takes "
+                         "left or right padding (one run of real tokens per row); use attn_implementation='sdpa'" % b)
+    lens = m.sum(1).tolist()
+    starts = m.to(torch.int8).argmax(1).tolist()
+    lens_q, lens_k, rows_q, rows_k = [], [], [], []
+    first_q = Nk - Nq
+    for b, (s, n) in enumerate(zip(starts, lens)):
+        e = s + n
+        q0 = max(s, first_q)
+        lens_k.append(n)
+        rows_k.extend(range(b * Nk + s, b * Nk + e))
+        lens_q.append(max(e - q0, 0))
+        rows_q.extend(range(b * Nq + q0 - first_q, b * Nq + e - first_q))
+    B = m.shape[0]
+    every_q, every_k = len(rows_q) == B * Nq, len(rows_k) == B * Nk
+    return _Plan(lens_q, lens_k, None if every_q else rows_q, None if every_k else rows_k, mask.device)
+
+
+class PackedMask:
+    """What mask_builder hands attention_forward for a batch without attention_mask whose mask
+    transformers would not skip (it found position_ids restarting within a row): the mask function
+    and sizes, from which the mask is built and checked only in row chunks, once (per window) for
+    all the layers that share it."""
+
+    def __init__(self, mask_function, batch_size, length, device, sdpa_mask):
+        self.mask_function, self.batch_size, self.length, self.device = mask_function, batch_size, length, device
+        self._sdpa_mask = sdpa_mask
+        self._plans = {}
+
+    def __repr__(self):
+        return "PackedMask(batch_size=%d, length=%d)" % (self.batch_size, self.length)
+
+    def plan(self, left, position_ids):
+        key = (left, None if position_ids is None else (position_ids.data_ptr(), position_ids._version))
+        if key not in self._plans:
+            self._plans[key] = self._make_plan(left, position_ids)
+        return self._plans[key]
+
+    def _make_plan(self, left, position_ids):
+        B, N = self.batch_size, self.length
+        if position_ids is None:
+            seq = torch.zeros(B, N, dtype=torch.long, device=self.device)
+        else:
+            pos = position_ids.to(self.device).expand(B, N)
+            # transformers' rule (masking_utils.find_packed_sequence_indices): a new sequence wherever the
+            # position does not follow the previous one
+            seq = (torch.diff(pos, prepend=pos[:, :1] - 1, dim=-1) != 1).cumsum(-1)
+        i = torch.arange(N, device=self.device)
+        rows = max(1, (1 << 24) // max(1, B * N))
+        for r0 in range(0, N, rows):
+            r1 = min(N, r0 + rows)
+            got = self._sdpa_mask(batch_size=B, q_length=r1 - r0, kv_length=N, q_offset=r0, kv_offset=0,
+                                  mask_function=self.mask_function, attention_mask=None, allow_is_causal_skip=False,
+                                  use_vmap=False, device=self.device)
+            q = i[r0:r1, None]
+            want = (seq[:, r0:r1, None] == seq[:, None, :]) & (i[None, None, :] <= q)
+            if left >= 0:
+                want &= i[None, None, :] >= q - left
+            if got is None or not torch.equal(got.reshape(B, r1 - r0, N), want):
+                what = "sliding window of %d keys" % (left + 1) if left >= 0 else "causal"
+                raise ValueError("winattn: the attention mask differs from this layer's %s mask over the packed "
+                                 "sequences that position_ids describe (a custom or bidirectional mask?); use "
+                                 "attn_implementation='sdpa'" % what)
+        seq = seq.cpu()
+        lens = []
+        for b in range(B):
+            lens.extend(torch.unique_consecutive(seq[b], return_counts=True)[1].tolist())
+        return _Plan(lens, lens, None, None, self.device)
+
+
+def _varlen_forward(query, key, value, plan, left, scaling, softcap):
+    """attention_forward over a plan: [B, H, N, D] to packed [T, H, D] rows and back, as
+    [B, Nq, Hq, D] with zeros in the rows the plan leaves out."""
+    B, Hq, Nq, D = query.shape
+    Hkv, Nk = key.shape[1], key.shape[2]
+    q = query.transpose(1, 2).reshape(B * Nq, Hq, D)
+    k = key.transpose(1, 2).reshape(B * Nk, Hkv, D)
+    v = value.transpose(1, 2).reshape(B * Nk, Hkv, value.shape[3])
+    if plan.rows_q is not None:
+        q = q.index_select(0, plan.rows_q)
+    if plan.rows_k is not None:
+        k, v = k.index_select(0, plan.rows_k), v.index_select(0, plan.rows_k)
+    o = _attention_varlen(q, k, v, plan.cu_q, plan.cu_k, plan.max_q, plan.max_k, window=(left, 0), scale=scaling,
+                          softcap=softcap or 0.0)
+    if plan.rows_q is not None:
+        o = o.new_zeros(B * Nq, Hq, o.shape[2]).index_copy(0, plan.rows_q, o)
+    return o.view(B, Nq, Hq, o.shape[2]), None
+
+
+def _cached_padding_plan(mask, Nq, Nk):
+    """_padding_plan, kept on the mask tensor for the other layers it is passed to"""
+    key = (Nq, Nk, mask._version)
+    cache = getattr(mask, "_winattn_plans", None)
+    if cache is None:
+        cache = {}
+        mask._winattn_plans = cache
+    if key not in cache:
+        cache[key] = _padding_plan(mask, Nq, Nk)
+    return cache[key]
 
 
 def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, sliding_window=None,
@@ -109,6 +257,13 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     if scaling is None:
         scaling = getattr(module, "scaling", None)
     Nq, Nk = query.shape[2], key.shape[2]
+    if isinstance(attention_mask, PackedMask):
+        if (Nq, Nk) != (attention_mask.length, attention_mask.length):
+            raise ValueError("winattn: a PackedMask for %d tokens, but Nq=%d, Nk=%d" % (attention_mask.length, Nq, Nk))
+        plan = attention_mask.plan(left, kwargs.get("position_ids"))
+        return _varlen_forward(query, key, value, plan, left, scaling, softcap)
+    if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2:
+        return _varlen_forward(query, key, value, _cached_padding_plan(attention_mask, Nq, Nk), left, scaling, softcap)
     if attention_mask is not None:
         used = _keys_used(attention_mask, Nq, Nk, left)
     else:
@@ -121,23 +276,38 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     return o.transpose(1, 2), None
 
 
-def mask_builder(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, attention_mask=None,
-                 allow_is_causal_skip=True, local_size=None, config=None, **kwargs):
-    """transformers' SDPA mask builder, except that it also leaves out a sliding-window mask when
-    attention_forward's own band is that mask: no cache or padding (training, a first prefill)
-    and a window that is the config's sliding window (not, say, Llama 4's chunks). transformers
-    would otherwise build a [B, 1, N, N] boolean mask for every sliding layer once N exceeds the
-    window, N^2 bytes per sequence that winattn would only check."""
-    padded = attention_mask is not None and (torch.compiler.is_compiling() or not bool(attention_mask.all()))
+def mask_builder(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None, attention_mask=None,
+                 allow_is_causal_skip=True, local_size=None, config=None, use_vmap=False, device="cpu", **kwargs):
+    """What attention_forward is handed as attention_mask (see the module docstring): None for the
+    plain band; the [B, Nk] padding mask of a padded batch; a PackedMask for packed sequences;
+    else transformers' SDPA mask. The band alone serves when there is no cache or padding
+    (training, a first prefill) and the window is the config's sliding window (not, say, Llama
+    4's chunks); transformers would otherwise build a [B, 1, N, N] boolean mask for every sliding
+    layer once N exceeds the window, N^2 bytes per sequence that winattn would only check."""
+    from transformers.masking_utils import causal_mask_function, sdpa_mask
+    if mask_function is None:
+        mask_function = causal_mask_function
     sliding = local_size is None or (local_size == getattr(config, "sliding_window", None)
                                      and getattr(config, "attention_chunk_size", None) is None)
-    if (allow_is_causal_skip and sliding and not padded and q_length == kv_length and isinstance(q_offset, int)
-            and q_offset == 0 and kv_offset == 0):
-        return None
-    from transformers.masking_utils import sdpa_mask
+    # A static cache passes its offset as a tensor; dynamic caches put the queries last among the keys.
+    queries_last = (isinstance(q_offset, int) and isinstance(kv_offset, int)
+                    and q_offset + q_length == kv_offset + kv_length)
+    padded = attention_mask is not None and (torch.compiler.is_compiling() or not bool(attention_mask.all()))
+    fresh = queries_last and q_offset == 0 and kv_offset == 0  # no cache, or an empty one: Nq == Nk
+    # allow_is_causal_skip is False when the model adds to the band (or_mask_function and the like, which
+    # also set use_vmap; block_sequence_ids, which does not) or transformers found packed sequences
+    if sliding and not use_vmap:
+        if padded and allow_is_causal_skip and queries_last and attention_mask.dim() == 2 \
+                and attention_mask.shape[1] >= kv_offset + kv_length:
+            return attention_mask[:, kv_offset:kv_offset + kv_length].bool()
+        if fresh and not padded:
+            # a PackedMask holds the mask function: attention_forward checks it, so block_sequence_ids
+            # or anything else besides packing raises there
+            return None if allow_is_causal_skip else PackedMask(mask_function, batch_size, q_length, device, sdpa_mask)
     return sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
-                     kv_offset=kv_offset, attention_mask=attention_mask, allow_is_causal_skip=allow_is_causal_skip,
-                     local_size=local_size, config=config, **kwargs)
+                     kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask,
+                     allow_is_causal_skip=allow_is_causal_skip, local_size=local_size, config=config,
+                     use_vmap=use_vmap, device=device, **kwargs)
 
 
 def register(name="winattn"):
