@@ -116,9 +116,11 @@ typedef struct st_out {
 /* Write tensors to path, in the given order with a contiguous data region; the header JSON is
  * padded with spaces to a multiple of 8 bytes so the data region starts 8-byte aligned.
  * metadata_kv is NULL or a NULL-terminated array of key, value, key, value, ... strings.
- * The file is written to a temporary in the same directory, fsync'ed, and renamed over path only
- * when complete; on any failure the temporary is removed and path is not created (a file already
- * at path is left as it was). Returns 0, or -1 with a one-line message in err. */
+ * Written through tool.h's out_open/out_commit: a regular file (or a new path) goes to a temporary
+ * beside it, fsync'ed and renamed over it only when complete, so on any failure the temporary is
+ * removed and a file already at path is left as it was; a symlink's target is replaced the same
+ * way (the link stays); a device node or FIFO is written directly; a directory is refused.
+ * Returns 0, or -1 with a one-line message in err. */
 int st_write(const char *path, const st_out *tensors, int count, const char *const *metadata_kv,
              char *err, size_t errlen);
 
