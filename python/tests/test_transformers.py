@@ -162,7 +162,10 @@ def main():
                 mask[row, N - n:] = 0
         return mask
 
-    for seed, (label, cls, config) in enumerate(models):
+    from winattn._lib import HAS_VARLEN
+    if not HAS_VARLEN:
+        skip("transformers padded and packed batches", "this libwinattn has no wa_forward_varlen")
+    for seed, (label, cls, config) in enumerate(models if HAS_VARLEN else []):
         for kind in ("left", "right"):
             @case("transformers %s %s-padded batch" % (label, kind))
             def _():
@@ -216,6 +219,8 @@ def main():
 
     @case("transformers Gemma 4 two packed rows")
     def _():
+        if not HAS_VARLEN:
+            return
         label, cls, config = models[0]
         model = build(cls, config, 4)
         position_ids = torch.stack([torch.cat([torch.arange(n) for n in lens]) for lens in ([3, 30, 7], [40])])
@@ -232,6 +237,8 @@ def main():
     for label, cls, config in models[:2]:
         @case("transformers %s generate from a left-padded batch" % label)
         def _():
+            if not HAS_VARLEN:
+                return
             model = build(cls, config, 5)
             ids = torch.randint(1, config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(8))
             mask = torch.ones(2, 12, dtype=torch.long)
@@ -295,27 +302,29 @@ def main():
         pad = torch.ones(2, N, dtype=torch.long)
         pad[0, 10:13] = 0  # padding between real tokens: not one sequence once unpadded
         expect_error("transformers padding inside a row", lambda: model(ids, attention_mask=pad, use_cache=False),
-                     ValueError, "padding between real tokens")
+                     ValueError, "padding between real tokens" if HAS_VARLEN else "differs from this layer's")
         attn = model.model.layers[0].self_attn
-        # PackedMask (a mask transformers would not skip, without attention_mask) on layer 0, a sliding
-        # layer of 8 keys, with 12 tokens: accepted when it is the band, refused with anything else in it
-        from transformers.masking_utils import and_masks, sliding_window_causal_mask_function
-        band = sliding_window_causal_mask_function(WINDOW)
-        q12, kv12 = torch.randn(1, 8, 12, 16), torch.randn(1, 4, 12, 16)
-        plain = wtf.mask_builder(1, 12, 12, mask_function=band, allow_is_causal_skip=False)
-        o, _ = wtf.attention_forward(attn, q12, kv12, kv12, plain, position_ids=torch.arange(12)[None])
-        want = wtf._attention(q12, kv12, kv12, window=(WINDOW - 1, 0), scale=attn.scaling).transpose(1, 2)
-        report(isinstance(plain, wtf.PackedMask) and torch.equal(o, want),
-               "transformers PackedMask of the band alone, one sequence: the plain sliding-window result")
-        extra = wtf.mask_builder(1, 12, 12, mask_function=and_masks(band, lambda b, h, q, kv: kv != 3),
-                                 allow_is_causal_skip=False)
-        expect_error("transformers PackedMask with a key hidden besides the band",
-                     lambda: wtf.attention_forward(attn, q12, kv12, kv12, extra, position_ids=torch.arange(12)[None]),
-                     ValueError, "differs from this layer's")
-        expect_error("transformers PackedMask whose position_ids disagree with the mask",
-                     lambda: wtf.attention_forward(attn, q12, kv12, kv12, plain,
-                                                   position_ids=torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4, 5, 6, 7, 8]])),
-                     ValueError, "differs from this layer's")
+        if HAS_VARLEN:
+            # PackedMask (a mask transformers would not skip, without attention_mask) on layer 0, a sliding
+            # layer of 8 keys, with 12 tokens: accepted when it is the band, refused with anything else in it
+            from transformers.masking_utils import and_masks, sliding_window_causal_mask_function
+            band = sliding_window_causal_mask_function(WINDOW)
+            q12, kv12 = torch.randn(1, 8, 12, 16), torch.randn(1, 4, 12, 16)
+            plain = wtf.mask_builder(1, 12, 12, mask_function=band, allow_is_causal_skip=False)
+            o, _ = wtf.attention_forward(attn, q12, kv12, kv12, plain, position_ids=torch.arange(12)[None])
+            want = wtf._attention(q12, kv12, kv12, window=(WINDOW - 1, 0), scale=attn.scaling).transpose(1, 2)
+            report(isinstance(plain, wtf.PackedMask) and torch.equal(o, want),
+                   "transformers PackedMask of the band alone, one sequence: the plain sliding-window result")
+            extra = wtf.mask_builder(1, 12, 12, mask_function=and_masks(band, lambda b, h, q, kv: kv != 3),
+                                     allow_is_causal_skip=False)
+            one = torch.arange(12)[None]
+            two = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4, 5, 6, 7, 8]])
+            expect_error("transformers PackedMask with a key hidden besides the band",
+                         lambda: wtf.attention_forward(attn, q12, kv12, kv12, extra, position_ids=one),
+                         ValueError, "differs from this layer's")
+            expect_error("transformers PackedMask whose position_ids disagree with the mask",
+                         lambda: wtf.attention_forward(attn, q12, kv12, kv12, plain, position_ids=two),
+                         ValueError, "differs from this layer's")
         q = torch.randn(1, 8, 5, 16)
         kv = torch.randn(1, 4, 5, 16)
         expect_error("transformers attention dropout",

@@ -2,10 +2,11 @@
 arrays (this module), PyTorch tensors (winattn.torch) and more.
 
 Arrays are [B, H, N, D] (layout="bhnd", default) or [B, N, H, D] (layout="bnhd"), or for packed
-batches of sequences of different lengths (attention_varlen) [T, H, D]; q has Hq heads, k and v Hkv heads with Hq % Hkv == 0 (grouped-query attention). window=(left, right) is
-FlashAttention's convention, bottom-right aligned, -1 = unbounded: (-1, -1) full, (-1, 0) causal,
-(W-1, 0) a sliding window of W keys including self (Gemma's sliding_window=W). See the README's
-table for other libraries' conventions.
+batches of sequences of different lengths (attention_varlen) [T, H, D]; q has Hq heads, k and v
+Hkv heads with Hq % Hkv == 0 (grouped-query attention). window=(left, right) is FlashAttention's
+convention, bottom-right aligned, -1 = unbounded: (-1, -1) full, (-1, 0) causal, (W-1, 0) a
+sliding window of W keys including self (Gemma's sliding_window=W). See the README's table for
+other libraries' conventions.
 """
 import ctypes
 import threading

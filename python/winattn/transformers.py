@@ -6,8 +6,8 @@
     # or, on a model already loaded: model.set_attn_implementation("winattn")
 
 Each attention layer then calls winattn.torch.attention, or attention_varlen for padded and packed
-batches (CPU or CUDA tensors, float32, float16, bfloat16, autograd), with its own window, scale and softcap, taken from what the model passes to
-its attention function:
+batches (CPU or CUDA tensors, float32, float16, bfloat16, autograd), with its own window, scale
+and softcap, taken from what the model passes to its attention function:
 
 - window: the `sliding_window` keyword (else `module.sliding_window`, else `config.sliding_window`
   on a layer whose `layer_type` is "sliding_attention"). transformers' sliding window of W keys
@@ -49,6 +49,7 @@ mask and bidirectional layers. Attention dropout and attention sinks are refused
 """
 import torch
 
+from ._lib import HAS_VARLEN
 from .torch import attention as _attention
 from .torch import attention_varlen as _attention_varlen
 
@@ -297,13 +298,16 @@ def mask_builder(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_
     # allow_is_causal_skip is False when the model adds to the band (or_mask_function and the like, which
     # also set use_vmap; block_sequence_ids, which does not) or transformers found packed sequences
     if sliding and not use_vmap:
-        if padded and allow_is_causal_skip and queries_last and attention_mask.dim() == 2 \
+        if padded and allow_is_causal_skip and HAS_VARLEN and queries_last and attention_mask.dim() == 2 \
                 and attention_mask.shape[1] >= kv_offset + kv_length:
             return attention_mask[:, kv_offset:kv_offset + kv_length].bool()
         if fresh and not padded:
             # a PackedMask holds the mask function: attention_forward checks it, so block_sequence_ids
             # or anything else besides packing raises there
-            return None if allow_is_causal_skip else PackedMask(mask_function, batch_size, q_length, device, sdpa_mask)
+            if allow_is_causal_skip:
+                return None
+            if HAS_VARLEN:
+                return PackedMask(mask_function, batch_size, q_length, device, sdpa_mask)
     return sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
                      kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask,
                      allow_is_causal_skip=allow_is_causal_skip, local_size=local_size, config=config,
