@@ -111,23 +111,19 @@ def _keys_used(mask, Nq, Nk, left):
 
 
 class _Plan:
-    """A padded or packed batch as varlen: int32 offsets on the device, the longest lengths, and
-    the flat token rows ([B * Nq] queries, [B * Nk] keys) the packed batch takes, None for all of
-    them in order."""
+    """A padded or packed batch as varlen: int32 offsets and the flat token rows ([B * Nq] queries,
+    [B * Nk] keys) the packed batch takes (None: all of them, in order), on the tensors' device,
+    and the longest lengths as ints."""
 
-    def __init__(self, lens_q, lens_k, rows_q, rows_k, device):
-        self.cu_q = torch.tensor([0] + list(_cumsum(lens_q)), dtype=torch.int32, device=device)
-        self.cu_k = torch.tensor([0] + list(_cumsum(lens_k)), dtype=torch.int32, device=device)
-        self.max_q, self.max_k = max(lens_q, default=0), max(lens_k, default=0)
-        self.rows_q = None if rows_q is None else torch.tensor(rows_q, dtype=torch.long, device=device)
-        self.rows_k = None if rows_k is None else torch.tensor(rows_k, dtype=torch.long, device=device)
-
-
-def _cumsum(xs):
-    total = 0
-    for x in xs:
-        total += x
-        yield total
+    def __init__(self, lens_q, lens_k, rows_q, rows_k, B, Nq, Nk):
+        zero = lens_q.new_zeros(1)
+        self.cu_q = torch.cat([zero, lens_q.cumsum(0)]).to(torch.int32)
+        self.cu_k = torch.cat([zero, lens_k.cumsum(0)]).to(torch.int32)
+        longest = torch.stack([lens_q.max(), lens_k.max()]) if lens_q.numel() else lens_q.new_zeros(2)
+        # the host read: max_seqlen is an int, as flash_attn_varlen_func's (see the module docstring)
+        self.max_q, self.max_k = longest.tolist()
+        self.rows_q = None if rows_q.numel() == B * Nq else rows_q
+        self.rows_k = None if rows_k.numel() == B * Nk else rows_k
 
 
 def _padding_plan(mask, Nq, Nk):
@@ -138,26 +134,16 @@ def _padding_plan(mask, Nq, Nk):
     if mask.dim() != 2 or mask.shape[1] != Nk or Nq > Nk:
         raise ValueError("winattn: a padding mask of shape %s does not fit keys of length %d and %d queries"
                          % (tuple(mask.shape), Nk, Nq))
-    m = mask.to(device="cpu", dtype=torch.bool)  # the host read (see the module docstring)
+    m = mask.to(torch.bool)
     runs = (m[:, 1:] & ~m[:, :-1]).sum(1) + m[:, 0]
-    if bool((runs > 1).any()):
-        b = int((runs > 1).nonzero()[0])
-        raise ValueError("winattn: row %d of the attention_mask has padding between real tokens; winattn takes "
-                         "left or right padding (one run of real tokens per row); use attn_implementation='sdpa'" % b)
-    lens = m.sum(1).tolist()
-    starts = m.to(torch.int8).argmax(1).tolist()
-    lens_q, lens_k, rows_q, rows_k = [], [], [], []
-    first_q = Nk - Nq
-    for b, (s, n) in enumerate(zip(starts, lens)):
-        e = s + n
-        q0 = max(s, first_q)
-        lens_k.append(n)
-        rows_k.extend(range(b * Nk + s, b * Nk + e))
-        lens_q.append(max(e - q0, 0))
-        rows_q.extend(range(b * Nq + q0 - first_q, b * Nq + e - first_q))
-    B = m.shape[0]
-    every_q, every_k = len(rows_q) == B * Nq, len(rows_k) == B * Nk
-    return _Plan(lens_q, lens_k, None if every_q else rows_q, None if every_k else rows_k, mask.device)
+    bad = (runs > 1).nonzero()
+    if len(bad):
+        raise ValueError("winattn: row %d of the attention_mask has padding between real tokens; winattn takes left "
+                         "or right padding (one run of real tokens per row); use attn_implementation='sdpa'"
+                         % int(bad[0]))
+    real_q = m[:, Nk - Nq:]
+    return _Plan(real_q.sum(1), m.sum(1), real_q.flatten().nonzero().flatten(), m.flatten().nonzero().flatten(),
+                 m.shape[0], Nq, Nk)
 
 
 class PackedMask:
@@ -205,11 +191,12 @@ class PackedMask:
                 raise ValueError("winattn: the attention mask differs from this layer's %s mask over the packed "
                                  "sequences that position_ids describe (a custom or bidirectional mask?); use "
                                  "attn_implementation='sdpa'" % what)
-        seq = seq.cpu()
-        lens = []
-        for b in range(B):
-            lens.extend(torch.unique_consecutive(seq[b], return_counts=True)[1].tolist())
-        return _Plan(lens, lens, None, None, self.device)
+        starts = torch.ones(B, N, dtype=torch.bool, device=self.device)
+        starts[:, 1:] = seq[:, 1:] != seq[:, :-1]  # every row starts a sequence too
+        first = starts.flatten().nonzero().flatten()
+        lens = torch.diff(first, append=first.new_full((1,), B * N))
+        every = torch.arange(B * N, device=self.device)
+        return _Plan(lens, lens, every, every, B, N, N)
 
 
 def _varlen_forward(query, key, value, plan, left, scaling, softcap):
