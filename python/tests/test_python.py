@@ -7,7 +7,8 @@ Tolerances: winattn accumulates in f32 and rounds outputs to the dtype once, so 
 float64 is a few units of the dtype's rounding at the values' scale (inputs are N(0, 1), outputs
 and gradients O(1)): f32 2e-4, f16 4e-3, bf16 3e-2 absolute. The C test suite (`winattn parity`)
 holds the kernels to FlashAttention's stricter relative criterion; this file tests the binding:
-layouts, strides, dtypes, GQA, windows, errors and autograd.
+layouts, strides, dtypes, GQA, windows, errors and autograd, and the packed varlen calls against
+the same reference run on each sequence alone (outputs poisoned with NaN beforehand).
 """
 import os
 import sys
