@@ -257,6 +257,27 @@ def main():
                    "cache (sliding layers full)" % label,
                    "logits rel err %.1e (tol %g), %d varlen calls" % (e, TOL, len(varlen_calls)))
 
+    if HAS_VARLEN and torch.cuda.is_available():
+        @case("transformers CUDA padded and packed")
+        def _():
+            label, cls, config = models[0]
+            model = build(cls, config, 7).cuda()
+            mask = padding("left").cuda()
+            ids = torch.randint(1, config.vocab_size, (3, N), generator=torch.Generator().manual_seed(50)).cuda()
+            position_ids = torch.cat([torch.arange(n) for n in (13, 1, 20, 6)])[None].cuda()
+            for what, kw, real in (("left-padded", dict(attention_mask=mask), mask.bool()),
+                                   ("packed", dict(position_ids=position_ids.expand(3, N)), None)):
+                varlen_calls.clear()
+                logits, grads = run(model, "winattn", ids, real=real, use_cache=False, **kw)
+                ref_logits, ref_grads = run(model, "eager", ids, real=real, use_cache=False, **kw)
+                worst = worst_of(grads, ref_grads)
+                e = rel_err(logits, ref_logits)
+                report(e <= TOL and worst[0] <= TOL and len(varlen_calls) == config.num_hidden_layers,
+                       "transformers Gemma 4 on CUDA, float32, %s batch of 3: winattn vs eager" % what,
+                       "logits rel err %.1e, worst gradient %.1e (%s) (tol %g)" % (e, worst[0], worst[1], TOL))
+    else:
+        skip("transformers CUDA padded and packed", "no CUDA device")
+
     @case("transformers Gemma 4 prefill then decode with a cache")
     def _():
         label, cls, config = models[0]
