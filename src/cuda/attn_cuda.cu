@@ -15,6 +15,11 @@
  * fmaf in a fixed order. The dot products for dP and delta use the same order, which keeps the
  * one-key window exact (dS = 0), as on the CPU. docs/cuda.md has the measurements of every
  * version.
+ *
+ * Packed variable-length batches (wa_problem.cu_q) run on every version's kernels, each compiled
+ * a second time with VARLEN set: the grid is sized by B and the longest sequence (the offsets are
+ * never read on the host), each CTA reads its sequence's offsets and sees that sequence alone
+ * (seq_view, common.cuh), and CTAs past their sequence's end leave at once.
  */
 #include "common.cuh"
 
@@ -61,11 +66,14 @@ __device__ __forceinline__ float score(const kparams &p, const float *qrow, cons
 
 /* ---- forward ---- */
 
-template <typename T> __global__ void __launch_bounds__(kThreads) forward_kernel(kparams p) {
+template <typename T, bool VARLEN> __global__ void __launch_bounds__(kThreads) forward_kernel(const kparams kp) {
     extern __shared__ float smem[];
+    const seq_view<T, VARLEN> sv(kp);
+    const kparams &p = sv.p;
     const int Bt = p.tile, D = (int)p.D, ld = D + 1, ls = Bt + 1;
-    const long long qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z, hk = h / p.group;
+    const long long qt = blockIdx.x, h = blockIdx.y, b = sv.b(), hk = h / p.group;
     const long long i0 = qt * Bt;
+    if (VARLEN && i0 >= p.Nq) return; /* past this sequence's rows */
     const int m = (int)min((long long)Bt, p.Nq - i0);
     float *Qs = smem, *Ks = Qs + Bt * ld, *Vs = Ks + Bt * ld, *Os = Vs + Bt * D, *S = Os + Bt * D;
     float *row_max = S + Bt * ls, *row_sum = row_max + Bt, *alpha = row_sum + Bt;
@@ -130,14 +138,25 @@ template <typename T> __global__ void __launch_bounds__(kThreads) forward_kernel
 /* ---- backward ---- */
 
 /* delta_i = dO_i . O_i, one thread per row, fmaf in the order dot_rows uses for dP */
-template <typename T> __global__ void delta_kernel(kparams p) {
-    long long rows = p.B * p.Hq * p.Nq;
-    for (long long r = blockIdx.x * (long long)blockDim.x + threadIdx.x; r < rows; r += (long long)gridDim.x * blockDim.x) {
-        long long i = r % p.Nq, bh = r / p.Nq, b = bh / p.Hq, h = bh % p.Hq;
-        const T *o = row_of<T>(p.o, b, h, i), *g = row_of<T>(p.dout, b, h, i);
-        float acc = 0.0f;
-        for (int d = 0; d < p.D; d++) acc = fmaf(to_f32(g[d]), to_f32(o[d]), acc);
-        p.delta[r] = acc;
+template <typename T> __device__ __forceinline__ float delta_of(const kparams &p, long long b, long long h, long long i) {
+    const T *o = row_of<T>(p.o, b, h, i), *g = row_of<T>(p.dout, b, h, i);
+    float acc = 0.0f;
+    for (int d = 0; d < p.D; d++) acc = fmaf(to_f32(g[d]), to_f32(o[d]), acc);
+    return acc;
+}
+/* rectangular: a grid-stride loop over all B·Hq·Nq rows; varlen: a (rows / 256, Hq, sequences) grid */
+template <typename T, bool VARLEN> __global__ void delta_kernel(const kparams kp) {
+    if constexpr (VARLEN) {
+        const seq_view<T, true> sv(kp);
+        const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x, h = blockIdx.y;
+        if (i < sv.p.Nq) sv.p.delta[ws_head<true>(sv.p, 0, h, 0) + i] = delta_of<T>(sv.p, 0, h, i);
+    } else {
+        const kparams &p = kp;
+        long long rows = p.B * p.Hq * p.Nq;
+        for (long long r = blockIdx.x * (long long)blockDim.x + threadIdx.x; r < rows; r += (long long)gridDim.x * blockDim.x) {
+            long long i = r % p.Nq, bh = r / p.Nq, b = bh / p.Hq, h = bh % p.Hq;
+            p.delta[r] = delta_of<T>(p, b, h, i);
+        }
     }
 }
 
@@ -173,9 +192,10 @@ __device__ void pair_grads(const kparams &p, const float *Qs, const float *dOs, 
     }
 }
 
+template <bool VARLEN>
 __device__ void load_row_stats(const kparams &p, long long b, long long h, long long i0, int m, row_stats rs, int with_rnorm) {
     for (int r = threadIdx.x; r < m; r += blockDim.x) {
-        long long row = (b * p.Hq + h) * p.Nq + i0 + r;
+        long long row = ws_head<VARLEN>(p, b, h, p.Nq) + i0 + r;
         rs.lse[r] = *row_of<float>(p.lse, b, h, i0 + r);
         rs.delta[r] = p.delta[row];
         rs.rnorm[r] = with_rnorm ? p.rnorm[row] : 1.0f;
@@ -183,10 +203,13 @@ __device__ void load_row_stats(const kparams &p, long long b, long long h, long 
 }
 
 /* f32 only: r_i and delta_i from the recomputed scores (docs/algorithm.md section 3) */
-template <typename T> __global__ void __launch_bounds__(kThreads) rowstats_kernel(kparams p) {
+template <typename T, bool VARLEN> __global__ void __launch_bounds__(kThreads) rowstats_kernel(const kparams kp) {
     extern __shared__ float smem[];
+    const seq_view<T, VARLEN> sv(kp);
+    const kparams &p = sv.p;
     const int Bt = p.tile, D = (int)p.D, ld = D + 1, ls = Bt + 1;
-    const long long qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z, hk = h / p.group, i0 = qt * Bt;
+    const long long qt = blockIdx.x, h = blockIdx.y, b = sv.b(), hk = h / p.group, i0 = qt * Bt;
+    if (VARLEN && i0 >= p.Nq) return;
     const int m = (int)min((long long)Bt, p.Nq - i0);
     float *Qs = smem, *dOs = Qs + Bt * ld, *Ks = dOs + Bt * ld, *Vs = Ks + Bt * ld, *S = Vs + Bt * ld, *dP = S + Bt * ls;
     float *lse = dP + Bt * ls, *sums = lse + Bt, *dots = sums + Bt;
@@ -224,7 +247,7 @@ template <typename T> __global__ void __launch_bounds__(kThreads) rowstats_kerne
     }
     __syncthreads();
     for (int r = threadIdx.x; r < m; r += blockDim.x) {
-        long long row = (b * p.Hq + h) * p.Nq + i0 + r;
+        long long row = ws_head<VARLEN>(p, b, h, p.Nq) + i0 + r;
         float rn = sums[r] > 0.0f ? 1.0f / sums[r] : 0.0f;
         p.rnorm[row] = rn;
         p.delta[row] = dots[r] * rn;
@@ -232,10 +255,13 @@ template <typename T> __global__ void __launch_bounds__(kThreads) rowstats_kerne
 }
 
 /* owner of dK, dV for keys [j0, j0+n) of kv head hk */
-template <typename T> __global__ void __launch_bounds__(kThreads) dkdv_kernel(kparams p) {
+template <typename T, bool VARLEN> __global__ void __launch_bounds__(kThreads) dkdv_kernel(const kparams kp) {
     extern __shared__ float smem[];
+    const seq_view<T, VARLEN> sv(kp);
+    const kparams &p = sv.p;
     const int Bt = p.tile, D = (int)p.D, ld = D + 1, ls = Bt + 1;
-    const long long kt = blockIdx.x, hk = blockIdx.y, b = blockIdx.z, j0 = kt * Bt;
+    const long long kt = blockIdx.x, hk = blockIdx.y, b = sv.b(), j0 = kt * Bt;
+    if (VARLEN && j0 >= p.Nk) return;
     const int n = (int)min((long long)Bt, p.Nk - j0);
     float *Ks = smem, *Vs = Ks + Bt * ld, *Qs = Vs + Bt * ld, *dOs = Qs + Bt * ld, *dKs = dOs + Bt * ld, *dVs = dKs + Bt * D;
     float *S = dVs + Bt * D, *dP = S + Bt * ls;
@@ -254,7 +280,7 @@ template <typename T> __global__ void __launch_bounds__(kThreads) dkdv_kernel(kp
             __syncthreads(); /* previous Q, dO, S, dP are no longer read */
             load_rows<T>(Qs, ld, p.q, b, h, i0, m, D);
             load_rows<T>(dOs, ld, p.dout, b, h, i0, m, D);
-            load_row_stats(p, b, h, i0, m, rs, with_rnorm);
+            load_row_stats<VARLEN>(p, b, h, i0, m, rs, with_rnorm);
             __syncthreads();
             pair_grads(p, Qs, dOs, Ks, Vs, S, dP, i0, m, j0, n, rs, with_rnorm);
             __syncthreads();
@@ -278,10 +304,13 @@ template <typename T> __global__ void __launch_bounds__(kThreads) dkdv_kernel(kp
 }
 
 /* owner of dQ for rows [i0, i0+m) of query head h */
-template <typename T> __global__ void __launch_bounds__(kThreads) dq_kernel(kparams p) {
+template <typename T, bool VARLEN> __global__ void __launch_bounds__(kThreads) dq_kernel(const kparams kp) {
     extern __shared__ float smem[];
+    const seq_view<T, VARLEN> sv(kp);
+    const kparams &p = sv.p;
     const int Bt = p.tile, D = (int)p.D, ld = D + 1, ls = Bt + 1;
-    const long long qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z, hk = h / p.group, i0 = qt * Bt;
+    const long long qt = blockIdx.x, h = blockIdx.y, b = sv.b(), hk = h / p.group, i0 = qt * Bt;
+    if (VARLEN && i0 >= p.Nq) return;
     const int m = (int)min((long long)Bt, p.Nq - i0);
     float *Qs = smem, *dOs = Qs + Bt * ld, *Ks = dOs + Bt * ld, *Vs = Ks + Bt * ld, *dQs = Vs + Bt * ld;
     float *S = dQs + Bt * D, *dP = S + Bt * ls;
@@ -289,7 +318,7 @@ template <typename T> __global__ void __launch_bounds__(kThreads) dq_kernel(kpar
     const int with_rnorm = p.rnorm != nullptr;
     load_rows<T>(Qs, ld, p.q, b, h, i0, m, D);
     load_rows<T>(dOs, ld, p.dout, b, h, i0, m, D);
-    load_row_stats(p, b, h, i0, m, rs, with_rnorm);
+    load_row_stats<VARLEN>(p, b, h, i0, m, rs, with_rnorm);
     for (int e = threadIdx.x; e < Bt * D; e += blockDim.x) dQs[e] = 0.0f;
     int64_t kt0, kt1;
     wa_key_tiles_for_rows(&p.win, i0, i0 + m, Bt, &kt0, &kt1);
@@ -350,6 +379,9 @@ static kparams params_of(const wa_problem *p) {
     k.scale = p->scale, k.softcap = p->softcap, k.win = p->win;
     k.delta = k.rnorm = k.dq_acc = k.lse2 = nullptr;
     k.nq_pad = 0;
+    k.cu_q = p->cu_q, k.cu_k = p->cu_k, k.Tq = p->Tq, k.Tk = p->Tk;
+    k.ws_stride = p->cu_q ? p->Tq : 0;
+    k.seq0 = k.q_row0 = k.k_row0 = 0;
     k.tile = tile_for(p->D);
     k.n_qtiles = (int)((p->Nq + k.tile - 1) / k.tile);
     k.n_ktiles = (int)((p->Nk + k.tile - 1) / k.tile);
@@ -363,10 +395,12 @@ static cudaStream_t stream_of(const wa_context *ctx) { return (cudaStream_t)ctx-
  * (compute-sanitizer caught "too many resources requested"), so raise_smem_limits() raises it
  * once, for every kernel, to the largest size any head dim needs; every launch asks for less. */
 
+typedef void (*v1_kernel)(const kparams);
 template <typename T> static cudaError_t raise_for_dtype(int bytes) {
     cudaError_t e = cudaSuccess;
-    void (*kernels[4])(kparams) = {forward_kernel<T>, rowstats_kernel<T>, dkdv_kernel<T>, dq_kernel<T>};
-    for (int i = 0; i < 4 && e == cudaSuccess; i++)
+    v1_kernel kernels[8] = {forward_kernel<T, false>, rowstats_kernel<T, false>, dkdv_kernel<T, false>, dq_kernel<T, false>,
+                            forward_kernel<T, true>,  rowstats_kernel<T, true>,  dkdv_kernel<T, true>,  dq_kernel<T, true>};
+    for (int i = 0; i < 8 && e == cudaSuccess; i++)
         e = cudaFuncSetAttribute(kernels[i], cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
     return e;
 }
@@ -382,17 +416,22 @@ static wa_status raise_smem_limits(void) {
     return WA_OK;
 }
 
-template <typename K> static wa_status launch(K kernel, dim3 grid, size_t smem, cudaStream_t stream, const kparams &kp) {
-    if (grid.x == 0 || grid.y == 0 || grid.z == 0) return WA_OK;
+/* rect on a (tiles, heads, B) grid, or varlen over the sequences of a varlen call (over_sequences) */
+static wa_status launch(v1_kernel rect, v1_kernel varlen, unsigned tiles, unsigned heads, size_t smem, cudaStream_t stream,
+                        const kparams &kp) {
+    if (tiles == 0 || heads == 0) return WA_OK;
     wa_status st = raise_smem_limits();
     if (st != WA_OK) return st;
-    kernel<<<grid, kThreads, smem, stream>>>(kp);
-    CUDA_TRY(cudaGetLastError());
-    return WA_OK;
+    return over_sequences(kp, [&](const kparams &c, unsigned z) {
+        if (z == 0) return WA_OK;
+        (c.cu_q ? varlen : rect)<<<dim3(tiles, heads, z), kThreads, smem, stream>>>(c);
+        CUDA_TRY(cudaGetLastError());
+        return WA_OK;
+    });
 }
 
 static wa_status check_grid(const wa_problem *p) {
-    if (p->Hq > 65535 || p->B > 65535)
+    if (p->Hq > 65535 || (p->B > 65535 && !p->cu_q)) /* varlen launches take the sequences in chunks */
         return wa_fail(WA_ERR_UNSUPPORTED, "CUDA backend: B = %lld and Hq = %lld must each be at most 65535", (long long)p->B,
                        (long long)p->Hq);
     if ((p->Nq + 15) / 16 > 0x7fffffff || (p->Nk + 15) / 16 > 0x7fffffff)
@@ -403,8 +442,8 @@ static wa_status check_grid(const wa_problem *p) {
 template <typename T> static wa_status forward_t(wa_context *ctx, const wa_problem *p) {
     kparams kp = params_of(p);
     if (mma_supports(p)) return mma_forward(kp, p->dtype, stream_of(ctx));
-    dim3 grid(kp.n_qtiles, (unsigned)p->Hq, (unsigned)p->B);
-    return launch(forward_kernel<T>, grid, fwd_smem(kp.tile, (int)p->D), stream_of(ctx), kp);
+    return launch(forward_kernel<T, false>, forward_kernel<T, true>, kp.n_qtiles, (unsigned)p->Hq, fwd_smem(kp.tile, (int)p->D),
+                  stream_of(ctx), kp);
 }
 
 /* dQ by atomic adds (unless the context asks for determinism) where the tensor-core kernels have
@@ -418,12 +457,18 @@ static int atomic_dq(const wa_context *ctx, const wa_problem *p) {
     return !hopper_backward_supports(kp) || hopper_backward_fuses_dq(kp);
 }
 
-/* backward workspace: two arrays of rows padded to 64 per head (delta, then rnorm for f32 or lse2
- * for the version-4 backward), plus the f32 dQ accumulator of the atomic-dQ option (padded rows:
- * version 4 adds whole 64-row tiles) */
-static size_t padded_rows(const wa_problem *p) { return (size_t)(p->B * p->Hq * ((p->Nq + 63) / 64 * 64)); }
+/* backward workspace: two arrays of rows (delta, then rnorm for f32 or lse2 for the version-4
+ * backward), plus the f32 dQ accumulator of the atomic-dQ option (ws_rows × D). Rectangular: rows
+ * padded to 64 per (b, h), as version 4 writes and adds whole 64-row tiles; varlen: packed by
+ * token, Tq rows per head and nothing per sequence (kparams.ws_stride; the kernels bound their
+ * reads and writes by the sequence's own rows), rounded up to 64 rows in all so that each array
+ * starts 256-byte aligned (the accumulator is zeroed and read by 16-byte vectors) */
+static size_t ws_rows(const wa_problem *p) {
+    if (p->cu_q) return (size_t)((p->Hq * p->Tq + 63) / 64 * 64);
+    return (size_t)(p->B * p->Hq * ((p->Nq + 63) / 64 * 64));
+}
 static size_t workspace_floats(const wa_context *ctx, const wa_problem *p) {
-    size_t n = 2 * padded_rows(p) + (atomic_dq(ctx, p) ? padded_rows(p) * (size_t)p->D : 0);
+    size_t n = 2 * ws_rows(p) + (atomic_dq(ctx, p) ? ws_rows(p) * (size_t)p->D : 0);
     return n ? n : 1;
 }
 
@@ -470,25 +515,32 @@ template <typename T> static wa_status backward_t(wa_context *ctx, const wa_prob
     if (got != WA_OK) return got;
     kp.delta = (float *)ws;
     kp.nq_pad = (p->Nq + 63) / 64 * 64;
-    kp.rnorm = f32 ? kp.delta + padded_rows(p) : nullptr;
-    kp.lse2 = f32 ? nullptr : kp.delta + padded_rows(p);
-    kp.dq_acc = atomic ? kp.delta + 2 * padded_rows(p) : nullptr;
+    kp.rnorm = f32 ? kp.delta + ws_rows(p) : nullptr;
+    kp.lse2 = f32 ? nullptr : kp.delta + ws_rows(p);
+    kp.dq_acc = atomic ? kp.delta + 2 * ws_rows(p) : nullptr;
     wa_status st = WA_OK;
     if (mma_supports(p)) {
         st = mma_backward(kp, p->dtype, s); /* version 4 (bwd_hopper.cu) or 2 (attn_mma.cu) */
     } else {
         if (f32) {
-            st = launch(rowstats_kernel<T>, dim3(kp.n_qtiles, (unsigned)p->Hq, (unsigned)p->B), rowstats_smem(kp.tile, (int)p->D), s, kp);
-        } else if (rows) {
+            st = launch(rowstats_kernel<T, false>, rowstats_kernel<T, true>, kp.n_qtiles, (unsigned)p->Hq,
+                        rowstats_smem(kp.tile, (int)p->D), s, kp);
+        } else if (rows && !p->cu_q) {
             unsigned blocks = (unsigned)((rows + 255) / 256);
-            delta_kernel<T><<<blocks < 65535u ? blocks : 65535u, 256, 0, s>>>(kp);
+            delta_kernel<T, false><<<blocks < 65535u ? blocks : 65535u, 256, 0, s>>>(kp);
             cudaError_t e = cudaGetLastError();
             if (e != cudaSuccess) st = wa_fail(WA_ERR_CUDA, "delta kernel launch: %s", cudaGetErrorString(e));
+        } else if (rows) {
+            st = over_sequences(kp, [&](const kparams &c, unsigned z) {
+                delta_kernel<T, true><<<dim3((unsigned)((p->Nq + 255) / 256), (unsigned)p->Hq, z), 256, 0, s>>>(c);
+                CUDA_TRY(cudaGetLastError());
+                return WA_OK;
+            });
         }
         if (st == WA_OK)
-            st = launch(dkdv_kernel<T>, dim3(kp.n_ktiles, (unsigned)p->Hkv, (unsigned)p->B), dkdv_smem(kp.tile, (int)p->D), s, kp);
+            st = launch(dkdv_kernel<T, false>, dkdv_kernel<T, true>, kp.n_ktiles, (unsigned)p->Hkv, dkdv_smem(kp.tile, (int)p->D), s, kp);
         if (st == WA_OK)
-            st = launch(dq_kernel<T>, dim3(kp.n_qtiles, (unsigned)p->Hq, (unsigned)p->B), dq_smem(kp.tile, (int)p->D), s, kp);
+            st = launch(dq_kernel<T, false>, dq_kernel<T, true>, kp.n_qtiles, (unsigned)p->Hq, dq_smem(kp.tile, (int)p->D), s, kp);
     }
     if (owned) {
         cudaError_t e = cudaFreeAsync(ws, s);

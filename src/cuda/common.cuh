@@ -35,6 +35,15 @@ struct kparams {
     float *lse2;          /* version-4 backward: lse·log2(e) per row, +inf past Nq and for empty rows */
     long long nq_pad;     /* row stride of delta and lse2 in the version-4 backward (Nq rounded up to 64) */
     int tile, n_qtiles, n_ktiles;
+    /* Packed variable-length batches (NULL cu_q: rectangular). The tensors are [1, H, T, D], B
+     * counts sequences, Nq and Nk are the longest lengths (the grid's size); cu_q and cu_k hold
+     * B + 1 offsets on the device, read by each CTA (seq_view below). The workspace is packed by
+     * token: row t of head h of delta, rnorm and lse2 at h·ws_stride + t (ws_stride = Tq), and
+     * the atomic-dQ accumulator row-major [Hq, Tq, D], whatever the kernels' rectangular order. */
+    const int32_t *cu_q, *cu_k;
+    long long Tq, Tk, ws_stride;
+    long long seq0;           /* the first sequence of this launch (grid z holds at most 65535) */
+    long long q_row0, k_row0; /* set by seq_view: the sequence's first rows (TMA coordinates) */
 };
 
 template <typename T> __device__ __forceinline__ float to_f32(T x);
@@ -48,6 +57,67 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(flo
 
 template <typename T> __device__ __forceinline__ T *row_of(const dev_tensor &t, long long b, long long h, long long n) {
     return (T *)t.data + b * t.s0 + h * t.s1 + n * t.s2;
+}
+
+/* What one CTA sees of its batch entry: `p` and `b()` for the rest of the kernel.
+ * Rectangular (VARLEN false): the launch's parameter block itself and b = blockIdx.z (nothing is
+ * copied: every field is read from the kernel's parameter space). Varlen: a copy for sequence
+ * seq0 + blockIdx.z, its offsets read here and clamped (wa_seq_rows: malformed offsets never
+ * address outside the tensors); every tensor's data moved to the sequence's first row (T is the
+ * element type of q, k, v, o and the gradients; lse is f32), Nq, Nk and the window the sequence's
+ * own, the workspace pointers moved to its first row, and b() = 0. The caller exits the whole CTA,
+ * before any barrier, when its tile starts at or past the sequence's end (VARLEN && i0 >= p.Nq,
+ * or j0 >= p.Nk). */
+template <typename T, bool VARLEN> struct seq_view;
+template <typename T> struct seq_view<T, false> {
+    const kparams &p;
+    __device__ explicit seq_view(const kparams &kp) : p(kp) {}
+    __device__ long long b() const { return blockIdx.z; }
+};
+template <typename T> struct seq_view<T, true> {
+    kparams p;
+    __device__ long long b() const { return 0; }
+    __device__ explicit seq_view(const kparams &kp) : p(kp) {
+        const long long seq = kp.seq0 + blockIdx.z;
+        int64_t qs, nq, ks, nk;
+        wa_seq_rows(kp.cu_q, seq, kp.Tq, kp.Nq, &qs, &nq);
+        wa_seq_rows(kp.cu_k, seq, kp.Tk, kp.Nk, &ks, &nk);
+        move(p.q, qs, sizeof(T)), move(p.o, qs, sizeof(T)), move(p.dout, qs, sizeof(T)), move(p.dq, qs, sizeof(T));
+        move(p.lse, qs, sizeof(float));
+        move(p.k, ks, sizeof(T)), move(p.v, ks, sizeof(T)), move(p.dk, ks, sizeof(T)), move(p.dv, ks, sizeof(T));
+        p.Nq = p.win.Nq = nq, p.Nk = p.win.Nk = nk;
+        p.q_row0 = qs, p.k_row0 = ks;
+        if (p.delta) p.delta += qs;
+        if (p.rnorm) p.rnorm += qs;
+        if (p.lse2) p.lse2 += qs;
+        if (p.dq_acc) p.dq_acc += qs * p.D;
+    }
+    static __device__ void move(dev_tensor &t, long long rows, long long elem_bytes) {
+        if (t.data) t.data += rows * t.s2 * elem_bytes;
+    }
+};
+
+/* The first workspace row (of delta, rnorm, lse2; times D, of the row-major dQ accumulator) of
+ * head h of batch entry b: rectangular, rect_rows per (b, h) as each kernel lays it out (Nq or
+ * nq_pad); varlen, ws_stride per head from the sequence's first row (seq_view moved the pointer). */
+template <bool VARLEN>
+__device__ __forceinline__ long long ws_head(const kparams &p, long long b, long long h, long long rect_rows) {
+    return VARLEN ? h * p.ws_stride : (b * p.Hq + h) * rect_rows;
+}
+
+/* Grid z is at most 65535: f(kp', z) launches a (x, y, z) grid once with z = B for rectangular
+ * calls (check_grid caps B), and for varlen once per chunk of at most 65535 sequences, kp'.seq0
+ * its first. */
+constexpr long long kMaxGridZ = 65535;
+template <typename F> static wa_status over_sequences(const kparams &kp, F &&f) {
+    if (!kp.cu_q) return f(kp, (unsigned)kp.B);
+    for (long long s0 = 0; s0 < kp.B; s0 += kMaxGridZ) {
+        kparams c = kp;
+        c.seq0 = s0;
+        const wa_status st = f(c, (unsigned)(kp.B - s0 < kMaxGridZ ? kp.B - s0 : kMaxGridZ));
+        if (st != WA_OK) return st;
+    }
+    return WA_OK;
 }
 
 /* ---- tensor-core path (attn_mma.cu): f16/bf16, D in {64, 128, 256, 512}, 16-byte aligned rows ---- */
