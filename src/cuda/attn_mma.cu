@@ -64,7 +64,7 @@ template <int D> __host__ __device__ constexpr int fwd_bn() {
 template <int D> constexpr size_t fwd_xch_bytes() { return fwd_split<D>() > 1 ? (size_t)8 * fwd_bn<D>() / 2 * 32 * 4 : 0; }
 template <int D> constexpr size_t fwd_smem_bytes() { return (size_t)2 * (fwd_bm<D>() * D + 4 * fwd_bn<D>() * D) + fwd_xch_bytes<D>(); }
 
-template <typename T, int D> __global__ void __launch_bounds__(kFwdThreads, 1) fwd_mma_kernel(kparams p) {
+template <typename T, int D, bool VARLEN> __global__ void __launch_bounds__(kFwdThreads, 1) fwd_mma_kernel(const kparams kp) {
     constexpr int CS = fwd_split<D>(), BM = fwd_bm<D>(), BN = fwd_bn<D>(), NT = kFwdThreads, KS = D / 16;
     constexpr int DW = D / CS, STRIPES = 8 / CS; /* columns of O per warp, warps per column half */
     extern __shared__ __align__(1024) unsigned char smem[];
@@ -72,7 +72,10 @@ template <typename T, int D> __global__ void __launch_bounds__(kFwdThreads, 1) f
     float *xch = (float *)(smem + (size_t)2 * (BM * D + 4 * BN * D));
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     const int half = warp / STRIPES, qrow = (warp % STRIPES) * 16;
-    const long long h = blockIdx.y, b = blockIdx.z, hk = h / p.group, i0 = (long long)blockIdx.x * BM;
+    const seq_view<T, VARLEN> sv(kp);
+    const kparams &p = sv.p;
+    const long long h = blockIdx.y, b = sv.b(), hk = h / p.group, i0 = (long long)blockIdx.x * BM;
+    if (VARLEN && i0 >= p.Nq) return; /* past this sequence's rows: the whole CTA, before any barrier */
     const int m = (int)min((long long)BM, p.Nq - i0);
     int64_t kt0, kt1;
     wa_key_tiles_for_rows(&p.win, i0, i0 + m, BN, &kt0, &kt1);
@@ -175,12 +178,15 @@ template <int D> constexpr size_t wg_smem_bytes() { return 1024 + (size_t)2 * (k
  * of wgmma reading Q and K from shared memory, and O += P V with P from registers. Both
  * warpgroups run in step (one barrier per key tile); running them half a tile apart so that one's
  * softmax overlaps the other's products measured slower (v3b in dev/cuda/README.md). */
-template <typename T, int D> __global__ void __launch_bounds__(kWgThreads, 1) fwd_wgmma_kernel(kparams p) {
+template <typename T, int D, bool VARLEN> __global__ void __launch_bounds__(kWgThreads, 1) fwd_wgmma_kernel(const kparams kp) {
     constexpr int BM = kWgBM, BN = wg_bn<D>(), NT = kWgThreads, KS = D / 16, DB = D / 64;
     extern __shared__ __align__(1024) unsigned char smem[];
     const uint32_t sQ = (smem_u32(smem) + 1023u) & ~1023u, sK = sQ + BM * D * 2, sV = sK + 2 * BN * D * 2;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3, wg = warp >> 2;
-    const long long h = blockIdx.y, b = blockIdx.z, hk = h / p.group, i0 = (long long)blockIdx.x * BM;
+    const seq_view<T, VARLEN> sv(kp);
+    const kparams &p = sv.p;
+    const long long h = blockIdx.y, b = sv.b(), hk = h / p.group, i0 = (long long)blockIdx.x * BM;
+    if (VARLEN && i0 >= p.Nq) return;
     const int m = (int)min((long long)BM, p.Nq - i0);
     int64_t kt0, kt1;
     wa_key_tiles_for_rows(&p.win, i0, i0 + m, BN, &kt0, &kt1);
@@ -259,7 +265,8 @@ template <int D> constexpr size_t dkdv_smem_bytes() {
 
 /* owner of dK, dV for keys [j0, j0 + 64) of kv head hk; with ATOMIC_DQ it also adds this key
  * tile's share of dQ = dS K into the f32 accumulator p.dq_acc (the fast, non-reproducible option) */
-template <typename T, int D, bool ATOMIC_DQ> __global__ void __launch_bounds__(kBwdThreads, 1) dkdv_mma_kernel(kparams p) {
+template <typename T, int D, bool ATOMIC_DQ, bool VARLEN>
+__global__ void __launch_bounds__(kBwdThreads, 1) dkdv_mma_kernel(const kparams kp) {
     constexpr int BN = kBwdBN, BM = kBwdBM, NT = kBwdThreads, KS = D / 16, DH = D / 2;
     extern __shared__ __align__(1024) unsigned char smem[];
     const uint32_t sK = smem_u32(smem), sV = sK + BN * D * 2, sQ = sV + BN * D * 2, sdO = sQ + 2 * BM * D * 2;
@@ -268,7 +275,10 @@ template <typename T, int D, bool ATOMIC_DQ> __global__ void __launch_bounds__(k
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     const int qg = warp & 3, kh = warp >> 2; /* pair phase: 16 queries x 32 keys per warp */
     const int kg = warp & 3, dh = warp >> 2; /* gradient phase: 16 keys x D/2 columns per warp */
-    const long long hk = blockIdx.y, b = blockIdx.z, j0 = (long long)blockIdx.x * BN;
+    const seq_view<T, VARLEN> sv(kp);
+    const kparams &p = sv.p;
+    const long long hk = blockIdx.y, b = sv.b(), j0 = (long long)blockIdx.x * BN;
+    if (VARLEN && j0 >= p.Nk) return; /* past this sequence's keys */
     const int n = (int)min((long long)BN, p.Nk - j0);
     int64_t qt0, qt1;
     wa_query_tiles_for_cols(&p.win, j0, j0 + n, BM, &qt0, &qt1);
@@ -280,7 +290,7 @@ template <typename T, int D, bool ATOMIC_DQ> __global__ void __launch_bounds__(k
         const long long h = hk * p.group + it / per_head, i0 = (qt0 + it % per_head) * BM;
         load_tile<T, D, BM, NT>(sQ + stage * BM * D * 2, p.q, b, h, i0, p.Nq);
         load_tile<T, D, BM, NT>(sdO + stage * BM * D * 2, p.dout, b, h, i0, p.Nq);
-        load_row_stats<BM>(stats + stage * BM, stats + 2 * BM + stage * BM, p, b, h, i0);
+        load_row_stats<BM, VARLEN>(stats + stage * BM, stats + 2 * BM + stage * BM, p, b, h, i0);
     };
 
     load_tile<T, D, BN, NT>(sK, p.k, b, hk, j0, p.Nk);
@@ -373,7 +383,7 @@ template <typename T, int D, bool ATOMIC_DQ> __global__ void __launch_bounds__(k
             constexpr int CW = DH < 64 ? DH : 64;
             const long long h = hk * p.group + it / per_head;
             const long long r0 = i0 + qg * 16 + g;
-            float *acc_row0 = p.dq_acc + ((b * p.Hq + h) * p.Nq + r0) * D, *acc_row1 = acc_row0 + 8 * D;
+            float *acc_row0 = p.dq_acc + (ws_head<VARLEN>(p, b, h, p.Nq) + r0) * D, *acc_row1 = acc_row0 + 8 * D;
 #pragma unroll
             for (int ch = 0; ch < DH / CW; ch++) {
                 float dq[CW / 8][4];
@@ -428,12 +438,15 @@ constexpr int kDqWarps = 8;
 template <int D> __host__ __device__ constexpr int dq_bn() { return D >= 256 ? WA_DQ_BN_256 : 64; }
 template <int D> constexpr size_t dq_smem_bytes() { return (size_t)2 * (2 * 16 * kDqWarps * D + 4 * dq_bn<D>() * D); }
 
-template <typename T, int D> __global__ void __launch_bounds__(32 * kDqWarps, 1) dq_mma_kernel(kparams p) {
+template <typename T, int D, bool VARLEN> __global__ void __launch_bounds__(32 * kDqWarps, 1) dq_mma_kernel(const kparams kp) {
     constexpr int WARPS = kDqWarps, BM = 16 * WARPS, BN = dq_bn<D>(), NT = 32 * WARPS, KS = D / 16;
     extern __shared__ __align__(1024) unsigned char smem[];
     const uint32_t sQ = smem_u32(smem), sdO = sQ + BM * D * 2, sK = sdO + BM * D * 2, sV = sK + 2 * BN * D * 2;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
-    const long long h = blockIdx.y, b = blockIdx.z, hk = h / p.group, i0 = (long long)blockIdx.x * BM;
+    const seq_view<T, VARLEN> sv(kp);
+    const kparams &p = sv.p;
+    const long long h = blockIdx.y, b = sv.b(), hk = h / p.group, i0 = (long long)blockIdx.x * BM;
+    if (VARLEN && i0 >= p.Nq) return;
     const int m = (int)min((long long)BM, p.Nq - i0), qrow = warp * 16;
     int64_t kt0, kt1;
     wa_key_tiles_for_rows(&p.win, i0, i0 + m, BN, &kt0, &kt1);
@@ -452,7 +465,7 @@ template <typename T, int D> __global__ void __launch_bounds__(32 * kDqWarps, 1)
     for (int r = 0; r < 2; r++) {
         const bool ok = rows[r] < p.Nq;
         lse2[r] = ok ? *row_of<float>(p.lse, b, h, rows[r]) * kLog2e : 0.0f;
-        delta[r] = ok ? p.delta[(b * p.Hq + h) * p.Nq + rows[r]] : 0.0f;
+        delta[r] = ok ? p.delta[ws_head<VARLEN>(p, b, h, p.Nq) + rows[r]] : 0.0f;
     }
     const float scale2 = p.scale * kLog2e;
     float acc[D / 8][4];
@@ -537,14 +550,18 @@ template <typename T, int D> __global__ void __launch_bounds__(32 * kDqWarps, 1)
 
 /* ---- host side ---- */
 
-template <typename T, int D> static wa_status fwd_wgmma_launch(const kparams &kp, cudaStream_t s) {
+/* Each launch below runs the rectangular instance of a kernel (VARLEN false) on a (tiles, heads, B)
+ * grid, or the varlen one over the sequences (over_sequences: z in chunks of 65535); the grid's
+ * tiles come from the longest sequence, and a CTA past its own sequence's end leaves at once. */
+template <typename T, int D, bool VARLEN> static wa_status fwd_wgmma_launch(const kparams &kp, cudaStream_t s) {
     static volatile int done = 0;
     constexpr size_t bytes = wg_smem_bytes<D>();
-    CUDA_TRY(raise_once(fwd_wgmma_kernel<T, D>, bytes, &done));
-    dim3 grid((unsigned)((kp.Nq + kWgBM - 1) / kWgBM), (unsigned)kp.Hq, (unsigned)kp.B);
-    fwd_wgmma_kernel<T, D><<<grid, kWgThreads, bytes, s>>>(kp);
-    CUDA_TRY(cudaGetLastError());
-    return WA_OK;
+    CUDA_TRY(raise_once(fwd_wgmma_kernel<T, D, VARLEN>, bytes, &done));
+    return over_sequences(kp, [&](const kparams &c, unsigned z) {
+        fwd_wgmma_kernel<T, D, VARLEN><<<dim3((unsigned)((kp.Nq + kWgBM - 1) / kWgBM), (unsigned)kp.Hq, z), kWgThreads, bytes, s>>>(c);
+        CUDA_TRY(cudaGetLastError());
+        return WA_OK;
+    });
 }
 
 /* WINATTN_CUDA=mma keeps the forward on the mma.sync kernel (for comparisons in dev/cuda) */
@@ -553,72 +570,77 @@ static int forward_on_mma_sync(void) {
     return force && !strcmp(force, "mma");
 }
 
-template <typename T, int D> static wa_status fwd_launch(const kparams &kp, cudaStream_t s) {
+template <typename T, int D, bool VARLEN> static wa_status fwd_launch(const kparams &kp, cudaStream_t s) {
     if constexpr (D >= WA_WGMMA_MIN_D && D <= 256)
-        if (!forward_on_mma_sync()) return fwd_wgmma_launch<T, D>(kp, s);
+        if (!forward_on_mma_sync()) return fwd_wgmma_launch<T, D, VARLEN>(kp, s);
     static volatile int done = 0;
     constexpr size_t bytes = fwd_smem_bytes<D>();
-    CUDA_TRY(raise_once(fwd_mma_kernel<T, D>, bytes, &done));
-    dim3 grid((unsigned)((kp.Nq + fwd_bm<D>() - 1) / fwd_bm<D>()), (unsigned)kp.Hq, (unsigned)kp.B);
-    fwd_mma_kernel<T, D><<<grid, kFwdThreads, bytes, s>>>(kp);
-    CUDA_TRY(cudaGetLastError());
-    return WA_OK;
+    CUDA_TRY(raise_once(fwd_mma_kernel<T, D, VARLEN>, bytes, &done));
+    return over_sequences(kp, [&](const kparams &c, unsigned z) {
+        fwd_mma_kernel<T, D, VARLEN><<<dim3((unsigned)((kp.Nq + fwd_bm<D>() - 1) / fwd_bm<D>()), (unsigned)kp.Hq, z), kFwdThreads, bytes,
+                                       s>>>(c);
+        CUDA_TRY(cudaGetLastError());
+        return WA_OK;
+    });
 }
 
-template <typename T, int D> static wa_status bwd_launch(const kparams &kp, cudaStream_t s) {
+template <typename T, int D, bool VARLEN> static wa_status bwd_launch(const kparams &kp, cudaStream_t s) {
     static volatile int done_kv = 0, done_kva = 0, done_q = 0;
     constexpr size_t kv_bytes = dkdv_smem_bytes<D>(), q_bytes = dq_smem_bytes<D>();
     const bool atomic = kp.dq_acc != nullptr;
-    CUDA_TRY(raise_once(dkdv_mma_kernel<T, D, false>, kv_bytes, &done_kv));
-    CUDA_TRY(raise_once(dkdv_mma_kernel<T, D, true>, kv_bytes, &done_kva));
-    CUDA_TRY(raise_once(dq_mma_kernel<T, D>, q_bytes, &done_q));
-    if (atomic) CUDA_TRY(cudaMemsetAsync(kp.dq_acc, 0, (size_t)(kp.B * kp.Hq * kp.Nq * D) * sizeof(float), s));
-    const dim3 qgrid((unsigned)((kp.Nq + 63) / 64), (unsigned)kp.Hq, (unsigned)kp.B);
-    if (kp.Nq > 0) {
-        delta_mma_kernel<T, D><<<qgrid, 128, 0, s>>>(kp);
-        CUDA_TRY(cudaGetLastError());
+    CUDA_TRY(raise_once(dkdv_mma_kernel<T, D, false, VARLEN>, kv_bytes, &done_kv));
+    CUDA_TRY(raise_once(dkdv_mma_kernel<T, D, true, VARLEN>, kv_bytes, &done_kva));
+    CUDA_TRY(raise_once(dq_mma_kernel<T, D, VARLEN>, q_bytes, &done_q));
+    if (atomic) {
+        const wa_status st = zero_dq_rows(kp, s);
+        if (st != WA_OK) return st;
     }
-    if (kp.Nk > 0) { /* also when Nq = 0: every key tile then writes dK = dV = 0 */
-        const dim3 kgrid((unsigned)((kp.Nk + kBwdBN - 1) / kBwdBN), (unsigned)kp.Hkv, (unsigned)kp.B);
-        if (atomic) dkdv_mma_kernel<T, D, true><<<kgrid, kBwdThreads, kv_bytes, s>>>(kp);
-        else dkdv_mma_kernel<T, D, false><<<kgrid, kBwdThreads, kv_bytes, s>>>(kp);
-        CUDA_TRY(cudaGetLastError());
-    }
-    constexpr int BM = 16 * kDqWarps;
-    if (kp.Nq > 0 && atomic) {
-        dq_rows_convert_kernel<T><<<1024, 256, 0, s>>>(kp);
-        CUDA_TRY(cudaGetLastError());
-    } else if (kp.Nq > 0) {
-        dq_mma_kernel<T, D><<<dim3((unsigned)((kp.Nq + BM - 1) / BM), (unsigned)kp.Hq, (unsigned)kp.B), 32 * kDqWarps, q_bytes,
-                              s>>>(kp);
-        CUDA_TRY(cudaGetLastError());
-    }
-    return WA_OK;
+    const wa_status st = over_sequences(kp, [&](const kparams &c, unsigned z) {
+        if (kp.Nq > 0) {
+            delta_mma_kernel<T, D, VARLEN><<<dim3((unsigned)((kp.Nq + 63) / 64), (unsigned)kp.Hq, z), 128, 0, s>>>(c);
+            CUDA_TRY(cudaGetLastError());
+        }
+        if (kp.Nk > 0) { /* also when Nq = 0: every key tile then writes dK = dV = 0 */
+            const dim3 kgrid((unsigned)((kp.Nk + kBwdBN - 1) / kBwdBN), (unsigned)kp.Hkv, z);
+            if (atomic) dkdv_mma_kernel<T, D, true, VARLEN><<<kgrid, kBwdThreads, kv_bytes, s>>>(c);
+            else dkdv_mma_kernel<T, D, false, VARLEN><<<kgrid, kBwdThreads, kv_bytes, s>>>(c);
+            CUDA_TRY(cudaGetLastError());
+        }
+        constexpr int BM = 16 * kDqWarps;
+        if (kp.Nq > 0 && !atomic) {
+            dq_mma_kernel<T, D, VARLEN><<<dim3((unsigned)((kp.Nq + BM - 1) / BM), (unsigned)kp.Hq, z), 32 * kDqWarps, q_bytes, s>>>(c);
+            CUDA_TRY(cudaGetLastError());
+        }
+        return WA_OK;
+    });
+    if (st != WA_OK || !atomic || kp.Nq == 0) return st;
+    return convert_dq_rows<T>(kp, s);
 }
 
 template <typename T> static wa_status fwd_by_dim(const kparams &kp, cudaStream_t s) {
     switch (kp.D) {
-    case 64: return fwd_launch<T, 64>(kp, s);
-    case 128: return fwd_launch<T, 128>(kp, s);
-    case 256: return fwd_launch<T, 256>(kp, s);
-    case 512: return fwd_launch<T, 512>(kp, s);
+    case 64: return kp.cu_q ? fwd_launch<T, 64, true>(kp, s) : fwd_launch<T, 64, false>(kp, s);
+    case 128: return kp.cu_q ? fwd_launch<T, 128, true>(kp, s) : fwd_launch<T, 128, false>(kp, s);
+    case 256: return kp.cu_q ? fwd_launch<T, 256, true>(kp, s) : fwd_launch<T, 256, false>(kp, s);
+    case 512: return kp.cu_q ? fwd_launch<T, 512, true>(kp, s) : fwd_launch<T, 512, false>(kp, s);
     }
     return wa_fail(WA_ERR_UNSUPPORTED, "tensor-core forward: D = %lld", kp.D);
 }
 
 template <typename T> static wa_status bwd_by_dim(const kparams &kp, cudaStream_t s) {
     switch (kp.D) {
-    case 64: return bwd_launch<T, 64>(kp, s);
-    case 128: return bwd_launch<T, 128>(kp, s);
-    case 256: return bwd_launch<T, 256>(kp, s);
+    case 64: return kp.cu_q ? bwd_launch<T, 64, true>(kp, s) : bwd_launch<T, 64, false>(kp, s);
+    case 128: return kp.cu_q ? bwd_launch<T, 128, true>(kp, s) : bwd_launch<T, 128, false>(kp, s);
+    case 256: return kp.cu_q ? bwd_launch<T, 256, true>(kp, s) : bwd_launch<T, 256, false>(kp, s);
     }
     return wa_fail(WA_ERR_UNSUPPORTED, "tensor-core backward: D = %lld", kp.D);
 }
 
-/* cp.async moves 16-byte chunks and the epilogues store 4-byte pairs */
-static int rows_aligned(const wa_tensor *t) {
+/* cp.async moves 16-byte chunks and the epilogues store 4-byte pairs (a varlen tensor's batch
+ * stride is never used: one batch entry, the sequences along its rows) */
+static int rows_aligned(const wa_tensor *t, int varlen) {
     if (!t) return 1;
-    return ((uintptr_t)t->data % 16) == 0 && t->stride[0] % 8 == 0 && t->stride[1] % 8 == 0 && t->stride[2] % 8 == 0;
+    return ((uintptr_t)t->data % 16) == 0 && (varlen || t->stride[0] % 8 == 0) && t->stride[1] % 8 == 0 && t->stride[2] % 8 == 0;
 }
 
 } /* namespace */
@@ -631,7 +653,7 @@ int mma_supports(const wa_problem *p) {
     if (p->D != 64 && p->D != 128 && p->D != 256 && p->D != 512) return 0;
     const wa_tensor *all[9] = {p->q, p->k, p->v, p->o, p->lse, p->do_, p->dq, p->dk, p->dv};
     for (int i = 0; i < 9; i++)
-        if (i != 4 && !rows_aligned(all[i])) return 0;
+        if (i != 4 && !rows_aligned(all[i], p->cu_q != NULL)) return 0;
     return 1;
 }
 

@@ -121,7 +121,7 @@ constexpr size_t kDkdvSmem = (size_t)6 * kTile + 2 * kPair + kXch + 4 * kBM * si
 constexpr size_t kDqSmem = (size_t)6 * kTile + kPair + kXch + 2 * kBM * sizeof(float);
 
 /* owner of dK, dV for keys [j0, j0 + 32) of kv head hk; with ATOMIC_DQ also adds dQ = dS K */
-template <typename T, bool ATOMIC_DQ> __global__ void __launch_bounds__(kThreads, 1) dkdv_wide_kernel(kparams p) {
+template <typename T, bool ATOMIC_DQ, bool VARLEN> __global__ void __launch_bounds__(kThreads, 1) dkdv_wide_kernel(const kparams kp) {
     constexpr int D = kD, BN = kBN, BM = kBM, NT = kThreads;
     extern __shared__ __align__(1024) unsigned char smem[];
     const uint32_t sK = smem_u32(smem), sV = sK + kTile, sQ = sV + kTile, sdO = sQ + 2 * kTile, sP = sdO + 2 * kTile,
@@ -129,8 +129,11 @@ template <typename T, bool ATOMIC_DQ> __global__ void __launch_bounds__(kThreads
     float *xch = (float *)(smem + 6 * kTile + 2 * kPair), *stats = xch + kXch / 4; /* lse[2][BM], delta[2][BM] */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     const int kg = warp & 1, c4 = warp >> 1; /* gradient phase: keys 16 kg.., columns 128 c4.. */
+    const seq_view<T, VARLEN> sv(kp);
+    const kparams &p = sv.p;
     const cta_tile at = heaviest_first<true>(false);
-    const long long hk = at.head, b = blockIdx.z, j0 = at.tile * BN;
+    const long long hk = at.head, b = sv.b(), j0 = at.tile * BN;
+    if (VARLEN && j0 >= p.Nk) return; /* past this sequence's keys: the whole CTA, before any barrier */
     const int n = (int)min((long long)BN, p.Nk - j0);
     int64_t qt0, qt1;
     wa_query_tiles_for_cols(&p.win, j0, j0 + n, BM, &qt0, &qt1);
@@ -141,7 +144,7 @@ template <typename T, bool ATOMIC_DQ> __global__ void __launch_bounds__(kThreads
         const long long h = hk * p.group + it / per_head, i0 = (qt0 + it % per_head) * BM;
         load_tile<T, D, BM, NT>(sQ + stage * kTile, p.q, b, h, i0, p.Nq);
         load_tile<T, D, BM, NT>(sdO + stage * kTile, p.dout, b, h, i0, p.Nq);
-        load_row_stats<BM>(stats + stage * BM, stats + 2 * BM + stage * BM, p, b, h, i0);
+        load_row_stats<BM, VARLEN>(stats + stage * BM, stats + 2 * BM + stage * BM, p, b, h, i0);
     };
 
     load_tile<T, D, BN, NT>(sK, p.k, b, hk, j0, p.Nk);
@@ -188,7 +191,7 @@ template <typename T, bool ATOMIC_DQ> __global__ void __launch_bounds__(kThreads
         }
         if (ATOMIC_DQ) { /* rows 16 (w & 1).., columns 128 (w >> 1).. in two chunks of 64 */
             const long long r0 = i0 + (warp & 1) * 16 + g;
-            float *acc_row0 = p.dq_acc + ((b * p.Hq + h) * p.Nq + r0) * D, *acc_row1 = acc_row0 + 8 * D;
+            float *acc_row0 = p.dq_acc + (ws_head<VARLEN>(p, b, h, p.Nq) + r0) * D, *acc_row1 = acc_row0 + 8 * D;
 #pragma unroll
             for (int ch = 0; ch < 2; ch++) {
                 float dq[8][4];
@@ -224,15 +227,18 @@ template <typename T, bool ATOMIC_DQ> __global__ void __launch_bounds__(kThreads
 
 /* the deterministic dQ: one CTA per 32 query rows of head h, owning dQ (rows 16 (w & 1)..,
  * columns 128 (w >> 1)..) in registers over the key tiles the window allows */
-template <typename T> __global__ void __launch_bounds__(kThreads, 1) dq_wide_kernel(kparams p) {
+template <typename T, bool VARLEN> __global__ void __launch_bounds__(kThreads, 1) dq_wide_kernel(const kparams kp) {
     constexpr int D = kD, BN = kBN, BM = kBM, NT = kThreads;
     extern __shared__ __align__(1024) unsigned char smem[];
     const uint32_t sQ = smem_u32(smem), sdO = sQ + kTile, sK = sdO + kTile, sV = sK + 2 * kTile, sdS = sV + 2 * kTile;
     float *xch = (float *)(smem + 6 * kTile + kPair), *stats = xch + kXch / 4; /* lse[BM], delta[BM] */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     const int c4 = warp >> 1;
+    const seq_view<T, VARLEN> sv(kp);
+    const kparams &p = sv.p;
     const cta_tile at = heaviest_first<false>(true);
-    const long long h = at.head, b = blockIdx.z, hk = h / p.group, i0 = at.tile * BM;
+    const long long h = at.head, b = sv.b(), hk = h / p.group, i0 = at.tile * BM;
+    if (VARLEN && i0 >= p.Nq) return;
     const int m = (int)min((long long)BM, p.Nq - i0);
     int64_t kt0, kt1;
     wa_key_tiles_for_rows(&p.win, i0, i0 + m, BN, &kt0, &kt1);
@@ -240,7 +246,7 @@ template <typename T> __global__ void __launch_bounds__(kThreads, 1) dq_wide_ker
 
     load_tile<T, D, BM, NT>(sQ, p.q, b, h, i0, p.Nq);
     load_tile<T, D, BM, NT>(sdO, p.dout, b, h, i0, p.Nq);
-    load_row_stats<BM>(stats, stats + BM, p, b, h, i0);
+    load_row_stats<BM, VARLEN>(stats, stats + BM, p, b, h, i0);
     if (kt0 < kt1) {
         load_tile<T, D, BN, NT>(sK, p.k, b, hk, kt0 * BN, p.Nk);
         load_tile<T, D, BN, NT>(sV, p.v, b, hk, kt0 * BN, p.Nk);
@@ -283,29 +289,38 @@ template <typename T> __global__ void __launch_bounds__(kThreads, 1) dq_wide_ker
     }
 }
 
-template <typename T> static wa_status launch(const kparams &kp, cudaStream_t s) {
+/* rectangular (VARLEN false) on (tiles, heads, B) grids, or varlen over the sequences
+ * (over_sequences), tiles from the longest sequence, each CTA past its own sequence's end leaving
+ * at once */
+template <typename T, bool VARLEN> static wa_status launch(const kparams &kp, cudaStream_t s) {
     static volatile int done_kv = 0, done_kva = 0, done_q = 0;
-    CUDA_TRY(raise_once(dkdv_wide_kernel<T, false>, kDkdvSmem, &done_kv));
-    CUDA_TRY(raise_once(dkdv_wide_kernel<T, true>, kDkdvSmem, &done_kva));
-    CUDA_TRY(raise_once(dq_wide_kernel<T>, kDqSmem, &done_q));
+    CUDA_TRY(raise_once(dkdv_wide_kernel<T, false, VARLEN>, kDkdvSmem, &done_kv));
+    CUDA_TRY(raise_once(dkdv_wide_kernel<T, true, VARLEN>, kDkdvSmem, &done_kva));
+    CUDA_TRY(raise_once(dq_wide_kernel<T, VARLEN>, kDqSmem, &done_q));
     const bool atomic = kp.dq_acc != nullptr;
-    if (atomic) CUDA_TRY(cudaMemsetAsync(kp.dq_acc, 0, (size_t)(kp.B * kp.Hq * kp.Nq * kD) * sizeof(float), s));
-    if (kp.Nq > 0) {
-        delta_mma_kernel<T, kD><<<dim3((unsigned)((kp.Nq + 63) / 64), (unsigned)kp.Hq, (unsigned)kp.B), 128, 0, s>>>(kp);
-        CUDA_TRY(cudaGetLastError());
+    if (atomic) {
+        const wa_status st = zero_dq_rows(kp, s);
+        if (st != WA_OK) return st;
     }
-    if (kp.Nk > 0) { /* also when Nq = 0: every key tile then writes dK = dV = 0 */
-        const dim3 grid((unsigned)((kp.Nk + kBN - 1) / kBN), (unsigned)kp.Hkv, (unsigned)kp.B);
-        if (atomic) dkdv_wide_kernel<T, true><<<grid, kThreads, kDkdvSmem, s>>>(kp);
-        else dkdv_wide_kernel<T, false><<<grid, kThreads, kDkdvSmem, s>>>(kp);
-        CUDA_TRY(cudaGetLastError());
-    }
-    if (kp.Nq > 0) {
-        if (atomic) dq_rows_convert_kernel<T><<<1024, 256, 0, s>>>(kp);
-        else dq_wide_kernel<T><<<dim3((unsigned)((kp.Nq + kBM - 1) / kBM), (unsigned)kp.Hq, (unsigned)kp.B), kThreads, kDqSmem, s>>>(kp);
-        CUDA_TRY(cudaGetLastError());
-    }
-    return WA_OK;
+    const wa_status st = over_sequences(kp, [&](const kparams &c, unsigned z) {
+        if (kp.Nq > 0) {
+            delta_mma_kernel<T, kD, VARLEN><<<dim3((unsigned)((kp.Nq + 63) / 64), (unsigned)kp.Hq, z), 128, 0, s>>>(c);
+            CUDA_TRY(cudaGetLastError());
+        }
+        if (kp.Nk > 0) { /* also when Nq = 0: every key tile then writes dK = dV = 0 */
+            const dim3 grid((unsigned)((kp.Nk + kBN - 1) / kBN), (unsigned)kp.Hkv, z);
+            if (atomic) dkdv_wide_kernel<T, true, VARLEN><<<grid, kThreads, kDkdvSmem, s>>>(c);
+            else dkdv_wide_kernel<T, false, VARLEN><<<grid, kThreads, kDkdvSmem, s>>>(c);
+            CUDA_TRY(cudaGetLastError());
+        }
+        if (kp.Nq > 0 && !atomic) {
+            dq_wide_kernel<T, VARLEN><<<dim3((unsigned)((kp.Nq + kBM - 1) / kBM), (unsigned)kp.Hq, z), kThreads, kDqSmem, s>>>(c);
+            CUDA_TRY(cudaGetLastError());
+        }
+        return WA_OK;
+    });
+    if (st != WA_OK || !atomic || kp.Nq == 0) return st;
+    return convert_dq_rows<T>(kp, s);
 }
 
 } /* namespace */
@@ -319,5 +334,6 @@ int wide_backward_atomic_dq(void) {
 }
 
 wa_status wide_backward(const kparams &kp, wa_dtype dt, cudaStream_t s) {
-    return dt == WA_BF16 ? launch<__nv_bfloat16>(kp, s) : launch<__half>(kp, s);
+    if (kp.cu_q) return dt == WA_BF16 ? launch<__nv_bfloat16, true>(kp, s) : launch<__half, true>(kp, s);
+    return dt == WA_BF16 ? launch<__nv_bfloat16, false>(kp, s) : launch<__half, false>(kp, s);
 }

@@ -354,9 +354,18 @@ __device__ __forceinline__ void store_frag_rows(const dev_tensor &t, const float
 
 /* ---- backward pieces shared by versions 2 and 5 ---- */
 
+/* a varlen call's packed tensors and workspace seen as one rectangular batch entry of Tq rows (the
+ * host side of the kernels that need no sequence boundaries: dq_rows_convert_kernel) */
+static inline kparams varlen_rows(const kparams &kp) {
+    kparams c = kp;
+    c.B = 1, c.Nq = c.win.Nq = kp.Tq, c.Nk = c.win.Nk = kp.Tk;
+    c.cu_q = c.cu_k = nullptr;
+    return c;
+}
+
 /* lse and δ of query rows [i0, i0 + BM) of head (b, h) into shared memory (threads 0..2 BM - 1,
  * one value each; rows past Nq read as 0), for the backward kernels that keep them per tile */
-template <int BM>
+template <int BM, bool VARLEN>
 __device__ __forceinline__ void load_row_stats(float *lse_dst, float *delta_dst, const kparams &p, long long b, long long h,
                                                long long i0) {
     const int r = threadIdx.x;
@@ -365,7 +374,7 @@ __device__ __forceinline__ void load_row_stats(float *lse_dst, float *delta_dst,
         cp_async4(smem_u32(lse_dst + r), row_of<float>(p.lse, b, h, ok ? i0 + r : 0), ok);
     } else if (r < 2 * BM) {
         const bool ok = i0 + r - BM < p.Nq;
-        cp_async4(smem_u32(delta_dst + r - BM), p.delta + (b * p.Hq + h) * p.Nq + (ok ? i0 + r - BM : 0), ok);
+        cp_async4(smem_u32(delta_dst + r - BM), p.delta + ws_head<VARLEN>(p, b, h, p.Nq) + (ok ? i0 + r - BM : 0), ok);
     }
 }
 
@@ -376,10 +385,12 @@ __device__ __forceinline__ void load_row_stats(float *lse_dst, float *delta_dst,
  * gradient kernels (bwd_wide.cu) form dP as two chains over the halves of D, added at the end; so
  * does this one (dp_halves). */
 template <int D> __host__ __device__ constexpr int dp_halves() { return D > 256 ? 2 : 1; }
-template <typename T, int D> __global__ void __launch_bounds__(128) delta_mma_kernel(kparams p) {
+template <typename T, int D, bool VARLEN> __global__ void __launch_bounds__(128) delta_mma_kernel(const kparams kp) {
+    const seq_view<T, VARLEN> sv(kp);
+    const kparams &p = sv.p;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
-    const long long h = blockIdx.y, b = blockIdx.z, i0 = ((long long)blockIdx.x * 4 + warp) * 16;
-    if (i0 >= p.Nq) return;
+    const long long h = blockIdx.y, b = sv.b(), i0 = ((long long)blockIdx.x * 4 + warp) * 16;
+    if (i0 >= p.Nq) return; /* no barrier in this kernel: each warp leaves on its own */
     const long long r0 = i0 + g, r1 = i0 + g + 8;
     const bool ok0 = r0 < p.Nq, ok1 = r1 < p.Nq;
     const uint32_t *go0 = (const uint32_t *)row_of<T>(p.dout, b, h, ok0 ? r0 : i0);
@@ -408,7 +419,7 @@ template <typename T, int D> __global__ void __launch_bounds__(128) delta_mma_ke
     }
     /* element (g, g) sits in lane (g, g/2), slot g&1 of block 0; (g+8, g+8) in slot 2 + (g&1) of block 1 */
     if (t4 == (g >> 1)) {
-        float *drow = p.delta + (b * p.Hq + h) * p.Nq;
+        float *drow = p.delta + ws_head<VARLEN>(p, b, h, p.Nq);
         if (ok0) drow[r0] = c0[g & 1];
         if (ok1) drow[r1] = c1[2 + (g & 1)];
     }
@@ -443,7 +454,8 @@ __device__ __forceinline__ void grads_of(const kparams &p, float sacc, float dpa
 }
 
 /* dq = the f32 accumulator [B, Hq, Nq, D] rounded to the dtype (the atomic-dQ option of versions 2
- * and 5; version 4 keeps its accumulator in fragment order and has its own) */
+ * and 5; version 4 keeps its accumulator in fragment order and has its own). A varlen call's
+ * accumulator is [Hq, Tq, D] (every kernel's): it runs with B = 1, Nq = Tq (varlen_rows below). */
 template <typename T> __global__ void dq_rows_convert_kernel(kparams p) {
     const long long total = p.B * p.Hq * p.Nq * (p.D / 2);
     for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total; e += (long long)gridDim.x * blockDim.x) {
@@ -503,6 +515,19 @@ template <int A> __device__ __forceinline__ void reg_fence(uint32_t (&x)[A][4]) 
 }
 /* cp.async wrote through the generic proxy; wgmma reads through the async proxy */
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+/* the f32 accumulator of the atomic-dQ option of versions 2 and 5 ([B, Hq, Nq, D], or [Hq, Tq, D]
+ * varlen) set to 0, and rounded into dq once every add is in */
+static wa_status zero_dq_rows(const kparams &kp, cudaStream_t s) {
+    const kparams c = kp.cu_q ? varlen_rows(kp) : kp;
+    CUDA_TRY(cudaMemsetAsync(kp.dq_acc, 0, (size_t)(c.B * c.Hq * c.Nq * c.D) * sizeof(float), s));
+    return WA_OK;
+}
+template <typename T> static wa_status convert_dq_rows(const kparams &kp, cudaStream_t s) {
+    dq_rows_convert_kernel<T><<<1024, 256, 0, s>>>(kp.cu_q ? varlen_rows(kp) : kp);
+    CUDA_TRY(cudaGetLastError());
+    return WA_OK;
+}
 
 /* The dynamic shared-memory limit of each kernel is set once, to its one fixed size (different
  * sizes per launch raced between host threads in version 1; see attn_cuda.cu). */
