@@ -57,17 +57,24 @@ __device__ __forceinline__ void prob_of(const kparams &p, float x, float lse2, f
 
 template <int D> constexpr size_t prep_smem_bytes() { return 1024 + (size_t)2 * 64 * D * 2; }
 
-template <typename T, int D> __global__ void __launch_bounds__(128) prep_kernel(kparams p) {
+template <typename T, int D, bool VARLEN> __global__ void __launch_bounds__(128) prep_kernel(const kparams kp) {
     extern __shared__ __align__(1024) unsigned char smem[];
     const uint32_t s_do = (smem_u32(smem) + 1023u) & ~1023u, s_o = s_do + 64 * D * 2;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
-    const long long h = blockIdx.y, b = blockIdx.z, i0 = (long long)blockIdx.x * 64;
+    const seq_view<T, VARLEN> sv(kp);
+    const kparams &p = sv.p;
+    const long long h = blockIdx.y, b = sv.b(), i0 = (long long)blockIdx.x * 64;
+    if (VARLEN && i0 >= p.Nq) return; /* past this sequence's rows */
     load_tile_blk<T, D, 64, 128>(s_do, p.dout, b, h, i0, p.Nq);
     load_tile_blk<T, D, 64, 128>(s_o, p.o, b, h, i0, p.Nq);
     cp_async_commit();
-    if (p.dq_acc) { /* the fused backward's dQ accumulator for these 64 rows (dq_convert_kernel's order) starts at 0 */
+    if (p.dq_acc && !VARLEN) { /* the fused backward's dQ accumulator for these 64 rows (dq_convert_kernel's order) starts at 0 */
         float4 *acc = (float4 *)(p.dq_acc + ((b * p.Hq + h) * (p.nq_pad / 64) + blockIdx.x) * (64 * D));
         for (int i = threadIdx.x; i < 16 * D; i += 128) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    } else if (p.dq_acc) { /* varlen: its rows of the row-major [Hq, Tq, D] accumulator, this sequence's only */
+        float4 *acc = (float4 *)(p.dq_acc + (ws_head<true>(p, b, h, 0) + i0) * D);
+        const int n4 = (int)min(64LL, p.Nq - i0) * (D / 4);
+        for (int i = threadIdx.x; i < n4; i += 128) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
     cp_async_wait<0>();
     fence_proxy_async();
@@ -91,13 +98,15 @@ template <typename T, int D> __global__ void __launch_bounds__(128) prep_kernel(
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        const long long row = i0 + warp * 16 + g + 8 * r, at = (b * p.Hq + h) * p.nq_pad + row;
+        const long long row = i0 + warp * 16 + g + 8 * r, at = ws_head<VARLEN>(p, b, h, p.nq_pad) + row;
         const float val = diag[r];
         float lse2 = INFINITY, delta = 0.0f;
         if (row < p.Nq) {
             const float lse = *row_of<float>(p.lse, b, h, row);
             lse2 = lse == -INFINITY ? INFINITY : lse * kLog2e;
             delta = val;
+        } else if (VARLEN) {
+            continue; /* the next sequence's row: the dK/dV and dQ kernels stand in +inf and 0 for it */
         }
         p.delta[at] = delta, p.lse2[at] = lse2;
     }
@@ -163,10 +172,10 @@ constexpr bool kBwdPingpong = true;
 constexpr bool kBwdPingpong = false;
 #endif
 
-template <typename T, int D, Cap CAP, bool FUSE>
+template <typename T, int D, Cap CAP, bool FUSE, bool VARLEN>
 __global__ void __launch_bounds__(kThreads, 1)
     dkdv_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
-                   const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv, const kparams p) {
+                   const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv, const kparams kp) {
     using L = kv_layout<D, FUSE>;
     constexpr int DB = D / 64, KS = D / 16, QT = L::QT, KEYS = L::KEYS;
     constexpr bool BY_ROWS = kv_by_rows<D>();
@@ -181,8 +190,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     const int wg = threadIdx.x >> 7, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const cta_tile at = heaviest_first<true>(false); /* the first key tiles first: under a causal mask they are the longest */
-    const long long hk = at.head, b = blockIdx.z, j0 = at.tile * KEYS;
+    const seq_view<T, VARLEN> sv(kp);
+    const kparams &p = sv.p;
+    const long long hk = at.head, b = sv.b(), j0 = at.tile * KEYS;
+    if (VARLEN && j0 >= p.Nk) return; /* past this sequence's keys: the whole CTA, before the barriers exist */
     const int nk = (int)min((long long)KEYS, p.Nk - j0);
+    const long long q_row0 = VARLEN ? p.q_row0 : 0, k_row0 = VARLEN ? p.k_row0 : 0; /* TMA rows of the sequence */
     int64_t qt0, qt1;
     wa_query_tiles_for_cols(&p.win, j0, j0 + nk, 64, &qt0, &qt1);
     const int nqt = (int)(qt1 - qt0), steps = nqt * (int)p.group;
@@ -199,8 +212,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (threadIdx.x == 0 && steps > 0) {
             mbar_expect_tx(kv_full, 2 * L::KV);
             for (int c = 0; c < DB; c++) {
-                tma_load(sK + c * (KEYS * 128), &tk, kv_full, c * 64, (int)j0, (int)hk, (int)b);
-                tma_load(sV + c * (KEYS * 128), &tv, kv_full, c * 64, (int)j0, (int)hk, (int)b);
+                tma_load(sK + c * (KEYS * 128), &tk, kv_full, c * 64, (int)(k_row0 + j0), (int)hk, (int)b);
+                tma_load(sV + c * (KEYS * 128), &tv, kv_full, c * 64, (int)(k_row0 + j0), (int)hk, (int)b);
             }
             for (int n = 0; n < steps; n++) {
                 const int st = n & 1;
@@ -209,8 +222,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                 if (n >= 2) mbar_wait(empty(st), ph ^ 1u);
                 mbar_expect_tx(full(st), 2 * QT);
                 for (int c = 0; c < DB; c++) {
-                    tma_load(sQ + st * QT + c * (64 * 128), &tq, full(st), c * 64, (int)i0, (int)h, (int)b);
-                    tma_load(sdO + st * QT + c * (64 * 128), &tdo, full(st), c * 64, (int)i0, (int)h, (int)b);
+                    tma_load(sQ + st * QT + c * (64 * 128), &tq, full(st), c * 64, (int)(q_row0 + i0), (int)h, (int)b);
+                    tma_load(sdO + st * QT + c * (64 * 128), &tdo, full(st), c * 64, (int)(q_row0 + i0), (int)h, (int)b);
                 }
             }
         }
@@ -311,6 +324,22 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
     };
 
+    /* fused, varlen: dq (64 queries × 64 columns, block cb) added from registers into rows i0.. of
+     * head h of the row-major [Hq, Tq, D] accumulator, by vector reductions, the sequence's rows
+     * only: a sequence's 64-row tiles do not line up with the packed rows, so the fragment-order
+     * tiles of add_dq (one bulk reduce-add each) would need 64 padded rows per sequence. Not timed;
+     * reductions from registers in fragment order (red.v4) measured 14 % slower than add_dq at (b)
+     * in the rectangular kernel (dev/cuda/dq_red.patch) */
+    auto add_dq_rows = [&](const float (&dq)[8][4], long long h, long long i0, int cb) {
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const long long row = i0 + w4 * 16 + g + 8 * r;
+            float *dst = p.dq_acc + (ws_head<true>(p, b, h, 0) + row) * D + cb * 64 + 2 * t4;
+#pragma unroll
+            for (int nb = 0; nb < 8; nb++) red_add_v2_if(dst + nb * 8, dq[nb][2 * r], dq[nb][2 * r + 1], row < p.Nq);
+        }
+    };
+
     /* pingpong turns (lab): two per step */
     pingpong<kBwdPingpong && BY_ROWS> turns(kTurn, cw, 2 * steps);
 
@@ -330,12 +359,21 @@ __global__ void __launch_bounds__(kThreads, 1)
          * meet a slow warp's reads). Reading them where used (from L1) measured 5-12 % slower at
          * D <= 128; fetching them by TMA beside Q was 0-5 % faster, but racecheck cannot see the
          * mbarrier order an async-proxy write before plain shared loads (dev/cuda/README.md). */
-        const long long at = (b * p.Hq + hk * p.group + n / nqt) * p.nq_pad + i0;
+        const long long at = VARLEN ? ws_head<true>(p, b, hk * p.group + n / nqt, 0) + i0
+                                    : (b * p.Hq + hk * p.group + n / nqt) * p.nq_pad + i0;
         float *wstats = (float *)(aligned + L::stats + (cw * 2 + (n & 1)) * L::STATS);
         const float *lse2 = wstats, *delta = BY_ROWS ? wstats + 64 : wstats;
         const bool fetcher = BY_ROWS || tid < 64;
         float mine = 0.0f;
-        if (fetcher) mine = BY_ROWS ? (tid < 64 ? p.lse2[at + tid] : p.delta[at + tid - 64]) : (cw == 0 ? p.lse2 : p.delta)[at + tid];
+        if (fetcher && !VARLEN)
+            mine = BY_ROWS ? (tid < 64 ? p.lse2[at + tid] : p.delta[at + tid - 64]) : (cw == 0 ? p.lse2 : p.delta)[at + tid];
+        if (fetcher && VARLEN) {
+            /* rows past the sequence are the next one's: they stand in as rows past Nq do (lse2 =
+             * +inf, δ = 0, so P = dS = 0), which the masks ensure in any case */
+            const bool want_lse2 = BY_ROWS ? tid < 64 : cw == 0;
+            const int r = BY_ROWS ? tid & 63 : tid;
+            mine = i0 + r < p.Nq ? (want_lse2 ? p.lse2 : p.delta)[at + r] : want_lse2 ? INFINITY : 0.0f;
+        }
         mbar_wait(full(st), ph);
         auto publish_stats = [&]() {
             if (fetcher) wstats[tid] = mine;
@@ -394,7 +432,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                     wg_wait<0>();
                     if (c == 0) fence_acc();
                     reg_fence(dq);
-                    add_dq(dq, tile, cb);
+                    if constexpr (VARLEN) add_dq_rows(dq, hk * p.group + n / nqt, i0, cb);
+                    else add_dq(dq, tile, cb);
                 }
             } else {
                 wg_wait<0>();
@@ -465,10 +504,10 @@ template <int D> struct dq_layout {
     static constexpr size_t bytes = 1024 + bars + 8 * kv_ring::n_bars;
 };
 
-template <typename T, int D, Cap CAP>
+template <typename T, int D, Cap CAP, bool VARLEN>
 __global__ void __launch_bounds__(kThreads, 1)
     dq_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
-                 const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv, const kparams p) {
+                 const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv, const kparams kp) {
     using L = dq_layout<D>;
     constexpr int BM = L::BM, BN = L::BN, DB = D / 64, KS = D / 16, TILE = L::TILE;
     extern __shared__ __align__(1024) unsigned char smem[];
@@ -478,7 +517,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     const int wg = threadIdx.x >> 7, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const cta_tile at = heaviest_first<false>(true); /* the longest tiles first under causal masks */
-    const long long qt = at.tile, h = at.head, b = blockIdx.z, hk = h / p.group, i0 = qt * BM;
+    const seq_view<T, VARLEN> sv(kp);
+    const kparams &p = sv.p;
+    const long long qt = at.tile, h = at.head, b = sv.b(), hk = h / p.group, i0 = qt * BM;
+    if (VARLEN && i0 >= p.Nq) return; /* past this sequence's rows: the whole CTA, before the barriers exist */
     const int m = (int)min((long long)BM, p.Nq - i0);
     int64_t kt0, kt1;
     wa_key_tiles_for_rows(&p.win, i0, i0 + m, BN, &kt0, &kt1);
@@ -491,10 +533,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (threadIdx.x == 0 && kt0 < kt1) {
             mbar_expect_tx(ring.once(), 2 * BM * D * 2);
             for (int c = 0; c < DB; c++) {
-                tma_load(sQ + c * (BM * 128), &tq, ring.once(), c * 64, (int)i0, (int)h, (int)b);
-                tma_load(sdO + c * (BM * 128), &tdo, ring.once(), c * 64, (int)i0, (int)h, (int)b);
+                tma_load(sQ + c * (BM * 128), &tq, ring.once(), c * 64, (int)((VARLEN ? p.q_row0 : 0) + i0), (int)h, (int)b);
+                tma_load(sdO + c * (BM * 128), &tdo, ring.once(), c * 64, (int)((VARLEN ? p.q_row0 : 0) + i0), (int)h, (int)b);
             }
-            ring.produce<BN, DB>(&tk, &tv, sK, sV, kt0, kt1, (int)hk, (int)b);
+            ring.produce<BN, DB>(&tk, &tv, sK, sV, kt0, kt1, (int)hk, (int)b, VARLEN ? p.k_row0 : 0);
         }
         return;
     }
@@ -511,9 +553,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     float lse2[2], delta[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        const long long at = (b * p.Hq + h) * p.nq_pad + rows[r];
-        lse2[r] = rows[r] < p.nq_pad ? p.lse2[at] : INFINITY;
-        delta[r] = rows[r] < p.nq_pad ? p.delta[at] : 0.0f;
+        const long long at = ws_head<VARLEN>(p, b, h, p.nq_pad) + rows[r];
+        const bool ok = rows[r] < (VARLEN ? p.Nq : p.nq_pad); /* varlen: the next sequence's rows follow */
+        lse2[r] = ok ? p.lse2[at] : INFINITY;
+        delta[r] = ok ? p.delta[at] : 0.0f;
     }
     int64_t ut0, ut1; /* the key tiles these rows see whole: no mask */
     wa_unmasked_key_tiles(&p.win, r0, r1, BN, &ut0, &ut1);
@@ -606,40 +649,55 @@ template <typename T, int D> __global__ void __launch_bounds__(128) dq_convert_k
 
 /* ---- host side ---- */
 
-template <typename T, int D, Cap CAP> static wa_status launch_all(const kparams &kp, const CUtensorMap (&m)[8], cudaStream_t s) {
+/* The rectangular instances (VARLEN false) on (tiles, heads, B) grids, or the varlen ones over the
+ * sequences (over_sequences), tiles from the longest sequence. Fused varlen: prep zeroes the
+ * sequences' rows of the row-major accumulator, the dK/dV kernel adds into them (add_dq_rows), and
+ * dq_rows_convert_kernel (mma_prims.cuh) rounds it. */
+template <typename T, int D, Cap CAP, bool VARLEN>
+static wa_status launch_all(const kparams &kp, const CUtensorMap (&m)[8], cudaStream_t s) {
     static volatile int done_prep = 0, done_kv = 0, done_fused = 0, done_q = 0;
     constexpr int keys = kv_keys<D>();
-    const dim3 q_tiles((unsigned)(kp.nq_pad / 64), (unsigned)kp.Hq, (unsigned)kp.B);
-    const dim3 key_tiles((unsigned)((kp.Nk + keys - 1) / keys), (unsigned)kp.Hkv, (unsigned)kp.B);
-    CUDA_TRY(raise_once(prep_kernel<T, D>, prep_smem_bytes<D>(), &done_prep));
+    const unsigned q_tiles = (unsigned)(kp.nq_pad / 64), key_tiles = (unsigned)((kp.Nk + keys - 1) / keys);
+    CUDA_TRY(raise_once(prep_kernel<T, D, VARLEN>, prep_smem_bytes<D>(), &done_prep));
     if constexpr (kv_by_rows<D>()) {
         if (kp.dq_acc) { /* fused: prep (zeroes the accumulator), dK/dV with dQ, dq from the accumulator */
-            CUDA_TRY(raise_once(dkdv_ws_kernel<T, D, CAP, true>, kv_layout<D, true>::bytes, &done_fused));
-            prep_kernel<T, D><<<q_tiles, 128, prep_smem_bytes<D>(), s>>>(kp);
-            CUDA_TRY(cudaGetLastError());
-            dkdv_ws_kernel<T, D, CAP, true><<<key_tiles, kThreads, kv_layout<D, true>::bytes, s>>>(m[0], m[1], m[2], m[3], kp);
-            CUDA_TRY(cudaGetLastError());
-            dq_convert_kernel<T, D><<<q_tiles, 128, 0, s>>>(kp);
-            CUDA_TRY(cudaGetLastError());
-            return WA_OK;
+            CUDA_TRY(raise_once(dkdv_ws_kernel<T, D, CAP, true, VARLEN>, kv_layout<D, true>::bytes, &done_fused));
+            const wa_status st = over_sequences(kp, [&](const kparams &c, unsigned z) {
+                prep_kernel<T, D, VARLEN><<<dim3(q_tiles, (unsigned)kp.Hq, z), 128, prep_smem_bytes<D>(), s>>>(c);
+                CUDA_TRY(cudaGetLastError());
+                dkdv_ws_kernel<T, D, CAP, true, VARLEN>
+                    <<<dim3(key_tiles, (unsigned)kp.Hkv, z), kThreads, kv_layout<D, true>::bytes, s>>>(m[0], m[1], m[2], m[3], c);
+                CUDA_TRY(cudaGetLastError());
+                if (!VARLEN) {
+                    dq_convert_kernel<T, D><<<dim3(q_tiles, (unsigned)kp.Hq, z), 128, 0, s>>>(c);
+                    CUDA_TRY(cudaGetLastError());
+                }
+                return WA_OK;
+            });
+            if (st != WA_OK || !VARLEN) return st;
+            return convert_dq_rows<T>(kp, s);
         }
     }
     kparams dkp = kp;
     dkp.dq_acc = nullptr; /* not fused: prep has nothing to zero */
-    CUDA_TRY(raise_once(dkdv_ws_kernel<T, D, CAP, false>, kv_layout<D, false>::bytes, &done_kv));
-    CUDA_TRY(raise_once(dq_ws_kernel<T, D, CAP>, dq_layout<D>::bytes, &done_q));
-    prep_kernel<T, D><<<q_tiles, 128, prep_smem_bytes<D>(), s>>>(dkp);
-    CUDA_TRY(cudaGetLastError());
-    dkdv_ws_kernel<T, D, CAP, false><<<key_tiles, kThreads, kv_layout<D, false>::bytes, s>>>(m[0], m[1], m[2], m[3], dkp);
-    CUDA_TRY(cudaGetLastError());
-    dq_ws_kernel<T, D, CAP><<<dim3((unsigned)((kp.Nq + 127) / 128), (unsigned)kp.Hq, (unsigned)kp.B), kThreads, dq_layout<D>::bytes, s>>>(
-        m[4], m[5], m[6], m[7], dkp);
-    CUDA_TRY(cudaGetLastError());
-    return WA_OK;
+    CUDA_TRY(raise_once(dkdv_ws_kernel<T, D, CAP, false, VARLEN>, kv_layout<D, false>::bytes, &done_kv));
+    CUDA_TRY(raise_once(dq_ws_kernel<T, D, CAP, VARLEN>, dq_layout<D>::bytes, &done_q));
+    return over_sequences(dkp, [&](const kparams &c, unsigned z) {
+        prep_kernel<T, D, VARLEN><<<dim3(q_tiles, (unsigned)kp.Hq, z), 128, prep_smem_bytes<D>(), s>>>(c);
+        CUDA_TRY(cudaGetLastError());
+        dkdv_ws_kernel<T, D, CAP, false, VARLEN>
+            <<<dim3(key_tiles, (unsigned)kp.Hkv, z), kThreads, kv_layout<D, false>::bytes, s>>>(m[0], m[1], m[2], m[3], c);
+        CUDA_TRY(cudaGetLastError());
+        dq_ws_kernel<T, D, CAP, VARLEN><<<dim3((unsigned)((kp.Nq + 127) / 128), (unsigned)kp.Hq, z), kThreads, dq_layout<D>::bytes, s>>>(
+            m[4], m[5], m[6], m[7], c);
+        CUDA_TRY(cudaGetLastError());
+        return WA_OK;
+    });
 }
 
 template <typename T, int D> static wa_status by_cap(const kparams &kp, const CUtensorMap (&m)[8], cudaStream_t s) {
-    return kp.softcap > 0.0f ? launch_all<T, D, Cap::on>(kp, m, s) : launch_all<T, D, Cap::off>(kp, m, s);
+    if (kp.cu_q) return kp.softcap > 0.0f ? launch_all<T, D, Cap::on, true>(kp, m, s) : launch_all<T, D, Cap::off, true>(kp, m, s);
+    return kp.softcap > 0.0f ? launch_all<T, D, Cap::on, false>(kp, m, s) : launch_all<T, D, Cap::off, false>(kp, m, s);
 }
 
 template <typename T> static wa_status by_dim(const kparams &kp, const CUtensorMap (&m)[8], cudaStream_t s) {
@@ -661,10 +719,11 @@ wa_status hopper_backward(const kparams &kp, wa_dtype dt, cudaStream_t s, int *t
     /* dK/dV kernel: Q, dO in 64-row boxes, K, V in boxes of its keys; dQ kernel: Q, dO in 128, K, V in bn */
     const int kv_rows = D == 256 ? kv_keys<256>() : kv_keys<128>();
     CUtensorMap m[8];
-    const bool ok = tensor_map(&m[0], kp.q, dt, kp.B, kp.Hq, kp.Nq, D, 64) && tensor_map(&m[1], kp.dout, dt, kp.B, kp.Hq, kp.Nq, D, 64) &&
-                    tensor_map(&m[2], kp.k, dt, kp.B, kp.Hkv, kp.Nk, D, kv_rows) && tensor_map(&m[3], kp.v, dt, kp.B, kp.Hkv, kp.Nk, D, kv_rows) &&
-                    tensor_map(&m[4], kp.q, dt, kp.B, kp.Hq, kp.Nq, D, 128) && tensor_map(&m[5], kp.dout, dt, kp.B, kp.Hq, kp.Nq, D, 128) &&
-                    tensor_map(&m[6], kp.k, dt, kp.B, kp.Hkv, kp.Nk, D, bn) && tensor_map(&m[7], kp.v, dt, kp.B, kp.Hkv, kp.Nk, D, bn);
+    const long long B = map_batch(kp), Nq = map_q_rows(kp), Nk = map_k_rows(kp);
+    const bool ok = tensor_map(&m[0], kp.q, dt, B, kp.Hq, Nq, D, 64) && tensor_map(&m[1], kp.dout, dt, B, kp.Hq, Nq, D, 64) &&
+                    tensor_map(&m[2], kp.k, dt, B, kp.Hkv, Nk, D, kv_rows) && tensor_map(&m[3], kp.v, dt, B, kp.Hkv, Nk, D, kv_rows) &&
+                    tensor_map(&m[4], kp.q, dt, B, kp.Hq, Nq, D, 128) && tensor_map(&m[5], kp.dout, dt, B, kp.Hq, Nq, D, 128) &&
+                    tensor_map(&m[6], kp.k, dt, B, kp.Hkv, Nk, D, bn) && tensor_map(&m[7], kp.v, dt, B, kp.Hkv, Nk, D, bn);
     if (!ok) return WA_OK;
     *taken = 1;
     return dt == WA_BF16 ? by_dim<__nv_bfloat16>(kp, m, s) : by_dim<__half>(kp, m, s);

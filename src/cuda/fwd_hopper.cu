@@ -61,16 +61,18 @@ constexpr int kTurn = 1;
 template <int D> __host__ __device__ constexpr int ws_bn() { return D == 256 ? 64 : D == 128 ? WA_FWD_BN128 : 128; }
 
 /* warpgroup 0 of both forwards: gives its registers back, then one thread loads the Q tile (BM rows,
- * DB column blocks) and K and V of key tiles [kt0, kt1) into the ring */
+ * DB column blocks) and K and V of key tiles [kt0, kt1) into the ring; q_row0 and k_row0 are a
+ * varlen sequence's first rows in the packed tensors (0 otherwise) */
 template <int BM, int BN, int DB>
 __device__ __forceinline__ void produce_forward(const kv_ring &ring, const CUtensorMap *tq, const CUtensorMap *tk,
                                                 const CUtensorMap *tv, uint32_t sQ, uint32_t sK, uint32_t sV, long long i0,
-                                                long long h, long long hk, long long b, int64_t kt0, int64_t kt1) {
+                                                long long h, long long hk, long long b, int64_t kt0, int64_t kt1,
+                                                long long q_row0, long long k_row0) {
     setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0 && kt0 < kt1) {
         mbar_expect_tx(ring.once(), BM * DB * 64 * 2);
-        for (int c = 0; c < DB; c++) tma_load(sQ + c * (BM * 128), tq, ring.once(), c * 64, (int)i0, (int)h, (int)b);
-        ring.produce<BN, DB>(tk, tv, sK, sV, kt0, kt1, (int)hk, (int)b);
+        for (int c = 0; c < DB; c++) tma_load(sQ + c * (BM * 128), tq, ring.once(), c * 64, (int)(q_row0 + i0), (int)h, (int)b);
+        ring.produce<BN, DB>(tk, tv, sK, sV, kt0, kt1, (int)hk, (int)b, k_row0);
     }
 }
 
@@ -80,10 +82,10 @@ template <int D> struct ws_layout {
     static constexpr size_t bytes = 1024 + bars + 8 * kv_ring::n_bars; /* 1024: alignment slack for the swizzle */
 };
 
-template <typename T, int D, bool PIPELINED, Cap CAP>
+template <typename T, int D, bool PIPELINED, Cap CAP, bool VARLEN>
 __global__ void __launch_bounds__(kThreads, 1)
     fwd_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-                  const __grid_constant__ CUtensorMap tv, const kparams p) {
+                  const __grid_constant__ CUtensorMap tv, const kparams kp) {
     using L = ws_layout<D>;
     constexpr int BM = kBM, BN = L::BN, DB = D / 64, KS = D / 16, TILE = BN * D * 2;
     extern __shared__ __align__(1024) unsigned char smem[];
@@ -94,7 +96,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int wg = threadIdx.x >> 7, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     /* the last query tiles first: under a causal mask they are the longest */
     const cta_tile at = heaviest_first<false>(true);
-    const long long qt = at.tile, h = at.head, b = blockIdx.z, hk = h / p.group, i0 = qt * BM;
+    const seq_view<T, VARLEN> sv(kp);
+    const kparams &p = sv.p;
+    const long long qt = at.tile, h = at.head, b = sv.b(), hk = h / p.group, i0 = qt * BM;
+    if (VARLEN && i0 >= p.Nq) return; /* past this sequence's rows: the whole CTA, before the barriers exist */
     const int m = (int)min((long long)BM, p.Nq - i0);
     int64_t kt0, kt1;
     wa_key_tiles_for_rows(&p.win, i0, i0 + m, BN, &kt0, &kt1);
@@ -103,7 +108,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
 
     if (wg == 0) {
-        produce_forward<BM, BN, DB>(ring, &tq, &tk, &tv, sQ, sK, sV, i0, h, hk, b, kt0, kt1);
+        produce_forward<BM, BN, DB>(ring, &tq, &tk, &tv, sQ, sK, sV, i0, h, hk, b, kt0, kt1, VARLEN ? p.q_row0 : 0,
+                                    VARLEN ? p.k_row0 : 0);
         return;
     }
 
@@ -265,10 +271,10 @@ struct wide_layout {
 };
 static_assert(wide_layout::bytes <= 232448, "the D = 512 forward fits the 227 KB a CTA may have");
 
-template <typename T, Cap CAP>
+template <typename T, Cap CAP, bool VARLEN>
 __global__ void __launch_bounds__(kThreads, 1)
     fwd_wide_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-                       const __grid_constant__ CUtensorMap tv, const kparams p) {
+                       const __grid_constant__ CUtensorMap tv, const kparams kp) {
     using L = wide_layout;
     constexpr int D = kWideD, BM = kWideBM, BN = kWideBN, DB = D / 64, KH = D / 32, TILE = BN * D * 2;
     extern __shared__ __align__(1024) unsigned char smem[];
@@ -279,7 +285,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     const int wg = threadIdx.x >> 7, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const cta_tile at = heaviest_first<false>(true); /* the longest (causal) tiles first */
-    const long long qt = at.tile, h = at.head, b = blockIdx.z, hk = h / p.group, i0 = qt * BM;
+    const seq_view<T, VARLEN> sv(kp);
+    const kparams &p = sv.p;
+    const long long qt = at.tile, h = at.head, b = sv.b(), hk = h / p.group, i0 = qt * BM;
+    if (VARLEN && i0 >= p.Nq) return; /* past this sequence's rows: the whole CTA, before the barriers exist */
     const int m = (int)min((long long)BM, p.Nq - i0);
     int64_t kt0, kt1;
     wa_key_tiles_for_rows(&p.win, i0, i0 + m, BN, &kt0, &kt1);
@@ -288,7 +297,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
 
     if (wg == 0) {
-        produce_forward<BM, BN, DB>(ring, &tq, &tk, &tv, sQ, sK, sV, i0, h, hk, b, kt0, kt1);
+        produce_forward<BM, BN, DB>(ring, &tq, &tk, &tv, sQ, sK, sV, i0, h, hk, b, kt0, kt1, VARLEN ? p.q_row0 : 0,
+                                    VARLEN ? p.k_row0 : 0);
         return;
     }
 
@@ -387,42 +397,51 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 /* ---- host side ---- */
 
-template <typename T, int D, bool PIPELINED, Cap CAP>
+/* the rectangular instance (VARLEN false) on a (query tiles, heads, B) grid, or the varlen one over
+ * the sequences (over_sequences), tiles from the longest */
+template <typename T, int D, bool PIPELINED, Cap CAP, bool VARLEN>
 static wa_status launch(const kparams &kp, const CUtensorMap &q, const CUtensorMap &k, const CUtensorMap &v, cudaStream_t s) {
     static volatile int done = 0;
     constexpr size_t bytes = ws_layout<D>::bytes;
-    CUDA_TRY(raise_once(fwd_ws_kernel<T, D, PIPELINED, CAP>, bytes, &done));
-    const dim3 grid((unsigned)((kp.Nq + kBM - 1) / kBM), (unsigned)kp.Hq, (unsigned)kp.B);
-    fwd_ws_kernel<T, D, PIPELINED, CAP><<<grid, kThreads, bytes, s>>>(q, k, v, kp);
-    CUDA_TRY(cudaGetLastError());
-    return WA_OK;
+    CUDA_TRY(raise_once(fwd_ws_kernel<T, D, PIPELINED, CAP, VARLEN>, bytes, &done));
+    return over_sequences(kp, [&](const kparams &c, unsigned z) {
+        const dim3 grid((unsigned)((kp.Nq + kBM - 1) / kBM), (unsigned)kp.Hq, z);
+        fwd_ws_kernel<T, D, PIPELINED, CAP, VARLEN><<<grid, kThreads, bytes, s>>>(q, k, v, c);
+        CUDA_TRY(cudaGetLastError());
+        return WA_OK;
+    });
 }
 
-template <typename T, int D> static wa_status by_variant(const kparams &kp, const CUtensorMap (&maps)[3], cudaStream_t s) {
-    /* WINATTN_CUDA=v4a: without the in-warpgroup overlap (for comparisons in dev/cuda) */
+template <typename T, int D, Cap CAP> static wa_status by_variant(const kparams &kp, const CUtensorMap (&maps)[3], cudaStream_t s) {
+    if (kp.cu_q) return launch<T, D, true, CAP, true>(kp, maps[0], maps[1], maps[2], s);
+    /* WINATTN_CUDA=v4a: without the in-warpgroup overlap (for comparisons in dev/cuda; rectangular only) */
     const char *force = getenv("WINATTN_CUDA");
     const bool pipelined = !(force && !strcmp(force, "v4a"));
-    if (kp.softcap > 0.0f)
-        return pipelined ? launch<T, D, true, Cap::on>(kp, maps[0], maps[1], maps[2], s)
-                         : launch<T, D, false, Cap::on>(kp, maps[0], maps[1], maps[2], s);
-    return pipelined ? launch<T, D, true, Cap::off>(kp, maps[0], maps[1], maps[2], s)
-                     : launch<T, D, false, Cap::off>(kp, maps[0], maps[1], maps[2], s);
+    return pipelined ? launch<T, D, true, CAP, false>(kp, maps[0], maps[1], maps[2], s)
+                     : launch<T, D, false, CAP, false>(kp, maps[0], maps[1], maps[2], s);
 }
 
 template <typename T> static wa_status by_dim(const kparams &kp, const CUtensorMap (&maps)[3], cudaStream_t s) {
-    return for_head_dim(kp.D, [&](auto d) { return by_variant<T, decltype(d)::value>(kp, maps, s); });
+    return for_head_dim(kp.D, [&](auto d) {
+        constexpr int D = decltype(d)::value;
+        return kp.softcap > 0.0f ? by_variant<T, D, Cap::on>(kp, maps, s) : by_variant<T, D, Cap::off>(kp, maps, s);
+    });
 }
 
-template <typename T, Cap CAP> static wa_status launch_wide(const kparams &kp, const CUtensorMap (&maps)[3], cudaStream_t s) {
+template <typename T, Cap CAP, bool VARLEN>
+static wa_status launch_wide(const kparams &kp, const CUtensorMap (&maps)[3], cudaStream_t s) {
     static volatile int done = 0;
-    CUDA_TRY(raise_once(fwd_wide_ws_kernel<T, CAP>, wide_layout::bytes, &done));
-    const dim3 grid((unsigned)((kp.Nq + kWideBM - 1) / kWideBM), (unsigned)kp.Hq, (unsigned)kp.B);
-    fwd_wide_ws_kernel<T, CAP><<<grid, kThreads, wide_layout::bytes, s>>>(maps[0], maps[1], maps[2], kp);
-    CUDA_TRY(cudaGetLastError());
-    return WA_OK;
+    CUDA_TRY(raise_once(fwd_wide_ws_kernel<T, CAP, VARLEN>, wide_layout::bytes, &done));
+    return over_sequences(kp, [&](const kparams &c, unsigned z) {
+        const dim3 grid((unsigned)((kp.Nq + kWideBM - 1) / kWideBM), (unsigned)kp.Hq, z);
+        fwd_wide_ws_kernel<T, CAP, VARLEN><<<grid, kThreads, wide_layout::bytes, s>>>(maps[0], maps[1], maps[2], c);
+        CUDA_TRY(cudaGetLastError());
+        return WA_OK;
+    });
 }
 template <typename T> static wa_status by_cap_wide(const kparams &kp, const CUtensorMap (&maps)[3], cudaStream_t s) {
-    return kp.softcap > 0.0f ? launch_wide<T, Cap::on>(kp, maps, s) : launch_wide<T, Cap::off>(kp, maps, s);
+    if (kp.cu_q) return kp.softcap > 0.0f ? launch_wide<T, Cap::on, true>(kp, maps, s) : launch_wide<T, Cap::off, true>(kp, maps, s);
+    return kp.softcap > 0.0f ? launch_wide<T, Cap::on, false>(kp, maps, s) : launch_wide<T, Cap::off, false>(kp, maps, s);
 }
 
 /* the D = 512 forward on wgmma; -DWA_FWD_WIDE_MMA leaves D = 512 to the mma.sync form (lab) */
@@ -451,8 +470,9 @@ wa_status hopper_forward(const kparams &kp, wa_dtype dt, cudaStream_t s, int *ta
     const int D = (int)kp.D, wide = D == kWideD;
     const int bm = wide ? kWideBM : kBM, bn = wide ? kWideBN : D == 256 ? ws_bn<256>() : D == 128 ? ws_bn<128>() : ws_bn<64>();
     CUtensorMap maps[3];
-    if (!tensor_map(&maps[0], kp.q, dt, kp.B, kp.Hq, kp.Nq, D, bm) || !tensor_map(&maps[1], kp.k, dt, kp.B, kp.Hkv, kp.Nk, D, bn) ||
-        !tensor_map(&maps[2], kp.v, dt, kp.B, kp.Hkv, kp.Nk, D, bn))
+    const long long nb = map_batch(kp), nq = map_q_rows(kp), nk = map_k_rows(kp);
+    if (!tensor_map(&maps[0], kp.q, dt, nb, kp.Hq, nq, D, bm) || !tensor_map(&maps[1], kp.k, dt, nb, kp.Hkv, nk, D, bn) ||
+        !tensor_map(&maps[2], kp.v, dt, nb, kp.Hkv, nk, D, bn))
         return WA_OK;
     *taken = 1;
     if (wide) return dt == WA_BF16 ? by_cap_wide<__nv_bfloat16>(kp, maps, s) : by_cap_wide<__half>(kp, maps, s);

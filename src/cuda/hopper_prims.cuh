@@ -54,6 +54,13 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float *dst, uint32_t src, ui
     asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes)
                  : "memory");
 }
+/* global f32 dst[0], dst[1] += x, y when pred: one relaxed vector reduction performed at L2 (dst
+ * 8-byte aligned); predicated, not branched, like mbar_arrive_if */
+__device__ __forceinline__ void red_add_v2_if(float *dst, float x, float y, bool pred) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %3, 0;\n@p red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n}\n" ::"l"(dst),
+                 "f"(x), "f"(y), "r"((int)pred)
+                 : "memory");
+}
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 /* the source of every committed group but the newest N has been read (its buffer may be rewritten) */
 template <int N> __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory"); }
@@ -118,20 +125,21 @@ struct kv_ring {
         mbar_init_fence();
     }
     /* the producer thread: K and V of key tiles [kt0, kt1) of kv head hk, boxes of 64 values × BN
-     * rows (the tensor maps'), into the stages at sK and sV (tiles of BN × DB × 64 values) */
+     * rows (the tensor maps'), into the stages at sK and sV (tiles of BN × DB × 64 values); row0
+     * is the sequence's first row in a varlen call's packed tensors (0 otherwise) */
     template <int BN, int DB>
     __device__ void produce(const CUtensorMap *tk, const CUtensorMap *tv, uint32_t sK, uint32_t sV, long long kt0,
-                            long long kt1, int hk, int b) const {
+                            long long kt1, int hk, int b, long long row0) const {
         constexpr uint32_t TILE = BN * DB * 64 * 2;
         for (long long kt = kt0; kt < kt1; kt++) {
             const int it = (int)(kt - kt0), st = stage(it);
             const uint32_t ph = parity(it);
             if (it >= kStages) mbar_wait(k_empty(st), ph ^ 1u); /* the consumers released its last use */
             mbar_expect_tx(k_full(st), TILE);
-            for (int c = 0; c < DB; c++) tma_load(sK + st * TILE + c * (BN * 128), tk, k_full(st), c * 64, (int)(kt * BN), hk, b);
+            for (int c = 0; c < DB; c++) tma_load(sK + st * TILE + c * (BN * 128), tk, k_full(st), c * 64, (int)(row0 + kt * BN), hk, b);
             if (it >= kStages) mbar_wait(v_empty(st), ph ^ 1u);
             mbar_expect_tx(v_full(st), TILE);
-            for (int c = 0; c < DB; c++) tma_load(sV + st * TILE + c * (BN * 128), tv, v_full(st), c * 64, (int)(kt * BN), hk, b);
+            for (int c = 0; c < DB; c++) tma_load(sV + st * TILE + c * (BN * 128), tv, v_full(st), c * 64, (int)(row0 + kt * BN), hk, b);
         }
     }
     /* a consumer warp's turn on key tile `it` when its rows see none of it: wait until it landed
@@ -192,7 +200,11 @@ static encode_fn tensor_map_encoder() {
 
 /* t as the 4-D tensor (d, n, h, b) of 16-bit values, read in boxes of 64 values × rows with the
  * 128-byte swizzle. False when TMA cannot express it (a dimension of more than one row with a
- * stride that is zero or not a multiple of 16 bytes). */
+ * stride that is zero or not a multiple of 16 bytes). A varlen call's tensors are mapped whole
+ * (B = 1, N = T rows): a CTA loads at its sequence's first row plus the tile's (kparams q_row0,
+ * k_row0); rows past the sequence then hold the next one's (past T, zeros), and are masked exactly
+ * as a ragged last tile's zeros are (tile_geometry.h bounds every mask by the sequence's own Nq,
+ * Nk); no kernel stores through TMA. */
 static bool tensor_map(CUtensorMap *map, const dev_tensor &t, wa_dtype dt, long long B, long long H, long long N, int D,
                        int rows) {
     const encode_fn encode = tensor_map_encoder();
@@ -211,6 +223,11 @@ static bool tensor_map(CUtensorMap *map, const dev_tensor &t, wa_dtype dt, long 
                   gstride, box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
+
+/* the batch entries and rows a tensor map spans: the packed tensor whole for varlen */
+static long long map_batch(const kparams &kp) { return kp.cu_q ? 1 : kp.B; }
+static long long map_q_rows(const kparams &kp) { return kp.cu_q ? kp.Tq : kp.Nq; }
+static long long map_k_rows(const kparams &kp) { return kp.cu_q ? kp.Tk : kp.Nk; }
 
 } /* namespace */
 
