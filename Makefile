@@ -16,7 +16,9 @@ CPPFLAGS ?=
 LDFLAGS ?=
 LDLIBS  ?=
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter
-WA_CFLAGS := -std=c11 $(WARN) -fPIC -Iinclude -MMD -MP
+# -ffp-contract=off: the kernels decide where a multiply and an add fuse (src/cpu/simd.h, vfma);
+# GCC in ISO C mode already never fuses on its own, clang does by default.
+WA_CFLAGS := -std=c11 $(WARN) -ffp-contract=off -fPIC -Iinclude -MMD -MP
 ifeq ($(WERROR),1)
 WA_CFLAGS += -Werror
 endif
@@ -25,12 +27,21 @@ LINK     = $(CC) $(CFLAGS) $(LDFLAGS)
 # the library's own link dependencies (also what winattn.pc lists for static linking)
 WA_LIBS := -lm -lpthread
 
-# x86-64 gets the AVX-512 and AVX2 builds of the CPU kernels beside the portable one; other
-# targets build the portable one only. This asks the compiler what it targets; it never
-# probes the machine (dispatch happens at run time).
+# x86-64 gets the AVX-512 and AVX2 builds of the CPU kernels beside the portable one, aarch64
+# (Linux aarch64-*, Apple arm64-*) the NEON build; other targets build the portable one only.
+# This asks the compiler what it targets; it never probes the machine (dispatch happens at run
+# time, so a cross compiler, CC=aarch64-linux-gnu-gcc, gets the target's kernels).
 TARGET_ARCH := $(shell $(CC) -dumpmachine 2>/dev/null)
 ifneq (,$(findstring x86_64,$(TARGET_ARCH)))
 X86 := 1
+else ifneq (,$(filter aarch64% arm64%,$(TARGET_ARCH)))
+ARM64 := 1
+endif
+# Apple's linker names a shared library with -install_name instead of -soname
+ifneq (,$(findstring darwin,$(TARGET_ARCH)))
+SONAME_FLAG = -Wl,-install_name,@rpath/$(SONAME)
+else
+SONAME_FLAG = -Wl,-soname,$(SONAME)
 endif
 
 LIB_SRC := src/winattn.c src/overlap.c src/cpu/pool.c src/cpu/dispatch.c src/cpu/dense.c
@@ -38,6 +49,10 @@ LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o) $(BUILD)/src/cpu/attn_generic.o
 ifdef X86
 LIB_OBJ += $(BUILD)/src/cpu/attn_avx512bf16.o $(BUILD)/src/cpu/attn_avx512.o $(BUILD)/src/cpu/attn_avx2.o
 $(BUILD)/src/cpu/dispatch.o: WA_CFLAGS += -DWA_HAVE_X86_KERNELS
+endif
+ifdef ARM64
+LIB_OBJ += $(BUILD)/src/cpu/attn_neon.o
+$(BUILD)/src/cpu/dispatch.o: WA_CFLAGS += -DWA_HAVE_NEON_KERNELS
 endif
 
 # CUDA: built whenever nvcc is found (NO_CUDA=1 forces it off); otherwise a stub that reports
@@ -122,13 +137,13 @@ $(STATIC): $(LIB_OBJ)
 
 $(SHARED): $(LIB_OBJ)
 	@mkdir -p $(@D)
-	$(LINK) -shared -Wl,-soname,$(SONAME) -o $@ $^ $(WA_LIBS) $(LDLIBS)
+	$(LINK) -shared $(SONAME_FLAG) -o $@ $^ $(WA_LIBS) $(LDLIBS)
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(@D)
 	$(COMPILE) -c $< -o $@
 
-# One source, four ISA builds (src/cpu/simd.h).
+# One source, one build per ISA (src/cpu/simd.h): four on x86-64, NEON and generic on aarch64.
 $(BUILD)/src/cpu/attn_avx512bf16.o: src/cpu/attn_cpu.c
 	@mkdir -p $(@D)
 	$(COMPILE) -DWA_ISA_AVX512 -DWA_BF16_DOT -mavx512f -mavx512bw -mavx512vl -mavx512bf16 -mfma -c $< -o $@
@@ -138,6 +153,9 @@ $(BUILD)/src/cpu/attn_avx512.o: src/cpu/attn_cpu.c
 $(BUILD)/src/cpu/attn_avx2.o: src/cpu/attn_cpu.c
 	@mkdir -p $(@D)
 	$(COMPILE) -DWA_ISA_AVX2 -mavx2 -mfma -c $< -o $@
+$(BUILD)/src/cpu/attn_neon.o: src/cpu/attn_cpu.c
+	@mkdir -p $(@D)
+	$(COMPILE) -DWA_ISA_NEON -c $< -o $@
 $(BUILD)/src/cpu/attn_generic.o: src/cpu/attn_cpu.c
 	@mkdir -p $(@D)
 	$(COMPILE) -DWA_ISA_GENERIC -c $< -o $@

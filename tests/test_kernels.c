@@ -127,7 +127,7 @@ static void determinism(void) {
 }
 
 int main(void) {
-    static const char *const isas[] = {"avx512bf16", "avx512", "avx2", "generic"};
+    static const char *const isas[] = {"avx512bf16", "avx512", "avx2", "neon", "generic"};
     for (size_t i = 0; i < sizeof isas / sizeof *isas; i++) {
         setenv("WINATTN_ISA", isas[i], 1);
         if (strcmp(wa_cpu_isa(), isas[i]) != 0) {

@@ -33,6 +33,7 @@ typedef struct cpu_tile_args {
 WA_DECLARE_ISA(avx512bf16)
 WA_DECLARE_ISA(avx512)
 WA_DECLARE_ISA(avx2)
+WA_DECLARE_ISA(neon)
 WA_DECLARE_ISA(generic)
 
 /* The AVX512-BF16 build's micro-kernel on bf16 pairs (x86 builds only; the caller checks the CPU):

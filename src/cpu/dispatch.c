@@ -1,8 +1,9 @@
-/* dispatch.c — sizes the CPU workspace, picks the kernels this CPU can run (AVX-512 with
- * AVX512-BF16 dot products, AVX-512, AVX2+FMA or the portable build of the same source) and hands them a cpu_tile_args.
+/* dispatch.c — sizes the CPU workspace, picks the kernels this CPU can run (x86-64: AVX-512 with
+ * AVX512-BF16 dot products, AVX-512, AVX2+FMA; aarch64: NEON; anywhere: the portable build of the
+ * same source) and hands them a cpu_tile_args.
  *
- * WINATTN_ISA=avx512bf16|avx512|avx2|generic in the environment forces a choice (tests use it to run every
- * path the machine supports); asking for one the CPU lacks falls back to the best available.
+ * WINATTN_ISA=avx512bf16|avx512|avx2|neon|generic in the environment forces a choice (tests use it
+ * to run every path the machine supports); asking for one the CPU lacks falls back to the best available.
  */
 #define _GNU_SOURCE
 #include "cpu.h"
@@ -18,38 +19,30 @@ typedef struct cpu_isa {
     int (*supported)(void);
 } cpu_isa;
 
+static int have_generic(void) { return 1; }
+
+#if defined(WA_HAVE_X86_KERNELS) && defined(__x86_64__)
 static int have_avx512(void) {
-#if defined(__x86_64__) && defined(WA_HAVE_X86_KERNELS)
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma");
-#else
-    return 0;
-#endif
 }
-static int have_avx512bf16(void) {
-#if defined(__x86_64__) && defined(WA_HAVE_X86_KERNELS)
-    __builtin_cpu_init();
-    return have_avx512() && __builtin_cpu_supports("avx512bf16");
-#else
-    return 0;
-#endif
-}
+static int have_avx512bf16(void) { return have_avx512() && __builtin_cpu_supports("avx512bf16"); }
 static int have_avx2(void) {
-#if defined(__x86_64__) && defined(WA_HAVE_X86_KERNELS)
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-    return 0;
-#endif
 }
-static int have_generic(void) { return 1; }
-
-#if defined(WA_HAVE_X86_KERNELS)
 static const cpu_isa isas[] = {
     {"avx512bf16", wa_cpu_forward_avx512bf16, wa_cpu_backward_avx512bf16, wa_cpu_gemm_avx512bf16, have_avx512bf16},
     {"avx512", wa_cpu_forward_avx512, wa_cpu_backward_avx512, wa_cpu_gemm_avx512, have_avx512},
     {"avx2", wa_cpu_forward_avx2, wa_cpu_backward_avx2, wa_cpu_gemm_avx2, have_avx2},
+    {"generic", wa_cpu_forward_generic, wa_cpu_backward_generic, wa_cpu_gemm_generic, have_generic},
+};
+#elif defined(WA_HAVE_NEON_KERNELS) && defined(__aarch64__)
+/* Advanced SIMD is part of the aarch64 base architecture: every such CPU runs the NEON build. */
+static int have_neon(void) { return 1; }
+static const cpu_isa isas[] = {
+    {"neon", wa_cpu_forward_neon, wa_cpu_backward_neon, wa_cpu_gemm_neon, have_neon},
     {"generic", wa_cpu_forward_generic, wa_cpu_backward_generic, wa_cpu_gemm_generic, have_generic},
 };
 #else
@@ -115,16 +108,18 @@ static void plan(const wa_context *ctx, const wa_problem *p, cpu_tile_args *a) {
         most = wa_max64(most, q1 - q0);
     }
     /* fusion only where the ring stays small: windowed layers; unbounded causal rows span the
-     * whole sequence, and their dQ comes from the dQ units as before */
-    size_t ring = (size_t)(most * p->group * a->tile_q * round_up(p->D, WA_CPU_PAD)) * sizeof(float);
+     * whole sequence, and their dQ comes from the dQ units as before. The slots are f64. */
+    size_t ring = (size_t)(most * p->group * a->tile_q * round_up(p->D, WA_CPU_PAD)) * sizeof(double);
     a->dq_slots = most > 0 && ring <= WA_DQ_RING_BYTES ? most : 0;
-    /* per-thread scratch, the larger of the forward's and the backward's layout (attn_cpu.c) */
+    /* per-thread scratch, the largest of the layouts in attn_cpu.c (in floats; an f64 array
+     * counts two): forward_unit, dkdv_unit / rowstats_unit (backward_scratch), dq_unit */
     int64_t Bq = a->tile_q, D = p->D, Dp = a->Dp, Bkp = a->Bkp, Bqp = a->Bqp;
     int64_t heads = wa_min64(p->group, 8); /* WA_FWD_HEADS in attn_cpu.c */
-    int64_t fwd = 2 * Bkp * Dp + Bkp * Bqp + wa_max64(Dp, Bqp) + heads * (D * Bqp + Bq * Dp + 2 * Bqp);
+    int64_t fwd = 2 * Bkp * Dp + Bkp * Bqp + wa_max64(Dp, Bqp) + Bq * Dp + Bqp + heads * (D * Bqp + 2 * Bq * Dp + 3 * Bqp);
     int64_t bwd_shared = 2 * D * Bkp + 2 * Bq * Dp + 2 * Bq * Bkp + Bqp + Dp;
-    int64_t bwd = bwd_shared + wa_max64(3 * Bkp * Dp + a->dq_slots * p->group * Bq * Dp, 2 * Bqp);
-    int64_t dq = 2 * D * Bqp + 2 * Bkp * Dp + 2 * Bkp * Bqp + Bq * Dp + 3 * Bqp + wa_max64(Dp, Bqp);
+    int64_t dkdv = 4 * Bkp * Dp + wa_max64(Bkp, Bq) * Dp + Bkp * Dp + 2 * a->dq_slots * p->group * Bq * Dp;
+    int64_t bwd = bwd_shared + wa_max64(dkdv, 4 * Bqp);
+    int64_t dq = 2 * D * Bqp + 2 * Bkp * Dp + 2 * Bkp * Bqp + Bq * Dp + 3 * Bqp + wa_max64(Dp, Bqp) + 2 * Bq * Dp;
     bwd = wa_max64(bwd, dq);
     a->scratch_floats = (size_t)round_up(wa_max64(fwd, bwd), WA_CPU_PAD);
 }

@@ -1,10 +1,11 @@
 /* simd.h — the small vector vocabulary the CPU kernels are written in, one definition per ISA.
  *
- * A kernel translation unit defines exactly one of WA_ISA_AVX512, WA_ISA_AVX2, WA_ISA_GENERIC
- * (the Makefile compiles src/cpu/attn_cpu.c once per ISA with the matching -m flags) and
- * includes this header. Vectors are GCC/Clang vector extensions, so + - * and comparisons work
- * on them directly; only the fused multiply-add goes through an intrinsic, because the
- * kernels need to know exactly where rounding happens (see vfma below).
+ * A kernel translation unit defines exactly one of WA_ISA_AVX512, WA_ISA_AVX2, WA_ISA_NEON,
+ * WA_ISA_GENERIC (the Makefile compiles src/cpu/attn_cpu.c once per ISA with the matching -m
+ * flags; NEON is baseline on aarch64 and needs none) and includes this header. Vectors are
+ * GCC/Clang vector extensions, so + - * and comparisons work on them directly; only the fused
+ * multiply-add goes through an intrinsic, because the kernels need to know exactly where
+ * rounding happens (see vfma below).
  */
 #ifndef WA_SIMD_H
 #define WA_SIMD_H
@@ -35,20 +36,32 @@ typedef int32_t vi __attribute__((vector_size(32)));
 typedef uint16_t vu16 __attribute__((vector_size(16)));
 static inline vf vfma(vf a, vf b, vf c) { return (vf)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c); }
 static inline float sfma(float a, float b, float c) { return fmaf(a, b, c); }
+#elif defined(WA_ISA_NEON)
+/* aarch64: 4 lanes, the same width as the generic build, but with a real fused multiply-add
+ * (FMLA); sfma is fmaf, a single FMADD there. docs/portability.md has the design. */
+#include <arm_neon.h>
+#define VW 4
+#define WA_ISA_SUFFIX neon
+typedef float vf __attribute__((vector_size(16)));
+typedef int32_t vi __attribute__((vector_size(16)));
+typedef uint16_t vu16 __attribute__((vector_size(8)));
+static inline vf vfma(vf a, vf b, vf c) { return (vf)vfmaq_f32((float32x4_t)c, (float32x4_t)a, (float32x4_t)b); }
+static inline float sfma(float a, float b, float c) { return fmaf(a, b, c); }
 #elif defined(WA_ISA_GENERIC)
 #define VW 4
 #define WA_ISA_SUFFIX generic
 typedef float vf __attribute__((vector_size(16)));
 typedef int32_t vi __attribute__((vector_size(16)));
 typedef uint16_t vu16 __attribute__((vector_size(8)));
-/* No guaranteed FMA here: multiply, round, add, round. sfma matches it exactly. */
+/* No guaranteed FMA here: multiply, round, add, round. sfma matches it exactly, provided the
+ * compiler fuses neither (clang fuses a * b + c by default: the Makefile passes -ffp-contract=off). */
 static inline vf vfma(vf a, vf b, vf c) { return a * b + c; }
 static inline float sfma(float a, float b, float c) {
     float prod = a * b;
     return prod + c;
 }
 #else
-#error "define one of WA_ISA_AVX512, WA_ISA_AVX2, WA_ISA_GENERIC"
+#error "define one of WA_ISA_AVX512, WA_ISA_AVX2, WA_ISA_NEON, WA_ISA_GENERIC"
 #endif
 
 /* Why vfma and sfma must agree: with a one-key window the exact dS is 0, because
