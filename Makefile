@@ -91,7 +91,7 @@ TOOL_LIBS := $(JANSSON_LIBS)
 # Without jansson the objects that include it stop the build with one line saying what to install
 # (scripts/deps.sh does it); the library alone (`make lib`, pip) does not need it.
 HAVE_JANSSON := $(shell printf '\043include <jansson.h>\nint main(void){return json_object()==0;}\n' | \
-                $(CC) $(CPPFLAGS) $(JANSSON_CFLAGS) -x c - $(LDFLAGS) $(JANSSON_LIBS) -o /dev/null >/dev/null 2>&1 && echo 1)
+                $(CC) $(CPPFLAGS) $(JANSSON_CFLAGS) -x c - -x none $(LDFLAGS) $(JANSSON_LIBS) -o /dev/null >/dev/null 2>&1 && echo 1)
 
 # The trainer (train/, `winattn train`): part of the command, not of the library. Its matrix
 # products use OpenBLAS when it links (libopenblas-dev), else built-in loops.
