@@ -3,7 +3,7 @@
  * and version 3's forward on wgmma at D = 256 (fwd_wgmma_kernel below). Since version 4
  * (fwd_hopper.cu, bwd_hopper.cu) these are the fallback: mma_forward and mma_backward try
  * version 4 first and run these when it does not apply (tensors TMA cannot describe, or
- * WINATTN_CUDA=mma / v3 for comparisons). At D = 512 (version 5, session 5) the forward kernel
+ * WINATTN_CUDA=mma / v3 for comparisons). At D = 512 (version 5) the forward kernel
  * below splits D between two warps per 16 rows (fwd_split) as the fallback of fwd_hopper.cu's
  * wgmma form, and mma_backward hands the backward to bwd_wide.cu.
  * Everything else (f32, other head dims, rows not 16-byte aligned) stays on version 1 in
@@ -39,7 +39,7 @@ namespace {
 
 /* ---- forward ---- */
 
-/* key-tile widths; the lab (dev/cuda/lab.sh) overrides them with -D to time variants */
+/* key-tile widths; the lab (dev/cuda/bench_parity.sh) overrides them with -D to time variants */
 #ifndef WA_FWD_BN_64
 #define WA_FWD_BN_64 64
 #endif

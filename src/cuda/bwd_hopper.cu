@@ -162,7 +162,7 @@ constexpr int kReady = 1, kFree = 3, kStats = 5, kDsWritten = 7, kDqStaged = 9, 
 
 /* Lab (-DWA_BWD_PINGPONG): by rows, the two consumer warpgroups take turns to issue each batch
  * of products (Sᵀ and dPᵀ; dV and dK), as the forward's pingpong (fwd_hopper.cu), named barriers
- * kTurn + w. Measured no gain where it matters (session 4, call 9, dev/cuda/lab_bwd_pingpong.sh):
+ * kTurn + w. Measured no gain where it matters (dev/cuda/bwd_pingpong.sh, commit 4002eb0):
  * fused (b) 367 / 411-416 against 370 / 416-421, D = 64 212 against 221; only the deterministic
  * form gained at 8K and D = 64 (333 against 327, 197 against 187) and lost at 32K (352-355
  * against 359), so it stays off. */

@@ -17,7 +17,7 @@
  *   dQ         one CTA per 32 query rows forms the same pair tiles again and owns its dQ (no
  *              atomics: deterministic). The lab form -DWA_WIDE_ATOMIC_DQ has the dK/dV kernel add
  *              dQ += dS K instead (f32 atomics into kp.dq_acc, rounded by dq_rows_convert_kernel):
- *              measured no faster (session 5: 110.2 against 109.6 TFLOP/s at (c)) and it needs
+ *              measured no faster (dev/cuda/v5_d512.sh, commit dabf035: 110.2 against 109.6 TFLOP/s at (c)) and it needs
  *              the f32 copy of dQ, so both library modes take the deterministic form.
  *   δ          delta_mma_kernel (mma_prims.cuh), whose k chain at D = 512 is the same two halves, so
  *              that dP − δ is exactly 0 where a row sees a single key.

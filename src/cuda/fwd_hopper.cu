@@ -1,5 +1,5 @@
 /* fwd_hopper.cu — version 4 of the forward for f16/bf16 at D = 64, 128, 256: the Hopper design
- * (FlashAttention-3's structure, written for this library's window geometry); and since session 5
+ * (FlashAttention-3's structure, written for this library's window geometry); and
  * the same design at D = 512 with D split between the consumers (fwd_wide_ws_kernel, below).
  *
  * One CTA of three warpgroups per 128 query rows of one head:
@@ -12,7 +12,7 @@
  *              product O += P V of tile j-1 is issued right after S of tile j and runs on the
  *              tensor cores while this warpgroup does tile j's softmax; only the rescale of O
  *              waits for it (measured no faster than without it, WINATTN_CUDA=v4a, while the two
- *              warpgroups drifted freely and covered each other). Since session 4 they take turns
+ *              warpgroups drifted freely and covered each other). They take turns
  *              to issue (pingpong, below): 6 % faster at D = 128.
  * Tiles are the column blocks of 64 values with the 128-byte swizzle of mma_prims.cuh (blk_off),
  * which is what TMA writes with CU_TENSOR_MAP_SWIZZLE_128B and a box of 64 values × rows; rows
@@ -44,7 +44,7 @@ constexpr int kProducerRegs = 24, kConsumerRegs = 240;
  * warpgroup's issue ends, so one's softmax runs under the other's products by construction rather
  * than by drift. Every warpgroup takes one turn per key tile of the CTA (skipped tiles too) and
  * one for the last O += P V, so the counts match. Measured 6 % faster at D = 128 ((b): 400 -> 425
- * TFLOP/s at 8K, 426 -> 452 at 32K), 0-2 % at D = 64 and 256 (dev/cuda/lab_pingpong.sh, session 4);
+ * TFLOP/s at 8K, 426 -> 452 at 32K), 0-2 % at D = 64 and 256 (dev/cuda/fwd_pingpong.sh, commit ff41937);
  * -DWA_FWD_NO_PINGPONG builds the free-drift form for comparison. */
 #ifdef WA_FWD_NO_PINGPONG
 constexpr bool kPingpong = false;
@@ -252,7 +252,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     store_rows<T, DB * 8>(p, reinterpret_cast<const float (&)[DB * 8][4]>(acc), row_max, row_sum, rows, b, h, t4);
 }
 
-/* ---- head dim 512 (session 5) ----
+/* ---- head dim 512 ----
  * A warpgroup cannot hold O for 64 rows × 512 columns (256 registers a thread), so here both
  * consumer warpgroups take the same 64 query rows and split D: each forms S over its half of D's k
  * steps (m64n32k16 from shared memory), the two trade their partial S through shared memory behind

@@ -159,7 +159,7 @@ struct kv_ring {
  * by its descriptor, gmma_desc_mn(rows, R * 128) moved on with desc_at. One wgmma m64nDk16 spanning
  * every column block (the descriptor's leading offset steps from block to block), not D/64 narrow
  * ones: fewer instructions, and the register operand is read once (version 4's first measurements;
- * the narrow form's lab switch -DWA_NARROW_MN went in session 6, when the callers moved to desc_at). */
+ * the narrow form's lab switch -DWA_NARROW_MN went when the callers moved to desc_at (e17e04c; removed in 44c8ed2)). */
 template <typename T, int D>
 __device__ __forceinline__ void wide_mn_product(float (&acc)[D / 64][8][4], const uint32_t (&a)[4], uint64_t desc) {
     wgmma_rs_t<T, D>(reinterpret_cast<float (&)[D / 8][4]>(acc), a, desc, 1);

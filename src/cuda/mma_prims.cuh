@@ -171,10 +171,10 @@ template <int BM> __device__ __forceinline__ void visible_query_cols(const kpara
  * heads. In the grid's own order the last wave held every tile of the last heads: the dK/dV
  * kernels have few CTAs (3.9 waves at (b) 8K), their SMs stood idle 14 % of the time (Nsight
  * Compute; a greedy simulation of the schedule: 1.145× the ideal, 1.000 across heads), and the
- * order took the (b) 8K backward from 401-404 to 450-455 TFLOP/s (session 6, call 2). The query-side
+ * order took the (b) 8K backward from 401-404 to 450-455 TFLOP/s (dev/cuda/instruction_ablations.sh, tree recorded in e17e04c). The query-side
  * kernels (16 waves and more) keep the grid's order, in which neighbouring query tiles of a head,
  * which share most of their keys, run together: across heads their forward measured 0-5 % slower
- * ((a) 8K 492 against 518, the D = 512 forward 347 against 355; same call). */
+ * ((a) 8K 492 against 518, the D = 512 forward 347 against 355; same run). */
 struct cta_tile {
     int tile, head; /* 32 bits, as the grid's x and y (two registers less than 64-bit ones) */
 };
@@ -191,7 +191,7 @@ template <bool ACROSS_HEADS> __device__ __forceinline__ cta_tile heaviest_first(
  * masked and the unmasked form of a step compiled apart, in the version-4/5 forwards and the
  * version-4 backward. With one form whose masks test a run-time flag, ptxas computes the masks on
  * every tile (the default bounds make them no-ops): Nsight Compute found those compares and selects
- * over a quarter of the forward's instructions at (b), where it was bound by instruction issue (session 6).
+ * over a quarter of the forward's instructions at (b), where it was bound by instruction issue (dev/cuda/instruction_profile.sh on 724b3f4).
  * Only without a softcap: with tanhf's temporaries two forms spill at D = 256 (forward) and D = 128
  * (dK/dV). Versions 2 and 3 pass edge_at_run_time themselves; -DWA_NO_EDGE_SPLIT (lab) keeps one
  * form everywhere. */
@@ -266,7 +266,7 @@ __device__ __forceinline__ void softmax_scores_as(const kparams &p, float (&s)[B
 }
 
 /* the version-4/5 forwards' step (CAP off or on): the masked form on edge tiles only, folded
- * without a softcap. -DWA_SOFTMAX_NO_FOLD (lab) restores session 5's unfolded form. */
+ * without a softcap. -DWA_SOFTMAX_NO_FOLD (lab) restores the unfolded form (as at 724b3f4). */
 template <int BN, Cap CAP>
 __device__ __forceinline__ void softmax_scores(const kparams &p, float (&s)[BN / 8][4], float (&row_max)[2],
                                                float (&row_sum)[2], float (&alpha)[2], const long long (&rows)[2],
