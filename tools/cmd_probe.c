@@ -14,11 +14,11 @@
 #include "tile_geometry.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -137,15 +137,11 @@ static int run_child(int64_t N, int dense, int cuda, int64_t threads, measuremen
     snprintf(t_arg, sizeof t_arg, "%lld", (long long)threads);
     int fds[2];
     if (pipe(fds) != 0) die("pipe: %s", strerror(errno));
-    pid_t pid = fork();
-    if (pid < 0) die("fork: %s", strerror(errno));
-    if (pid == 0) {
-        dup2(fds[1], 1);
-        close(fds[0]), close(fds[1]);
-        execl("/proc/self/exe", "winattn", "probe-child", "--n", n_arg, "--algo", dense ? "dense" : "tiled", "--threads",
-              t_arg, cuda ? "--cuda" : (char *)NULL, (char *)NULL);
-        _exit(127);
-    }
+    (void)fcntl(fds[0], F_SETFD, FD_CLOEXEC); /* the child keeps only the write end */
+    char *args[] = {"winattn", "probe-child", "--n", n_arg, "--algo", dense ? "dense" : "tiled", "--threads", t_arg,
+                    cuda ? "--cuda" : NULL, NULL};
+    pid_t pid = spawn_self(args, fds[1]);
+    if (pid < 0) die("cannot start the child: %s", strerror(errno));
     close(fds[1]);
     char out[512] = "";
     size_t got = 0;
@@ -154,12 +150,11 @@ static int run_child(int64_t N, int dense, int cuda, int64_t threads, measuremen
     out[got] = '\0';
     close(fds[0]);
     int status;
-    struct rusage ru;
-    if (wait4(pid, &status, 0, &ru) < 0) die("wait4: %s", strerror(errno));
+    size_t peak = 0;
+    if (wait_child(pid, &status, &peak) != 0) die("wait4: %s", strerror(errno));
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return -1;
     size_t baseline = 0, hwm = 0;
     if (sscanf(out, "baseline=%zu fwd=%lf bwd=%lf hwm=%zu", &baseline, &m->fwd_s, &m->bwd_s, &hwm) != 4) return -1;
-    size_t peak = (size_t)ru.ru_maxrss * 1024; /* kilobytes on Linux */
     /* CUDA: the child reports device bytes above inputs, as the driver counts them, in hwm */
     m->peak_gb = cuda ? (double)hwm / 1e9 : (double)(peak - baseline) / 1e9;
     m->run = 1;

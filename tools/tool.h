@@ -8,6 +8,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 extern const char *tool_cmd; /* "attn", "probe", ... for messages */
 
@@ -23,11 +24,27 @@ int parse_f32(const char *s, float *out);
 const char *flag_value(int argc, char **argv, int *i, const char *name, const char *usage);
 
 double now_seconds(void);
-/* From /proc/self/status: VmHWM (peak resident) and VmRSS, in bytes; 0 if unavailable. */
+
+/* ---- platform: the command's only operating-system-specific code (tool.c) ----
+ * Linux reads /proc; every other POSIX system (macOS, the BSDs; Linux too when built with
+ * -DWA_PLATFORM_GENERIC, which is how the other branch gets compiled and tested here) uses
+ * getrusage, sysconf and wait4. docs/portability.md says what each answer means where. */
+extern const char *tool_argv0; /* argv[0] of main(), for spawn_self off Linux */
+/* Peak resident set of this process in bytes (Linux: VmHWM; elsewhere ru_maxrss); 0 if unknown. */
 size_t peak_rss_bytes(void);
+/* Resident set now in bytes (Linux: VmRSS); 0 if unknown (always, off Linux). */
 size_t current_rss_bytes(void);
-/* MemAvailable from /proc/meminfo in bytes; 0 if unknown. */
+/* Memory a new allocation can get, in bytes (Linux: MemAvailable; elsewhere the physical memory,
+ * an upper bound); 0 if unknown. */
 size_t mem_available_bytes(void);
+/* Start this program again as a child running argv (argv[0] is the name it sees, argv ends with
+ * NULL) with its stdout on out_fd (Linux: /proc/self/exe; elsewhere tool_argv0, searched in
+ * PATH when it has no '/'). The child's pid, or -1 with errno set. */
+pid_t spawn_self(char *const argv[], int out_fd);
+/* Wait for the child pid: *status as waitpid gives it, *peak_bytes its peak resident set
+ * (wait4's ru_maxrss). 0, or -1 with errno set. */
+int wait_child(pid_t pid, int *status, size_t *peak_bytes);
+
 /* malloc that dies with a message naming what it was for. */
 void *xmalloc(size_t bytes, const char *what);
 const char *dtype_name(wa_dtype dt);
