@@ -193,8 +193,10 @@ $(BUILD)/tests/%.o: WA_CFLAGS += -Isrc -Itools -Itrain $(JANSSON_CFLAGS)
 $(BUILD)/tools/%.o: WA_CFLAGS += -Isrc -Itools -Itrain $(JANSSON_CFLAGS)
 $(BUILD)/train/%.o: WA_CFLAGS += -Isrc -Itools $(JANSSON_CFLAGS)
 
+# EXTRA=all (or a list of portability, sanitize, fuzz, aarch64) adds tests/extra_checks.sh's checks; CI runs all
+EXTRA ?=
 test: all
-	@sh tests/run_tests.sh $(BUILD)
+	@EXTRA="$(EXTRA)" sh tests/run_tests.sh $(BUILD)
 
 # winattn's tile micro-kernels against OpenBLAS sgemm/sbgemm on the kernels' tile shapes (x86 with
 # OpenBLAS only; docs/cpu.md has the result).
@@ -248,6 +250,8 @@ clean:
 help:
 	@echo "make            library, build/winattn, tests"
 	@echo "make test       unit tests, parity --quick, probe --quick (ends 'N passed, N failed')"
+	@echo "make test EXTRA=all   adds clang -Wpedantic (x86-64, aarch64), ASan+UBSan, 60 s of libFuzzer, aarch64 under qemu"
+	@echo "                (sh scripts/deps.sh --extra installs what they need; CI runs it)"
 	@echo "make test-long  the full parity sweep and the full memory probe"
 	@echo "make tile-gemm  winattn's tile micro-kernels vs OpenBLAS sgemm/sbgemm (x86 + OpenBLAS)"
 	@echo "make demo       corpus + small random Gemma 4 + a short LoRA run through winattn (a few minutes)"

@@ -2,11 +2,18 @@
 # deps.sh — what `make` and `make test` need, installed on a Debian or Ubuntu machine when it is
 # missing: a C compiler and make (build-essential), libjansson-dev (the command's JSON) and
 # pkg-config (the install test). Debian packages named as arguments are added to the list
-# (.ci/run adds libopenblas-dev and python3-venv). Does nothing when everything is there;
+# (.ci/run adds libopenblas-dev and python3-venv); a package of another architecture
+# (libjansson-dev:arm64) adds that architecture to dpkg first. --extra adds what
+# `make test EXTRA=all` needs (tests/extra_checks.sh): clang and its libFuzzer runtime, the aarch64
+# cross compiler, qemu-user and jansson for arm64. Does nothing when everything is there;
 # otherwise installs with apt-get as root or through sudo, and without either prints the apt-get
 # command and fails. The README's first command runs it before `make`.
-# usage: sh scripts/deps.sh [DEBIAN_PACKAGE...]
+# usage: sh scripts/deps.sh [--extra] [DEBIAN_PACKAGE...]
 CC=${CC:-cc}
+if [ "$1" = "--extra" ]; then
+    shift
+    set -- clang libclang-rt-dev gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user libjansson-dev:arm64 "$@"
+fi
 have() { command -v "$1" >/dev/null 2>&1; }
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q ' installed$'; }
 
@@ -33,6 +40,18 @@ else
     echo "deps.sh: missing:$missing; as root run: apt-get update && apt-get install -y$missing" >&2
     exit 1
 fi
+# architectures named in pkg:arch that dpkg does not know yet
+archs=
+for p in $missing; do
+    case $p in *:*) a=${p##*:}
+        [ "$a" = "$(dpkg --print-architecture)" ] || dpkg --print-foreign-architectures | grep -qx "$a" ||
+            case " $archs " in *" $a "*) ;; *) archs="$archs $a" ;; esac ;;
+    esac
+done
+for a in $archs; do
+    echo "deps.sh: dpkg --add-architecture $a"
+    $sudo dpkg --add-architecture "$a" || { echo "deps.sh: dpkg --add-architecture $a failed" >&2; exit 1; }
+done
 echo "deps.sh: installing$missing (apt-get)"
 $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
     $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null ||
