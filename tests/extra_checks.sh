@@ -6,7 +6,7 @@
 #             toolchain and run under qemu-user: test_geometry, test_convert, test_oracle, test_api,
 #             test_safetensors, test_misuse, test_kernels with the NEON kernels, and the
 #             `parity --quick` cases of at most 2^24 B*Hq*Nq*Nk*D (141 of 327, every group but
-#             "head dim"), two at a time. Left out: test_train (the trainer, not the library: over
+#             "head dim 512"), two at a time. Left out: test_train (the trainer, not the library: over
 #             15 minutes under qemu), test_kernels' generic build (the same source runs natively),
 #             test_cli and test_install (shell scripts that start the binaries themselves).
 #             Needs gcc-aarch64-linux-gnu, qemu-user, libjansson-dev:arm64.
