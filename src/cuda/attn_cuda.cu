@@ -1,8 +1,10 @@
 /* attn_cuda.cu — the CUDA backend's entry points and version 1, the kernels that are correct for
  * everything in DESIGN.md section 1 (f32/f16/bf16, any D up to 512, windows, causal, GQA,
  * Nq != Nk, softcap, empty rows, zero dK/dV for unvisited keys), linear memory, deterministic, but
- * slow. f16/bf16 calls at D = 64/128/256 with 16-byte-aligned rows go to the tensor-core kernels
- * in attn_mma.cu instead (mma_supports() decides, and the same test dispatches).
+ * slow. f16/bf16 calls at D = 64/128/256/512 with 16-byte-aligned rows go to the tensor-core
+ * kernels in attn_mma.cu instead (mma_supports() decides, and the same test dispatches), on any GPU
+ * of compute capability 8.0 and up where their shared memory fits (cuda_target_now below: what
+ * the device runs, read once per device).
  *
  * It mirrors the CPU backend (src/cpu/attn_cpu.c, docs/algorithm.md) one CTA per tile:
  *   forward   one CTA per (query tile, q head, batch): online softmax over the key tiles that
@@ -25,6 +27,12 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
 
 static const int kThreads = 128;
 
@@ -345,24 +353,99 @@ template <typename T, bool VARLEN> __global__ void __launch_bounds__(kThreads) d
     }
 }
 
-/* ---- host side ---- */
+/* ---- host side: the device ---- */
 
-static int tile_for(long long D) { return D <= 64 ? 64 : D <= 256 ? 32 : 16; }
+/* What a device is, read once per device (a device from kMaxDevices on: every call): its compute
+ * capability (10 major + minor), the shared memory a block may opt in to, and whether the sm_90a
+ * kernels are the code loaded there (hopper_code_loaded, fwd_hopper.cu) */
+struct device_facts {
+    int cc, smem_optin, hopper_code;
+};
+constexpr int kMaxDevices = 64;
+
+/* dev must be the current device (hopper_code_loaded asks about it) */
+static wa_status device_facts_of(int dev, device_facts *f) {
+    static device_facts cache[kMaxDevices];
+    static std::atomic<int> ready[kMaxDevices];
+    static std::mutex filling;
+    const bool cached = dev >= 0 && dev < kMaxDevices;
+    if (cached && ready[dev].load(std::memory_order_acquire)) {
+        *f = cache[dev];
+        return WA_OK;
+    }
+    int major = 0, minor = 0, optin = 0;
+    CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    f->cc = 10 * major + minor, f->smem_optin = optin, f->hopper_code = hopper_code_loaded();
+    if (cached) {
+        std::lock_guard<std::mutex> hold(filling);
+        cache[dev] = *f;
+        ready[dev].store(1, std::memory_order_release);
+    }
+    return WA_OK;
+}
+
+/* the shared memory a block has on the GPUs WINATTN_CUDA=sm80 and sm86 stand for: compute
+ * capability 8.0 (A100) and 8.6 / 8.9 (RTX 30x0 and 40x0, A10, A40, L4, L40) */
+constexpr size_t kSmemSm80 = 166912, kSmemSm86 = 101376;
+
+/* The target of a call on the current device (cuda_target, common.cuh). Compute capability 9.0
+ * running the sm_90a build gets every version; 8.x, and any other 8.0-or-newer GPU (Blackwell's
+ * 10.x and 12.x, which run the compute_80 PTX through the driver's JIT: mma.sync, cp.async and
+ * ldmatrix are all they need), the mma.sync kernels where their shared memory fits; so does a 9.0
+ * GPU whose driver JIT-compiled the PTX (CUDA_FORCE_PTX_JIT=1), where the Hopper kernels are stubs.
+ * WINATTN_CUDA, read per call, selects paths for comparisons (dev/cuda) and for checking on one GPU
+ * what another runs:
+ *   v1     every call on version 1;
+ *   mma    no wgmma kernel: versions 2 and 5's mma.sync kernels, version 1 for the rest;
+ *   sm80   what a compute-capability 8.0 GPU runs: mma, with no more than 163 KB a block;
+ *   sm86   what 8.6 and 8.9 run: mma with 99 KB;
+ *   v3     version 3's forward at D = 256 instead of version 4 (hopper_prims.cuh);
+ *   v4a    version 4's forward without the in-warpgroup overlap (fwd_hopper.cu). */
+static wa_status cuda_target_now(cuda_target *t) {
+    int dev = 0;
+    CUDA_TRY(cudaGetDevice(&dev));
+    device_facts f;
+    const wa_status st = device_facts_of(dev, &f);
+    if (st != WA_OK) return st;
+    if (f.cc < 80)
+        return wa_fail(WA_ERR_UNSUPPORTED, "CUDA device %d has compute capability %d.%d; winattn's kernels need 8.0 or newer", dev,
+                       f.cc / 10, f.cc % 10);
+    const char *force = getenv("WINATTN_CUDA");
+    const bool sm80 = force && !strcmp(force, "sm80"), sm86 = force && !strcmp(force, "sm86");
+    t->tensor_cores = !(force && !strcmp(force, "v1"));
+    t->hopper = f.hopper_code && !(force && !strcmp(force, "mma")) && !sm80 && !sm86;
+    t->smem_optin = (size_t)f.smem_optin;
+    if (sm80 || sm86) t->smem_optin = std::min(t->smem_optin, sm80 ? kSmemSm80 : kSmemSm86);
+    return WA_OK;
+}
+
+/* ---- host side: version 1 ---- */
 
 /* shared-memory floats of each kernel, matching the carving at the top of each */
 static size_t fwd_smem(int Bt, int D) { return sizeof(float) * ((size_t)2 * Bt * (D + 1) + 2 * Bt * D + Bt * (Bt + 1) + 3 * Bt); }
 static size_t rowstats_smem(int Bt, int D) { return sizeof(float) * ((size_t)4 * Bt * (D + 1) + 2 * Bt * (Bt + 1) + 3 * Bt); }
 static size_t dkdv_smem(int Bt, int D) { return sizeof(float) * ((size_t)4 * Bt * (D + 1) + 2 * Bt * D + 2 * Bt * (Bt + 1) + 3 * Bt); }
 static size_t dq_smem(int Bt, int D) { return sizeof(float) * ((size_t)4 * Bt * (D + 1) + Bt * D + 2 * Bt * (Bt + 1) + 3 * Bt); }
+static size_t v1_smem(int Bt, int D) {
+    return std::max(std::max(fwd_smem(Bt, D), rowstats_smem(Bt, D)), std::max(dkdv_smem(Bt, D), dq_smem(Bt, D)));
+}
 
-static size_t max_smem_bytes(void) {
+/* Rows per tile: 64 at D <= 64, 32 at D <= 256, 16 above, halved (down to 8) while the four kernels
+ * need more shared memory than a block may have: on 8.6 / 8.9 (99 KB) from D = 44 on, on 8.0 (163
+ * KB) from D = 206 on. At 8 rows every D fits 99 KB (D = 512's dK/dV kernel takes 96.8 KB). */
+static int tile_for(long long D, size_t smem_optin) {
+    int Bt = D <= 64 ? 64 : D <= 256 ? 32 : 16;
+    while (Bt > 8 && v1_smem(Bt, (int)D) > smem_optin) Bt /= 2;
+    return Bt;
+}
+
+/* the most any launch on a device with smem_optin asks for (at the tiles tile_for picks there) */
+static size_t max_smem_bytes(size_t smem_optin) {
     size_t worst = 0;
-    for (int D = 1; D <= WA_MAX_HEAD_DIM; D++) {
-        int Bt = tile_for(D);
-        size_t sizes[4] = {fwd_smem(Bt, D), rowstats_smem(Bt, D), dkdv_smem(Bt, D), dq_smem(Bt, D)};
-        for (int i = 0; i < 4; i++) worst = sizes[i] > worst ? sizes[i] : worst;
-    }
-    return worst;
+    for (int D = 1; D <= WA_MAX_HEAD_DIM; D++) worst = std::max(worst, v1_smem(tile_for(D, smem_optin), D));
+    return std::min(worst, smem_optin);
 }
 
 static dev_tensor dev_of(const wa_tensor *t) {
@@ -371,7 +454,7 @@ static dev_tensor dev_of(const wa_tensor *t) {
     return d;
 }
 
-static kparams params_of(const wa_problem *p) {
+static kparams params_of(const wa_problem *p, const cuda_target &t) {
     kparams k;
     k.q = dev_of(p->q), k.k = dev_of(p->k), k.v = dev_of(p->v), k.o = dev_of(p->o), k.lse = dev_of(p->lse);
     k.dout = dev_of(p->do_), k.dq = dev_of(p->dq), k.dk = dev_of(p->dk), k.dv = dev_of(p->dv);
@@ -382,7 +465,7 @@ static kparams params_of(const wa_problem *p) {
     k.cu_q = p->cu_q, k.cu_k = p->cu_k, k.Tq = p->Tq, k.Tk = p->Tk;
     k.ws_stride = p->cu_q ? p->Tq : 0;
     k.seq0 = k.q_row0 = k.k_row0 = 0;
-    k.tile = tile_for(p->D);
+    k.tile = tile_for(p->D, t.smem_optin);
     k.n_qtiles = (int)((p->Nq + k.tile - 1) / k.tile);
     k.n_ktiles = (int)((p->Nk + k.tile - 1) / k.tile);
     return k;
@@ -393,7 +476,8 @@ static cudaStream_t stream_of(const wa_context *ctx) { return (cudaStream_t)ctx-
 /* The dynamic shared-memory limit is a property of each kernel, shared by every host thread.
  * Setting it per launch to that launch's size raced between threads with different sizes
  * (compute-sanitizer caught "too many resources requested"), so raise_smem_limits() raises it
- * once, for every kernel, to the largest size any head dim needs; every launch asks for less. */
+ * once per device, for every kernel, to the largest size any head dim needs there (at the device's
+ * own limit: WINATTN_CUDA=sm80 / sm86 pick tiles no larger); every launch asks for less. */
 
 typedef void (*v1_kernel)(const kparams);
 template <typename T> static cudaError_t raise_for_dtype(int bytes) {
@@ -406,13 +490,19 @@ template <typename T> static cudaError_t raise_for_dtype(int bytes) {
 }
 
 static wa_status raise_smem_limits(void) {
-    static volatile int done = 0; /* racing first calls set the same values: harmless */
-    if (done) return WA_OK;
-    int bytes = (int)max_smem_bytes();
+    static volatile unsigned long long done = 0; /* bit per device; racing first calls set the same values: harmless */
+    int dev = 0;
+    CUDA_TRY(cudaGetDevice(&dev));
+    const unsigned long long bit = dev < 64 ? 1ull << dev : 0;
+    if (done & bit) return WA_OK;
+    device_facts f;
+    const wa_status st = device_facts_of(dev, &f);
+    if (st != WA_OK) return st;
+    int bytes = (int)max_smem_bytes((size_t)f.smem_optin);
     CUDA_TRY(raise_for_dtype<float>(bytes));
     CUDA_TRY(raise_for_dtype<__half>(bytes));
     CUDA_TRY(raise_for_dtype<__nv_bfloat16>(bytes));
-    done = 1;
+    done |= bit;
     return WA_OK;
 }
 
@@ -434,14 +524,24 @@ static wa_status check_grid(const wa_problem *p) {
     if (p->Hq > 65535 || (p->B > 65535 && !p->cu_q)) /* varlen launches take the sequences in chunks */
         return wa_fail(WA_ERR_UNSUPPORTED, "CUDA backend: B = %lld and Hq = %lld must each be at most 65535", (long long)p->B,
                        (long long)p->Hq);
-    if ((p->Nq + 15) / 16 > 0x7fffffff || (p->Nk + 15) / 16 > 0x7fffffff)
+    if ((p->Nq + 7) / 8 > 0x7fffffff || (p->Nk + 7) / 8 > 0x7fffffff) /* tiles of 8 rows at the least */
         return wa_fail(WA_ERR_UNSUPPORTED, "CUDA backend: sequence too long");
     return WA_OK;
 }
 
-template <typename T> static wa_status forward_t(wa_context *ctx, const wa_problem *p) {
-    kparams kp = params_of(p);
-    if (mma_supports(p)) return mma_forward(kp, p->dtype, stream_of(ctx));
+/* version 1's tile at the smallest still needing more shared memory than the device has (a device
+ * with less than 99 KB a block, none of 8.0 and up) */
+static wa_status check_v1_fits(const kparams &kp, const cuda_target &t) {
+    if (v1_smem(kp.tile, (int)kp.D) <= t.smem_optin) return WA_OK;
+    return wa_fail(WA_ERR_UNSUPPORTED, "CUDA backend: D = %lld needs %zu bytes of shared memory a block, the device allows %zu", kp.D,
+                   v1_smem(kp.tile, (int)kp.D), t.smem_optin);
+}
+
+template <typename T> static wa_status forward_t(wa_context *ctx, const wa_problem *p, const cuda_target &t) {
+    kparams kp = params_of(p, t);
+    if (mma_supports(p, t, 0)) return mma_forward(kp, p->dtype, t, stream_of(ctx));
+    const wa_status st = check_v1_fits(kp, t);
+    if (st != WA_OK) return st;
     return launch(forward_kernel<T, false>, forward_kernel<T, true>, kp.n_qtiles, (unsigned)p->Hq, fwd_smem(kp.tile, (int)p->D),
                   stream_of(ctx), kp);
 }
@@ -450,11 +550,11 @@ template <typename T> static wa_status forward_t(wa_context *ctx, const wa_probl
  * that form: version 4 at D <= 128 (dQ fused into the dK/dV kernel) and version 2; version 4 at
  * D = 256 has none and stays deterministic, as does version 5 at D = 512 (its atomic form is a lab
  * build: no faster) */
-static int atomic_dq(const wa_context *ctx, const wa_problem *p) {
-    if (ctx->params.cuda_deterministic || !mma_supports(p)) return 0;
+static int atomic_dq(const wa_context *ctx, const wa_problem *p, const cuda_target &t) {
+    if (ctx->params.cuda_deterministic || !mma_supports(p, t, 1)) return 0;
     if (p->D == 512) return wide_backward_atomic_dq();
-    const kparams kp = params_of(p);
-    return !hopper_backward_supports(kp) || hopper_backward_fuses_dq(kp);
+    const kparams kp = params_of(p, t);
+    return !t.hopper || !hopper_backward_supports(kp) || hopper_backward_fuses_dq(kp);
 }
 
 /* backward workspace: two arrays of rows (delta, then rnorm for f32 or lse2 for the version-4
@@ -467,8 +567,8 @@ static size_t ws_rows(const wa_problem *p) {
     if (p->cu_q) return (size_t)((p->Hq * p->Tq + 63) / 64 * 64);
     return (size_t)(p->B * p->Hq * ((p->Nq + 63) / 64 * 64));
 }
-static size_t workspace_floats(const wa_context *ctx, const wa_problem *p) {
-    size_t n = 2 * ws_rows(p) + (atomic_dq(ctx, p) ? ws_rows(p) * (size_t)p->D : 0);
+static size_t workspace_floats(const wa_context *ctx, const wa_problem *p, const cuda_target &t) {
+    size_t n = 2 * ws_rows(p) + (atomic_dq(ctx, p, t) ? ws_rows(p) * (size_t)p->D : 0);
     return n ? n : 1;
 }
 
@@ -504,14 +604,18 @@ static wa_status context_workspace(wa_context *ctx, size_t bytes, cudaStream_t s
     return WA_OK;
 }
 
-template <typename T> static wa_status backward_t(wa_context *ctx, const wa_problem *p) {
-    kparams kp = params_of(p);
+template <typename T> static wa_status backward_t(wa_context *ctx, const wa_problem *p, const cuda_target &t) {
+    kparams kp = params_of(p, t);
     cudaStream_t s = stream_of(ctx);
     size_t rows = (size_t)(p->B * p->Hq * p->Nq);
-    int f32 = p->dtype == WA_F32, atomic = atomic_dq(ctx, p);
+    int f32 = p->dtype == WA_F32, atomic = atomic_dq(ctx, p, t), tensor_cores = mma_supports(p, t, 1);
+    if (!tensor_cores) {
+        const wa_status fits = check_v1_fits(kp, t);
+        if (fits != WA_OK) return fits;
+    }
     void *ws = nullptr;
     int owned = 0;
-    const wa_status got = context_workspace(ctx, workspace_floats(ctx, p) * sizeof(float), s, &ws, &owned);
+    const wa_status got = context_workspace(ctx, workspace_floats(ctx, p, t) * sizeof(float), s, &ws, &owned);
     if (got != WA_OK) return got;
     kp.delta = (float *)ws;
     kp.nq_pad = (p->Nq + 63) / 64 * 64;
@@ -519,8 +623,8 @@ template <typename T> static wa_status backward_t(wa_context *ctx, const wa_prob
     kp.lse2 = f32 ? nullptr : kp.delta + ws_rows(p);
     kp.dq_acc = atomic ? kp.delta + 2 * ws_rows(p) : nullptr;
     wa_status st = WA_OK;
-    if (mma_supports(p)) {
-        st = mma_backward(kp, p->dtype, s); /* version 4 (bwd_hopper.cu) or 2 (attn_mma.cu) */
+    if (tensor_cores) {
+        st = mma_backward(kp, p->dtype, t, s); /* version 4 (bwd_hopper.cu), 5 (bwd_wide.cu) or 2 (attn_mma.cu) */
     } else {
         if (f32) {
             st = launch(rowstats_kernel<T, false>, rowstats_kernel<T, true>, kp.n_qtiles, (unsigned)p->Hq,
@@ -551,16 +655,17 @@ template <typename T> static wa_status backward_t(wa_context *ctx, const wa_prob
 
 extern "C" {
 
+/* a GPU of compute capability 8.0 or newer is present (the call's own device is checked per call:
+ * cuda_target_now) */
 int wa_cuda_available(void) {
     static int cached = -1;
     if (cached < 0) {
         int n = 0, ok = 0;
-        if (cudaGetDeviceCount(&n) == cudaSuccess && n > 0) {
-            cudaDeviceProp prop;
-            int dev = 0;
-            /* the kernels are built for sm_90a (Hopper) only */
-            ok = cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&prop, dev) == cudaSuccess && prop.major == 9;
-        }
+        if (cudaGetDeviceCount(&n) == cudaSuccess)
+            for (int dev = 0; dev < n && !ok; dev++) {
+                int major = 0;
+                ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 8;
+            }
         cudaGetLastError(); /* clear the no-device error so it does not surface later */
         cached = ok;
     }
@@ -569,16 +674,24 @@ int wa_cuda_available(void) {
 
 size_t wa_cuda_workspace_bytes(const wa_context *ctx, const wa_problem *p, int backward) {
     if (!backward || p->B * p->Hq * p->Nq == 0) return 0;
-    return workspace_floats(ctx, p) * sizeof(float);
+    cuda_target t;
+    if (cuda_target_now(&t) != WA_OK) {
+        (void)cudaGetLastError();
+        wa_clear_error(); /* the call itself reports it */
+        return 2 * ws_rows(p) * sizeof(float);
+    }
+    return workspace_floats(ctx, p, t) * sizeof(float);
 }
 
 wa_status wa_cuda_forward(wa_context *ctx, const wa_problem *p) {
     wa_status st = check_grid(p);
     if (st != WA_OK || p->B == 0 || p->Hq == 0 || p->Nq == 0) return st;
+    cuda_target t;
+    if ((st = cuda_target_now(&t)) != WA_OK) return st;
     switch (p->dtype) {
-    case WA_F32: return forward_t<float>(ctx, p);
-    case WA_F16: return forward_t<__half>(ctx, p);
-    case WA_BF16: return forward_t<__nv_bfloat16>(ctx, p);
+    case WA_F32: return forward_t<float>(ctx, p, t);
+    case WA_F16: return forward_t<__half>(ctx, p, t);
+    case WA_BF16: return forward_t<__nv_bfloat16>(ctx, p, t);
     }
     return wa_fail(WA_ERR_DTYPE, "unknown dtype");
 }
@@ -586,10 +699,12 @@ wa_status wa_cuda_forward(wa_context *ctx, const wa_problem *p) {
 wa_status wa_cuda_backward(wa_context *ctx, const wa_problem *p) {
     wa_status st = check_grid(p);
     if (st != WA_OK || p->B == 0 || p->Hq == 0) return st;
+    cuda_target t;
+    if ((st = cuda_target_now(&t)) != WA_OK) return st;
     switch (p->dtype) {
-    case WA_F32: return backward_t<float>(ctx, p);
-    case WA_F16: return backward_t<__half>(ctx, p);
-    case WA_BF16: return backward_t<__nv_bfloat16>(ctx, p);
+    case WA_F32: return backward_t<float>(ctx, p, t);
+    case WA_F16: return backward_t<__half>(ctx, p, t);
+    case WA_BF16: return backward_t<__nv_bfloat16>(ctx, p, t);
     }
     return wa_fail(WA_ERR_DTYPE, "unknown dtype");
 }

@@ -5,7 +5,9 @@
  * version 4 first and run these when it does not apply (tensors TMA cannot describe, or
  * WINATTN_CUDA=mma / v3 for comparisons). At D = 512 (version 5) the forward kernel
  * below splits D between two warps per 16 rows (fwd_split) as the fallback of fwd_hopper.cu's
- * wgmma form, and mma_backward hands the backward to bwd_wide.cu.
+ * wgmma form, and mma_backward hands the backward to bwd_wide.cu. On GPUs other than Hopper
+ * (compute capability 8.0 and up: cuda_target in common.cuh) the mma.sync kernels here and in
+ * bwd_wide.cu are the tensor-core path, where their shared memory fits (mma_supports).
  * Everything else (f32, other head dims, rows not 16-byte aligned) stays on version 1 in
  * attn_cuda.cu, which dispatches here through mma_supports().
  *
@@ -32,8 +34,9 @@
  */
 #include "mma_prims.cuh"
 
-#include <stdlib.h>
-#include <string.h>
+#include <stdint.h>
+
+#include <algorithm>
 
 namespace {
 
@@ -179,6 +182,9 @@ template <int D> constexpr size_t wg_smem_bytes() { return 1024 + (size_t)2 * (k
  * warpgroups run in step (one barrier per key tile); running them half a tile apart so that one's
  * softmax overlaps the other's products measured slower (v3b in dev/cuda/README.md). */
 template <typename T, int D, bool VARLEN> __global__ void __launch_bounds__(kWgThreads, 1) fwd_wgmma_kernel(const kparams kp) {
+#if WA_HOPPER_STUB /* not the sm_90a compilation: never launched (common.cuh) */
+    __trap();
+#else
     constexpr int BM = kWgBM, BN = wg_bn<D>(), NT = kWgThreads, KS = D / 16, DB = D / 64;
     extern __shared__ __align__(1024) unsigned char smem[];
     const uint32_t sQ = (smem_u32(smem) + 1023u) & ~1023u, sK = sQ + BM * D * 2, sV = sK + 2 * BN * D * 2;
@@ -253,6 +259,7 @@ template <typename T, int D, bool VARLEN> __global__ void __launch_bounds__(kWgT
     }
     cp_async_wait<0>();
     store_rows<T, DB * 8>(p, reinterpret_cast<const float (&)[DB * 8][4]>(acc), row_max, row_sum, rows, b, h, t4);
+#endif
 }
 
 /* ---- backward ---- */
@@ -404,8 +411,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1) dkdv_mma_kernel(const kparams 
 #pragma unroll
                 for (int i = 0; i < CW / 8; i++) {
                     const int col = dh * DH + ch * CW + i * 8 + 2 * t4;
-                    if (r0 < p.Nq) atomicAdd((float2 *)(acc_row0 + col), make_float2(dq[i][0], dq[i][1]));
-                    if (r0 + 8 < p.Nq) atomicAdd((float2 *)(acc_row1 + col), make_float2(dq[i][2], dq[i][3]));
+                    if (r0 < p.Nq) atomic_add2(acc_row0 + col, dq[i][0], dq[i][1]);
+                    if (r0 + 8 < p.Nq) atomic_add2(acc_row1 + col, dq[i][2], dq[i][3]);
                 }
             }
         }
@@ -554,7 +561,7 @@ template <typename T, int D, bool VARLEN> __global__ void __launch_bounds__(32 *
  * grid, or the varlen one over the sequences (over_sequences: z in chunks of 65535); the grid's
  * tiles come from the longest sequence, and a CTA past its own sequence's end leaves at once. */
 template <typename T, int D, bool VARLEN> static wa_status fwd_wgmma_launch(const kparams &kp, cudaStream_t s) {
-    static volatile int done = 0;
+    static volatile unsigned long long done = 0;
     constexpr size_t bytes = wg_smem_bytes<D>();
     CUDA_TRY(raise_once(fwd_wgmma_kernel<T, D, VARLEN>, bytes, &done));
     return over_sequences(kp, [&](const kparams &c, unsigned z) {
@@ -564,16 +571,11 @@ template <typename T, int D, bool VARLEN> static wa_status fwd_wgmma_launch(cons
     });
 }
 
-/* WINATTN_CUDA=mma keeps the forward on the mma.sync kernel (for comparisons in dev/cuda) */
-static int forward_on_mma_sync(void) {
-    const char *force = getenv("WINATTN_CUDA");
-    return force && !strcmp(force, "mma");
-}
-
-template <typename T, int D, bool VARLEN> static wa_status fwd_launch(const kparams &kp, cudaStream_t s) {
+/* the wgmma forward (version 3) where `hopper` (cuda_target), else the mma.sync one */
+template <typename T, int D, bool VARLEN> static wa_status fwd_launch(const kparams &kp, bool hopper, cudaStream_t s) {
     if constexpr (D >= WA_WGMMA_MIN_D && D <= 256)
-        if (!forward_on_mma_sync()) return fwd_wgmma_launch<T, D, VARLEN>(kp, s);
-    static volatile int done = 0;
+        if (hopper) return fwd_wgmma_launch<T, D, VARLEN>(kp, s);
+    static volatile unsigned long long done = 0;
     constexpr size_t bytes = fwd_smem_bytes<D>();
     CUDA_TRY(raise_once(fwd_mma_kernel<T, D, VARLEN>, bytes, &done));
     return over_sequences(kp, [&](const kparams &c, unsigned z) {
@@ -585,7 +587,7 @@ template <typename T, int D, bool VARLEN> static wa_status fwd_launch(const kpar
 }
 
 template <typename T, int D, bool VARLEN> static wa_status bwd_launch(const kparams &kp, cudaStream_t s) {
-    static volatile int done_kv = 0, done_kva = 0, done_q = 0;
+    static volatile unsigned long long done_kv = 0, done_kva = 0, done_q = 0;
     constexpr size_t kv_bytes = dkdv_smem_bytes<D>(), q_bytes = dq_smem_bytes<D>();
     const bool atomic = kp.dq_acc != nullptr;
     CUDA_TRY(raise_once(dkdv_mma_kernel<T, D, false, VARLEN>, kv_bytes, &done_kv));
@@ -617,12 +619,12 @@ template <typename T, int D, bool VARLEN> static wa_status bwd_launch(const kpar
     return convert_dq_rows<T>(kp, s);
 }
 
-template <typename T> static wa_status fwd_by_dim(const kparams &kp, cudaStream_t s) {
+template <typename T> static wa_status fwd_by_dim(const kparams &kp, bool hopper, cudaStream_t s) {
     switch (kp.D) {
-    case 64: return kp.cu_q ? fwd_launch<T, 64, true>(kp, s) : fwd_launch<T, 64, false>(kp, s);
-    case 128: return kp.cu_q ? fwd_launch<T, 128, true>(kp, s) : fwd_launch<T, 128, false>(kp, s);
-    case 256: return kp.cu_q ? fwd_launch<T, 256, true>(kp, s) : fwd_launch<T, 256, false>(kp, s);
-    case 512: return kp.cu_q ? fwd_launch<T, 512, true>(kp, s) : fwd_launch<T, 512, false>(kp, s);
+    case 64: return kp.cu_q ? fwd_launch<T, 64, true>(kp, hopper, s) : fwd_launch<T, 64, false>(kp, hopper, s);
+    case 128: return kp.cu_q ? fwd_launch<T, 128, true>(kp, hopper, s) : fwd_launch<T, 128, false>(kp, hopper, s);
+    case 256: return kp.cu_q ? fwd_launch<T, 256, true>(kp, hopper, s) : fwd_launch<T, 256, false>(kp, hopper, s);
+    case 512: return kp.cu_q ? fwd_launch<T, 512, true>(kp, hopper, s) : fwd_launch<T, 512, false>(kp, hopper, s);
     }
     return wa_fail(WA_ERR_UNSUPPORTED, "tensor-core forward: D = %lld", kp.D);
 }
@@ -643,31 +645,49 @@ static int rows_aligned(const wa_tensor *t, int varlen) {
     return ((uintptr_t)t->data % 16) == 0 && (varlen || t->stride[0] % 8 == 0) && t->stride[1] % 8 == 0 && t->stride[2] % 8 == 0;
 }
 
+/* Dynamic shared memory of the mma.sync kernels a call at head dim D launches (and raises the
+ * limit of): the forward, or the backward's largest (dK/dV or dQ; δ uses none). On compute
+ * capability 8.0 (163 KB a block) the forward and the backward fit at D = 64 and 128; on 8.6 and 8.9
+ * (99 KB) the forward at D = 64 and 128 and the backward at D = 64; D = 256 and 512 need Hopper's
+ * 227 KB. */
+static size_t mma_sync_smem(long long D, int backward) {
+    switch (D) {
+    case 64: return backward ? std::max(dkdv_smem_bytes<64>(), dq_smem_bytes<64>()) : fwd_smem_bytes<64>();
+    case 128: return backward ? std::max(dkdv_smem_bytes<128>(), dq_smem_bytes<128>()) : fwd_smem_bytes<128>();
+    case 256: return backward ? std::max(dkdv_smem_bytes<256>(), dq_smem_bytes<256>()) : fwd_smem_bytes<256>();
+    case 512: return backward ? wide_backward_smem() : fwd_smem_bytes<512>();
+    }
+    return SIZE_MAX;
+}
+
 } /* namespace */
 
-int mma_supports(const wa_problem *p) {
-    /* WINATTN_CUDA=v1 keeps every call on version 1 (for comparisons in dev/cuda) */
-    const char *force = getenv("WINATTN_CUDA");
-    if (force && !strcmp(force, "v1")) return 0;
+int mma_supports(const wa_problem *p, const cuda_target &t, int backward) {
+    if (!t.tensor_cores) return 0;
     if (p->dtype != WA_F16 && p->dtype != WA_BF16) return 0;
     if (p->D != 64 && p->D != 128 && p->D != 256 && p->D != 512) return 0;
     const wa_tensor *all[9] = {p->q, p->k, p->v, p->o, p->lse, p->do_, p->dq, p->dk, p->dv};
     for (int i = 0; i < 9; i++)
         if (i != 4 && !rows_aligned(all[i], p->cu_q != NULL)) return 0;
-    return 1;
+    /* version 1 takes what does not fit; on Hopper versions 3 and 4 need no more than this either */
+    return mma_sync_smem(p->D, backward) <= t.smem_optin;
 }
 
-wa_status mma_forward(const kparams &kp, wa_dtype dt, cudaStream_t s) {
-    int taken = 0;
-    const wa_status st = hopper_forward(kp, dt, s, &taken);
-    if (taken || st != WA_OK) return st;
-    return dt == WA_BF16 ? fwd_by_dim<__nv_bfloat16>(kp, s) : fwd_by_dim<__half>(kp, s);
+wa_status mma_forward(const kparams &kp, wa_dtype dt, const cuda_target &t, cudaStream_t s) {
+    if (t.hopper) {
+        int taken = 0;
+        const wa_status st = hopper_forward(kp, dt, s, &taken);
+        if (taken || st != WA_OK) return st;
+    }
+    return dt == WA_BF16 ? fwd_by_dim<__nv_bfloat16>(kp, t.hopper, s) : fwd_by_dim<__half>(kp, t.hopper, s);
 }
 
-wa_status mma_backward(const kparams &kp, wa_dtype dt, cudaStream_t s) {
-    int taken = 0;
-    const wa_status st = hopper_backward(kp, dt, s, &taken);
-    if (taken || st != WA_OK) return st;
+wa_status mma_backward(const kparams &kp, wa_dtype dt, const cuda_target &t, cudaStream_t s) {
+    if (t.hopper) {
+        int taken = 0;
+        const wa_status st = hopper_backward(kp, dt, s, &taken);
+        if (taken || st != WA_OK) return st;
+    }
     if (kp.D == 512) return wide_backward(kp, dt, s); /* version 5 (bwd_wide.cu) */
     return dt == WA_BF16 ? bwd_by_dim<__nv_bfloat16>(kp, s) : bwd_by_dim<__half>(kp, s);
 }

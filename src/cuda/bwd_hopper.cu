@@ -58,6 +58,9 @@ __device__ __forceinline__ void prob_of(const kparams &p, float x, float lse2, f
 template <int D> constexpr size_t prep_smem_bytes() { return 1024 + (size_t)2 * 64 * D * 2; }
 
 template <typename T, int D, bool VARLEN> __global__ void __launch_bounds__(128) prep_kernel(const kparams kp) {
+#if WA_HOPPER_STUB /* not the sm_90a compilation: never launched (common.cuh) */
+    __trap();
+#else
     extern __shared__ __align__(1024) unsigned char smem[];
     const uint32_t s_do = (smem_u32(smem) + 1023u) & ~1023u, s_o = s_do + 64 * D * 2;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
@@ -110,6 +113,7 @@ template <typename T, int D, bool VARLEN> __global__ void __launch_bounds__(128)
         }
         p.delta[at] = delta, p.lse2[at] = lse2;
     }
+#endif
 }
 
 /* ---- dK, dV ---- */
@@ -176,6 +180,9 @@ template <typename T, int D, Cap CAP, bool FUSE, bool VARLEN>
 __global__ void __launch_bounds__(kThreads, 1)
     dkdv_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
                    const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv, const kparams kp) {
+#if WA_HOPPER_STUB /* not the sm_90a compilation: never launched (common.cuh) */
+    __trap();
+#else
     using L = kv_layout<D, FUSE>;
     constexpr int DB = D / 64, KS = D / 16, QT = L::QT, KEYS = L::KEYS;
     constexpr bool BY_ROWS = kv_by_rows<D>();
@@ -488,6 +495,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else {
         store_frag_rows<T, DB * 8>(cw == 0 ? p.dv : p.dk, reinterpret_cast<const float (&)[DB * 8][4]>(acc), keys, p.Nk, b, hk, t4);
     }
+#endif
 }
 
 /* ---- dQ ---- */
@@ -508,6 +516,9 @@ template <typename T, int D, Cap CAP, bool VARLEN>
 __global__ void __launch_bounds__(kThreads, 1)
     dq_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
                  const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv, const kparams kp) {
+#if WA_HOPPER_STUB /* not the sm_90a compilation: never launched (common.cuh) */
+    __trap();
+#else
     using L = dq_layout<D>;
     constexpr int BM = L::BM, BN = L::BN, DB = D / 64, KS = D / 16, TILE = L::TILE;
     extern __shared__ __align__(1024) unsigned char smem[];
@@ -625,6 +636,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     for (long long kt = wk1; kt < kt1; kt++) ring.skip((int)(kt - kt0), lane);
     store_frag_rows<T, DB * 8>(p.dq, reinterpret_cast<const float (&)[DB * 8][4]>(acc), rows, p.Nq, b, h, t4);
+#endif
 }
 
 /* ---- dQ from the fused backward's f32 accumulator ---- */
@@ -633,6 +645,9 @@ __global__ void __launch_bounds__(kThreads, 1)
  * 64 × 64 floats in the consumers' fragment order (float4 nb·128 + thread: rows 16 w4 + g and
  * + 8, columns 64 block + 8 nb + 2 t4 and + 1), written by add_dq in dkdv_ws_kernel. */
 template <typename T, int D> __global__ void __launch_bounds__(128) dq_convert_kernel(kparams p) {
+#if WA_HOPPER_STUB /* not the sm_90a compilation: never launched (common.cuh) */
+    __trap();
+#else
     constexpr int DB = D / 64;
     const int tid = threadIdx.x, w4 = tid >> 5, g = (tid & 31) >> 2, t4 = tid & 3;
     const long long h = blockIdx.y, b = blockIdx.z, i0 = (long long)blockIdx.x * 64;
@@ -645,6 +660,7 @@ template <typename T, int D> __global__ void __launch_bounds__(128) dq_convert_k
     }
     const long long rows[2] = {i0 + w4 * 16 + g, i0 + w4 * 16 + g + 8};
     store_frag_rows<T, DB * 8>(p.dq, frag, rows, p.Nq, b, h, t4);
+#endif
 }
 
 /* ---- host side ---- */
@@ -655,7 +671,7 @@ template <typename T, int D> __global__ void __launch_bounds__(128) dq_convert_k
  * dq_rows_convert_kernel (mma_prims.cuh) rounds it. */
 template <typename T, int D, Cap CAP, bool VARLEN>
 static wa_status launch_all(const kparams &kp, const CUtensorMap (&m)[8], cudaStream_t s) {
-    static volatile int done_prep = 0, done_kv = 0, done_fused = 0, done_q = 0;
+    static volatile unsigned long long done_prep = 0, done_kv = 0, done_fused = 0, done_q = 0;
     constexpr int keys = kv_keys<D>();
     const unsigned q_tiles = (unsigned)(kp.nq_pad / 64), key_tiles = (unsigned)((kp.Nk + keys - 1) / keys);
     CUDA_TRY(raise_once(prep_kernel<T, D, VARLEN>, prep_smem_bytes<D>(), &done_prep));

@@ -201,8 +201,8 @@ template <typename T, bool ATOMIC_DQ, bool VARLEN> __global__ void __launch_boun
 #pragma unroll
                 for (int i = 0; i < 8; i++) {
                     const int col = c4 * 128 + ch * 64 + i * 8 + 2 * t4;
-                    if (r0 < p.Nq) atomicAdd((float2 *)(acc_row0 + col), make_float2(dq[i][0], dq[i][1]));
-                    if (r0 + 8 < p.Nq) atomicAdd((float2 *)(acc_row1 + col), make_float2(dq[i][2], dq[i][3]));
+                    if (r0 < p.Nq) atomic_add2(acc_row0 + col, dq[i][0], dq[i][1]);
+                    if (r0 + 8 < p.Nq) atomic_add2(acc_row1 + col, dq[i][2], dq[i][3]);
                 }
             }
         }
@@ -293,7 +293,7 @@ template <typename T, bool VARLEN> __global__ void __launch_bounds__(kThreads, 1
  * (over_sequences), tiles from the longest sequence, each CTA past its own sequence's end leaving
  * at once */
 template <typename T, bool VARLEN> static wa_status launch(const kparams &kp, cudaStream_t s) {
-    static volatile int done_kv = 0, done_kva = 0, done_q = 0;
+    static volatile unsigned long long done_kv = 0, done_kva = 0, done_q = 0;
     CUDA_TRY(raise_once(dkdv_wide_kernel<T, false, VARLEN>, kDkdvSmem, &done_kv));
     CUDA_TRY(raise_once(dkdv_wide_kernel<T, true, VARLEN>, kDkdvSmem, &done_kva));
     CUDA_TRY(raise_once(dq_wide_kernel<T, VARLEN>, kDqSmem, &done_q));
@@ -332,6 +332,8 @@ int wide_backward_atomic_dq(void) {
     return 0;
 #endif
 }
+
+size_t wide_backward_smem(void) { return kDkdvSmem > kDqSmem ? kDkdvSmem : kDqSmem; }
 
 wa_status wide_backward(const kparams &kp, wa_dtype dt, cudaStream_t s) {
     if (kp.cu_q) return dt == WA_BF16 ? launch<__nv_bfloat16, true>(kp, s) : launch<__half, true>(kp, s);

@@ -19,6 +19,16 @@ extern "C" {
             return wa_fail(WA_ERR_CUDA, "%s failed: %s (%s:%d)", #call, cudaGetErrorString(err_), __FILE__, __LINE__); \
     } while (0)
 
+/* The Hopper kernels (version 4, version 5's forward, version 3's forward: wgmma, TMA, mbarrier
+ * transactions, setmaxnreg) exist only in the sm_90a compilation. Every other one (compute_80: the
+ * SASS for sm_80, sm_86, sm_89 and the PTX that newer GPUs JIT-compile) gets bodies that trap, which
+ * the dispatcher never launches (cuda_target, attn_cuda.cu). The host pass sees the real bodies. */
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WA_HOPPER_STUB 1
+#else
+#define WA_HOPPER_STUB 0
+#endif
+
 struct dev_tensor {
     char *data;
     long long s0, s1, s2; /* element strides of B, H, N; the D stride is 1 */
@@ -120,16 +130,36 @@ template <typename F> static wa_status over_sequences(const kparams &kp, F &&f) 
     return WA_OK;
 }
 
+/* What the current device runs, for every dispatch decision below (attn_cuda.cu: cuda_target_now,
+ * the device's facts read once per device, WINATTN_CUDA applied per call). Compute capability 8.0
+ * and up runs versions 1, 2 and 5's mma.sync kernels; versions 3, 4 and 5's wgmma forward only
+ * where the sm_90a build is the code loaded. */
+struct cuda_target {
+    bool tensor_cores; /* versions 2 to 5 at all (WINATTN_CUDA=v1: no) */
+    bool hopper;       /* versions 3, 4 and 5's wgmma forward: compute capability 9.0 running the sm_90a
+                        * kernels (not the compute_80 PTX JIT-compiled, whose Hopper kernels are
+                        * stubs), unless WINATTN_CUDA=mma, sm80 or sm86 keeps them off */
+    size_t smem_optin; /* dynamic shared memory a block may opt in to: the device's
+                        * (cudaDevAttrMaxSharedMemoryPerBlockOptin), or less under WINATTN_CUDA=sm80
+                        * (A100's 163 KB) or sm86 (99 KB, sm_86 / sm_89) */
+};
+
 /* ---- tensor-core path (attn_mma.cu): f16/bf16, D in {64, 128, 256, 512}, 16-byte aligned rows ---- */
-int mma_supports(const wa_problem *p);
+/* whether the call runs there on target t: on Hopper always (every fallback fits its 227 KB), elsewhere
+ * when the mma.sync kernels of the direction (forward, or backward when `backward`) fit t.smem_optin;
+ * the rest runs on version 1 */
+int mma_supports(const wa_problem *p, const cuda_target &t, int backward);
 /* forward into o and lse */
-wa_status mma_forward(const kparams &kp, wa_dtype dt, cudaStream_t s);
+wa_status mma_forward(const kparams &kp, wa_dtype dt, const cuda_target &t, cudaStream_t s);
+/* whether the current device runs fwd_hopper.cu's kernels as built for sm_90a (rather than the stubs
+ * of the compute_80 PTX) */
+int hopper_code_loaded(void);
 /* version 4's forward (fwd_hopper.cu: TMA, warp-specialised wgmma) when it applies (D = 64, 128,
- * 256, strides TMA can express); *taken = 0 leaves the call to mma_forward */
+ * 256, strides TMA can express); *taken = 0 leaves the call to mma_forward. Only where t.hopper */
 wa_status hopper_forward(const kparams &kp, wa_dtype dt, cudaStream_t s, int *taken);
 /* version 4's backward (bwd_hopper.cu) when it applies (D = 64, 128, 256, lse given, strides TMA
  * can express); it needs kp.delta and kp.lse2 with B*Hq*nq_pad floats each. *taken = 0 leaves the
- * call to version 2 in mma_backward */
+ * call to version 2 in mma_backward. Only where t.hopper */
 int hopper_backward_supports(const kparams &kp);
 /* whether version 4 has the fused form (dQ added by the dK/dV kernel into kp.dq_acc) for kp's
  * head dim (D <= 128); elsewhere it ignores kp.dq_acc */
@@ -139,8 +169,10 @@ wa_status hopper_backward(const kparams &kp, wa_dtype dt, cudaStream_t s, int *t
  * ([B, Hq, Nq, D] f32) when it is set, else by its own deterministic kernel; the dispatcher sets it
  * only where wide_backward_atomic_dq() says so (a lab build) */
 int wide_backward_atomic_dq(void);
+/* the dynamic shared memory of its largest kernel */
+size_t wide_backward_smem(void);
 wa_status wide_backward(const kparams &kp, wa_dtype dt, cudaStream_t s);
 /* backward; kp.delta must point to B*Hq*Nq floats of workspace, which this fills */
-wa_status mma_backward(const kparams &kp, wa_dtype dt, cudaStream_t s);
+wa_status mma_backward(const kparams &kp, wa_dtype dt, const cuda_target &t, cudaStream_t s);
 
 #endif /* WA_CUDA_COMMON_CUH */

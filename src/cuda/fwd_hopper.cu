@@ -86,6 +86,9 @@ template <typename T, int D, bool PIPELINED, Cap CAP, bool VARLEN>
 __global__ void __launch_bounds__(kThreads, 1)
     fwd_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                   const __grid_constant__ CUtensorMap tv, const kparams kp) {
+#if WA_HOPPER_STUB /* not the sm_90a compilation: never launched (common.cuh) */
+    __trap();
+#else
     using L = ws_layout<D>;
     constexpr int BM = kBM, BN = L::BN, DB = D / 64, KS = D / 16, TILE = BN * D * 2;
     extern __shared__ __align__(1024) unsigned char smem[];
@@ -250,6 +253,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 
     store_rows<T, DB * 8>(p, reinterpret_cast<const float (&)[DB * 8][4]>(acc), row_max, row_sum, rows, b, h, t4);
+#endif
 }
 
 /* ---- head dim 512 ----
@@ -275,6 +279,9 @@ template <typename T, Cap CAP, bool VARLEN>
 __global__ void __launch_bounds__(kThreads, 1)
     fwd_wide_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                        const __grid_constant__ CUtensorMap tv, const kparams kp) {
+#if WA_HOPPER_STUB /* not the sm_90a compilation: never launched (common.cuh) */
+    __trap();
+#else
     using L = wide_layout;
     constexpr int D = kWideD, BM = kWideBM, BN = kWideBN, DB = D / 64, KH = D / 32, TILE = BN * D * 2;
     extern __shared__ __align__(1024) unsigned char smem[];
@@ -393,6 +400,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_arrive_if(ring.v_empty(pst), lane == 0);
     }
     store_rows<T, 32>(p, reinterpret_cast<const float (&)[32][4]>(acc), row_max, row_sum, rows, b, h, t4, cw * 256);
+#endif
 }
 
 /* ---- host side ---- */
@@ -401,7 +409,7 @@ __global__ void __launch_bounds__(kThreads, 1)
  * the sequences (over_sequences), tiles from the longest */
 template <typename T, int D, bool PIPELINED, Cap CAP, bool VARLEN>
 static wa_status launch(const kparams &kp, const CUtensorMap &q, const CUtensorMap &k, const CUtensorMap &v, cudaStream_t s) {
-    static volatile int done = 0;
+    static volatile unsigned long long done = 0;
     constexpr size_t bytes = ws_layout<D>::bytes;
     CUDA_TRY(raise_once(fwd_ws_kernel<T, D, PIPELINED, CAP, VARLEN>, bytes, &done));
     return over_sequences(kp, [&](const kparams &c, unsigned z) {
@@ -430,7 +438,7 @@ template <typename T> static wa_status by_dim(const kparams &kp, const CUtensorM
 
 template <typename T, Cap CAP, bool VARLEN>
 static wa_status launch_wide(const kparams &kp, const CUtensorMap (&maps)[3], cudaStream_t s) {
-    static volatile int done = 0;
+    static volatile unsigned long long done = 0;
     CUDA_TRY(raise_once(fwd_wide_ws_kernel<T, CAP, VARLEN>, wide_layout::bytes, &done));
     return over_sequences(kp, [&](const kparams &c, unsigned z) {
         const dim3 grid((unsigned)((kp.Nq + kWideBM - 1) / kWideBM), (unsigned)kp.Hq, z);
@@ -455,6 +463,20 @@ static bool wide_forward_head_dim(long long D) {
 }
 
 } /* namespace */
+
+/* The virtual architecture of the code the driver loaded for one of this file's kernels, as CUB's
+ * PtxVersion reads it: 90 for the sm_90a SASS, 80 where the compute_80 PTX was JIT-compiled (a GPU
+ * with no SASS here, or any GPU under CUDA_FORCE_PTX_JIT=1), whose Hopper kernels are stubs. Every
+ * .cu file is built for the same targets, so the driver makes the same choice for each. No launch:
+ * safe during stream capture. */
+int hopper_code_loaded(void) {
+    cudaFuncAttributes a;
+    if (cudaFuncGetAttributes(&a, fwd_ws_kernel<__nv_bfloat16, 128, true, Cap::off, false>) != cudaSuccess) {
+        (void)cudaGetLastError(); /* not left behind for the launch checks */
+        return 0;
+    }
+    return a.ptxVersion >= 90;
+}
 
 /* Without a softcap the kernels fold the scale into exp2's argument (softmax_scores, mma_prims.cuh),
  * which needs it positive; a negative scale (0 means 1/sqrt(D) by then), which no model uses, runs

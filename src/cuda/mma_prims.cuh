@@ -63,6 +63,16 @@ template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi
     return *(uint32_t *)&v;
 }
 
+/* dst[0] += x, dst[1] += y (dst 8-byte aligned) by the atomic-dQ kernels: one vector atomic where
+ * the hardware has it (sm_90 on), two scalar ones before */
+__device__ __forceinline__ void atomic_add2(float *dst, float x, float y) {
+#if __CUDA_ARCH__ >= 900
+    atomicAdd((float2 *)dst, make_float2(x, y));
+#else
+    atomicAdd(dst, x), atomicAdd(dst + 1, y);
+#endif
+}
+
 /* 2^x as the bare MUFU instruction (flushes denormal results to 0, which P never needs): 3-8 %
  * faster than exp2f in the lab (dev/cuda/README.md); -DWA_EXP2F restores exp2f */
 __device__ __forceinline__ float exp2_(float x) {
@@ -529,12 +539,18 @@ template <typename T> static wa_status convert_dq_rows(const kparams &kp, cudaSt
     return WA_OK;
 }
 
-/* The dynamic shared-memory limit of each kernel is set once, to its one fixed size (different
- * sizes per launch raced between host threads in version 1; see attn_cuda.cu). */
-template <typename K> static cudaError_t raise_once(K kernel, size_t bytes, volatile int *done) {
-    if (*done) return cudaSuccess;
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
-    if (e == cudaSuccess) *done = 1;
+/* The dynamic shared-memory limit of each kernel is set once per device (bit `dev` of *done; a
+ * device from 64 on every call: the attribute belongs to the kernel as loaded on the device), to its
+ * one fixed size (different sizes per launch raced between host threads in version 1; see
+ * attn_cuda.cu). */
+template <typename K> static cudaError_t raise_once(K kernel, size_t bytes, volatile unsigned long long *done) {
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess) return e;
+    const unsigned long long bit = dev < 64 ? 1ull << dev : 0;
+    if (*done & bit) return cudaSuccess;
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    if (e == cudaSuccess) *done |= bit; /* a racing thread's bit lost here costs it one more set */
     return e;
 }
 
