@@ -69,7 +69,7 @@ endif
 endif
 ifdef CUDA_ON
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(realpath $(NVCC)))
-NVCCFLAGS ?= -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -Xcompiler -fPIC -Iinclude -std=c++17
+NVCCFLAGS ?= -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_80,code=sm_86 -gencode=arch=compute_80,code=sm_89 -gencode=arch=compute_80,code=compute_80 -Xcompiler -fPIC -Iinclude -std=c++17
 # kernel-lab variants (dev/cuda): e.g. make BUILD=build-x CUDA_DEFINES=-DWA_FWD_NO_PINGPONG
 NVCCFLAGS += $(CUDA_DEFINES)
 LIB_OBJ  += $(CUDA_SRC:%.cu=$(BUILD)/%.o)
