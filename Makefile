@@ -257,7 +257,7 @@ help:
 	@echo "make demo       corpus + small random Gemma 4 + a short LoRA run through winattn (a few minutes)"
 	@echo "make install    PREFIX=$(PREFIX): header, libwinattn.{a,so}, winattn, pkg-config file"
 	@echo "make fuzz       libFuzzer target for the safetensors reader"
-	@echo "make sanitize   library, winattn and tests with ASan + UBSan in $(SAN_BUILD) (not run by make test)"
+	@echo "make sanitize   library, winattn and tests with ASan + UBSan in $(SAN_BUILD) (make test EXTRA=sanitize runs them)"
 	@echo "options: NO_CUDA=1, WERROR=1, CC=clang, BUILD=dir; CFLAGS (default -O2 -g), CPPFLAGS, LDFLAGS, LDLIBS add to the build's own flags"
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
