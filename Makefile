@@ -208,7 +208,7 @@ tile-gemm: $(BUILD)/bench/tile_gemm
 
 # The library, the command and the tests built with AddressSanitizer and UBSan in build-san
 # (SAN_BUILD), for the misuse tests: e.g. `make sanitize && build-san/tests/test_misuse`, or
-# `sh tests/test_cli.sh build-san`. Not part of `make test`.
+# `sh tests/test_cli.sh build-san`. `make test EXTRA=sanitize` runs the tests and parity --quick with it.
 SAN_BUILD ?= build-san
 SAN_CFLAGS ?= -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
 sanitize:
