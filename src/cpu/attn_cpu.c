@@ -14,7 +14,10 @@
  *             slots); (b, h, query tile) owns the dQ of every other query tile. Every output
  *             element has exactly one owner and the split does not depend on the thread count,
  *             so results are bit-identical for any number of threads; the workspace is delta
- *             (B*Hq*Nq floats) plus per-thread tiles and slots (at most 8 MB).
+ *             (B*Hq*Nq floats) plus per-thread tiles and f64 slots (at most 16 MB).
+ *   sums      anything longer than a tile is an f64 sum of f32 tile partials (see acc_f64), and
+ *             a NaN or infinity in an input reaches only the rows and keys that see it (see
+ *             tile_nonfinite).
  *
  * All tiles live in per-thread f32 scratch with rows padded to a multiple of 16 floats and
  * zero-filled padding, so the GEMM micro-kernel never needs a column tail.
@@ -94,20 +97,23 @@ static void load_tile_transposed(float *dst, int64_t ld, const wa_tensor *t, int
         for (int64_t r = nrows; r < ld; r++) dst[d * ld + r] = 0.0f;
 }
 
-/* ---- the GEMM micro-kernel: C[m x n] += A[m x k] . B[k x n] ----
+/* ---- the GEMM micro-kernel: C[m x n] (+)= A[m x k] . B[k x n] ----
  * A is read through strides (A(r, t) = A[r*ars + t*acs]) so that P^T and dS^T need no
  * transposed copy; B and C are row-major, n is a multiple of VW. Every C element accumulates
- * over t in order with vfma, whatever the blocking: see simd.h for why that matters. */
-static void gemm_acc(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs, const float *B,
-                     int64_t ldb, float *C, int64_t ldc) {
+ * over t in order with vfma, whatever the blocking: see simd.h for why that matters. With
+ * from_zero the sums start at 0 instead of C's contents (a tile partial, see acc_f64). */
+__attribute__((always_inline)) static inline void gemm_tile(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars,
+                                                            int64_t acs, const float *B, int64_t ldb, float *C,
+                                                            int64_t ldc, int from_zero) {
+#define LOADC(ptr) (from_zero ? vsplat(0.0f) : vload(ptr))
     int64_t r = 0;
     for (; r + 4 <= m; r += 4) {
         const float *a0 = A + r * ars, *a1 = a0 + ars, *a2 = a1 + ars, *a3 = a2 + ars;
         float *c0 = C + r * ldc, *c1 = c0 + ldc, *c2 = c1 + ldc, *c3 = c2 + ldc;
         int64_t c = 0;
         for (; c + 2 * VW <= n; c += 2 * VW) {
-            vf x00 = vload(c0 + c), x01 = vload(c0 + c + VW), x10 = vload(c1 + c), x11 = vload(c1 + c + VW);
-            vf x20 = vload(c2 + c), x21 = vload(c2 + c + VW), x30 = vload(c3 + c), x31 = vload(c3 + c + VW);
+            vf x00 = LOADC(c0 + c), x01 = LOADC(c0 + c + VW), x10 = LOADC(c1 + c), x11 = LOADC(c1 + c + VW);
+            vf x20 = LOADC(c2 + c), x21 = LOADC(c2 + c + VW), x30 = LOADC(c3 + c), x31 = LOADC(c3 + c + VW);
             const float *bp = B + c;
             for (int64_t t = 0; t < k; t++, bp += ldb) {
                 vf b0 = vload(bp), b1 = vload(bp + VW);
@@ -122,7 +128,7 @@ static void gemm_acc(int64_t m, int64_t n, int64_t k, const float *A, int64_t ar
             vstore(c2 + c, x20), vstore(c2 + c + VW, x21), vstore(c3 + c, x30), vstore(c3 + c + VW, x31);
         }
         for (; c < n; c += VW) {
-            vf x0 = vload(c0 + c), x1 = vload(c1 + c), x2 = vload(c2 + c), x3 = vload(c3 + c);
+            vf x0 = LOADC(c0 + c), x1 = LOADC(c1 + c), x2 = LOADC(c2 + c), x3 = LOADC(c3 + c);
             const float *bp = B + c;
             for (int64_t t = 0; t < k; t++, bp += ldb) {
                 vf b0 = vload(bp);
@@ -136,12 +142,76 @@ static void gemm_acc(int64_t m, int64_t n, int64_t k, const float *A, int64_t ar
         const float *a0 = A + r * ars;
         float *c0 = C + r * ldc;
         for (int64_t c = 0; c < n; c += VW) {
-            vf x0 = vload(c0 + c);
+            vf x0 = LOADC(c0 + c);
             const float *bp = B + c;
             for (int64_t t = 0; t < k; t++, bp += ldb) x0 = vfma(vsplat(a0[t * acs]), vload(bp), x0);
             vstore(c0 + c, x0);
         }
     }
+#undef LOADC
+}
+
+static void gemm_acc(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs, const float *B,
+                     int64_t ldb, float *C, int64_t ldc) {
+    gemm_tile(m, n, k, A, ars, acs, B, ldb, C, ldc, 0);
+}
+static void gemm_set(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs, const float *B,
+                     int64_t ldb, float *C, int64_t ldc) {
+    gemm_tile(m, n, k, A, ars, acs, B, ldb, C, ldc, 1);
+}
+
+/* ---- accumulation across tiles (docs/algorithm.md section 6) ----
+ * A sum longer than one tile (o over a row's key tiles, dQ likewise, dK and dV over the GQA
+ * group's heads and the query tiles) is blocked: an f32 partial accumulates the GEMMs of
+ * WA_TILES_PER_F64 consecutive tiles from zero, the partials are added in f64, and the f32
+ * result is rounded once at the end. One f32 accumulator over thousands of terms lost up to
+ * ~40 ulp where a framework's blocked sgemm loses a few. */
+/* How many tiles one f32 partial spans before it is added in f64: the partial's f32 chain is then
+ * at most this many tiles of terms (128 with 64-row tiles; a BLAS sgemm's k-blocking is 256 and
+ * more), and the f64 additions, memory-bound, cost half what they would per tile. */
+#define WA_TILES_PER_F64 2
+
+/* f64 lanes, as many as vf has: twice a native vector in every build. No function takes or
+ * returns one by value (an AVX-sized vector passed without AVX enabled changes the psABI, which
+ * clang and GCC flag under -Wpsabi): values move through memory (vdload, vdstore) and the
+ * conversions are macros. */
+typedef double vd __attribute__((vector_size(VW * 8)));
+#define VWIDEN(x) __builtin_convertvector((x), vd)
+#define VNARROW(x) __builtin_convertvector((x), vf)
+static inline void vdload(vd *v, const double *p) { memcpy(v, p, sizeof *v); }
+static inline void vdstore(double *p, const vd *v) { memcpy(p, v, sizeof *v); }
+
+/* dst += src, n elements (a multiple of VW) */
+static void acc_f64(double *dst, const float *src, int64_t n) {
+    for (int64_t x = 0; x < n; x += VW) {
+        vd d;
+        vdload(&d, dst + x);
+        d += VWIDEN(vload(src + x));
+        vdstore(dst + x, &d);
+    }
+}
+/* dst = src rounded to f32, n elements (a multiple of VW) */
+static void narrow_f64(float *dst, const double *src, int64_t n) {
+    for (int64_t x = 0; x < n; x += VW) {
+        vd d;
+        vdload(&d, src + x);
+        vstore(dst + x, VNARROW(d));
+    }
+}
+
+/* ---- non-finite inputs (docs/algorithm.md section 7) ----
+ * A masked pair has P = dS = 0 exactly, but a GEMM over a tile still multiplies that 0 by the
+ * other operand's row, and 0 * NaN = 0 * inf = NaN would reach a row that cannot see the key (or
+ * a key no row of that pair sees). So on edge tiles, when the operand summed over holds a NaN or
+ * an infinity, the contraction runs row by row over each row's visible range only: the same
+ * micro-kernel in the same order, minus exact zero terms, so finite results do not change. */
+static int tile_nonfinite(const float *x, int64_t rows, int64_t cols, int64_t ld) {
+    vf acc = vsplat(0.0f);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c += VW) acc += vload(x + r * ld + c) * vsplat(0.0f); /* 0 unless NaN or inf */
+    for (int l = 0; l < VW; l++)
+        if (acc[l] != 0.0f) return 1;
+    return 0;
 }
 
 /* ---- scores: s = softcap(scale * q.k), -inf outside the window and in padding ---- */
@@ -200,21 +270,23 @@ static void scores_transposed(const cpu_tile_args *a, float *ST, int64_t ld, int
  * f32 FMAs: its recomputed scores differ from these by rounding order only. */
 typedef uint32_t bfpair;
 
-/* C[m x n] += A . B over kp pairs: A(r, t) = A[r*ars + t*acs] (a pair), B rows of n pairs
- * (ldb in pairs), C row-major f32; n a multiple of VW. Same blocking as gemm_acc. */
-static void gemm_bf16_acc(int64_t m, int64_t n, int64_t kp, const bfpair *A, int64_t ars, int64_t acs,
-                          const bfpair *B, int64_t ldb, float *C, int64_t ldc) {
+/* C[m x n] (+)= A . B over kp pairs: A(r, t) = A[r*ars + t*acs] (a pair), B rows of n pairs
+ * (ldb in pairs), C row-major f32; n a multiple of VW. Same blocking and from_zero as gemm_tile. */
+__attribute__((always_inline)) static inline void gemm_bf16_tile(int64_t m, int64_t n, int64_t kp, const bfpair *A,
+                                                                 int64_t ars, int64_t acs, const bfpair *B, int64_t ldb,
+                                                                 float *C, int64_t ldc, int from_zero) {
 #define DOT(acc, a, bv) acc = _mm512_dpbf16_ps(acc, (__m512bh)(bv), (__m512bh)_mm512_set1_epi32((int)(a)))
+#define LOADC(ptr) (from_zero ? _mm512_setzero_ps() : _mm512_loadu_ps(ptr))
     int64_t r = 0;
     for (; r + 4 <= m; r += 4) {
         const bfpair *a0 = A + r * ars, *a1 = a0 + ars, *a2 = a1 + ars, *a3 = a2 + ars;
         float *c0 = C + r * ldc, *c1 = c0 + ldc, *c2 = c1 + ldc, *c3 = c2 + ldc;
         int64_t c = 0;
         for (; c + 32 <= n; c += 32) {
-            __m512 x00 = _mm512_loadu_ps(c0 + c), x01 = _mm512_loadu_ps(c0 + c + 16);
-            __m512 x10 = _mm512_loadu_ps(c1 + c), x11 = _mm512_loadu_ps(c1 + c + 16);
-            __m512 x20 = _mm512_loadu_ps(c2 + c), x21 = _mm512_loadu_ps(c2 + c + 16);
-            __m512 x30 = _mm512_loadu_ps(c3 + c), x31 = _mm512_loadu_ps(c3 + c + 16);
+            __m512 x00 = LOADC(c0 + c), x01 = LOADC(c0 + c + 16);
+            __m512 x10 = LOADC(c1 + c), x11 = LOADC(c1 + c + 16);
+            __m512 x20 = LOADC(c2 + c), x21 = LOADC(c2 + c + 16);
+            __m512 x30 = LOADC(c3 + c), x31 = LOADC(c3 + c + 16);
             const bfpair *bp = B + c;
             for (int64_t t = 0; t < kp; t++, bp += ldb) {
                 __m512i b0 = _mm512_loadu_si512(bp), b1 = _mm512_loadu_si512(bp + 16);
@@ -228,8 +300,8 @@ static void gemm_bf16_acc(int64_t m, int64_t n, int64_t kp, const bfpair *A, int
             _mm512_storeu_ps(c3 + c, x30), _mm512_storeu_ps(c3 + c + 16, x31);
         }
         for (; c < n; c += 16) {
-            __m512 x0 = _mm512_loadu_ps(c0 + c), x1 = _mm512_loadu_ps(c1 + c);
-            __m512 x2 = _mm512_loadu_ps(c2 + c), x3 = _mm512_loadu_ps(c3 + c);
+            __m512 x0 = LOADC(c0 + c), x1 = LOADC(c1 + c);
+            __m512 x2 = LOADC(c2 + c), x3 = LOADC(c3 + c);
             const bfpair *bp = B + c;
             for (int64_t t = 0; t < kp; t++, bp += ldb) {
                 __m512i b0 = _mm512_loadu_si512(bp);
@@ -243,13 +315,23 @@ static void gemm_bf16_acc(int64_t m, int64_t n, int64_t kp, const bfpair *A, int
         const bfpair *a0 = A + r * ars;
         float *c0 = C + r * ldc;
         for (int64_t c = 0; c < n; c += 16) {
-            __m512 x0 = _mm512_loadu_ps(c0 + c);
+            __m512 x0 = LOADC(c0 + c);
             const bfpair *bp = B + c;
             for (int64_t t = 0; t < kp; t++, bp += ldb) DOT(x0, a0[t * acs], _mm512_loadu_si512(bp));
             _mm512_storeu_ps(c0 + c, x0);
         }
     }
 #undef DOT
+#undef LOADC
+}
+
+static void gemm_bf16_acc(int64_t m, int64_t n, int64_t kp, const bfpair *A, int64_t ars, int64_t acs,
+                          const bfpair *B, int64_t ldb, float *C, int64_t ldc) {
+    gemm_bf16_tile(m, n, kp, A, ars, acs, B, ldb, C, ldc, 0);
+}
+static void gemm_bf16_set(int64_t m, int64_t n, int64_t kp, const bfpair *A, int64_t ars, int64_t acs,
+                          const bfpair *B, int64_t ldb, float *C, int64_t ldc) {
+    gemm_bf16_tile(m, n, kp, A, ars, acs, B, ldb, C, ldc, 1);
 }
 
 /* Rows [row0, row0+nrows) of head (b, h) as rows of pairs along D: dst[r*ldp + t] holds
@@ -309,35 +391,109 @@ static void pack_p_pairs(float *ST, int64_t ld, int64_t n) {
             _mm512_storeu_si512(out + t * ld + c, _mm512_or_si512(l, u));
         }
 }
+
+/* One row of the P.V partial (out = or, with add, out +=) over keys [lo, hi] only (the non-finite
+ * path, see tile_nonfinite): a pair that holds one key of the range and one outside it gets the
+ * outside key's V zeroed, since P = 0 there does not make 0 * NaN vanish. tmp holds Dp pairs. */
+static void pv_row_bf16(float *out, int add, const bfpair *PT, int64_t Bqp, int64_t r, const bfpair *Vs, int64_t Dp,
+                        int64_t lo, int64_t hi, bfpair *tmp) {
+    if (!add) memset(out, 0, (size_t)Dp * 4);
+    for (int64_t t = lo / 2; lo <= hi && t <= hi / 2; t++) {
+        const bfpair *vp = Vs + t * Dp;
+        bfpair keep = (2 * t >= lo ? 0x0000FFFFu : 0u) | (2 * t + 1 <= hi ? 0xFFFF0000u : 0u);
+        if (keep != 0xFFFFFFFFu) {
+            for (int64_t d = 0; d < Dp; d++) tmp[d] = vp[d] & keep;
+            vp = tmp;
+        }
+        gemm_bf16_acc(1, Dp, 1, PT + t * Bqp + r, 1, Bqp, vp, Dp, out, Dp);
+    }
+}
+
+/* any bf16 NaN or infinity among n pairs */
+static int pairs_nonfinite(const bfpair *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if ((x[i] & 0x7F800000u) == 0x7F800000u || (x[i] & 0x7F80u) == 0x7F80u) return 1;
+    return 0;
+}
 #endif /* WA_BF16_DOT */
 
 /* One key tile of the column-wise online softmax: ST [n x Bqp] holds the tile's scores and
- * becomes its unnormalised probabilities exp(s - new max); the running max and sum of each query
- * column are updated, and the first m rows of O (the running numerators) are rescaled. row_buf
- * (Bqp floats) is scratch. */
-static void online_softmax_step(float *ST, int64_t Bqp, int64_t m, int64_t n, float *mx, float *sum, float *O,
-                                int64_t Dp, float *row_buf) {
+ * becomes its unnormalised probabilities exp(s - new max); the running max and (f64) sum of each
+ * query column are updated, and alpha gets each column's rescale factor for the running
+ * numerators (forward_unit applies it). */
+static void online_softmax_step(float *ST, int64_t Bqp, int64_t n, float *mx, double *sum, float *alpha) {
     for (int64_t c = 0; c < Bqp; c += VW) {
         vf m_old = vload(mx + c), m_new = m_old;
         for (int64_t j = 0; j < n; j++) m_new = vmax(m_new, vload(ST + j * Bqp + c));
         /* columns that have seen nothing yet keep shift 0, so exp(-inf - 0) = 0, never NaN */
         vf shift = vselect(m_new == vsplat(-INFINITY), vsplat(0.0f), m_new);
-        vf alpha = vexp(m_old - shift), acc = vsplat(0.0f);
+        vf al = vexp(m_old - shift), acc = vsplat(0.0f);
         for (int64_t j = 0; j < n; j++) {
             vf e = vexp(vload(ST + j * Bqp + c) - shift);
             vstore(ST + j * Bqp + c, e);
             acc += e;
         }
-        vstore(sum + c, vload(sum + c) * alpha + acc);
+        vd s;
+        vdload(&s, sum + c);
+        s = s * VWIDEN(al) + VWIDEN(acc);
+        vdstore(sum + c, &s);
         vstore(mx + c, m_new);
-        vstore(row_buf + c, alpha);
+        vstore(alpha + c, al);
+    }
+}
+
+/* O = scale O + partial for the first m rows (O in f64, the partial in f32) */
+static void flush_partial(double *O, const float *partial, const double *scale, int64_t m, int64_t Dp) {
+    for (int64_t r = 0; r < m; r++) {
+        double *o = O + r * Dp;
+        const float *x = partial + r * Dp;
+        vd sc = VWIDEN(vsplat(0.0f)) + scale[r];
+        for (int64_t c = 0; c < Dp; c += VW) {
+            vd d;
+            vdload(&d, o + c);
+            d = d * sc + VWIDEN(vload(x + c));
+            vdstore(o + c, &d);
+        }
+    }
+}
+
+/* The two contractions of a tile pair into an f32 partial (part = or, with add, part +=; the
+ * partials are added in f64 every WA_TILES_PER_F64 tiles). M(r, c) = M[r*mrs + c*mcs] is P or dS
+ * for query rows r < m and keys c < n.
+ *   rows_partial:  part [m x Dp] (+)= M X,   X [n x Dp] (V or K): the sum over keys, for o and dQ
+ *   keys_partial:  part [n x Dp] (+)= M^T X, X [m x Dp] (dO or Q): the sum over rows, for dV and dK
+ * only_visible: each output row sums over the pairs it is part of and nothing else (the
+ * non-finite path, see tile_nonfinite). */
+static void rows_partial(const cpu_tile_args *a, float *part, int add, const float *M, int64_t mrs, int64_t mcs,
+                         const float *X, int64_t i0, int64_t m, int64_t j0, int64_t n, int only_visible) {
+    const int64_t Dp = a->Dp;
+    if (!only_visible) {
+        if (add) gemm_acc(m, Dp, n, M, mrs, mcs, X, Dp, part, Dp);
+        else gemm_set(m, Dp, n, M, mrs, mcs, X, Dp, part, Dp);
+        return;
     }
     for (int64_t r = 0; r < m; r++) {
-        float al = row_buf[r];
-        if (al != 1.0f) {
-            float *o = O + r * Dp;
-            for (int64_t c = 0; c < Dp; c += VW) vstore(o + c, vload(o + c) * vsplat(al));
-        }
+        int64_t lo, hi;
+        row_visible_cols(&a->p->win, i0 + r, j0, n, 1, &lo, &hi);
+        if (!add) memset(part + r * Dp, 0, (size_t)Dp * 4);
+        if (lo <= hi) gemm_acc(1, Dp, hi - lo + 1, M + r * mrs + lo * mcs, mrs, mcs, X + lo * Dp, Dp, part + r * Dp, Dp);
+    }
+}
+
+static void keys_partial(const cpu_tile_args *a, float *part, int add, const float *M, int64_t mrs, int64_t mcs,
+                         const float *X, int64_t i0, int64_t m, int64_t j0, int64_t n, int only_visible) {
+    const wa_window *w = &a->p->win;
+    const int64_t Dp = a->Dp;
+    if (!only_visible) {
+        if (add) gemm_acc(n, Dp, m, M, mcs, mrs, X, Dp, part, Dp);
+        else gemm_set(n, Dp, m, M, mcs, mrs, X, Dp, part, Dp);
+        return;
+    }
+    for (int64_t c = 0; c < n; c++) {
+        int64_t r0 = wa_max64(wa_col_first_query(w, j0 + c), i0) - i0;
+        int64_t r1 = wa_min64(wa_col_last_query(w, j0 + c), i0 + m - 1) - i0;
+        if (!add) memset(part + c * Dp, 0, (size_t)Dp * 4);
+        if (r0 <= r1) gemm_acc(1, Dp, r1 - r0 + 1, M + r0 * mrs + c * mcs, mcs, mrs, X + r0 * Dp, Dp, part + c * Dp, Dp);
     }
 }
 
@@ -359,42 +515,58 @@ static void forward_unit(void *arg, int64_t u, int worker) {
     int64_t qt = a->n_qtiles - 1 - u % a->n_qtiles; /* longest (causal) tiles first */
     int64_t rest = u / a->n_qtiles, chunk = rest % chunks, bhk = rest / chunks, b = bhk / p->Hkv, hk = bhk % p->Hkv;
     int64_t h0 = hk * p->group + chunk * WA_FWD_HEADS, nh = wa_min64(WA_FWD_HEADS, p->group - chunk * WA_FWD_HEADS);
-    int64_t i0 = qt * Bq, m = wa_min64(Bq, p->Nq - i0);
+    int64_t i0 = qt * Bq, m = wa_min64(Bq, p->Nq - i0), rb, re;
+    wa_nonempty_rows(&p->win, &rb, &re);
 
+    /* dispatch.c: plan() sizes this layout */
     float *ws = a->scratch + (size_t)worker * a->scratch_floats;
-    float *Ks = ws, *Vs = Ks + Bkp * Dp, *ST = Vs + Bkp * Dp, *row_buf = ST + Bkp * Bqp, *heads = row_buf + wa_max64(Dp, Bqp);
-    const int64_t per_head = D * Bqp + Bq * Dp + 2 * Bqp; /* Q^T, O, running max, running sum */
+    float *Ks = ws, *Vs = Ks + Bkp * Dp, *ST = Vs + Bkp * Dp, *row_buf = ST + Bkp * Bqp, *alpha = row_buf + wa_max64(Dp, Bqp);
+    float *heads = alpha + Bqp;
+    /* per head: Q^T; the f32 partial of the numerators and its rescale since the last f64 add
+     * (f64); the numerators O (f64); running max; running sum (f64) */
+    const int64_t per_head = D * Bqp + Bq * Dp + 2 * Bqp + 2 * Bq * Dp + Bqp + 2 * Bqp;
+#define HEAD(g, QT, part, pscale, O, mx, sum)                                                                          \
+    float *QT = heads + (g) * per_head, *part = QT + D * Bqp;                                                         \
+    double *pscale = (double *)(part + Bq * Dp), *O = pscale + Bqp;                                                   \
+    float *mx = (float *)(O + Bq * Dp);                                                                                \
+    double *sum = (double *)(mx + Bqp)
 
 #if defined(WA_BF16_DOT)
     const int dot = p->dtype == WA_BF16; /* bf16 pairs in the two GEMMs (see gemm_bf16_acc) */
 #endif
     for (int64_t g = 0; g < nh; g++) {
-        float *QT = heads + g * per_head, *O = QT + D * Bqp, *mx = O + Bq * Dp, *sum = mx + Bqp;
+        HEAD(g, QT, part, pscale, O, mx, sum);
+        (void)part, (void)pscale;
 #if defined(WA_BF16_DOT)
         if (dot) pack_rows_bf16_transposed((bfpair *)QT, Bqp, p->q, b, h0 + g, i0, m, D, (bfpair *)row_buf);
         else
 #endif
             load_tile_transposed(QT, Bqp, p->q, b, h0 + g, i0, m, D, row_buf);
-        memset(O, 0, (size_t)(m * Dp) * 4);
-        for (int64_t c = 0; c < Bqp; c++) mx[c] = -INFINITY, sum[c] = 0.0f;
+        memset(O, 0, (size_t)(m * Dp) * sizeof *O);
+        for (int64_t c = 0; c < Bqp; c++) mx[c] = -INFINITY, sum[c] = 0.0;
     }
     int64_t kt0, kt1;
     wa_key_tiles_for_rows(&p->win, i0, i0 + m, Bk, &kt0, &kt1);
     for (int64_t kt = kt0; kt < kt1; kt++) {
         int64_t j0 = kt * Bk, n = wa_min64(Bk, p->Nk - j0);
-        int edge = wa_tile_needs_mask(&p->win, i0, i0 + m, j0, j0 + n);
+        int edge = wa_tile_needs_mask(&p->win, i0, i0 + m, j0, j0 + n), v_bad;
+        /* the partials span WA_TILES_PER_F64 key tiles: the first of them starts it from zero, the
+         * last adds it to O in f64 */
+        int first = (kt - kt0) % WA_TILES_PER_F64 == 0, last = (kt - kt0 + 1) % WA_TILES_PER_F64 == 0 || kt == kt1 - 1;
 #if defined(WA_BF16_DOT)
         if (dot) {
             pack_rows_bf16((bfpair *)Ks, Dp / 2, p->k, b, hk, j0, n, D, n);
             pack_v_pairs((bfpair *)Vs, Dp, p->v, b, hk, j0, n, D);
+            v_bad = edge && pairs_nonfinite((const bfpair *)Vs, (n + 1) / 2 * Dp);
         } else
 #endif
         {
             load_tile(Ks, Dp, p->k, b, hk, j0, n, D, n);
             load_tile(Vs, Dp, p->v, b, hk, j0, n, D, n);
+            v_bad = edge && tile_nonfinite(Vs, n, Dp, Dp);
         }
         for (int64_t g = 0; g < nh; g++) {
-            float *QT = heads + g * per_head, *O = QT + D * Bqp, *mx = O + Bq * Dp, *sum = mx + Bqp;
+            HEAD(g, QT, part, pscale, O, mx, sum);
             memset(ST, 0, (size_t)(n * Bqp) * 4);
 #if defined(WA_BF16_DOT)
             if (dot) gemm_bf16_acc(n, Bqp, (D + 1) / 2, (const bfpair *)Ks, Dp / 2, 1, (const bfpair *)QT, Bqp, ST, Bqp);
@@ -402,26 +574,57 @@ static void forward_unit(void *arg, int64_t u, int worker) {
 #endif
                 gemm_acc(n, Bqp, D, Ks, Dp, 1, QT, Bqp, ST, Bqp);
             scores_transposed(a, ST, Bqp, i0, m, j0, n, edge);
-            online_softmax_step(ST, Bqp, m, n, mx, sum, O, Dp, row_buf);
+            online_softmax_step(ST, Bqp, n, mx, sum, alpha);
+            /* the partial's rows rescaled to the new maxima (a fresh one needs nothing); pscale
+             * collects the rescale O itself needs when the partial is added */
+            for (int64_t r = 0; r < m; r++) {
+                pscale[r] = first ? (double)alpha[r] : pscale[r] * alpha[r];
+                if (!first && alpha[r] != 1.0f)
+                    for (int64_t c = 0; c < Dp; c += VW) vstore(part + r * Dp + c, vload(part + r * Dp + c) * vsplat(alpha[r]));
+            }
+            /* part (+)= P V, P read through S^T's strides */
 #if defined(WA_BF16_DOT)
             if (dot) {
                 pack_p_pairs(ST, Bqp, n);
-                gemm_bf16_acc(m, Dp, (n + 1) / 2, (const bfpair *)ST, 1, Bqp, (const bfpair *)Vs, Dp, O, Dp);
-                continue;
-            }
+                if (!v_bad) {
+                    if (first) gemm_bf16_set(m, Dp, (n + 1) / 2, (const bfpair *)ST, 1, Bqp, (const bfpair *)Vs, Dp, part, Dp);
+                    else gemm_bf16_acc(m, Dp, (n + 1) / 2, (const bfpair *)ST, 1, Bqp, (const bfpair *)Vs, Dp, part, Dp);
+                } else {
+                    for (int64_t r = 0; r < m; r++) {
+                        int64_t lo, hi;
+                        row_visible_cols(&p->win, i0 + r, j0, n, 1, &lo, &hi);
+                        pv_row_bf16(part + r * Dp, !first, (const bfpair *)ST, Bqp, r, (const bfpair *)Vs, Dp, lo, hi,
+                                    (bfpair *)row_buf);
+                    }
+                }
+            } else
 #endif
-            gemm_acc(m, Dp, n, ST, 1, Bqp, Vs, Dp, O, Dp); /* O += P V, P read through S^T's strides */
+                rows_partial(a, part, !first, ST, 1, Bqp, Vs, i0, m, j0, n, v_bad);
+            if (last) flush_partial(O, part, pscale, m, Dp);
         }
     }
     for (int64_t g = 0; g < nh; g++) {
-        float *QT = heads + g * per_head, *O = QT + D * Bqp, *mx = O + Bq * Dp, *sum = mx + Bqp;
+        HEAD(g, QT, part, pscale, O, mx, sum);
+        (void)QT, (void)part, (void)pscale;
         for (int64_t r = 0; r < m; r++) {
-            float *o = O + r * Dp, l = sum[r], inv = l > 0.0f ? 1.0f / l : 0.0f;
-            for (int64_t c = 0; c < Dp; c += VW) vstore(o + c, vload(o + c) * vsplat(inv));
+            float *o = row_buf;
+            float *lse = p->lse ? (float *)wa_row_ptr(p->lse, b, h0 + g, i0 + r) : NULL;
+            if (i0 + r < rb || i0 + r >= re) { /* sees no key */
+                memset(o, 0, (size_t)Dp * 4);
+                if (lse) *lse = -INFINITY;
+            } else { /* a row whose visible scores are all -inf (non-finite inputs) gets 0 / 0 = NaN */
+                vd l = VWIDEN(vsplat(0.0f)) + sum[r];
+                for (int64_t c = 0; c < Dp; c += VW) {
+                    vd d;
+                    vdload(&d, O + r * Dp + c);
+                    vstore(o + c, VNARROW(d / l));
+                }
+                if (lse) *lse = (float)((double)mx[r] + log(sum[r]));
+            }
             store_row(wa_row_ptr(p->o, b, h0 + g, i0 + r), p->dtype, o, D);
-            if (p->lse) *(float *)wa_row_ptr(p->lse, b, h0 + g, i0 + r) = l > 0.0f ? mx[r] + logf(l) : -INFINITY;
         }
     }
+#undef HEAD
 }
 
 wa_status EXPORT(wa_cpu_forward)(wa_context *ctx, const wa_problem *p, cpu_tile_args *a) {
@@ -467,18 +670,19 @@ static inline vf score_grad(vf sv, vf dpv, vf lse, vf delta, vf rn, float cap, f
 }
 
 /* For query rows [i0, i0+m) against key tile [j0, j0+n): S (in) becomes P, dP (in) becomes dS,
- * the gradient with respect to the raw dot product q.k (softcap derivative and scale included). */
-static void scores_to_grads(const cpu_tile_args *a, float *S, float *dP, int64_t b, int64_t h, int64_t i0, int64_t m,
-                            const float *lse, const float *delta, const float *rnorm) {
+ * the gradient with respect to the raw dot product q.k (softcap derivative and scale included).
+ * On edge tiles P and dS are set to exactly 0 outside each row's visible keys: exp(-inf - lse)
+ * is 0 only while lse is finite, and a NaN there must not reach the keys the row cannot see. */
+static void scores_to_grads(const cpu_tile_args *a, float *S, float *dP, int64_t i0, int64_t m, int64_t j0, int64_t n,
+                            int edge, const float *lse, const float *delta, const float *rnorm) {
     const wa_problem *p = a->p;
     const int64_t ld = a->Bkp;
     const float scale = p->scale, cap = p->softcap;
     int64_t rb, re;
     wa_nonempty_rows(&p->win, &rb, &re);
-    (void)b, (void)h;
     for (int64_t r = 0; r < m; r++) {
         float *s = S + r * ld, *dp = dP + r * ld;
-        int64_t i = i0 + r;
+        int64_t i = i0 + r, lo, hi;
         if (i < rb || i >= re) { /* sees no key: P = 0, and lse = -inf must not be touched */
             memset(s, 0, (size_t)ld * 4);
             memset(dp, 0, (size_t)ld * 4);
@@ -490,23 +694,35 @@ static void scores_to_grads(const cpu_tile_args *a, float *S, float *dP, int64_t
             vstore(s + c, pv);
             vstore(dp + c, ds);
         }
+        if (!edge) continue;
+        row_visible_cols(&p->win, i, j0, n, 1, &lo, &hi);
+        for (int64_t c = 0; c < ld; c++)
+            if (c < lo || c > hi) s[c] = dp[c] = 0.0f;
     }
 }
 
 /* Recompute P and dS for one (query tile, key tile) pair into S and dP. Qs, dOs hold the query
  * tile; KT, VT the key tile transposed. */
 static void tile_pair_grads(const cpu_tile_args *a, const float *Qs, const float *dOs, const float *KT, const float *VT,
-                            float *S, float *dP, int64_t b, int64_t h, int64_t i0, int64_t m, int64_t j0, int64_t n,
+                            float *S, float *dP, int64_t i0, int64_t m, int64_t j0, int64_t n, int edge,
                             const float *lse, const float *delta, const float *rnorm) {
     const wa_problem *p = a->p;
     const int64_t D = p->D, Dp = a->Dp, Bkp = a->Bkp;
-    int edge = wa_tile_needs_mask(&p->win, i0, i0 + m, j0, j0 + n);
     memset(S, 0, (size_t)(m * Bkp) * 4);
     memset(dP, 0, (size_t)(m * Bkp) * 4);
     gemm_acc(m, Bkp, D, Qs, Dp, 1, KT, Bkp, S, Bkp);
     finish_scores(a, S, Bkp, i0, m, j0, n, edge);
     gemm_acc(m, Bkp, D, dOs, Dp, 1, VT, Bkp, dP, Bkp);
-    scores_to_grads(a, S, dP, b, h, i0, m, lse, delta, rnorm);
+    scores_to_grads(a, S, dP, i0, m, j0, n, edge, lse, delta, rnorm);
+}
+
+/* rows of an f64 accumulator rounded to f32 and stored (row_buf: Dp floats) */
+static void store_rows_f64(const wa_tensor *t, int64_t b, int64_t h, int64_t row0, int64_t nrows, const double *acc,
+                           int64_t Dp, int64_t D, wa_dtype dt, float *row_buf) {
+    for (int64_t r = 0; r < nrows; r++) {
+        narrow_f64(row_buf, acc + r * Dp, Dp);
+        store_row(wa_row_ptr(t, b, h, row0 + r), dt, row_buf, D);
+    }
 }
 
 static void load_lse_delta(const cpu_tile_args *a, int64_t b, int64_t h, int64_t i0, int64_t m, float *lse,
@@ -517,8 +733,9 @@ static void load_lse_delta(const cpu_tile_args *a, int64_t b, int64_t h, int64_t
     *rnorm = a->rnorm ? a->rnorm + (b * p->Hq + h) * p->Nq + i0 : NULL;
 }
 
-/* The backward's per-thread scratch; cpu_scratch_floats() in dispatch.c sizes it. After the
- * shared part, `rest` holds dK and dV (key-tile units) or K and dQ (query-tile units). */
+/* The backward's per-thread scratch; plan() in dispatch.c sizes it. After the shared part,
+ * `rest` holds the key-tile units' f64 dK, dV, the f32 partials of dK, dV and dQ, K, and the f64
+ * dQ slots, or the row statistics' f64 sums. */
 static void backward_scratch(const cpu_tile_args *a, float *ws, float **KT, float **VT, float **Qs, float **dOs,
                              float **S, float **dP, float **lse, float **row_buf, float **rest) {
     const int64_t Bq = a->tile_q, D = a->p->D, Dp = a->Dp, Bkp = a->Bkp;
@@ -541,7 +758,9 @@ static int dq_fused(const cpu_tile_args *a, int64_t qt, int64_t *k0, int64_t *k1
 /* Owner of dK, dV for the key tiles of one chunk of kv head hk, visited in order; with dQ
  * fusion also the owner of dQ for the query tiles whose keys all lie in the chunk: their dQ
  * accumulates in a ring of slots (slot qt % dq_slots), zeroed at the first key tile the query
- * tile sees and written out after the last. Five tile GEMMs per pair instead of seven. */
+ * tile sees and written out after the last. Five tile GEMMs per pair instead of seven. dK and dV
+ * are f64 sums of f32 partials of WA_TILES_PER_F64 pairs each, the slots f64 sums of one pair's
+ * (a partial per slot would cost more memory than the ring is allowed). */
 static void dkdv_unit(const cpu_tile_args *a, int64_t u, float *ws) {
     const wa_problem *p = a->p;
     const int64_t Bq = a->tile_q, Bk = a->tile_k, D = p->D, Dp = a->Dp, Bkp = a->Bkp;
@@ -550,42 +769,48 @@ static void dkdv_unit(const cpu_tile_args *a, int64_t u, float *ws) {
 
     float *KT, *VT, *Qs, *dOs, *S, *dP, *lse, *row_buf, *rest;
     backward_scratch(a, ws, &KT, &VT, &Qs, &dOs, &S, &dP, &lse, &row_buf, &rest);
-    float *dK = rest, *dV = dK + Bkp * Dp, *Ks = dV + Bkp * Dp, *slots = Ks + Bkp * Dp;
+    double *dK = (double *)rest, *dV = dK + Bkp * Dp;
+    float *partK = (float *)(dV + Bkp * Dp), *partV = partK + Bkp * Dp, *partQ = partV + Bkp * Dp, *Ks = partQ + Bq * Dp;
+    double *slots = (double *)(Ks + Bkp * Dp);
 
     for (int64_t kt = kt_begin; kt < kt_end; kt++) {
         int64_t j0 = kt * Bk, n = wa_min64(Bk, p->Nk - j0);
-        memset(dK, 0, (size_t)(n * Dp) * 4);
-        memset(dV, 0, (size_t)(n * Dp) * 4);
+        memset(dK, 0, (size_t)(n * Dp) * sizeof *dK);
+        memset(dV, 0, (size_t)(n * Dp) * sizeof *dV);
         int64_t qt0, qt1;
+        int k_bad = -1; /* K holds a NaN or infinity: worked out when an edge pair first asks */
         wa_query_tiles_for_cols(&p->win, j0, j0 + n, Bq, &qt0, &qt1);
         if (qt0 < qt1) {
             load_tile_transposed(KT, Bkp, p->k, b, hk, j0, n, D, row_buf);
             load_tile_transposed(VT, Bkp, p->v, b, hk, j0, n, D, row_buf);
             if (a->dq_slots) load_tile(Ks, Dp, p->k, b, hk, j0, n, D, n);
         }
+        const int64_t pairs = p->group * (qt1 - qt0);
         for (int64_t g = 0; g < p->group; g++) {
             int64_t h = hk * p->group + g;
             for (int64_t qt = qt0; qt < qt1; qt++) {
-                int64_t i0 = qt * Bq, m = wa_min64(Bq, p->Nq - i0), k0, k1;
+                int64_t i0 = qt * Bq, m = wa_min64(Bq, p->Nq - i0), k0, k1, pair = g * (qt1 - qt0) + qt - qt0;
+                int edge = wa_tile_needs_mask(&p->win, i0, i0 + m, j0, j0 + n);
+                int add = pair % WA_TILES_PER_F64 != 0, last = (pair + 1) % WA_TILES_PER_F64 == 0 || pair == pairs - 1;
                 const float *delta, *rnorm;
                 load_tile(Qs, Dp, p->q, b, h, i0, m, D, m);
                 load_tile(dOs, Dp, p->do_, b, h, i0, m, D, m);
                 load_lse_delta(a, b, h, i0, m, lse, &delta, &rnorm);
-                tile_pair_grads(a, Qs, dOs, KT, VT, S, dP, b, h, i0, m, j0, n, lse, delta, rnorm);
-                gemm_acc(n, Dp, m, S, 1, Bkp, dOs, Dp, dV, Dp);  /* dV += P^T dO */
-                gemm_acc(n, Dp, m, dP, 1, Bkp, Qs, Dp, dK, Dp);  /* dK += dS^T Q */
+                tile_pair_grads(a, Qs, dOs, KT, VT, S, dP, i0, m, j0, n, edge, lse, delta, rnorm);
+                keys_partial(a, partV, add, S, Bkp, 1, dOs, i0, m, j0, n, edge && tile_nonfinite(dOs, m, Dp, Dp)); /* P^T dO */
+                keys_partial(a, partK, add, dP, Bkp, 1, Qs, i0, m, j0, n, edge && tile_nonfinite(Qs, m, Dp, Dp)); /* dS^T Q */
+                if (last) acc_f64(dV, partV, n * Dp), acc_f64(dK, partK, n * Dp);
                 if (!dq_fused(a, qt, &k0, &k1)) continue;
-                float *dQ = slots + ((qt % a->dq_slots) * p->group + g) * Bq * Dp;
-                if (kt == k0) memset(dQ, 0, (size_t)(m * Dp) * 4); /* first key tile this query tile sees */
-                gemm_acc(m, Dp, n, dP, Bkp, 1, Ks, Dp, dQ, Dp);   /* dQ += dS K */
-                if (kt == k1 - 1)                                   /* its last: dQ is complete */
-                    for (int64_t r = 0; r < m; r++) store_row(wa_row_ptr(p->dq, b, h, i0 + r), p->dtype, dQ + r * Dp, D);
+                double *dQ = slots + ((qt % a->dq_slots) * p->group + g) * Bq * Dp;
+                if (kt == k0) memset(dQ, 0, (size_t)(m * Dp) * sizeof *dQ); /* first key tile this query tile sees */
+                if (edge && k_bad < 0) k_bad = tile_nonfinite(Ks, n, Dp, Dp);
+                rows_partial(a, partQ, 0, dP, Bkp, 1, Ks, i0, m, j0, n, edge && k_bad); /* dS K */
+                acc_f64(dQ, partQ, m * Dp);
+                if (kt == k1 - 1) store_rows_f64(p->dq, b, h, i0, m, dQ, Dp, D, p->dtype, row_buf); /* its last */
             }
         }
-        for (int64_t r = 0; r < n; r++) {
-            store_row(wa_row_ptr(p->dk, b, hk, j0 + r), p->dtype, dK + r * Dp, D);
-            store_row(wa_row_ptr(p->dv, b, hk, j0 + r), p->dtype, dV + r * Dp, D);
-        }
+        store_rows_f64(p->dk, b, hk, j0, n, dK, Dp, D, p->dtype, row_buf);
+        store_rows_f64(p->dv, b, hk, j0, n, dV, Dp, D, p->dtype, row_buf);
     }
 }
 
@@ -602,9 +827,10 @@ static void dq_unit(const cpu_tile_args *a, int64_t u, float *ws) {
     if (dq_fused(a, qt, &fk0, &fk1)) return; /* its key-tile unit writes this dQ */
 
     float *QT = ws, *dOT = QT + D * Bqp, *Ks = dOT + D * Bqp, *Vs = Ks + Bkp * Dp, *ST = Vs + Bkp * Dp;
-    float *dPT = ST + Bkp * Bqp, *dQ = dPT + Bkp * Bqp, *lse = dQ + Bq * Dp, *delta = lse + Bqp, *rnorm = delta + Bqp;
+    float *dPT = ST + Bkp * Bqp, *part = dPT + Bkp * Bqp, *lse = part + Bq * Dp, *delta = lse + Bqp, *rnorm = delta + Bqp;
     float *row_buf = rnorm + Bqp;
-    memset(dQ, 0, (size_t)(m * Dp) * 4);
+    double *dQ = (double *)(row_buf + wa_max64(Dp, Bqp));
+    memset(dQ, 0, (size_t)(m * Dp) * sizeof *dQ);
 
     int64_t kt0, kt1, rb, re;
     wa_key_tiles_for_rows(&p->win, i0, i0 + m, Bk, &kt0, &kt1);
@@ -637,10 +863,19 @@ static void dq_unit(const cpu_tile_args *a, int64_t u, float *ws) {
                                            vload(delta + c), vload(rnorm + c), cap, scale, &pv);
                     vstore(dPT + j * Bqp + c, ds);
                 }
-            gemm_acc(m, Dp, n, dPT, 1, Bqp, Ks, Dp, dQ, Dp); /* dQ += dS K */
+            if (edge) /* dS exactly 0 outside each column's visible keys (see scores_to_grads) */
+                for (int64_t c = 0; c < m; c++) {
+                    int64_t lo, hi;
+                    row_visible_cols(&p->win, i0 + c, j0, n, 1, &lo, &hi);
+                    for (int64_t j = 0; j < n; j++)
+                        if (j < lo || j > hi) dPT[j * Bqp + c] = 0.0f;
+                }
+            int add = (kt - kt0) % WA_TILES_PER_F64 != 0, last = (kt - kt0 + 1) % WA_TILES_PER_F64 == 0 || kt == kt1 - 1;
+            rows_partial(a, part, add, dPT, 1, Bqp, Ks, i0, m, j0, n, edge && tile_nonfinite(Ks, n, Dp, Dp)); /* dS K */
+            if (last) acc_f64(dQ, part, m * Dp);
         }
     }
-    for (int64_t r = 0; r < m; r++) store_row(wa_row_ptr(p->dq, b, h, i0 + r), p->dtype, dQ + r * Dp, D);
+    store_rows_f64(p->dq, b, h, i0, m, dQ, Dp, D, p->dtype, row_buf);
 }
 
 /* f32 only: the row statistics recomputed from the scores instead of taken from O and lse.
@@ -652,8 +887,9 @@ static void dq_unit(const cpu_tile_args *a, int64_t u, float *ws) {
  * built from the same dP values) mostly cancels: the parity sweep measured up to 4.4x the dense
  * f32 error. Taking delta from the same dP values the tile passes recompute (bit for bit: same
  * micro-kernel, same inputs) restores the cancellation, and r_i removes the f32 rounding of lse.
- * Cost: two more tile GEMMs (S and dP) over the visible pairs, in f32 only; in bf16/f16 the
- * inputs' own rounding dwarfs both effects. docs/algorithm.md has the measurements. */
+ * Both sums run over key tiles in f64. Cost: two more tile GEMMs (S and dP) over the visible
+ * pairs, in f32 only; in bf16/f16 the inputs' own rounding dwarfs both effects.
+ * docs/algorithm.md has the measurements. */
 static void rowstats_unit(void *arg, int64_t u, int worker) {
     const cpu_tile_args *a = arg;
     const wa_problem *p = a->p;
@@ -662,8 +898,8 @@ static void rowstats_unit(void *arg, int64_t u, int worker) {
     int64_t i0 = qt * Bq, m = wa_min64(Bq, p->Nq - i0);
     float *KT, *VT, *Qs, *dOs, *S, *dP, *lse, *row_buf, *rest;
     backward_scratch(a, a->scratch + (size_t)worker * a->scratch_floats, &KT, &VT, &Qs, &dOs, &S, &dP, &lse, &row_buf, &rest);
-    float *sums = rest, *dots = rest + a->Bqp;
-    for (int64_t r = 0; r < m; r++) sums[r] = dots[r] = 0.0f, lse[r] = *(const float *)wa_row_ptr(p->lse, b, h, i0 + r);
+    double *sums = (double *)rest, *dots = sums + a->Bqp;
+    for (int64_t r = 0; r < m; r++) sums[r] = dots[r] = 0.0, lse[r] = *(const float *)wa_row_ptr(p->lse, b, h, i0 + r);
     int64_t kt0, kt1;
     wa_key_tiles_for_rows(&p->win, i0, i0 + m, Bk, &kt0, &kt1);
     if (kt0 < kt1) {
@@ -672,14 +908,19 @@ static void rowstats_unit(void *arg, int64_t u, int worker) {
     }
     for (int64_t kt = kt0; kt < kt1; kt++) {
         int64_t j0 = kt * Bk, n = wa_min64(Bk, p->Nk - j0);
+        int edge = wa_tile_needs_mask(&p->win, i0, i0 + m, j0, j0 + n);
         load_tile_transposed(KT, Bkp, p->k, b, hk, j0, n, D, row_buf);
         load_tile_transposed(VT, Bkp, p->v, b, hk, j0, n, D, row_buf);
         memset(S, 0, (size_t)(m * Bkp) * 4);
         memset(dP, 0, (size_t)(m * Bkp) * 4);
         gemm_acc(m, Bkp, D, Qs, Dp, 1, KT, Bkp, S, Bkp);
-        finish_scores(a, S, Bkp, i0, m, j0, n, wa_tile_needs_mask(&p->win, i0, i0 + m, j0, j0 + n));
+        finish_scores(a, S, Bkp, i0, m, j0, n, edge);
         gemm_acc(m, Bkp, D, dOs, Dp, 1, VT, Bkp, dP, Bkp);
         for (int64_t r = 0; r < m; r++) {
+            int64_t lo, hi;
+            row_visible_cols(&p->win, i0 + r, j0, n, 1, &lo, &hi);
+            for (int64_t c = 0; edge && c < Bkp; c++) /* exp(-inf - lse) = 0 masks P, but 0 * NaN would not mask dP */
+                if (c < lo || c > hi) dP[r * Bkp + c] = 0.0f;
             vf acc = vsplat(0.0f), dot = vsplat(0.0f), lv = vsplat(lse[r]);
             for (int64_t c = 0; c < Bkp; c += VW) {
                 vf e = vexp(vload(S + r * Bkp + c) - lv);
@@ -691,9 +932,9 @@ static void rowstats_unit(void *arg, int64_t u, int worker) {
         }
     }
     float *rn = a->rnorm + bh * p->Nq + i0, *delta = a->delta + bh * p->Nq + i0;
-    for (int64_t r = 0; r < m; r++) {
-        rn[r] = sums[r] > 0.0f ? 1.0f / sums[r] : 0.0f;
-        delta[r] = dots[r] * rn[r];
+    for (int64_t r = 0; r < m; r++) { /* rows that see no key: sums = 0, and r = delta = 0 */
+        rn[r] = sums[r] != 0.0 ? (float)(1.0 / sums[r]) : 0.0f;
+        delta[r] = sums[r] != 0.0 ? (float)(dots[r] / sums[r]) : 0.0f;
     }
 }
 

@@ -73,7 +73,7 @@ static int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; 
 
 #define WA_CHUNK_TILES_MIN 32                /* key tiles per backward unit: bounds */
 #define WA_CHUNK_TILES_MAX 256
-#define WA_DQ_RING_BYTES ((size_t)8 << 20)   /* per-thread budget for rolling dQ slots */
+#define WA_DQ_RING_BYTES ((size_t)16 << 20)  /* per-thread budget for rolling dQ slots (f64: 8 MB of f32) */
 
 static void plan(const wa_context *ctx, const wa_problem *p, cpu_tile_args *a) {
     memset(a, 0, sizeof *a);
@@ -115,9 +115,9 @@ static void plan(const wa_context *ctx, const wa_problem *p, cpu_tile_args *a) {
      * counts two): forward_unit, dkdv_unit / rowstats_unit (backward_scratch), dq_unit */
     int64_t Bq = a->tile_q, D = p->D, Dp = a->Dp, Bkp = a->Bkp, Bqp = a->Bqp;
     int64_t heads = wa_min64(p->group, 8); /* WA_FWD_HEADS in attn_cpu.c */
-    int64_t fwd = 2 * Bkp * Dp + Bkp * Bqp + wa_max64(Dp, Bqp) + Bq * Dp + Bqp + heads * (D * Bqp + 2 * Bq * Dp + 3 * Bqp);
+    int64_t fwd = 2 * Bkp * Dp + Bkp * Bqp + wa_max64(Dp, Bqp) + Bqp + heads * (D * Bqp + 3 * Bq * Dp + 5 * Bqp);
     int64_t bwd_shared = 2 * D * Bkp + 2 * Bq * Dp + 2 * Bq * Bkp + Bqp + Dp;
-    int64_t dkdv = 4 * Bkp * Dp + wa_max64(Bkp, Bq) * Dp + Bkp * Dp + 2 * a->dq_slots * p->group * Bq * Dp;
+    int64_t dkdv = 4 * Bkp * Dp + 2 * Bkp * Dp + Bq * Dp + Bkp * Dp + 2 * a->dq_slots * p->group * Bq * Dp;
     int64_t bwd = bwd_shared + wa_max64(dkdv, 4 * Bqp);
     int64_t dq = 2 * D * Bqp + 2 * Bkp * Dp + 2 * Bkp * Bqp + Bq * Dp + 3 * Bqp + wa_max64(Dp, Bqp) + 2 * Bq * Dp;
     bwd = wa_max64(bwd, dq);
