@@ -8,9 +8,12 @@
  * 32,768 tokens: peak = mask + three score-sized tensors.
  *
  * It serves three purposes: the probe's "dense" column (its memory is the point), the parity
- * sweep's low-precision baseline (DESIGN.md section 4: "scores and probabilities rounded to the
- * dtype as a plain framework would"), and the trainer's dense arm. It is not meant to be fast,
- * but it uses the same GEMM micro-kernel so the probe finishes.
+ * sweep's low-precision baseline for f16 and bf16 (DESIGN.md section 4: "scores and
+ * probabilities rounded to the dtype as a plain framework would"; f32 uses the independent
+ * wa_baseline in src/ref, docs/algorithm.md section 5), and the trainer's dense arm. It is not
+ * meant to be fast, but it uses the same GEMM micro-kernel so the probe finishes. Unlike a plain
+ * framework, a NaN or an infinity reaches only the rows and keys that see it (masked entries are
+ * exactly 0 and never multiply one, see mat_times_head).
  */
 #define _GNU_SOURCE
 #include "../convert.h"
@@ -143,7 +146,9 @@ static void scores_unit(void *arg, int64_t bh, int worker) {
     rows_times_kv(a, worker, a->p->q, a->p->k, bh, emit_scores);
 }
 
-/* P = round(softmax_f32(S)); a row with no visible key is all zeros. Writes lse when asked. */
+/* P = round(softmax_f32(S)); a row with no visible key is all zeros. Writes lse when asked.
+ * Masked entries of P are exactly 0 even when the row's sum is not finite (non-finite inputs:
+ * a NaN in the sum must stay in its row, see mat_times_head). */
 static void softmax_unit(void *arg, int64_t bh, int worker) {
     dense_args *a = arg;
     const wa_problem *p = a->p;
@@ -151,23 +156,34 @@ static void softmax_unit(void *arg, int64_t bh, int worker) {
     float *row = a->scratch + (size_t)worker * a->scratch_floats;
     for (int64_t i = 0; i < p->Nq; i++) {
         size_t base = mat_index(p, b, h, i, 0);
+        const unsigned char *mask = a->mask + (size_t)i * (size_t)p->Nk;
         float mx = -INFINITY, sum = 0.0f;
         for (int64_t j = 0; j < p->Nk; j++) {
             row[j] = mat_get(&a->S, base + (size_t)j);
             mx = fmaxf(mx, row[j]);
         }
-        if (mx == -INFINITY) {
+        if (wa_row_first_key(&p->win, i) > wa_row_last_key(&p->win, i)) { /* sees no key */
             for (int64_t j = 0; j < p->Nk; j++) mat_put(&a->P, base + (size_t)j, 0.0f);
             if (p->lse && p->o) *(float *)wa_row_ptr(p->lse, b, h, i) = -INFINITY;
             continue;
         }
-        for (int64_t j = 0; j < p->Nk; j++) sum += row[j] = expf(row[j] - mx);
-        for (int64_t j = 0; j < p->Nk; j++) mat_put(&a->P, base + (size_t)j, row[j] / sum);
+        for (int64_t j = 0; j < p->Nk; j++)
+            if (mask[j]) sum += row[j] = expf(row[j] - mx);
+        for (int64_t j = 0; j < p->Nk; j++) mat_put(&a->P, base + (size_t)j, mask[j] ? row[j] / sum : 0.0f);
         if (p->lse && p->o) *(float *)wa_row_ptr(p->lse, b, h, i) = mx + logf(sum);
     }
 }
 
-/* rows of out = round(mul * M V) where M is P or dS ([Nq, Nk]) and V a kv head ([Nk, D]) */
+/* any NaN or infinity among n floats */
+static int has_nonfinite(const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return 1;
+    return 0;
+}
+
+/* rows of out = round(mul * M V) where M is P or dS ([Nq, Nk]) and V a kv head ([Nk, D]). A masked
+ * entry of M is 0, but 0 * NaN = 0 * inf is NaN: when the head holds one, each row sums over its
+ * visible keys only (the same micro-kernel and order, minus exact zero terms). */
 static void mat_times_head(dense_args *a, int worker, const dense_mat *M, const wa_tensor *kv, const wa_tensor *out,
                            int64_t b, int64_t h, float mul) {
     const wa_problem *p = a->p;
@@ -175,12 +191,18 @@ static void mat_times_head(dense_args *a, int worker, const dense_mat *M, const 
     float *ws = a->scratch + (size_t)worker * a->scratch_floats;
     float *Vf = ws + D * Nkp + Nkp * Dp, *Ob = Vf + Nkp * Dp, *Mb = Ob + ROW_BLOCK * Dp + ROW_BLOCK * Dp;
     load_head_rows(Vf, Dp, kv, b, hk, 0, p->Nk, D);
+    int bad = has_nonfinite(Vf, (size_t)(p->Nk * Dp));
     for (int64_t i0 = 0; i0 < p->Nq; i0 += ROW_BLOCK) {
         int64_t m = wa_min64(ROW_BLOCK, p->Nq - i0);
         for (int64_t r = 0; r < m; r++)
             for (int64_t j = 0; j < p->Nk; j++) Mb[r * Nkp + j] = mat_get(M, mat_index(p, b, h, i0 + r, j));
         memset(Ob, 0, (size_t)(m * Dp) * 4);
-        wa_cpu_gemm(m, Dp, p->Nk, Mb, Nkp, 1, Vf, Dp, Ob, Dp);
+        if (!bad) wa_cpu_gemm(m, Dp, p->Nk, Mb, Nkp, 1, Vf, Dp, Ob, Dp);
+        else
+            for (int64_t r = 0; r < m; r++) {
+                int64_t lo = wa_row_first_key(&p->win, i0 + r), hi = wa_row_last_key(&p->win, i0 + r);
+                if (lo <= hi) wa_cpu_gemm(1, Dp, hi - lo + 1, Mb + r * Nkp + lo, Nkp, 1, Vf + lo * Dp, Dp, Ob + r * Dp, Dp);
+            }
         for (int64_t r = 0; r < m; r++) store_head_row(out, b, h, i0 + r, Ob + r * Dp, D, mul);
     }
 }
@@ -206,7 +228,8 @@ static void dp_unit(void *arg, int64_t bh, int worker) {
     rows_times_kv(a, worker, a->p->do_, a->p->v, bh, emit_dp);
 }
 
-/* dS = round(P * (dP - rowsum(P * dP))), times the softcap derivative (rounded) */
+/* dS = round(P * (dP - rowsum(P * dP))), times the softcap derivative (rounded); both over the
+ * visible entries only, masked dS exactly 0 (dP there may be NaN, see mat_times_head) */
 static void ds_unit(void *arg, int64_t bh, int worker) {
     dense_args *a = arg;
     const wa_problem *p = a->p;
@@ -214,17 +237,39 @@ static void ds_unit(void *arg, int64_t bh, int worker) {
     (void)worker;
     for (int64_t i = 0; i < p->Nq; i++) {
         size_t base = mat_index(p, b, h, i, 0);
+        const unsigned char *mask = a->mask + (size_t)i * (size_t)p->Nk;
         float dot = 0.0f;
-        for (int64_t j = 0; j < p->Nk; j++) dot += mat_get(&a->P, base + (size_t)j) * mat_get(&a->dP, base + (size_t)j);
+        for (int64_t j = 0; j < p->Nk; j++)
+            if (mask[j]) dot += mat_get(&a->P, base + (size_t)j) * mat_get(&a->dP, base + (size_t)j);
         for (int64_t j = 0; j < p->Nk; j++) {
+            if (!mask[j]) {
+                mat_put(&a->dS, base + (size_t)j, 0.0f);
+                continue;
+            }
             float pj = mat_get(&a->P, base + (size_t)j);
             float ds = wa_round_to(p->dtype, pj * (mat_get(&a->dP, base + (size_t)j) - dot));
-            if (p->softcap > 0.0f && pj != 0.0f) {
+            if (p->softcap > 0.0f) {
                 float t = mat_get(&a->S, base + (size_t)j) / p->softcap; /* S kept only with softcap */
                 ds = wa_round_to(p->dtype, ds * (1.0f - t * t));
             }
             mat_put(&a->dS, base + (size_t)j, ds);
         }
+    }
+}
+
+/* acc[Nk x Dp] += Mb^T Xb over the row block [i0, i0 + m) (Mb: P or dS, Xb: dO or Q); when the
+ * block holds a NaN or an infinity, each key sums over the rows that see it only (as in
+ * mat_times_head: a masked 0 times NaN must not reach the key) */
+static void keys_times_rows(dense_args *a, const float *Mb, const float *Xb, int64_t i0, int64_t m, float *acc) {
+    const wa_problem *p = a->p;
+    int64_t Dp = a->Dp, Nkp = a->Nkp;
+    if (!has_nonfinite(Xb, (size_t)(m * Dp))) {
+        wa_cpu_gemm(p->Nk, Dp, m, Mb, 1, Nkp, Xb, Dp, acc, Dp);
+        return;
+    }
+    for (int64_t j = 0; j < p->Nk; j++) {
+        int64_t r0 = wa_max64(wa_col_first_query(&p->win, j), i0) - i0, r1 = wa_min64(wa_col_last_query(&p->win, j), i0 + m - 1) - i0;
+        if (r0 <= r1) wa_cpu_gemm(1, Dp, r1 - r0 + 1, Mb + r0 * Nkp + j, 1, Nkp, Xb + r0 * Dp, Dp, acc + j * Dp, Dp);
     }
 }
 
@@ -244,11 +289,11 @@ static void dkdv_unit(void *arg, int64_t bhk, int worker) {
             for (int64_t r = 0; r < m; r++)
                 for (int64_t j = 0; j < p->Nk; j++) Mb[r * Nkp + j] = mat_get(&a->dS, mat_index(p, b, h, i0 + r, j));
             load_head_rows(Xb, Dp, p->q, b, h, i0, m, D);
-            wa_cpu_gemm(p->Nk, Dp, m, Mb, 1, Nkp, Xb, Dp, dK, Dp);
+            keys_times_rows(a, Mb, Xb, i0, m, dK);
             for (int64_t r = 0; r < m; r++)
                 for (int64_t j = 0; j < p->Nk; j++) Mb[r * Nkp + j] = mat_get(&a->P, mat_index(p, b, h, i0 + r, j));
             load_head_rows(Xb, Dp, p->do_, b, h, i0, m, D);
-            wa_cpu_gemm(p->Nk, Dp, m, Mb, 1, Nkp, Xb, Dp, dV, Dp);
+            keys_times_rows(a, Mb, Xb, i0, m, dV);
         }
     }
     for (int64_t j = 0; j < p->Nk; j++) {
