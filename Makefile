@@ -105,7 +105,7 @@ $(BUILD)/train/linalg.o: WA_CFLAGS += -DWA_HAVE_CBLAS
 TRAIN_LIBS := -lopenblas
 endif
 
-TEST_NAMES := test_geometry test_convert test_oracle test_kernels test_api test_safetensors
+TEST_NAMES := test_geometry test_convert test_oracle test_kernels test_api test_safetensors test_nonfinite
 # tests/test_misuse.c (hostile and odd inputs; run under `make sanitize`) builds once it exists
 TEST_NAMES += $(if $(wildcard tests/test_misuse.c),test_misuse)
 TESTS    := $(TEST_NAMES:%=$(BUILD)/tests/%) $(BUILD)/tests/cli_helper $(BUILD)/tests/test_train

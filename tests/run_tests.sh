@@ -29,6 +29,7 @@ run() {
 for t in test_geometry test_convert test_oracle test_api test_misuse test_safetensors test_kernels; do
     run "$t" "$BUILD/tests/$t"
 done
+run "test_nonfinite" "$BUILD/tests/test_nonfinite"
 run "test_train" "$BUILD/tests/test_train" train/fixtures
 run "test_cli" sh tests/test_cli.sh "$BUILD"
 run "test_install" sh tests/test_install.sh "$BUILD"

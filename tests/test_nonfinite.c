@@ -1,0 +1,292 @@
+/* test_nonfinite.c — a NaN or an infinity in q, k, v or do_ reaches exactly the outputs that
+ * depend on it through visible pairs, and nothing else: not other rows, heads or batch entries,
+ * not keys outside a row's window (in a plain GEMM a masked probability 0 times a NaN in v is
+ * NaN), and the finite results of everything else do not change.
+ *
+ * Each plant is one value (NaN, +inf, -inf) at one element of one input. Expected, per output
+ * element (o, lse, dq, dk, dv), from the float64 oracle, which sums over visible pairs only:
+ *   - the dependency set: the elements the oracle changes when the same element is perturbed by a
+ *     finite amount instead, and those it makes non-finite (a row that sees one key has o = v
+ *     whatever q is, but a NaN in q is a NaN in its probability);
+ *   - inside it, non-finite exactly where the oracle with the planted value is non-finite;
+ *   - outside it, bit for bit the output of the same path without the plant.
+ * Paths: the tiled kernels on every ISA this CPU runs (WINATTN_ISA, as in test_kernels.c) with
+ * two tile configurations, and the dense path; f32, f16, bf16; B = 2, GQA 2; windows causal,
+ * sliding, two-sided, one key, unbounded, Nq > Nk (rows that see no key) and Nq < Nk (keys no
+ * query sees), and a softcap (which maps an infinite score to a finite one). */
+#define _GNU_SOURCE
+#include "check.h"
+#include "internal.h"
+#include "ref/oracle.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { B = 2, HQ = 4, HKV = 2, D = 40 };
+
+typedef struct shape {
+    int64_t Nq, Nk, left, right;
+    float softcap;
+    const char *what;
+} shape;
+
+static const shape shapes[] = {
+    {150, 150, -1, 0, 0, "causal"},
+    {150, 150, 20, 0, 0, "sliding 21"},
+    {150, 150, 10, 5, 0, "two-sided"},
+    {150, 150, 0, 0, 0, "one key"},
+    {150, 150, -1, -1, 0, "unbounded"},
+    {170, 100, -1, 0, 0, "Nq > Nk, empty rows"},
+    {100, 170, 30, 0, 0, "Nq < Nk, unseen keys"},
+    {150, 150, 40, 0, 5.0f, "sliding 41, softcap 5"},
+};
+
+static const int tile_configs[2][2] = {{64, 64}, {16, 48}};
+static const char *const isas[] = {"avx512bf16", "avx512", "avx2", "neon", "generic"};
+enum { n_isas = sizeof isas / sizeof *isas };
+
+enum { T_Q, T_K, T_V, T_DO };
+static const char *const tensor_names[] = {"q", "k", "v", "do_"};
+static const char *const value_names[] = {"nan", "+inf", "-inf"};
+static const char *const out_names[] = {"o", "lse", "dq", "dk", "dv"};
+
+typedef struct plant {
+    int tensor, value;
+    int64_t b, h, row, d;
+} plant;
+
+/* the inputs of one case, in the dtype, contiguous [B, H, N, D] */
+typedef struct inputs {
+    wa_dtype dt;
+    const shape *s;
+    void *x[4]; /* q, k, v, do_ */
+    size_t n[4];
+} inputs;
+
+/* the five outputs as doubles, contiguous */
+typedef struct outs {
+    double *v[5];
+    size_t n[5];
+} outs;
+
+static size_t es(wa_dtype dt) { return dt == WA_F32 ? 4 : 2; }
+
+static void outs_alloc(outs *o, const shape *s) {
+    size_t nq = (size_t)(B * HQ * s->Nq * D), nk = (size_t)(B * HKV * s->Nk * D);
+    size_t n[5] = {nq, (size_t)(B * HQ * s->Nq), nq, nk, nk};
+    for (int t = 0; t < 5; t++) o->n[t] = n[t], o->v[t] = malloc(n[t] * sizeof(double) + 8);
+}
+static void outs_free(outs *o) {
+    for (int t = 0; t < 5; t++) free(o->v[t]);
+}
+
+static wa_tensor tensor_of(const inputs *in, int t) {
+    const shape *s = in->s;
+    int64_t H = t == T_K || t == T_V ? HKV : HQ, N = t == T_K || t == T_V ? s->Nk : s->Nq;
+    return wa_tensor_bhnd(in->x[t], in->dt, B, H, N, D);
+}
+
+static size_t plant_index(const inputs *in, const plant *pl) {
+    int kv = pl->tensor == T_K || pl->tensor == T_V;
+    int64_t H = kv ? HKV : HQ, N = kv ? in->s->Nk : in->s->Nq;
+    return (size_t)(((pl->b * H + pl->h) * N + pl->row) * D + pl->d);
+}
+
+/* Element i of input t as raw bits (the low 16 for f16 and bf16). */
+static uint32_t get_bits(const inputs *in, int t, size_t i) {
+    uint32_t u = 0;
+    if (in->dt == WA_F32) memcpy(&u, (const float *)in->x[t] + i, 4);
+    else u = ((const uint16_t *)in->x[t])[i];
+    return u;
+}
+static void set_bits(inputs *in, int t, size_t i, uint32_t u) {
+    if (in->dt == WA_F32) memcpy((float *)in->x[t] + i, &u, 4);
+    else ((uint16_t *)in->x[t])[i] = (uint16_t)u;
+}
+/* NaN, +inf, -inf in the dtype */
+static uint32_t nonfinite_bits(wa_dtype dt, int value) {
+    static const uint32_t bits[3][3] = {{0x7FC00000u, 0x7F800000u, 0xFF800000u}, /* f32 */
+                                        {0x7E00u, 0x7C00u, 0xFC00u},             /* f16 */
+                                        {0x7FC0u, 0x7F80u, 0xFF80u}};            /* bf16 */
+    return bits[dt][value];
+}
+/* a finite neighbour: the top mantissa bit flipped (a normal stays normal and finite) */
+static uint32_t perturbed_bits(wa_dtype dt, uint32_t u) {
+    return u ^ (dt == WA_F32 ? 0x00400000u : dt == WA_F16 ? 0x0200u : 0x0040u);
+}
+
+static void oracle(const inputs *in, outs *o) {
+    const shape *s = in->s;
+    double *x[4];
+    for (int t = 0; t < 4; t++) {
+        wa_tensor tt = tensor_of(in, t);
+        x[t] = malloc(in->n[t] * sizeof(double));
+        wa_tensor_to_f64(&tt, x[t]);
+    }
+    wa_oracle_shape os = {B, HQ, HKV, s->Nq, s->Nk, D, (double)(float)(1.0 / sqrt((double)D)), s->softcap,
+                          {s->Nq, s->Nk, s->left, s->right}};
+    wa_oracle(&os, x[T_Q], x[T_K], x[T_V], x[T_DO], o->v[0], o->v[1], o->v[2], o->v[3], o->v[4]);
+    for (int t = 0; t < 4; t++) free(x[t]);
+}
+
+/* forward then backward on one path (isa NULL: the dense path); 0 and a message if a call fails */
+static int run_path(const inputs *in, const char *isa, int cfg, outs *o, char *err, size_t nerr) {
+    const shape *s = in->s;
+    wa_context_params cp = {0};
+    cp.threads = 2;
+    if (isa) {
+        setenv("WINATTN_ISA", isa, 1);
+        cp.tile_q = tile_configs[cfg][0], cp.tile_k = tile_configs[cfg][1];
+    } else {
+        unsetenv("WINATTN_ISA"); /* the dense path's GEMMs on the best ISA */
+        cp.algorithm = WA_ALGO_DENSE;
+    }
+    wa_context *ctx;
+    if (wa_context_create(&cp, &ctx) != WA_OK) {
+        snprintf(err, nerr, "context: %s", wa_last_error());
+        return 0;
+    }
+    size_t nq = (size_t)(B * HQ * s->Nq * D), nk = (size_t)(B * HKV * s->Nk * D), e = es(in->dt);
+    void *bo = malloc(nq * e), *bdq = malloc(nq * e), *bdk = malloc(nk * e), *bdv = malloc(nk * e);
+    float *blse = malloc((size_t)(B * HQ * s->Nq) * 4);
+    wa_tensor q = tensor_of(in, T_Q), k = tensor_of(in, T_K), v = tensor_of(in, T_V), g = tensor_of(in, T_DO);
+    wa_tensor to = wa_tensor_bhnd(bo, in->dt, B, HQ, s->Nq, D), tl = wa_tensor_lse(blse, B, HQ, s->Nq);
+    wa_tensor tdq = wa_tensor_bhnd(bdq, in->dt, B, HQ, s->Nq, D);
+    wa_tensor tdk = wa_tensor_bhnd(bdk, in->dt, B, HKV, s->Nk, D), tdv = wa_tensor_bhnd(bdv, in->dt, B, HKV, s->Nk, D);
+    wa_attn_desc desc = {0, s->softcap, s->left, s->right};
+    int ok = wa_forward(ctx, &desc, &q, &k, &v, &to, &tl) == WA_OK &&
+             wa_backward(ctx, &desc, &q, &k, &v, &to, &tl, &g, &tdq, &tdk, &tdv) == WA_OK;
+    if (!ok) snprintf(err, nerr, "%s", wa_last_error());
+    else {
+        wa_tensor_to_f64(&to, o->v[0]), wa_tensor_to_f64(&tl, o->v[1]), wa_tensor_to_f64(&tdq, o->v[2]);
+        wa_tensor_to_f64(&tdk, o->v[3]), wa_tensor_to_f64(&tdv, o->v[4]);
+    }
+    free(bo), free(bdq), free(bdk), free(bdv), free(blse);
+    wa_context_destroy(ctx);
+    return ok;
+}
+
+/* element i of output t: 0 if as expected, else a description in msg */
+static int judge(const outs *got, const outs *clean, const outs *want, const outs *dep_a, const outs *dep_b, int t,
+                 size_t i, char *msg, size_t n) {
+    int dep = (!(dep_a->v[t][i] == dep_b->v[t][i]) && !(isnan(dep_a->v[t][i]) && isnan(dep_b->v[t][i]))) ||
+              !isfinite(want->v[t][i]);
+    double g = got->v[t][i];
+    if (!dep) {
+        if (g == clean->v[t][i] || (isnan(g) && isnan(clean->v[t][i]))) return 0;
+        snprintf(msg, n, "%s[%zu] = %g, independent of the plant, but %g without it", out_names[t], i, g,
+                 clean->v[t][i]);
+        return 1;
+    }
+    if (!isfinite(g) == !isfinite(want->v[t][i])) return 0;
+    snprintf(msg, n, "%s[%zu] = %g where the oracle has %g", out_names[t], i, g, want->v[t][i]);
+    return 1;
+}
+
+/* a position in [0, n): uniform enough for picking where to plant */
+static int64_t draw(wa_rng *g, int64_t n) { return (int64_t)(fabs(wa_rng_normal(g)) * 1e6) % n; }
+
+/* one (dtype, shape): plants, the oracle, every path */
+static void run_shape(wa_dtype dt, const shape *s, uint64_t seed) {
+    static const char *const dts[3] = {"f32", "f16", "bf16"};
+    inputs in = {dt, s, {0}, {0}};
+    wa_rng g;
+    wa_rng_seed(&g, seed);
+    for (int t = 0; t < 4; t++) {
+        int kv = t == T_K || t == T_V;
+        in.n[t] = (size_t)(B * (kv ? HKV : HQ) * (kv ? s->Nk : s->Nq) * D);
+        in.x[t] = malloc(in.n[t] * es(dt));
+        wa_fill_normal(in.x[t], dt, in.n[t], &g, 1.0);
+    }
+    /* plants: every tensor and value, once at a row on either side of a tile boundary (of both
+     * tile configurations) or at an end, once at a random row */
+    enum { per = 2 };
+    plant plants[4 * 3 * per];
+    int np = 0;
+    for (int t = 0; t < 4; t++)
+        for (int v = 0; v < 3; v++)
+            for (int k = 0; k < per; k++) {
+                int kv = t == T_K || t == T_V;
+                int64_t N = kv ? s->Nk : s->Nq;
+                const int64_t edges[12] = {0, 15, 16, 47, 48, 63, 64, 95, 96, 127, 128, N - 1};
+                int64_t row = k == 0 ? edges[t * 3 + v] % N : draw(&g, N);
+                plants[np++] = (plant){t, v, draw(&g, B), draw(&g, kv ? HKV : HQ), row, draw(&g, D)};
+            }
+
+    /* paths: (isa, tiles) for each ISA the CPU runs, then dense (isa = NULL) */
+    const char *path_isa[2 * n_isas + 1];
+    int path_cfg[2 * n_isas + 1], npaths = 0;
+    for (int i = 0; i < n_isas; i++) {
+        setenv("WINATTN_ISA", isas[i], 1);
+        if (strcmp(wa_cpu_isa(), isas[i]) != 0) continue; /* test_kernels.c says SKIP for these */
+        for (int c = 0; c < 2; c++) path_isa[npaths] = isas[i], path_cfg[npaths++] = c;
+    }
+    path_isa[npaths] = NULL, path_cfg[npaths++] = 0;
+
+    outs clean[2 * n_isas + 1], want, dep_a, dep_b, got;
+    int failed[2 * n_isas + 1] = {0};
+    char first[2 * n_isas + 1][300];
+    char err[256];
+    for (int p = 0; p < npaths; p++) {
+        outs_alloc(&clean[p], s);
+        first[p][0] = 0;
+        if (!run_path(&in, path_isa[p], path_cfg[p], &clean[p], err, sizeof err)) {
+            failed[p] = 1;
+            snprintf(first[p], sizeof first[p], "clean run: %s", err);
+        }
+    }
+    outs_alloc(&want, s), outs_alloc(&dep_a, s), outs_alloc(&dep_b, s), outs_alloc(&got, s);
+    oracle(&in, &dep_a);
+    for (int k = 0; k < np; k++) {
+        const plant *pl = &plants[k];
+        size_t idx = plant_index(&in, pl);
+        uint32_t old = get_bits(&in, pl->tensor, idx);
+        set_bits(&in, pl->tensor, idx, perturbed_bits(dt, old));
+        oracle(&in, &dep_b);
+        set_bits(&in, pl->tensor, idx, nonfinite_bits(dt, pl->value));
+        oracle(&in, &want);
+        for (int p = 0; p < npaths; p++) {
+            if (failed[p]) continue;
+            char what[300] = "";
+            if (!run_path(&in, path_isa[p], path_cfg[p], &got, err, sizeof err)) {
+                snprintf(what, sizeof what, "%s", err);
+            } else {
+                for (int t = 0; t < 5 && !what[0]; t++)
+                    for (size_t i = 0; i < got.n[t]; i++)
+                        if (judge(&got, &clean[p], &want, &dep_a, &dep_b, t, i, what, sizeof what)) break;
+            }
+            if (what[0]) {
+                failed[p] = 1;
+                snprintf(first[p], sizeof first[p], "%s at %s[b=%lld h=%lld row=%lld d=%lld]: %s", value_names[pl->value],
+                         tensor_names[pl->tensor], (long long)pl->b, (long long)pl->h, (long long)pl->row,
+                         (long long)pl->d, what);
+            }
+        }
+        set_bits(&in, pl->tensor, idx, old);
+    }
+    for (int p = 0; p < npaths; p++) {
+        char path[64];
+        if (path_isa[p]) snprintf(path, sizeof path, "%s tiles=%dx%d", path_isa[p], tile_configs[path_cfg[p]][0], tile_configs[path_cfg[p]][1]);
+        else snprintf(path, sizeof path, "dense");
+        check(!failed[p], "nonfinite %s %s B=%d Hq=%d Hkv=%d Nq=%lld Nk=%lld D=%d win=(%lld,%lld)%s [%s]: %d plants%s%s", path,
+              dts[dt], B, HQ, HKV, (long long)s->Nq, (long long)s->Nk, D, (long long)s->left, (long long)s->right,
+              s->softcap > 0 ? " cap=5" : "", s->what, np, first[p][0] ? " : " : "", first[p]);
+        outs_free(&clean[p]);
+    }
+    outs_free(&want), outs_free(&dep_a), outs_free(&dep_b), outs_free(&got);
+    for (int t = 0; t < 4; t++) free(in.x[t]);
+}
+
+int main(void) {
+    for (int i = 0; i < n_isas; i++) {
+        setenv("WINATTN_ISA", isas[i], 1);
+        if (strcmp(wa_cpu_isa(), isas[i]) != 0) check_skip("nonfinite %s: this CPU cannot run it", isas[i]);
+    }
+    uint64_t seed = 1;
+    for (int d = 0; d < 3; d++)
+        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) run_shape((wa_dtype)d, &shapes[s], seed++);
+    unsetenv("WINATTN_ISA");
+    return check_summary();
+}
