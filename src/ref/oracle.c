@@ -12,16 +12,43 @@
 #include <stdlib.h>
 #include <string.h>
 
-static double dot(const double *a, const double *b, int64_t n) {
-    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+/* The oracle spends its time in two loops over D: on x86-64 the compiler builds each twice, for
+ * AVX2 and for the baseline ISA, and the loader picks; both builds compute the same roundings in
+ * the same order, so results do not depend on the CPU. */
+#if defined(__x86_64__) && defined(__linux__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define REF_HOT __attribute__((target_clones("avx2", "default")))
+#define REF_X86 1
+#endif
+#endif
+#ifndef REF_HOT
+#define REF_HOT
+#endif
+
+typedef double v4d __attribute__((vector_size(32)));
+
+/* four partial sums (lane l takes the terms d = l mod 4), combined as (s0 + s1) + (s2 + s3) */
+REF_HOT static double dot(const double *a, const double *b, int64_t n) {
+    v4d s = {0, 0, 0, 0}, x, y;
     int64_t d = 0;
-    for (; d + 4 <= n; d += 4) s0 += a[d] * b[d], s1 += a[d + 1] * b[d + 1], s2 += a[d + 2] * b[d + 2], s3 += a[d + 3] * b[d + 3];
+    for (; d + 4 <= n; d += 4) {
+        memcpy(&x, a + d, sizeof x), memcpy(&y, b + d, sizeof y);
+        s += x * y;
+    }
+    double s0 = s[0];
     for (; d < n; d++) s0 += a[d] * b[d];
-    return (s0 + s1) + (s2 + s3);
+    return (s0 + s[1]) + (s[2] + s[3]);
 }
 
-static void axpy(double *y, double a, const double *x, int64_t n) {
-    for (int64_t d = 0; d < n; d++) y[d] += a * x[d];
+REF_HOT static void axpy(double *y, double a, const double *x, int64_t n) {
+    int64_t d = 0;
+    for (; d + 4 <= n; d += 4) {
+        v4d xv, yv;
+        memcpy(&xv, x + d, sizeof xv), memcpy(&yv, y + d, sizeof yv);
+        yv += a * xv;
+        memcpy(y + d, &yv, sizeof yv);
+    }
+    for (; d < n; d++) y[d] += a * x[d];
 }
 
 void wa_oracle(const wa_oracle_shape *s, const double *q, const double *k, const double *v, const double *do_,
