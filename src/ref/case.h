@@ -1,7 +1,7 @@
 /* case.h — one correctness case, run the same way by the unit tests and `winattn parity`:
  * fresh random inputs, the kernel under test (forward and backward, outputs guarded and
- * poisoned), the float64 oracle, the low-precision dense baseline, and FlashAttention's
- * criterion (DESIGN.md section 4) per output tensor. */
+ * poisoned), the float64 oracle, the low-precision baseline, and FlashAttention's criterion
+ * (DESIGN.md section 4) per output tensor. */
 #ifndef WA_CASE_H
 #define WA_CASE_H
 
@@ -39,11 +39,14 @@ typedef struct wa_case_result {
     double mult[WA_N_OUT];
     int pass;
     int used_grad_mult;        /* a gradient passed only under grad_mult x, not 2x */
-    double fwd_seconds, bwd_seconds;
+    double fwd_seconds, bwd_seconds, base_seconds, oracle_seconds;
 } wa_case_result;
 
 /* The criterion's multiple is 2 for every output; a gradient that misses 2x but meets
- * grad_mult x (3 in FlashAttention-2's tests) passes with used_grad_mult set. */
+ * grad_mult x (3 in FlashAttention-2's tests) passes with used_grad_mult set. The baseline is
+ * wa_baseline (oracle.h) for f32, and for f16 and bf16 the dense path run on `baseline` (a
+ * context with WA_ALGO_DENSE; NULL: wa_baseline for every dtype). docs/algorithm.md section 5
+ * says why. */
 void wa_run_case(const wa_case *c, wa_context *kernel, wa_context *baseline, double grad_mult, wa_case_result *r);
 void wa_case_name(const wa_case *c, char *buf, size_t n);
 

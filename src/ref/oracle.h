@@ -1,5 +1,6 @@
-/* oracle.h — the float64 dense reference: forward and backward over the mask predicate
- * wa_visible(), written for clarity and never tuned to match a kernel. tests/test_oracle.c
+/* oracle.h — the references: the float64 dense oracle, forward and backward over the mask
+ * predicate wa_visible(), written for clarity and never tuned to match a kernel; and the
+ * low-precision baseline of the acceptance criterion (wa_baseline). tests/test_oracle.c
  * checks it against central finite differences; everything else is checked against it.
  * Not part of libwinattn: tests and tools link it from build/ref. */
 #ifndef WA_ORACLE_H
@@ -19,6 +20,15 @@ typedef struct wa_oracle_shape {
  * dq, dk, dv are not touched. o and lse may be NULL when only gradients are wanted. */
 void wa_oracle(const wa_oracle_shape *s, const double *q, const double *k, const double *v, const double *do_,
                double *o, double *lse, double *dq, double *dk, double *dv);
+
+/* The criterion's low-precision baseline (DESIGN.md section 4): attention computed the way a
+ * framework's unfused fallback computes it, in float32 with every op's output rounded to dt
+ * (docs/algorithm.md section 4 lists where), in plain loops that share no code with the library's
+ * kernels or its dense path, so that an accuracy loss common to both cannot hide in the bound.
+ * Same arrays and conventions as wa_oracle (inputs are dt values held exactly in doubles; outputs
+ * are dt values, lse an f32 value). */
+void wa_baseline(const wa_oracle_shape *s, wa_dtype dt, const double *q, const double *k, const double *v,
+                 const double *do_, double *o, double *lse, double *dq, double *dk, double *dv);
 
 /* Copy a strided wa_tensor (any dtype) into a contiguous double array: exact. */
 void wa_tensor_to_f64(const wa_tensor *t, double *out);
