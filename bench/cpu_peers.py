@@ -6,9 +6,11 @@ Needs (installs nothing itself):
     pip install 'mlx[cpu]==0.32.4' mlx-lm torch numpy matplotlib
 and a built winattn (`make`). Run from the repository root:
     python3 bench/cpu_peers.py [--quick] [--json docs/cpu-peers.json] [--plot docs/cpu-peers.png]
+                               [--winattn PATH] [--compare PATH] [--skip mlx,...]
 
 Systems:
   winattn          build/winattn bench (tiled kernels)
+  winattn-compare  with --compare PATH: PATH bench, another build, right after winattn
   mlx              mx.fast.scaled_dot_product_attention with mlx-lm's sliding-window mask
                    (create_causal_mask(N, window_size=W)): what mlx-lm's Gemma trains through;
                    on CPU MLX always builds the full score matrix
@@ -184,8 +186,8 @@ def run_child(cfg):
     return res, ru.ru_maxrss * 1024
 
 
-def run_winattn(shape, n, reps):
-    args = [WINATTN, "bench", "--n", str(n), "--dtype", shape["dtype"], "--hq", str(shape["Hq"]), "--hkv",
+def run_winattn(shape, n, reps, winattn=WINATTN):
+    args = [winattn, "bench", "--n", str(n), "--dtype", shape["dtype"], "--hq", str(shape["Hq"]), "--hkv",
             str(shape["Hkv"]), "--d", str(shape["D"]), "--window-left", str(shape["left"]), "--window-right",
             str(shape["right"]), "--reps", str(reps), "--json", "/tmp/winattn-bench.json"]
     t0 = time.time()
@@ -204,12 +206,17 @@ def main():
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None)
     ap.add_argument("--skip", default="", help="comma-separated systems to leave out")
+    ap.add_argument("--winattn", default=WINATTN, help="the winattn command to measure (default build/winattn)")
+    ap.add_argument("--compare", default=None, metavar="PATH",
+                    help="another winattn command (another build of the kernels), measured right after winattn at every "
+                         "point as system winattn-compare; its time ratios are against winattn")
     ap.add_argument("--budget", type=float, default=400.0,
                     help="seconds: a peer whose next length is predicted (quadratically) to take longer is not run")
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
-    if not os.path.exists(WINATTN):
-        sys.exit("cpu_peers.py: build/winattn not found: run `make` first")
+    for path in filter(None, (args.winattn, args.compare)):
+        if not os.path.exists(path):
+            sys.exit("cpu_peers.py: %s not found: run `make` first" % path)
 
     gemma = dict(B=1, Hq=32, Hkv=16, D=256, left=1023, right=0)
     causal = dict(B=1, Hq=8, Hkv=8, D=128, left=-1, right=0)
@@ -222,6 +229,8 @@ def main():
         for n in ns_b:
             plan.append((dict(causal, dtype=dt, name="(b) causal D=128"), n, ["winattn", "torch-flash", "mlx"]))
 
+    if args.compare:
+        plan = [(shape, n, systems[:1] + ["winattn-compare"] + systems[1:]) for shape, n, systems in plan]
     rows = []
     last = {}  # (shape, dtype, system) -> (N, fwd+bwd seconds): to skip runs predicted to take too long
     for shape, n, systems in plan:
@@ -231,8 +240,8 @@ def main():
         for system in systems:
             if system in skip:
                 continue
-            if system == "winattn":
-                r = run_winattn(shape, n, args.reps)
+            if system in ("winattn", "winattn-compare"):
+                r = run_winattn(shape, n, args.reps, args.winattn if system == "winattn" else args.compare)
                 peak_gb = r.get("peak_gb")
             else:
                 key = (shape["name"], shape["dtype"], system)
