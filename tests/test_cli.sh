@@ -191,6 +191,15 @@ expect_error "train: truncated checkpoint" train --model "$T/short" --data "$T/d
 expect_error "train: token outside the vocabulary" train --model $FX --data "$T/nodata"
 expect_error "train: no valid.jsonl for --eval" train --model $FX --data "$T/nodata" --eval-only
 expect_error "train: adapters of another rank" train --model $FX --data "$T/data" --eval-only --batch-size 2 --adapters "$T/run/adapters.safetensors"
+# a learning rate that blows the adapters up: one line naming the step, the last good state kept
+expect_error "train: a non-finite loss stops the run" train --model $FX --data "$T/data" --iters 6 --batch-size 2 \
+    --lora-rank 4 --threads 1 --lr 1e30 --out "$T/blowup"
+if grep -q "^winattn train: step [0-9]*: the loss is not finite .*; stopped, the adapters and optimizer state after step [0-9]* are in $T/blowup\$" "$T/stderr" &&
+    [ -s "$T/blowup/adapters.safetensors" ] && [ -s "$T/blowup/optimizer.safetensors" ]; then
+    ok "train: the non-finite step named, adapters and optimizer state of the step before saved"
+else
+    no "train: non-finite loss: $(cat "$T/stderr"); $(ls "$T/blowup")"
+fi
 expect_error "init-model: config refused" init-model "$T/ple/config.json" "$T/x"
 expect_error "init-model: missing OUT_DIR" init-model train/configs/demo-gemma4.json
 

@@ -6,10 +6,14 @@
  *      a packed batch against its records run one by one;
  *   3. checkpoint variants (F32 single file vs BF16 shards under the multimodal prefix), config
  *      parsing and refusals, data parsing and its errors;
- *   4. the training loop: loss falls, resuming gives bit-identical adapters, the base stays frozen.
+ *   4. the training loop: loss falls, resuming gives bit-identical adapters, the base stays frozen;
+ *   5. non-finite values: the raw-bit scan, a planted NaN or inf refused at load, a run whose loss
+ *      blows up stopping with the last good adapters saved; Gemma 3's attn_logit_softcapping left
+ *      unapplied, as transformers 5.x leaves it.
  * Usage: test_train [FIXTURES_DIR] (default train/fixtures). */
 #define _GNU_SOURCE
 #include "check.h"
+#include "checkpoint.h"
 #include "data.h"
 #include "safetensors.h"
 #include "trainer.h"
@@ -359,10 +363,14 @@ static void test_checkpoint_variants(void) {
     snprintf(sharded, sizeof sharded, "%s/gemma4_tiny/sharded", fixtures);
     gemma_model_f32 a, b;
     lora_config none = {0};
-    if (gemma_model_load_f32(&a, single, &none, err, sizeof err) != 0) return (void)check_fail("load %s: %s", single, err);
+    if (gemma_model_load_f32(&a, single, &none, err, sizeof err) != 0) {
+        check_fail("load %s: %s", single, err);
+        return;
+    }
     if (gemma_model_load_f32(&b, sharded, &none, err, sizeof err) != 0) {
         gemma_model_free_f32(&a);
-        return (void)check_fail("load %s: %s", sharded, err);
+        check_fail("load %s: %s", sharded, err);
+        return;
     }
     check(a.weight_count == b.weight_count && memcmp(a.weights, b.weights, a.weight_count * sizeof(float)) == 0,
           "BF16 shards under model.language_model. (published-style config) load to the F32 file's weights bit for bit "
@@ -581,6 +589,305 @@ static void test_training(const char *tmp) {
     check(rc != 0 && strstr(err, "must be F32 [32, 8]"), "adapters of another rank are refused: \"%s\"", err);
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Non-finite values: the scan loaders use, a checkpoint with one planted, Gemma 3's attention
+ * softcap as transformers runs it, and a run whose loss blows up. */
+
+static void test_nonfinite_scan(void) {
+    /* element 5 of 9 gets the bits; the buffer starts one byte in, so reads are unaligned */
+    const struct { st_dtype dtype; uint64_t bits; const char *kind; } cases[] = {
+        {ST_F32, 0x7fc00000u, "NaN"},    {ST_F32, 0x7f800000u, "inf"},   {ST_F32, 0xff800000u, "-inf"},
+        {ST_F32, 0x7f800001u, "NaN"},    {ST_F32, 0x7f7fffffu, "finite"}, {ST_F32, 0x00000001u, "finite"},
+        {ST_F16, 0x7e00u, "NaN"},        {ST_F16, 0x7c00u, "inf"},       {ST_F16, 0xfc00u, "-inf"},
+        {ST_F16, 0x7bffu, "finite"},     {ST_BF16, 0x7fc0u, "NaN"},      {ST_BF16, 0x7f80u, "inf"},
+        {ST_BF16, 0xff80u, "-inf"},      {ST_BF16, 0x7f7fu, "finite"},   {ST_BF16, 0xff81u, "NaN"},
+        {ST_F64, 0x7ff8000000000000ULL, "NaN"}, {ST_F64, 0xfff0000000000000ULL, "-inf"},
+        {ST_F64, 0x7fefffffffffffffULL, "finite"}, {ST_I32, 0x7f800000u, "finite"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        size_t size = st_dtype_size(cases[c].dtype);
+        unsigned char buf[1 + 9 * 8];
+        for (size_t i = 0; i < sizeof buf; i++) buf[i] = (unsigned char)(0x11 + 3 * i); /* finite in every dtype */
+        memcpy(buf + 1 + 5 * size, &cases[c].bits, size); /* little-endian: the low bytes */
+        st_tensor t = {.dtype = cases[c].dtype, .rank = 2, .shape = {3, 3}, .data = buf + 1};
+        uint64_t at = 99;
+        int found = st_tensor_first_nonfinite(&t, &at);
+        int want = strcmp(cases[c].kind, "finite") != 0;
+        const char *kind = st_tensor_value_kind(&t, 5);
+        check(found == want && (!want || at == 5) && strcmp(kind, cases[c].kind) == 0,
+              "non-finite scan: %s bits %#llx -> %s at %llu, \"%s\" (want %s)", st_dtype_name(cases[c].dtype),
+              (unsigned long long)cases[c].bits, found ? "found" : "none", (unsigned long long)at, kind, cases[c].kind);
+    }
+    /* a long tensor: the first bad element past a block boundary, a second one later */
+    size_t n = 10000;
+    float *big = malloc(n * sizeof *big);
+    for (size_t i = 0; i < n; i++) big[i] = (float)i - 5000.0f;
+    big[8191] = -INFINITY;
+    big[9000] = NAN;
+    st_tensor t = {.dtype = ST_F32, .rank = 1, .shape = {(int64_t)n}, .data = big};
+    uint64_t at = 0;
+    int found = st_tensor_first_nonfinite(&t, &at);
+    check(found == 1 && at == 8191 && strcmp(st_tensor_value_kind(&t, at), "-inf") == 0,
+          "non-finite scan: 10000 floats, -inf at 8191 and NaN at 9000 -> first at %llu", (unsigned long long)at);
+    free(big);
+}
+
+static int copy_file(const char *from, const char *to) {
+    FILE *in = fopen(from, "rb"), *out = in ? fopen(to, "wb") : NULL;
+    char buf[65536];
+    size_t n;
+    int rc = in && out ? 0 : -1;
+    while (rc == 0 && (n = fread(buf, 1, sizeof buf, in)) > 0) rc = fwrite(buf, 1, n, out) == n ? 0 : -1;
+    if (in) fclose(in);
+    if (out && fclose(out) != 0) rc = -1;
+    return rc;
+}
+
+/* 1 when the two files hold the same bytes */
+static int same_file(const char *a, const char *b) {
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    int same = fa && fb;
+    while (same) {
+        int ca = fgetc(fa), cb = fgetc(fb);
+        same = ca == cb;
+        if (ca == EOF) break;
+    }
+    if (fa) fclose(fa);
+    if (fb) fclose(fb);
+    return same;
+}
+
+/* src's checkpoint in dst, with one F32 tensor stored as dtype and element `at` set to bits; with
+ * row > 0 the rest of at's row of that many elements is zeroed */
+static int plant_value(const char *src, const char *dst, const char *tensor, st_dtype dtype, uint64_t at,
+                       uint32_t bits, uint64_t row, char *err, size_t errlen) {
+    char path[1200], out[1200];
+    mkdir(dst, 0777);
+    snprintf(path, sizeof path, "%s/config.json", src);
+    snprintf(out, sizeof out, "%s/config.json", dst);
+    if (copy_file(path, out) != 0) return snprintf(err, errlen, "cannot copy %s", path), -1;
+    st_file f;
+    snprintf(path, sizeof path, "%s/model.safetensors", src);
+    if (st_open(path, &f, err, errlen) != 0) return -1;
+    st_out *outs = calloc((size_t)f.count, sizeof *outs);
+    void *planted = NULL;
+    int rc = -1;
+    for (int i = 0; i < f.count; i++) {
+        const st_tensor *t = &f.tensors[i];
+        outs[i] = (st_out){t->name, t->dtype, t->rank, {0}, t->data};
+        memcpy(outs[i].shape, t->shape, sizeof t->shape);
+        if (strcmp(t->name, tensor) != 0) continue;
+        uint64_t n = st_numel(t);
+        if (t->dtype != ST_F32 || at >= n) break;
+        size_t size = st_dtype_size(dtype);
+        planted = malloc(n * size);
+        for (uint64_t j = 0; j < n; j++) { /* F32 -> BF16 keeps the top half: exact for these weights */
+            uint32_t w;
+            memcpy(&w, (const char *)t->data + 4 * j, 4);
+            if (j == at) w = bits;
+            else if (row && j / row == at / row) w = 0;
+            if (dtype == ST_BF16) w >>= 16;
+            memcpy((char *)planted + size * j, &w, size);
+        }
+        outs[i].dtype = dtype;
+        outs[i].data = planted;
+        rc = 0;
+    }
+    snprintf(out, sizeof out, "%s/model.safetensors", dst);
+    if (rc == 0) rc = st_write(out, outs, f.count, NULL, err, errlen);
+    else snprintf(err, errlen, "%s: no F32 tensor %s with element %llu", path, tensor, (unsigned long long)at);
+    free(planted);
+    free(outs);
+    st_close(&f);
+    return rc;
+}
+
+static void test_nonfinite_weights(const char *tmp) {
+    char src[1024], dst[1024], err[2048];
+    snprintf(src, sizeof src, "%s/gemma4_smoke", fixtures);
+    const struct { const char *tensor; st_dtype dtype; uint64_t at; uint32_t bits; const char *want; } cases[] = {
+        {"model.layers.1.mlp.up_proj.weight", ST_F32, 1234, 0x7fc00000u,
+         "tensor \"layers.1.mlp.up_proj.weight\" holds a non-finite value (NaN) at element 1234"},
+        {"model.layers.0.self_attn.k_proj.weight", ST_BF16, 7, 0xff800000u,
+         "tensor \"layers.0.self_attn.k_proj.weight\" holds a non-finite value (-inf) at element 7"},
+        {"model.norm.weight", ST_F32, 31, 0x7f800000u, "tensor \"norm.weight\" holds a non-finite value (inf) at element 31"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        snprintf(dst, sizeof dst, "%s/planted%zu", tmp, c);
+        if (plant_value(src, dst, cases[c].tensor, cases[c].dtype, cases[c].at, cases[c].bits, 0, err, sizeof err) != 0) {
+            check_fail("non-finite weight: cannot make the checkpoint: %s", err);
+            continue;
+        }
+        gemma_model_f32 m;
+        lora_config none = {0};
+        err[0] = '\0';
+        int rc = gemma_model_load_f32(&m, dst, &none, err, sizeof err);
+        if (rc == 0) gemma_model_free_f32(&m);
+        check(rc != 0 && strcmp(err, cases[c].want) == 0, "non-finite base weight refused at load: \"%s\"", err);
+    }
+}
+
+/* transformers 5.x stores attn_logit_softcapping on Gemma3Attention but passes no softcap to the
+ * attention function, so its outputs with the cap set are those with it null (checked: max
+ * |difference| of the logits 0.0, eager and sdpa, transformers 5.24.0). The gemma3_tiny fixture
+ * with a cap of 5 in its config must therefore match the same expected outputs. */
+static void test_attn_softcap_ignored(const char *tmp) {
+    char dir[1024], path[1200], from[1200], to[1200];
+    snprintf(dir, sizeof dir, "%s/gemma3_softcap", tmp);
+    mkdir(dir, 0777);
+    const char *files[] = {"model.safetensors", "adapters.safetensors", "adapter_config.json", "expected.safetensors"};
+    int rc = 0;
+    for (size_t i = 0; i < sizeof files / sizeof *files && rc == 0; i++) {
+        snprintf(from, sizeof from, "%s/gemma3_tiny/%s", fixtures, files[i]);
+        snprintf(to, sizeof to, "%s/%s", dir, files[i]);
+        rc = copy_file(from, to);
+    }
+    snprintf(path, sizeof path, "%s/gemma3_tiny/config.json", fixtures);
+    FILE *f = fopen(path, "r");
+    char text[8192];
+    size_t len = f ? fread(text, 1, sizeof text - 1, f) : 0;
+    if (f) fclose(f);
+    text[len] = '\0';
+    const char *null_cap = "\"attn_logit_softcapping\": null", *cap5 = "\"attn_logit_softcapping\": 5.0";
+    char *at = strstr(text, null_cap), edited[8300];
+    if (rc != 0 || !at) {
+        check_fail("attention softcap: cannot make the fixture copy (%s)", at ? "copy failed" : "no null cap in config");
+        return;
+    }
+    snprintf(edited, sizeof edited, "%.*s%s%s", (int)(at - text), text, cap5, at + strlen(null_cap));
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    write_text(path, edited);
+
+    const char *saved = fixtures;
+    fixtures = tmp;
+    test_fixture("gemma3_softcap");
+    fixture fx;
+    rc = fixture_open(&fx, "gemma3_softcap");
+    fixtures = saved;
+    if (rc != 0) return;
+    char desc[512];
+    gemma_config_describe(&fx.m64.cfg, desc, sizeof desc);
+    check(fx.m64.cfg.attn_softcap == 0 && fx.m64.cfg.attn_softcap_ignored == 5.0 && strstr(desc, "not applied"),
+          "attention softcap 5 in config.json read and not applied: \"%s\"", strstr(desc, "attn_") ? strstr(desc, "attn_") : desc);
+    /* the control: applying the cap moves the logits far outside the tolerance above */
+    fx.m64.cfg.attn_softcap = 5.0;
+    gemma_set_attention_f64(&fx.m64, ATTN_DENSE, 7, 1);
+    double loss;
+    double le = logits_error_f64(&fx, &fx.m64, &loss, &rc);
+    check(rc == 0 && le > 100 * f64_logit_tol,
+          "attention softcap: the cap applied would differ from transformers by %.1e (> 100 x tol %.0e)", le, f64_logit_tol);
+    fixture_close(&fx);
+}
+
+/* lr 1e30 makes the first update's adapters huge and a later step non-finite: the run must stop
+ * with one line naming the step, and --out must hold exactly the state a run to the step before
+ * saves; resuming from it stops at the same step and leaves it as it was. */
+static void test_nonfinite_training(const char *tmp) {
+    char data[900], out[900], ref[900], model[1024], err[1024] = "", pa[1100], pb[1100];
+    snprintf(data, sizeof data, "%s/data", tmp); /* made by test_training */
+    snprintf(out, sizeof out, "%s/blowup", tmp);
+    snprintf(ref, sizeof ref, "%s/blowup_ref", tmp);
+    snprintf(model, sizeof model, "%s/gemma4_smoke", fixtures);
+    train_options o;
+    train_defaults(&o);
+    o.model_dir = model;
+    o.data_dir = data;
+    o.batch = 2;
+    o.iters = 6;
+    o.lr = 1e30;
+    o.lora.rank = 4;
+    o.lora.scale = 2;
+    o.threads = 1;
+    o.out_dir = out;
+    int rc = train_run(&o, err, sizeof err), step = 0;
+    char after[64];
+    if (rc != 0 && sscanf(err, "step %d:", &step) == 1) snprintf(after, sizeof after, "after step %d are in", step - 1);
+    check(rc != 0 && step >= 2 && strstr(err, "is not finite") && strstr(err, after) && !strchr(err, '\n'),
+          "lr 1e30: the run stops at the first non-finite step: \"%s\"", err);
+    if (step < 2) return;
+    o.iters = step - 1;
+    o.out_dir = ref;
+    char rerr[1024] = "";
+    rc = train_run(&o, rerr, sizeof rerr);
+    const char *files[] = {"adapters.safetensors", "optimizer.safetensors"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(pa, sizeof pa, "%s/%s", out, files[i]);
+        snprintf(pb, sizeof pb, "%s/%s", ref, files[i]);
+        check(rc == 0 && same_file(pa, pb), "lr 1e30: the stopped run's %s is that of a run of %d steps, byte for byte %s",
+              files[i], step - 1, rerr);
+    }
+    /* resuming from --out itself: the same step fails, and the files there are not rewritten */
+    struct stat before, later;
+    snprintf(pa, sizeof pa, "%s/adapters.safetensors", out);
+    snprintf(pb, sizeof pb, "%s/adapters.safetensors", ref);
+    int have = stat(pa, &before) == 0;
+    o.iters = 6;
+    o.out_dir = out;
+    o.resume_dir = out;
+    rc = train_run(&o, err, sizeof err);
+    snprintf(after, sizeof after, "step %d: ", step);
+    check(rc != 0 && have && strncmp(err, after, strlen(after)) == 0 && strstr(err, " holds the adapters") &&
+              stat(pa, &later) == 0 && later.st_ino == before.st_ino && same_file(pa, pb),
+          "lr 1e30, resumed from --out: stops at step %d again, --out left as it was: \"%s\"", step, err);
+}
+
+
+/* A finite loss with a NaN gradient: token 40's embedding row is (3e38, 0, ...), finite, but
+ * scaled by sqrt(hidden) it is inf, so the normed hidden state of a record's last token (which
+ * has no target) is NaN. The loss never sees it; the backward multiplies its zero gradient by
+ * NaN. The run stops at step 1, naming the adapter, with the initial adapters saved. */
+static void test_nonfinite_gradient(const char *tmp) {
+    char src[1024], ck[1024], data[1024], out[1024], path[1200], err[2048] = "";
+    snprintf(src, sizeof src, "%s/gemma4_smoke", fixtures);
+    snprintf(ck, sizeof ck, "%s/huge_row", tmp);
+    snprintf(data, sizeof data, "%s/gdata", tmp);
+    snprintf(out, sizeof out, "%s/gstop", tmp);
+    if (plant_value(src, ck, "model.embed_tokens.weight", ST_F32, 40 * 32, 0x7f61b1e6u /* 3e38 */, 32, err,
+                    sizeof err) != 0) {
+        check_fail("non-finite gradient: cannot make the checkpoint: %s", err);
+        return;
+    }
+    mkdir(data, 0777);
+    snprintf(path, sizeof path, "%s/train.jsonl", data);
+    FILE *f = fopen(path, "w");
+    for (int r = 0; r < 4; r++) {
+        fputs("{\"tokens\": [2", f);
+        for (int t = 0; t < 30; t++) fprintf(f, ", %d", 10 + (t * 7 + r) % 23);
+        fputs(", 40]}\n", f);
+    }
+    fclose(f);
+    train_options o;
+    train_defaults(&o);
+    o.model_dir = ck;
+    o.data_dir = data;
+    o.out_dir = out;
+    o.batch = 2;
+    o.iters = 3;
+    o.lr = 1e-2;
+    o.lora.rank = 4;
+    o.lora.scale = 2;
+    o.threads = 1;
+    int rc = train_run(&o, err, sizeof err);
+    check(rc != 0 && strncmp(err, "step 1: the gradient of model.layers.", 37) == 0 && strstr(err, "lora_") &&
+              strstr(err, "is not finite (NaN at element ") && strstr(err, "state before training are in"),
+          "finite loss, NaN gradient: the run stops naming the adapter: \"%s\"", err);
+    /* what was saved is the fresh initialisation */
+    gemma_model_f32 m;
+    if (gemma_model_load_f32(&m, ck, &o.lora, err, sizeof err) != 0) {
+        check_fail("non-finite gradient: load: %s", err);
+        return;
+    }
+    gemma_lora_init_f32(&m, o.seed);
+    float *init = malloc(m.param_count * sizeof *init);
+    memcpy(init, m.params, m.param_count * sizeof *init);
+    snprintf(path, sizeof path, "%s/adapters.safetensors", out);
+    rc = adapters_load(&m, path, err, sizeof err);
+    check(rc == 0 && memcmp(init, m.params, m.param_count * sizeof *init) == 0,
+          "finite loss, NaN gradient: the saved adapters are the initial ones, bit for bit %s", rc ? err : "");
+    free(init);
+    gemma_model_free_f32(&m);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) fixtures = argv[1];
     char tmp[] = "/tmp/test_train.XXXXXX";
@@ -597,6 +904,11 @@ int main(int argc, char **argv) {
     test_packed("gemma4_tiny");
     test_packed("gemma3_tiny");
     test_training(tmp);
+    test_nonfinite_scan();
+    test_nonfinite_weights(tmp);
+    test_attn_softcap_ignored(tmp);
+    test_nonfinite_training(tmp);
+    test_nonfinite_gradient(tmp);
     char cmd[1100];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
     if (system(cmd) != 0) fprintf(stderr, "note: could not remove %s\n", tmp);

@@ -107,3 +107,53 @@ void checkpoint_close(checkpoint *ck) {
     free(ck->files);
     memset(ck, 0, sizeof *ck);
 }
+
+/* An element is NaN or ±inf exactly when its exponent field is all ones. Blocks of elements are
+ * first OR-reduced into one flag (a loop compilers vectorise); only a block that holds a bad one
+ * is scanned again for its index. */
+#define NONFINITE_SCAN(UINT, EXP_MASK)                                                              \
+    do {                                                                                            \
+        const unsigned char *p = t->data;                                                           \
+        for (uint64_t start = 0; start < n; start += 4096) {                                        \
+            uint64_t end = n - start < 4096 ? n : start + 4096;                                     \
+            int bad = 0;                                                                            \
+            for (uint64_t i = start; i < end; i++) {                                                \
+                UINT v;                                                                             \
+                memcpy(&v, p + i * sizeof v, sizeof v);                                             \
+                bad |= (v & (EXP_MASK)) == (EXP_MASK);                                              \
+            }                                                                                       \
+            for (uint64_t i = start; bad && i < end; i++) {                                         \
+                UINT v;                                                                             \
+                memcpy(&v, p + i * sizeof v, sizeof v);                                             \
+                if ((v & (EXP_MASK)) == (EXP_MASK)) return *index = i, 1;                           \
+            }                                                                                       \
+        }                                                                                           \
+    } while (0)
+
+int st_tensor_first_nonfinite(const st_tensor *t, uint64_t *index) {
+    uint64_t n = st_numel(t);
+    switch (t->dtype) {
+    case ST_F64: NONFINITE_SCAN(uint64_t, 0x7ff0000000000000ULL); break;
+    case ST_F32: NONFINITE_SCAN(uint32_t, 0x7f800000u); break;
+    case ST_F16: NONFINITE_SCAN(uint16_t, 0x7c00u); break;
+    case ST_BF16: NONFINITE_SCAN(uint16_t, 0x7f80u); break;
+    default: break;
+    }
+    return 0;
+}
+
+const char *st_tensor_value_kind(const st_tensor *t, uint64_t index) {
+    /* exponent mask, the rest below the sign bit (the mantissa), and the sign bit */
+    uint64_t v = 0, exp, sign;
+    const unsigned char *p = t->data;
+    switch (t->dtype) {
+    case ST_F64: memcpy(&v, p + 8 * index, 8); exp = 0x7ff0000000000000ULL; sign = 1ULL << 63; break;
+    case ST_F32: { uint32_t w; memcpy(&w, p + 4 * index, 4); v = w; exp = 0x7f800000u; sign = 1u << 31; break; }
+    case ST_F16: { uint16_t w; memcpy(&w, p + 2 * index, 2); v = w; exp = 0x7c00u; sign = 0x8000u; break; }
+    case ST_BF16: { uint16_t w; memcpy(&w, p + 2 * index, 2); v = w; exp = 0x7f80u; sign = 0x8000u; break; }
+    default: return "finite";
+    }
+    if ((v & exp) != exp) return "finite";
+    if (v & (sign - 1) & ~exp) return "NaN";
+    return v & sign ? "-inf" : "inf";
+}

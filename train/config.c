@@ -128,11 +128,16 @@ static void parse_text_config(parse_ctx *p, const json_t *t, gemma_family fam, g
     c->sliding_window = get_int(p, t, "sliding_window", 0, 0, 1, 1 << 30);
     c->norm_eps = get_num(p, t, "rms_norm_eps", 1e-6);
     c->final_softcap = get_num(p, t, "final_logit_softcapping", 0.0);
-    c->attn_softcap = get_num(p, t, "attn_logit_softcapping", 0.0);
+    /* transformers 5.x keeps attn_logit_softcapping as Gemma3Attention.attn_logit_softcapping but
+     * calls the attention function without softcap=, so no implementation (eager included) caps the
+     * scores; Gemma 4's text attention has no cap at all. A checkpoint whose config sets it is run as
+     * transformers runs it: uncapped. */
+    c->attn_softcap_ignored = get_num(p, t, "attn_logit_softcapping", 0.0);
+    c->attn_softcap = 0;
     c->tied_embeddings = get_bool(p, t, "tie_word_embeddings", 1);
     refuse_unimplemented(p, t);
     if (p->failed) return;
-    if (c->final_softcap < 0 || c->attn_softcap < 0) fail(p, "softcaps must be positive or null");
+    if (c->final_softcap < 0 || c->attn_softcap_ignored < 0) fail(p, "softcaps must be positive or null");
     if (c->norm_eps <= 0) fail(p, "rms_norm_eps must be positive");
 
     gemma_attn_shape *sl = &c->kind[LAYER_SLIDING], *fu = &c->kind[LAYER_FULL];
@@ -155,13 +160,18 @@ static void parse_text_config(parse_ctx *p, const json_t *t, gemma_family fam, g
     /* layer kinds: the explicit list, else Gemma 3's rule (every sliding_window_pattern-th is full) */
     const json_t *types = json_object_get(t, "layer_types");
     if (types && !json_is_null(types)) {
-        if (!json_is_array(types) || (int)json_array_size(types) != c->layers)
-            return (void)fail(p, "\"layer_types\" must list num_hidden_layers (%d) entries", c->layers);
+        if (!json_is_array(types) || (int)json_array_size(types) != c->layers) {
+            fail(p, "\"layer_types\" must list num_hidden_layers (%d) entries", c->layers);
+            return;
+        }
         for (int l = 0; l < c->layers; l++) {
             const char *s = json_string_value(json_array_get(types, (size_t)l));
             if (s && strcmp(s, "sliding_attention") == 0) c->layer_kind[l] = LAYER_SLIDING;
             else if (s && strcmp(s, "full_attention") == 0) c->layer_kind[l] = LAYER_FULL;
-            else return (void)fail(p, "layer_types[%d] must be \"sliding_attention\" or \"full_attention\"", l);
+            else {
+                fail(p, "layer_types[%d] must be \"sliding_attention\" or \"full_attention\"", l);
+                return;
+            }
         }
     } else {
         int pattern = get_int(p, t, "sliding_window_pattern", 1, 6, 1, 1 << 20);
@@ -174,7 +184,10 @@ static void parse_text_config(parse_ctx *p, const json_t *t, gemma_family fam, g
      * the overrides must agree within a kind. */
     const json_t *plc = json_object_get(t, "per_layer_config");
     if (plc && !json_is_null(plc)) {
-        if (!json_is_object(plc)) return (void)fail(p, "\"per_layer_config\" must be an object");
+        if (!json_is_object(plc)) {
+            fail(p, "\"per_layer_config\" must be an object");
+            return;
+        }
         int seen[2] = {0, 0};
         unsigned char covered[GEMMA_MAX_LAYERS] = {0};
         const char *key;
@@ -182,23 +195,29 @@ static void parse_text_config(parse_ctx *p, const json_t *t, gemma_family fam, g
         json_object_foreach((json_t *)plc, key, ov) {
             char *end;
             long l = strtol(key, &end, 10);
-            if (*key == '\0' || *end || l < 0 || l >= c->layers || !json_is_object(ov))
-                return (void)fail(p, "per_layer_config key \"%s\" must be a layer index with an object", key);
+            if (*key == '\0' || *end || l < 0 || l >= c->layers || !json_is_object(ov)) {
+                fail(p, "per_layer_config key \"%s\" must be a layer index with an object", key);
+                return;
+            }
             gemma_attn_shape want = c->kind[c->layer_kind[l]];
             want.head_dim = get_int(p, ov, "head_dim", 1, want.head_dim, 2, 1024);
             want.kv_heads = get_int(p, ov, "num_key_value_heads", 1, want.kv_heads, 1, 1024);
             gemma_attn_shape *have = &c->kind[c->layer_kind[l]];
-            if (seen[c->layer_kind[l]] && (have->head_dim != want.head_dim || have->kv_heads != want.kv_heads))
-                return (void)fail(p, "per_layer_config gives layers of one kind different shapes (not implemented)");
+            if (seen[c->layer_kind[l]] && (have->head_dim != want.head_dim || have->kv_heads != want.kv_heads)) {
+                fail(p, "per_layer_config gives layers of one kind different shapes (not implemented)");
+                return;
+            }
             seen[c->layer_kind[l]] = 1;
             covered[l] = 1;
             have->head_dim = want.head_dim;
             have->kv_heads = want.kv_heads;
         }
         for (int l = 0; l < c->layers; l++) /* an override for some layers of a kind but not all */
-            if (seen[c->layer_kind[l]] && !covered[l])
-                return (void)fail(p, "per_layer_config covers some %s layers but not layer %d (not implemented)",
-                                  c->layer_kind[l] == LAYER_FULL ? "full" : "sliding", l);
+            if (seen[c->layer_kind[l]] && !covered[l]) {
+                fail(p, "per_layer_config covers some %s layers but not layer %d (not implemented)",
+                     c->layer_kind[l] == LAYER_FULL ? "full" : "sliding", l);
+                return;
+            }
     }
     for (int k = 0; k < 2; k++) {
         if (c->kind[k].head_dim % 2) fail(p, "head dims must be even for rotary embeddings");
@@ -281,4 +300,8 @@ void gemma_config_describe(const gemma_config *c, char *buf, size_t buflen) {
              c->family == GEMMA_4 ? 4 : 3, c->layers, c->layers - full, full, c->hidden, c->intermediate, c->vocab,
              c->heads, c->kind[0].kv_heads, c->kind[0].head_dim, c->sliding_window, c->kind[1].kv_heads,
              c->kind[1].head_dim, c->kind[1].k_eq_v ? ", k_eq_v" : "", c->final_softcap);
+    size_t n = strlen(buf);
+    if (c->attn_softcap_ignored > 0 && n < buflen)
+        snprintf(buf + n, buflen - n, "; attn_logit_softcapping %g not applied, as in transformers",
+                 c->attn_softcap_ignored);
 }

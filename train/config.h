@@ -52,7 +52,10 @@ typedef struct gemma_config {
     int sliding_window;               /* keys q-W < k <= q: W keys including the query itself */
     double norm_eps;
     double score_scale;               /* applied to q·k */
-    double attn_softcap;              /* 0 = none (Gemma 2 style tanh cap on scores) */
+    double attn_softcap;              /* the tanh cap applied to scores; 0 = none (always, for now) */
+    double attn_softcap_ignored;      /* config.json's attn_logit_softcapping (0 = null): read, checked,
+                                       * and not applied, because transformers 5.x's Gemma 3 attention
+                                       * never passes it on and Gemma 4's text attention has none */
     double final_softcap;             /* 0 = none */
     double embed_scale;               /* sqrt(hidden) */
     int tied_embeddings;

@@ -123,6 +123,11 @@ static int load_plan(model *m, const checkpoint *ck, tensor_plan *plan, int coun
                 snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? ", " : "", (long long)t->shape[d]);
             return snprintf(err, errlen, "tensor \"%s\" has shape [%s], the config implies %s", p->name, got, want), -1;
         }
+        /* a NaN or inf in a frozen weight would surface steps later as a non-finite loss */
+        uint64_t bad;
+        if (st_tensor_first_nonfinite(t, &bad))
+            return snprintf(err, errlen, "tensor \"%s\" holds a non-finite value (%s) at element %llu", p->name,
+                            st_tensor_value_kind(t, bad), (unsigned long long)bad), -1;
         real *dst = m->weights + off;
         convert_to_real(t, dst, (uint64_t)n, p->add);
         if (p->rank == 0) *p->scalar_dst = dst[0];

@@ -340,6 +340,59 @@ static int report_eval(gemma_model_f32 *m, const dataset *valid, const train_opt
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * A non-finite loss or gradient stops the run. The check sits between the backward and the
+ * optimizer update, so the adapters and moments are still those of the last update. */
+
+/* 1 and the first bad entry named in what ("the gradient of model.layers.0.self_attn.q_proj.lora_a
+ * (NaN at element 12)") when the loss sum or an adapter gradient is NaN or ±inf; else 0. */
+static int batch_nonfinite(const gemma_model_f32 *m, const gemma_stats *st, char *what, size_t n) {
+    if (!isfinite(st->loss_sum)) {
+        snprintf(what, n, "the loss is not finite (%g summed over %ld targets)", st->loss_sum, st->tokens);
+        return 1;
+    }
+    for (int i = 0; i < m->slot_count; i++)
+        for (int k = 0; k < 2; k++) {
+            const lora_slot *s = &m->slots[i];
+            const float *g = m->grads + (k ? s->b : s->a);
+            size_t len = (size_t)m->lora.rank * (size_t)(k ? s->out : s->in);
+            for (size_t j = 0; j < len; j++)
+                if (!isfinite(g[j])) {
+                    char name[160];
+                    slot_name(name, sizeof name, "model.", s, k ? "lora_b" : "lora_a");
+                    snprintf(what, n, "the gradient of %s is not finite (%s at element %zu)", name,
+                             isnan(g[j]) ? "NaN" : g[j] > 0 ? "inf" : "-inf", j);
+                    return 1;
+                }
+        }
+    return 0;
+}
+
+static int same_dir(const char *a, const char *b) {
+    struct stat sa, sb;
+    return a && b && stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+/* Step `step` went non-finite (what says how). The adapters and optimizer state after batch
+ * good_batches (the last update) go to o->out_dir, unless the run resumed from that directory and
+ * has not updated since, so it holds them already. err gets the one line; returns -1. */
+static int stop_nonfinite(const gemma_model_f32 *m, const optimizer *opt, const train_options *o, int step,
+                          const char *what, long good_batches, long first_batch, char *err, size_t errlen) {
+    char when[48];
+    if (good_batches > 0) snprintf(when, sizeof when, "after step %ld", good_batches);
+    else snprintf(when, sizeof when, "before training");
+    if (!o->out_dir) return fail(err, errlen, "step %d: %s; stopped (no --out, nothing saved)", step, what);
+    if (good_batches == first_batch && same_dir(o->resume_dir, o->out_dir))
+        return fail(err, errlen, "step %d: %s; stopped, %s holds the adapters and optimizer state %s", step, what,
+                    o->out_dir, when);
+    char serr[512];
+    if (adapters_save(m, o->out_dir, serr, sizeof serr) != 0 ||
+        optimizer_save(opt, good_batches, o->out_dir, serr, sizeof serr) != 0)
+        return fail(err, errlen, "step %d: %s; stopped, and saving the state %s failed: %s", step, what, when, serr);
+    return fail(err, errlen, "step %d: %s; stopped, the adapters and optimizer state %s are in %s", step, what, when,
+                o->out_dir);
+}
+
+/* ---------------------------------------------------------------------------------------------
  * The run */
 
 int train_run(const train_options *o, char *err, size_t errlen) {
@@ -450,6 +503,7 @@ int train_run(const train_options *o, char *err, size_t errlen) {
         goto done;
     uint64_t base_hash = weights_hash(&m);
     long first_batch = batches_done;
+    long good_batches = batches_done; /* batches behind the adapters and moments: the last update */
     double run_start = now_seconds();
     size_t run_peak = 0;
     for (int i = (int)batches_done; i < iters; i++) {
@@ -494,8 +548,14 @@ int train_run(const train_options *o, char *err, size_t errlen) {
                 }
             }
         }
+        char what[256];
+        if (batch_nonfinite(&m, &st, what, sizeof what)) {
+            stop_nonfinite(&m, &opt, o, i + 1, what, good_batches, first_batch, err, errlen);
+            goto done;
+        }
         if ((i + 1 - batches_done) % o->grad_accum == 0 || i + 1 == iters) {
             optimizer_update(&opt, m.params, m.grads, o);
+            good_batches = i + 1;
         }
         double secs = now_seconds() - t0;
         size_t peak = peak_rss_bytes();
