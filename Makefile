@@ -100,6 +100,13 @@ HAVE_CBLAS := $(shell printf '\043include <cblas.h>\nint main(void){openblas_set
 TRAIN_SRC  := train/config.c train/checkpoint.c train/data.c train/linalg.c train/trainer.c
 TRAIN_OBJ  := $(TRAIN_SRC:%.c=$(BUILD)/%.o) $(BUILD)/train/model_f32.o $(BUILD)/train/model_f64.o
 TRAIN_LIBS :=
+# `winattn train --device cuda` (train/model_cuda.cu): built with the CUDA backend; cuBLAS is
+# opened with dlopen when a run asks for the GPU, so nothing new is linked
+ifdef CUDA_ON
+TRAIN_OBJ  += $(BUILD)/train/model_cuda.o
+else
+TRAIN_OBJ  += $(BUILD)/train/model_cuda_stub.o
+endif
 ifeq ($(HAVE_CBLAS),1)
 $(BUILD)/train/linalg.o: WA_CFLAGS += -DWA_HAVE_CBLAS
 TRAIN_LIBS := -lopenblas
@@ -108,7 +115,8 @@ endif
 TEST_NAMES := test_geometry test_convert test_oracle test_kernels test_api test_safetensors test_nonfinite
 # tests/test_misuse.c (hostile and odd inputs; run under `make sanitize`) builds once it exists
 TEST_NAMES += $(if $(wildcard tests/test_misuse.c),test_misuse)
-TESTS    := $(TEST_NAMES:%=$(BUILD)/tests/%) $(BUILD)/tests/cli_helper $(BUILD)/tests/test_train
+TESTS    := $(TEST_NAMES:%=$(BUILD)/tests/%) $(BUILD)/tests/cli_helper $(BUILD)/tests/test_train \
+            $(BUILD)/tests/test_train_cuda
 
 STATIC   := $(BUILD)/libwinattn.a
 SHARED   := $(BUILD)/libwinattn.so
@@ -124,7 +132,7 @@ lib: $(STATIC) $(SHARED)
 tests: $(TESTS)
 
 ifneq ($(HAVE_JANSSON),1)
-$(TOOL_OBJ) $(TRAIN_OBJ) $(BUILD)/tests/test_safetensors.o $(BUILD)/tests/test_train.o $(BUILD)/tests/cli_helper.o: | no-jansson
+$(TOOL_OBJ) $(TRAIN_OBJ) $(BUILD)/tests/test_safetensors.o $(BUILD)/tests/test_train.o $(BUILD)/tests/test_train_cuda.o $(BUILD)/tests/cli_helper.o: | no-jansson
 no-jansson:
 	@echo "winattn: jansson not found (<jansson.h>, -ljansson): run 'sh scripts/deps.sh', or apt-get install libjansson-dev pkg-config" >&2
 	@exit 1
@@ -166,6 +174,9 @@ $(BUILD)/src/cuda/%.o: src/cuda/%.cu $(wildcard src/cuda/*.cuh) src/internal.h s
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
 # model.c twice: float for training, double for the finite-difference tests
+$(BUILD)/train/model_cuda.o: train/model_cuda.cu train/model_cuda.h train/model.h train/model_generic.h train/config.h train/checkpoint.h include/winattn.h src/convert.h
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) -Itrain -Isrc -Itools -c $< -o $@
 $(BUILD)/train/model_f32.o: train/model.c
 	@mkdir -p $(@D)
 	$(COMPILE) -c $< -o $@
@@ -177,6 +188,9 @@ $(BUILD)/winattn: $(TOOL_OBJ) $(REF_OBJ) $(TRAIN_OBJ) $(STATIC)
 	$(LINK) -o $@ $^ $(TOOL_LIBS) $(TRAIN_LIBS) $(WA_LIBS) $(LDLIBS)
 
 $(BUILD)/tests/test_train: $(BUILD)/tests/test_train.o $(BUILD)/tests/check.o $(TRAIN_OBJ) $(BUILD)/tools/safetensors.o $(BUILD)/tools/tool.o $(STATIC)
+	$(LINK) -o $@ $^ $(TOOL_LIBS) $(TRAIN_LIBS) $(WA_LIBS) $(LDLIBS)
+
+$(BUILD)/tests/test_train_cuda: $(BUILD)/tests/test_train_cuda.o $(BUILD)/tests/check.o $(TRAIN_OBJ) $(BUILD)/tools/safetensors.o $(BUILD)/tools/tool.o $(STATIC)
 	$(LINK) -o $@ $^ $(TOOL_LIBS) $(TRAIN_LIBS) $(WA_LIBS) $(LDLIBS)
 
 # safetensors.o writes through tool.o's out_open

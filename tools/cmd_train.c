@@ -23,6 +23,7 @@ static const char train_help[] =
     "       [--bias-correction] [--lora-rank R] [--lora-scale S] [--lora-keys q,k,v,o,gate,up,down]\n"
     "       [--lora-layers N] [--seed S] [--adapters FILE] [--resume DIR] [--out DIR] [--log FILE]\n"
     "       [--eval] [--eval-every N] [--eval-only] [--max-seq-length N] [--pad-target] [--threads T]\n"
+    "       [--device cpu|cuda] [--precision bf16|f32] [--init-random SEED]\n"
     "\n"
     "  --model DIR        config.json + model.safetensors (or model.safetensors.index.json and shards)\n"
     "  --data DIR         train.jsonl and valid.jsonl: {\"tokens\": [...], \"mask\": [...]} or {\"text\": \"...\"}\n"
@@ -42,7 +43,12 @@ static const char train_help[] =
     "  --eval             held-out loss and next-token agreement on valid.jsonl at the end;\n"
     "                     --eval-every N also every N batches; --eval-only just evaluates\n"
     "  --max-seq-length N truncate records (default: none); --pad-target adds mlx-lm's extra pad target\n"
-    "  --seed S           adapter initialisation and batch order (default 0)\n";
+    "  --seed S           adapter initialisation and batch order (default 0)\n"
+    "  --device D         cpu (default, float32, the reference) or cuda: the model on one NVIDIA GPU,\n"
+    "                     cuBLAS products and winattn's CUDA kernels (--attn is fused there)\n"
+    "  --precision P      on cuda: bf16 (default) weights and activations, or f32 (checks the CPU path)\n"
+    "  --init-random SEED on cuda: draw the base weights on the GPU (N(0, 0.02), norms 1) instead of\n"
+    "                     reading model files; --model DIR then needs config.json only\n";
 
 static unsigned parse_keys(const char *v) {
     unsigned mask = 0;
@@ -82,7 +88,7 @@ int cmd_train(int argc, char **argv) {
     train_options o;
     train_defaults(&o);
     const char *v;
-    int saw_epochs = 0, saw_iters = 0;
+    int saw_epochs = 0, saw_iters = 0, saw_precision = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             fputs(train_help, stdout);
@@ -123,12 +129,28 @@ int cmd_train(int argc, char **argv) {
         else if ((v = flag_value(argc, argv, &i, "--max-seq-length", train_usage))) o.max_len = parse_int_flag("--max-seq-length", v, 2, 1 << 30);
         else if (strcmp(argv[i], "--pad-target") == 0) o.pad_target = 1;
         else if ((v = flag_value(argc, argv, &i, "--threads", train_usage))) o.threads = parse_int_flag("--threads", v, 1, 1024);
-        else usage_error(train_usage, "unknown argument '%s'", argv[i]);
+        else if ((v = flag_value(argc, argv, &i, "--device", train_usage))) {
+            if (strcmp(v, "cpu") == 0) o.device = WA_DEVICE_CPU;
+            else if (strcmp(v, "cuda") == 0) o.device = WA_DEVICE_CUDA;
+            else usage_error(train_usage, "--device '%s': cpu or cuda", v);
+        } else if ((v = flag_value(argc, argv, &i, "--precision", train_usage))) {
+            if (strcmp(v, "bf16") == 0) o.precision = PRECISION_BF16;
+            else if (strcmp(v, "f32") == 0) o.precision = PRECISION_F32;
+            else usage_error(train_usage, "--precision '%s': bf16 or f32", v);
+            saw_precision = 1;
+        } else if ((v = flag_value(argc, argv, &i, "--init-random", train_usage))) {
+            o.random_init = 1;
+            o.init_seed = (uint64_t)parse_int_flag("--init-random", v, 0, INT32_MAX);
+        } else usage_error(train_usage, "unknown argument '%s'", argv[i]);
     }
     if (!o.model_dir) usage_error(train_usage, "--model DIR is required");
     if (!o.data_dir) usage_error(train_usage, "--data DIR is required");
     if (saw_epochs && saw_iters) usage_error(train_usage, "--epochs and --iters exclude each other");
     if (o.resume_dir && o.adapters_path) usage_error(train_usage, "--resume and --adapters exclude each other");
+    if (o.device != WA_DEVICE_CUDA && (saw_precision || o.random_init))
+        usage_error(train_usage, "--precision and --init-random apply to --device cuda");
+    if (o.device == WA_DEVICE_CUDA && o.arm != ATTN_FUSED)
+        usage_error(train_usage, "--device cuda runs attention through winattn only (--attn fused)");
     if (!is_dir(o.model_dir)) die("--model %s: not a directory", o.model_dir);
     if (!is_dir(o.data_dir)) die("--data %s: not a directory", o.data_dir);
     char err[1024];

@@ -147,7 +147,9 @@ static void lay_out_lora(model *m) {
         for (int p = 0; p < PROJ_COUNT; p++) {
             layer *L = &m->layer[l];
             L->lora[p] = -1;
-            if (l < first || m->lora.rank <= 0 || !(m->lora.proj_mask & (1u << p)) || !L->w[p]) continue;
+            /* a full layer with k_eq_v has no v_proj to adapt */
+            int absent = p == PROJ_V && m->cfg.kind[L->kind].k_eq_v;
+            if (l < first || m->lora.rank <= 0 || !(m->lora.proj_mask & (1u << p)) || absent) continue;
             lora_slot *s = &m->slots[m->slot_count];
             s->layer = l;
             s->proj = (gemma_proj)p;
@@ -163,7 +165,9 @@ static void lay_out_lora(model *m) {
     m->grads = calloc(m->param_count ? m->param_count : 1, sizeof(real));
 }
 
-int MT(gemma_model_load)(model *m, const char *dir, const lora_config *lora, char *err, size_t errlen) {
+/* with_weights 0: the config, the layer shapes and the adapters only (the weights live elsewhere,
+ * e.g. on a GPU: model_cuda.h) */
+static int model_load(model *m, const char *dir, const lora_config *lora, int with_weights, char *err, size_t errlen) {
     memset(m, 0, sizeof *m);
     m->arm = ATTN_CHUNKED;
     m->chunk = 512;
@@ -173,7 +177,7 @@ int MT(gemma_model_load)(model *m, const char *dir, const lora_config *lora, cha
     const gemma_config *c = &m->cfg;
     if (lora) m->lora = *lora;
     checkpoint ck;
-    if (checkpoint_open(dir, &ck, err, errlen) != 0) return -1;
+    if (with_weights && checkpoint_open(dir, &ck, err, errlen) != 0) return -1;
 
     m->layer = calloc((size_t)c->layers, sizeof *m->layer);
     int cap = 4 + c->layers * 16, count = 0;
@@ -221,9 +225,9 @@ int MT(gemma_model_load)(model *m, const char *dir, const lora_config *lora, cha
         }
     }
 #undef PLAN
-    int rc = load_plan(m, &ck, plan, count, err, errlen);
+    int rc = with_weights ? load_plan(m, &ck, plan, count, err, errlen) : 0;
     free(plan);
-    checkpoint_close(&ck);
+    if (with_weights) checkpoint_close(&ck);
     if (rc != 0) {
         MT(gemma_model_free)(m);
         return -1;
@@ -235,6 +239,14 @@ int MT(gemma_model_load)(model *m, const char *dir, const lora_config *lora, cha
         return snprintf(err, errlen, "out of memory for the adapters"), -1;
     }
     return 0;
+}
+
+int MT(gemma_model_load)(model *m, const char *dir, const lora_config *lora, char *err, size_t errlen) {
+    return model_load(m, dir, lora, 1, err, errlen);
+}
+
+int MT(gemma_model_layout)(model *m, const char *dir, const lora_config *lora, char *err, size_t errlen) {
+    return model_load(m, dir, lora, 0, err, errlen);
 }
 
 void MT(gemma_model_free)(model *m) {

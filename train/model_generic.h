@@ -41,6 +41,9 @@ typedef struct MT(gemma_model) {
  * implies for presence and shape, convert to this precision, and lay out zeroed adapters for
  * lora (rank 0 = none). 0 on success, -1 with a one-line message in err. */
 int MT(gemma_model_load)(MT(gemma_model) *m, const char *dir, const lora_config *lora, char *err, size_t errlen);
+/* The same without the weights (w, norms and embeddings stay NULL, weight_count 0): for a model
+ * whose base weights live on a GPU (model_cuda.h). config.json alone is read. */
+int MT(gemma_model_layout)(MT(gemma_model) *m, const char *dir, const lora_config *lora, char *err, size_t errlen);
 void MT(gemma_model_free)(MT(gemma_model) *m);
 
 /* mlx-lm's initialisation: A uniform in ±1/sqrt(in), B zero. */

@@ -295,14 +295,27 @@ static gemma_seq *batch_seqs(const sequence *b, int n) {
     return s;
 }
 
-static int evaluate(gemma_model_f32 *m, const dataset *valid, int batch, int pack, gemma_stats *st) {
+/* A batch's forward, or forward and backward, on the device the run uses: the CPU model, or the
+ * GPU one (gpu not NULL) with m holding the adapters and their gradients. */
+static int batch_forward(gemma_model_f32 *m, gemma_cuda *gpu, const gemma_seq *s, int n, gemma_stats *st) {
+    if (!gpu) return gemma_forward_batch_f32(m, s, n, st, NULL);
+    return gemma_cuda_forward_batch(gpu, m, s, n, st, NULL, m->err, sizeof m->err);
+}
+
+static int batch_backward(gemma_model_f32 *m, gemma_cuda *gpu, const gemma_seq *s, int n, double scale,
+                          gemma_stats *st) {
+    if (!gpu) return gemma_backward_batch_f32(m, s, n, scale, st);
+    return gemma_cuda_backward_batch(gpu, m, s, n, scale, st, m->err, sizeof m->err);
+}
+
+static int evaluate(gemma_model_f32 *m, gemma_cuda *gpu, const dataset *valid, int batch, int pack, gemma_stats *st) {
     memset(st, 0, sizeof *st);
     /* mlx-lm evaluates whole batches only; so do we, for the same token set */
     int n = valid->count / batch * batch, step = pack ? batch : 1;
     for (int i = 0; i < n; i += step) {
         gemma_seq *s = batch_seqs(&valid->seq[i], step);
         if (!s) return snprintf(m->err, sizeof m->err, "out of memory"), -1;
-        int rc = gemma_forward_batch_f32(m, s, step, st, NULL);
+        int rc = batch_forward(m, gpu, s, step, st);
         free(s);
         if (rc != 0) return -1;
         if (isatty(STDERR_FILENO)) fprintf(stderr, "\r  eval %d/%d ", i + step, n);
@@ -312,8 +325,8 @@ static int evaluate(gemma_model_f32 *m, const dataset *valid, int batch, int pac
 }
 
 /* Evaluate, print one line and log it; "label" says when ("before training", "after step 43"). */
-static int report_eval(gemma_model_f32 *m, const dataset *valid, const train_options *o, int step, const char *label,
-                       FILE *log, char *err, size_t errlen);
+static int report_eval(gemma_model_f32 *m, gemma_cuda *gpu, const dataset *valid, const train_options *o, int step,
+                       const char *label, FILE *log, char *err, size_t errlen);
 
 static void log_line(FILE *log, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void log_line(FILE *log, const char *fmt, ...) {
@@ -326,11 +339,11 @@ static void log_line(FILE *log, const char *fmt, ...) {
     fflush(log);
 }
 
-static int report_eval(gemma_model_f32 *m, const dataset *valid, const train_options *o, int step, const char *label,
-                       FILE *log, char *err, size_t errlen) {
+static int report_eval(gemma_model_f32 *m, gemma_cuda *gpu, const dataset *valid, const train_options *o, int step,
+                       const char *label, FILE *log, char *err, size_t errlen) {
     gemma_stats ev;
     double t0 = now_seconds();
-    if (evaluate(m, valid, o->batch, o->pack, &ev) != 0) return fail(err, errlen, "evaluation: %s", m->err);
+    if (evaluate(m, gpu, valid, o->batch, o->pack, &ev) != 0) return fail(err, errlen, "evaluation: %s", m->err);
     double vl = ev.loss_sum / (ev.tokens ? ev.tokens : 1), ag = (double)ev.agree / (ev.tokens ? ev.tokens : 1);
     printf("eval%s%s: held-out loss %.4f over %ld tokens, next-token agreement %.2f%% (%.1f s)\n", *label ? " " : "", label, vl, ev.tokens,
            100 * ag, now_seconds() - t0);
@@ -414,10 +427,29 @@ int train_run(const train_options *o, char *err, size_t errlen) {
         snprintf(path, sizeof path, "%s/adapter_config.json", adapter_dir);
         if (adapter_config_load(path, cfg.layers, &lc, err, errlen) != 0) return -1;
     }
-    if (gemma_model_load_f32(&m, o->model_dir, &lc, err, errlen) != 0) return -1;
+    gemma_cuda *gpu = NULL;
+    int on_gpu = o->device == WA_DEVICE_CUDA;
+    /* on the GPU the host keeps the adapters only: the base weights go from the checkpoint to the
+     * device (a 31B model has no f32 copy anywhere) */
+    if ((on_gpu ? gemma_model_layout_f32 : gemma_model_load_f32)(&m, o->model_dir, &lc, err, errlen) != 0) return -1;
     char desc[512];
     gemma_config_describe(&m.cfg, desc, sizeof desc);
     printf("model: %s (%s)\n", o->model_dir, desc);
+    if (on_gpu) {
+        gemma_cuda_options co = {o->precision, o->random_init, o->init_seed, 0};
+        double t0 = now_seconds();
+        if (gemma_cuda_open(&m, o->model_dir, &co, &gpu, err, errlen) != 0) {
+            gemma_model_free_f32(&m);
+            return -1;
+        }
+        size_t peak;
+        gemma_cuda_memory(gpu, &peak, NULL);
+        printf("device: %s; base weights %s in %.1f s, %.2f GB on the device\n", gemma_cuda_describe(gpu),
+               o->random_init ? "drawn on the GPU" : "copied from the checkpoint", now_seconds() - t0, peak / 1e9);
+    } else if (o->random_init) {
+        gemma_model_free_f32(&m);
+        return fail(err, errlen, "--init-random draws the weights on the GPU: it needs --device cuda");
+    }
     printf("lora: rank %d, scale %g, %d adapted projections, %zu trainable parameters; base %zu parameters frozen\n",
            m.lora.rank, m.lora.scale, m.slot_count, m.param_count, m.weight_count);
     linalg_set_threads(o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN));
@@ -461,7 +493,7 @@ int train_run(const train_options *o, char *err, size_t errlen) {
     if (start) printf("adapters: %s\n", start);
 
     if (o->eval_only) {
-        rc = report_eval(&m, &valid, o, 0, "", NULL, err, errlen);
+        rc = report_eval(&m, gpu, &valid, o, 0, "", NULL, err, errlen);
         goto done;
     }
 
@@ -499,13 +531,13 @@ int train_run(const train_options *o, char *err, size_t errlen) {
     fflush(stdout);
 
     /* the starting point of the held-out curve */
-    if (o->eval_every && batches_done == 0 && report_eval(&m, &valid, o, 0, "before training", log, err, errlen) != 0)
+    if (o->eval_every && batches_done == 0 && report_eval(&m, gpu, &valid, o, 0, "before training", log, err, errlen) != 0)
         goto done;
     uint64_t base_hash = weights_hash(&m);
     long first_batch = batches_done;
     long good_batches = batches_done; /* batches behind the adapters and moments: the last update */
     double run_start = now_seconds();
-    size_t run_peak = 0;
+    size_t run_peak = 0, run_dev_peak = 0;
     for (int i = (int)batches_done; i < iters; i++) {
         if ((i - batches_done) % o->grad_accum == 0) memset(m.grads, 0, m.param_count * sizeof(float));
         const sequence *b = &train.seq[order[i]];
@@ -517,6 +549,7 @@ int train_run(const train_options *o, char *err, size_t errlen) {
             longest = b[j].len > longest ? b[j].len : longest;
         }
         reset_peak_rss();
+        if (gpu) gemma_cuda_reset_peak(gpu);
         double t0 = now_seconds();
         gemma_stats st = {0};
         double scale = targets ? 1.0 / ((double)targets * o->grad_accum) : 0;
@@ -524,7 +557,7 @@ int train_run(const train_options *o, char *err, size_t errlen) {
             if (isatty(STDERR_FILENO)) fprintf(stderr, "\r  step %d/%d  %ld tokens packed   ", i + 1, iters, tokens);
             gemma_seq *seqs = batch_seqs(b, o->batch);
             if (!seqs) snprintf(m.err, sizeof m.err, "out of memory");
-            int brc = seqs ? gemma_backward_batch_f32(&m, seqs, o->batch, scale, &st) : -1;
+            int brc = seqs ? batch_backward(&m, gpu, seqs, o->batch, scale, &st) : -1;
             free(seqs);
             if (brc != 0) {
                 fail(err, errlen, "batch %d (records %d to %d, %ld tokens): %s", i + 1, order[i] + 1, order[i] + o->batch,
@@ -534,7 +567,8 @@ int train_run(const train_options *o, char *err, size_t errlen) {
             done_tokens += tokens;
         } else { /* the records one by one, as before packing: the comparison run */
             for (int j = 0; j < o->batch; j++) {
-                if (gemma_backward_f32(&m, b[j].tokens, b[j].len, b[j].target_mask, scale, &st) != 0) {
+                gemma_seq one = {b[j].tokens, b[j].len, b[j].target_mask};
+                if (batch_backward(&m, gpu, &one, 1, scale, &st) != 0) {
                     fail(err, errlen, "batch %d, record %d (%d tokens): %s", i + 1, order[i] + j + 1, b[j].len, m.err);
                     goto done;
                 }
@@ -558,24 +592,28 @@ int train_run(const train_options *o, char *err, size_t errlen) {
             good_batches = i + 1;
         }
         double secs = now_seconds() - t0;
-        size_t peak = peak_rss_bytes();
+        size_t peak = peak_rss_bytes(), dev_peak = 0;
         run_peak = peak > run_peak ? peak : run_peak;
+        if (gpu) gemma_cuda_memory(gpu, &dev_peak, NULL);
+        run_dev_peak = dev_peak > run_dev_peak ? dev_peak : run_dev_peak;
+        char dev_text[48] = "";
+        if (gpu) snprintf(dev_text, sizeof dev_text, "  device peak %.2f GB", dev_peak / 1e9);
         double loss = st.loss_sum / (st.tokens ? st.tokens : 1);
         char eta[32];
         format_duration((now_seconds() - run_start) / done_tokens * (total_tokens - done_tokens), eta, sizeof eta);
         if (isatty(STDERR_FILENO)) fprintf(stderr, "\r%*s\r", 70, "");
-        printf("step %d/%d  loss %.4f  tokens %ld  longest %d  %.2f s  %.0f tok/s  peak RSS %.2f GB  ETA %s\n", i + 1,
-               iters, loss, tokens, longest, secs, tokens / secs, peak / 1e9, eta);
+        printf("step %d/%d  loss %.4f  tokens %ld  longest %d  %.2f s  %.0f tok/s  peak RSS %.2f GB%s  ETA %s\n", i + 1,
+               iters, loss, tokens, longest, secs, tokens / secs, peak / 1e9, dev_text, eta);
         fflush(stdout);
         log_line(log,
                  "{\"step\": %d, \"loss\": %.6f, \"targets\": %ld, \"tokens\": %ld, \"longest\": %d, \"seconds\": %.4f, "
-                 "\"peak_rss\": %zu, \"arm\": \"%s\", \"packed\": %d}",
-                 i + 1, loss, st.tokens, tokens, longest, secs, peak, attn_arm_name(o->arm), o->pack);
+                 "\"peak_rss\": %zu, \"device_peak\": %zu, \"arm\": \"%s\", \"packed\": %d}",
+                 i + 1, loss, st.tokens, tokens, longest, secs, peak, dev_peak, attn_arm_name(o->arm), o->pack);
         batches_done = i + 1;
         if (o->eval_every && (i + 1) % o->eval_every == 0 && i + 1 < iters) {
             char label[64];
             snprintf(label, sizeof label, "after step %d", i + 1);
-            if (report_eval(&m, &valid, o, i + 1, label, log, err, errlen) != 0) goto done;
+            if (report_eval(&m, gpu, &valid, o, i + 1, label, log, err, errlen) != 0) goto done;
         }
     }
     double wall = now_seconds() - run_start;
@@ -583,9 +621,13 @@ int train_run(const train_options *o, char *err, size_t errlen) {
         fail(err, errlen, "internal error: the frozen base weights changed during training");
         goto done;
     }
-    printf("trained %d batches in %.1f s (%.0f tok/s), peak RSS %.2f GB; base weights unchanged (FNV-1a %016llx)\n",
-           (int)(iters - first_batch), wall,
-           done_tokens / (wall > 0 ? wall : 1), run_peak / 1e9, (unsigned long long)base_hash);
+    if (gpu) /* the weights never leave the device, which has no host copy to hash */
+        printf("trained %d batches in %.1f s (%.0f tok/s), peak RSS %.2f GB, device peak %.2f GB\n",
+               (int)(iters - first_batch), wall, done_tokens / (wall > 0 ? wall : 1), run_peak / 1e9, run_dev_peak / 1e9);
+    else
+        printf("trained %d batches in %.1f s (%.0f tok/s), peak RSS %.2f GB; base weights unchanged (FNV-1a %016llx)\n",
+               (int)(iters - first_batch), wall, done_tokens / (wall > 0 ? wall : 1), run_peak / 1e9,
+               (unsigned long long)base_hash);
     log_line(log, "{\"done\": %d, \"seconds\": %.3f, \"peak_rss\": %zu, \"tokens\": %ld, \"arm\": \"%s\", \"packed\": %d}",
              iters, wall, run_peak, done_tokens, attn_arm_name(o->arm), o->pack);
     if (o->out_dir) {
@@ -593,7 +635,7 @@ int train_run(const train_options *o, char *err, size_t errlen) {
             goto done;
         printf("saved: %s/adapters.safetensors, adapter_config.json, optimizer.safetensors\n", o->out_dir);
     }
-    if (o->eval_at_end && report_eval(&m, &valid, o, iters, "after training", log, err, errlen) != 0) goto done;
+    if (o->eval_at_end && report_eval(&m, gpu, &valid, o, iters, "after training", log, err, errlen) != 0) goto done;
     rc = 0;
 done:
     if (log) fclose(log);
@@ -602,6 +644,7 @@ done:
     free(opt.m2);
     dataset_free(&train);
     dataset_free(&valid);
+    gemma_cuda_close(gpu);
     gemma_model_free_f32(&m);
     return rc;
 }

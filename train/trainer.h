@@ -6,6 +6,7 @@
 #define WA_TRAIN_TRAINER_H
 
 #include "model.h"
+#include "model_cuda.h"
 
 typedef struct train_options {
     const char *model_dir;     /* config.json + safetensors */
@@ -32,6 +33,10 @@ typedef struct train_options {
     int max_len;
     int pad_target;
     const char *log_path;      /* JSON lines per step and evaluation; NULL = out_dir/log.jsonl or none */
+    wa_device device;          /* WA_DEVICE_CPU (the reference) or WA_DEVICE_CUDA (model_cuda.h) */
+    gemma_precision precision; /* on the GPU: bf16 weights and activations (default) or f32 */
+    int random_init;           /* on the GPU: base weights drawn from init_seed, the checkpoint's unread */
+    uint64_t init_seed;
 } train_options;
 
 /* Zeroes *o and sets the defaults: the write-up's job (LoRA r = 32 on q, k, v, o of every layer,

@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""train_gpu.py — the write-up's job at its real shape on one GPU: Gemma 4 31B's text config,
+random bf16 weights, LoRA rank 32 on q, k, v, o, one record per step at each length.
+
+Runs, in one process tree and one sitting:
+  * `winattn train --device cuda --init-random 0` (the C trainer: bf16, cuBLAS, winattn's
+    kernels, per-layer recomputation, the head in chunks);
+  * with --peers, transformers (the machine's own) with attn_implementation "winattn" and
+    "sdpa": bf16 weights, gradient checkpointing, a hand-written LoRA of the same rank, targets
+    and scale, each in its own process so one's memory never counts against another's.
+Per length: the median step time after the first (warm-up) step, tokens/s, peak device memory
+(the C trainer's own count: weights, adapters, the stream-ordered pool's high-water mark; torch's
+max_memory_allocated for transformers), or what stopped it (out of memory). Prints a table and,
+with --json, writes the numbers.
+
+  python3 bench/train_gpu.py --winattn build/winattn [--layers 60] [--lengths 8192,16384,30553]
+                             [--steps 3] [--peers winattn,sdpa] [--json FILE]
+--layers N keeps the first N layers of the 31B's pattern (5 sliding, 1 full, repeated): a quick
+look at the per-layer cost; the job itself is 60.
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+CONFIG = os.path.join(ROOT, "train", "configs", "gemma4-31b.json")
+
+
+def config(layers):
+    with open(CONFIG) as f:
+        c = json.load(f)
+    if layers:
+        c["num_hidden_layers"] = layers
+        c["layer_types"] = c["layer_types"][:layers]
+    return c
+
+
+def write_records(path, lengths, vocab, seed):
+    import random
+    rng = random.Random(seed)
+    with open(path, "w") as f:
+        for n in lengths:
+            f.write(json.dumps({"tokens": [2] + [rng.randrange(3, vocab) for _ in range(n - 1)]}) + "\n")
+
+
+STEP = re.compile(r"^step (\d+)/\d+ +loss ([0-9.naif]+) +tokens (\d+) .* ([0-9.]+) s +(\d+) tok/s .*device peak ([0-9.]+) GB")
+
+
+def run_c(winattn, cfg, length, steps):
+    with tempfile.TemporaryDirectory() as tmp:
+        model, data = os.path.join(tmp, "model"), os.path.join(tmp, "data")
+        os.makedirs(model)
+        os.makedirs(data)
+        with open(os.path.join(model, "config.json"), "w") as f:
+            json.dump(cfg, f)
+        write_records(os.path.join(data, "train.jsonl"), [length] * steps, cfg["vocab_size"], length)
+        cmd = [winattn, "train", "--model", model, "--data", data, "--device", "cuda", "--init-random", "0",
+               "--batch-size", "1", "--iters", str(steps), "--lora-rank", "32", "--lora-keys", "q,k,v,o"]
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        times, peak, losses = [], 0.0, []
+        for line in p.stdout.splitlines():
+            m = STEP.match(line)
+            if m:
+                times.append(float(m.group(4)))
+                losses.append(m.group(2))
+                peak = max(peak, float(m.group(6)))
+        if p.returncode != 0 or not times:
+            tail = (p.stderr.strip().splitlines() or p.stdout.strip().splitlines() or ["?"])[-1]
+            return {"error": tail}
+        t = statistics.median(times[1:]) if len(times) > 1 else times[0]
+        r = {"seconds": t, "tokens_per_s": length / t, "peak_gb": peak, "losses": losses, "all_seconds": times}
+        profile = [l for l in p.stderr.splitlines() if l.startswith("profile")]
+        if profile:  # WINATTN_TRAIN_PROFILE=1: the last step's device time by phase
+            r["profile"] = profile[-1]
+        return r
+
+
+PEER = r'''
+import json, math, sys, time, torch
+cfg_json, attn, length, steps = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+import transformers
+from transformers import AutoConfig, AutoModelForCausalLM
+if attn == "winattn":
+    import winattn.transformers
+    winattn.transformers.register()
+cfg = transformers.Gemma4TextConfig(**{k: v for k, v in cfg_json.items() if k not in ("architectures", "model_type")})
+torch.manual_seed(0)
+with torch.device("cuda"):
+    model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16, attn_implementation=attn)
+model.requires_grad_(False)
+r, scale = 32, 20.0
+class LoRA(torch.nn.Module):  # mlx-lm's: y = W x + scale (x A) B, A uniform in ±1/sqrt(in), B zero
+    def __init__(self, base):
+        super().__init__()
+        self.base = base
+        i, o = base.in_features, base.out_features
+        self.A = torch.nn.Parameter(torch.empty(i, r, device="cuda", dtype=torch.bfloat16).uniform_(-i ** -0.5, i ** -0.5))
+        self.B = torch.nn.Parameter(torch.zeros(r, o, device="cuda", dtype=torch.bfloat16))
+    def forward(self, x):
+        return self.base(x) + scale * ((x @ self.A) @ self.B)
+for layer in model.model.layers:
+    a = layer.self_attn
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        if getattr(a, name, None) is not None:
+            setattr(a, name, LoRA(getattr(a, name)))
+model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+model.config.use_cache = False
+params = [p for p in model.parameters() if p.requires_grad]
+opt = torch.optim.Adam(params, lr=1e-5)
+times = []
+try:
+    for s in range(steps):
+        ids = torch.randint(3, cfg.vocab_size, (1, length), device="cuda", generator=torch.Generator("cuda").manual_seed(s))
+        torch.cuda.reset_peak_memory_stats()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    t = sorted(times[1:])[len(times[1:]) // 2] if len(times) > 1 else times[0]
+    print(json.dumps({"seconds": t, "tokens_per_s": length / t, "peak_gb": torch.cuda.max_memory_allocated() / 1e9,
+                      "all_seconds": times}))
+except torch.OutOfMemoryError as e:
+    print(json.dumps({"error": "out of memory: " + str(e).splitlines()[0][:160]}))
+'''
+
+
+def run_peer(cfg, attn, length, steps, winattn_lib):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.path.join(ROOT, "python") + os.pathsep + env.get("PYTHONPATH", "")
+    if winattn_lib:
+        env["WINATTN_LIBRARY"] = winattn_lib
+    p = subprocess.run([sys.executable, "-c", PEER, json.dumps(cfg), attn, str(length), str(steps)],
+                       capture_output=True, text=True, env=env)
+    for line in reversed(p.stdout.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    tail = (p.stderr.strip().splitlines() or ["?"])[-1]
+    return {"error": tail[:200]}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--winattn", default=os.path.join(ROOT, "build", "winattn"))
+    ap.add_argument("--library", default=None, help="libwinattn.so for the transformers 'winattn' peer")
+    ap.add_argument("--layers", type=int, default=0)
+    ap.add_argument("--lengths", default="8192,16384,30553")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--peers", default="winattn,sdpa")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    cfg = config(a.layers)
+    lengths = [int(x) for x in a.lengths.split(",")]
+    peers = [p for p in a.peers.split(",") if p and p != "none"]
+    lib = a.library or os.path.join(os.path.dirname(os.path.abspath(a.winattn)), "libwinattn.so")
+    rows = []
+    for n in lengths:
+        rows.append(("winattn train --device cuda", n, run_c(a.winattn, cfg, n, a.steps)))
+        print_row(*rows[-1])
+        for p in peers:
+            rows.append((f"transformers {p}", n, run_peer(cfg, p, n, a.steps, lib)))
+            print_row(*rows[-1])
+    print(f"(config {os.path.relpath(CONFIG, ROOT)}, {cfg['num_hidden_layers']} layers; median step after the first "
+          f"of {a.steps}; LoRA r32 on q,k,v,o)")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump([{"trainer": t, "tokens": n, **r} for t, n, r in rows], f, indent=1)
+
+
+def print_row(trainer, n, r):
+    if "error" in r:
+        print(f"{trainer:32s} {n:6d} tokens  {r['error']}", flush=True)
+    else:
+        print(f"{trainer:32s} {n:6d} tokens  {r['seconds']:7.2f} s/step  {r['tokens_per_s']:7.0f} tok/s  "
+              f"peak {r['peak_gb']:6.1f} GB", flush=True)
+        if "profile" in r:
+            print("    " + r["profile"], flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1343 @@
+// model_cuda.cu — the Gemma model with LoRA on one NVIDIA GPU (model_cuda.h). Read top to
+// bottom: cuBLAS loaded at run time and the row-major product on it; the kernels (embedding,
+// RMSNorm with its residual forms, the per-head q/k/v norm with RoPE, GeGLU, the chunked
+// cross-entropy), each beside its backward; the weights on the device (from the checkpoint or
+// drawn there); one decoder layer forward and backward; the head; the drivers with per-layer
+// recomputation, which follow train/model.c line for line so the two can be read side by side.
+//
+// Everything is templated on the element type E of weights and activations: __nv_bfloat16 (the
+// trainer's default) or float (the check against the CPU model). Reductions run in f32 always.
+extern "C" { // the trainer's C headers (model.h, checkpoint.h) declare no linkage of their own
+#include "checkpoint.h"
+#include "convert.h"
+#include "model_cuda.h"
+}
+#include "winattn.h"
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <vector>
+
+typedef __nv_bfloat16 bf16;
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Errors: every failing CUDA or cuBLAS call becomes one line naming the call.
+
+struct failure {
+    char msg[512];
+};
+
+[[noreturn]] void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void fail(const char *fmt, ...) {
+    failure f;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(f.msg, sizeof f.msg, fmt, ap);
+    va_end(ap);
+    throw f;
+}
+
+#define CU(call)                                                                          \
+    do {                                                                                  \
+        cudaError_t e_ = (call);                                                          \
+        if (e_ != cudaSuccess) fail("%s: %s", #call, cudaGetErrorString(e_));             \
+    } while (0)
+
+// ---------------------------------------------------------------------------------------------
+// cuBLAS, opened with dlopen when a model is put on the GPU: the command links no CUDA library
+// dynamically and so starts, and trains on the CPU, where the toolkit is not installed.
+
+struct blas_api {
+    void *lib = nullptr;
+    decltype(&cublasCreate_v2) create;
+    decltype(&cublasDestroy_v2) destroy;
+    decltype(&cublasSetStream_v2) set_stream;
+    decltype(&cublasSetMathMode) set_math_mode;
+    decltype(&cublasSetWorkspace_v2) set_workspace;
+    // the library's own entry point (the header also has a C++ overload taking cudaDataType)
+    cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void *,
+                              const void *, cudaDataType, int, const void *, cudaDataType, int, const void *, void *,
+                              cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
+};
+
+void blas_open(blas_api *b) {
+    const char *names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so"};
+    for (const char *n : names)
+        if ((b->lib = dlopen(n, RTLD_NOW | RTLD_LOCAL))) break;
+    if (!b->lib) fail("cannot load cuBLAS (libcublas.so.13 or .12): %s", dlerror());
+#define SYM(field, name)                                                                \
+    do {                                                                                \
+        *(void **)&b->field = dlsym(b->lib, name);                                      \
+        if (!b->field) fail("cuBLAS has no %s", name);                                  \
+    } while (0)
+    SYM(create, "cublasCreate_v2");
+    SYM(destroy, "cublasDestroy_v2");
+    SYM(set_stream, "cublasSetStream_v2");
+    SYM(set_math_mode, "cublasSetMathMode");
+    SYM(set_workspace, "cublasSetWorkspace_v2");
+    SYM(gemm_ex, "cublasGemmEx");
+#undef SYM
+}
+
+template <class E> constexpr cudaDataType_t dtype_of();
+template <> constexpr cudaDataType_t dtype_of<float>() { return CUDA_R_32F; }
+template <> constexpr cudaDataType_t dtype_of<bf16>() { return CUDA_R_16BF; }
+
+// A row-major operand: data, its element type, leading dimension, transposed or not.
+struct mat {
+    const void *p;
+    cudaDataType_t t;
+    long ld;
+    bool trans;
+};
+template <class E> mat M(const E *p, long ld, bool trans = false) { return {p, dtype_of<E>(), ld, trans}; }
+
+// ---------------------------------------------------------------------------------------------
+// Kernels. E ↔ f32 conversion first, then block and warp reductions.
+
+__device__ __forceinline__ float f32(float x) { return x; }
+__device__ __forceinline__ float f32(bf16 x) { return __bfloat162float(x); }
+template <class E> __device__ __forceinline__ E to_e(float x);
+template <> __device__ __forceinline__ float to_e<float>(float x) { return x; }
+template <> __device__ __forceinline__ bf16 to_e<bf16>(float x) { return __float2bfloat16_rn(x); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+__device__ float block_sum(float v, float *shared32) {
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads(); // shared32 may still be read by a previous call
+    if (lane == 0) shared32[wid] = v;
+    __syncthreads();
+    v = lane < nw ? shared32[lane] : 0.f;
+    return warp_sum(v);
+}
+
+constexpr int ROW_THREADS = 256;
+
+// x [rows, ld] → y = x·inv_rms(x)·w (w NULL: no weight) — rows of n, one block per row.
+template <class E>
+__global__ void k_rmsnorm(const E *x, long ldx, const float *w, E *y, long ldy, int n, float eps) {
+    __shared__ float sh[32];
+    const E *xr = x + (long)blockIdx.x * ldx;
+    E *yr = y + (long)blockIdx.x * ldy;
+    float ss = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += f32(xr[i]) * f32(xr[i]);
+    float inv = rsqrtf(block_sum(ss, sh) / n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = to_e<E>(f32(xr[i]) * inv * (w ? w[i] : 1.f));
+}
+
+// The residual forms of a decoder layer: h = (resid + norm(x)·w) · scale, the normed term and the
+// sum each rounded to E as a framework computing in E rounds them; then, with w2, y2 = norm(h)·w2.
+template <class E>
+__global__ void k_add_norm(const E *resid, const E *x, const float *w, E *h, float scale, const float *w2, E *y2,
+                           int n, float eps) {
+    __shared__ float sh[32];
+    long off = (long)blockIdx.x * n;
+    float ss = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += f32(x[off + i]) * f32(x[off + i]);
+    float inv = rsqrtf(block_sum(ss, sh) / n + eps);
+    float ss2 = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float t = f32(to_e<E>(f32(x[off + i]) * inv * w[i]));
+        float s = f32(to_e<E>(f32(resid[off + i]) + t));
+        if (scale != 1.f) s = f32(to_e<E>(s * scale));
+        h[off + i] = to_e<E>(s);
+        ss2 += s * s;
+    }
+    if (!w2) return;
+    float inv2 = rsqrtf(block_sum(ss2, sh) / n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) y2[off + i] = to_e<E>(f32(h[off + i]) * inv2 * w2[i]);
+}
+
+// out = base + d/dx of norm(x)·w given dy (base NULL: none; out may be base). With g = dy·w and
+// r = 1/rms: dx = r·g − x·r³·(g·x)/n. in_scale multiplies dy first (the layer scalar).
+template <class E>
+__global__ void k_rmsnorm_bwd(const E *x, const float *w, const E *dy, float in_scale, const E *base, E *out, int n,
+                              float eps) {
+    __shared__ float sh[32];
+    long off = (long)blockIdx.x * n;
+    float ss = 0, gx = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float xi = f32(x[off + i]);
+        ss += xi * xi;
+        gx += f32(dy[off + i]) * in_scale * (w ? w[i] : 1.f) * xi;
+    }
+    ss = block_sum(ss, sh);
+    gx = block_sum(gx, sh);
+    float inv = rsqrtf(ss / n + eps);
+    float k = inv * inv * inv * gx / n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float g = inv * f32(dy[off + i]) * in_scale * (w ? w[i] : 1.f) - f32(x[off + i]) * k;
+        out[off + i] = to_e<E>((base ? f32(base[off + i]) : 0.f) + g);
+    }
+}
+
+// y = dy · s, elementwise (the layer scalar on the gradient that bypasses the norms)
+template <class E> __global__ void k_scale(const E *dy, float s, E *y, long n) {
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
+        y[i] = to_e<E>(f32(dy[i]) * s);
+}
+
+// Per-head vectors of D: y = rope(norm(x)·w) for q and k, y = norm(x) for Gemma 4's v (rope 0,
+// w NULL), y = x (norm 0, Gemma 3's v). One warp per (row, head); x rows have stride ldx (the
+// fused q|k|v projection), y is contiguous [T, heads, D]. Rotate-half pairs (j, j + D/2) at the
+// row's own position pos[t], tables cos/sin [positions, D/2].
+template <class E>
+__global__ void k_head_norm_rope(const E *x, long ldx, const float *w, E *y, int T, int heads, int D, float eps,
+                                 int norm, const float *cosv, const float *sinv, const int32_t *pos) {
+    long vec = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (vec >= (long)T * heads) return;
+    long t = vec / heads;
+    int h = (int)(vec % heads), half = D / 2;
+    const E *xv = x + t * ldx + (long)h * D;
+    E *yv = y + vec * D;
+    float inv = 1.f;
+    if (norm) {
+        float ss = 0;
+        for (int i = lane; i < D; i += 32) ss += f32(xv[i]) * f32(xv[i]);
+        inv = rsqrtf(warp_sum(ss) / D + eps);
+    }
+    const float *c = cosv ? cosv + (long)pos[t] * half : nullptr, *s = sinv ? sinv + (long)pos[t] * half : nullptr;
+    for (int j = lane; j < half; j += 32) {
+        float x1 = f32(xv[j]) * inv * (w ? w[j] : 1.f), x2 = f32(xv[j + half]) * inv * (w ? w[j + half] : 1.f);
+        if (c) {
+            float r1 = x1 * c[j] - x2 * s[j], r2 = x2 * c[j] + x1 * s[j];
+            x1 = r1, x2 = r2;
+        }
+        yv[j] = to_e<E>(x1);
+        yv[j + half] = to_e<E>(x2);
+    }
+}
+
+// The backward of the above, written into the fused q|k|v gradient (stride ldo): dx = norm'ᵀ ·
+// rope⁻¹(dy) (the inverse rotation is the transpose), plus, with dy2, the v-norm backward of the
+// same raw x (Gemma 4's full layers with k_eq_v, whose values are the raw keys).
+template <class E>
+__global__ void k_head_norm_rope_bwd(const E *x, long ldx, const float *w, const E *dy, const E *dy2, E *dx, long ldo,
+                                     int T, int heads, int D, float eps, int norm, const float *cosv,
+                                     const float *sinv, const int32_t *pos) {
+    long vec = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (vec >= (long)T * heads) return;
+    long t = vec / heads;
+    int h = (int)(vec % heads), half = D / 2;
+    const E *xv = x + t * ldx + (long)h * D;
+    const E *gv = dy + vec * D, *g2 = dy2 ? dy2 + vec * D : nullptr;
+    E *ov = dx + t * ldo + (long)h * D;
+    const float *c = cosv ? cosv + (long)pos[t] * half : nullptr, *s = sinv ? sinv + (long)pos[t] * half : nullptr;
+    // rope⁻¹(dy) pairs, recomputed in both passes rather than held (D up to 512)
+    auto unrot = [&](int j, float &u1, float &u2) {
+        float a = f32(gv[j]), b = f32(gv[j + half]);
+        if (c) u1 = a * c[j] + b * s[j], u2 = b * c[j] - a * s[j];
+        else u1 = a, u2 = b;
+    };
+    if (!norm) {
+        for (int j = lane; j < half; j += 32) {
+            float u1, u2;
+            unrot(j, u1, u2);
+            ov[j] = to_e<E>(u1);
+            ov[j + half] = to_e<E>(u2);
+        }
+        return;
+    }
+    float ss = 0, gx = 0, gx2 = 0;
+    for (int j = lane; j < half; j += 32) {
+        float u1, u2, x1 = f32(xv[j]), x2 = f32(xv[j + half]);
+        unrot(j, u1, u2);
+        ss += x1 * x1 + x2 * x2;
+        gx += u1 * (w ? w[j] : 1.f) * x1 + u2 * (w ? w[j + half] : 1.f) * x2;
+        if (g2) gx2 += f32(g2[j]) * x1 + f32(g2[j + half]) * x2;
+    }
+    ss = warp_sum(ss), gx = warp_sum(gx), gx2 = warp_sum(gx2);
+    float inv = rsqrtf(ss / D + eps), k = inv * inv * inv * gx / D, k2 = inv * inv * inv * gx2 / D;
+    for (int j = lane; j < half; j += 32) {
+        float u1, u2, x1 = f32(xv[j]), x2 = f32(xv[j + half]);
+        unrot(j, u1, u2);
+        float d1 = inv * u1 * (w ? w[j] : 1.f) - x1 * k, d2 = inv * u2 * (w ? w[j + half] : 1.f) - x2 * k;
+        if (g2) d1 += inv * f32(g2[j]) - x1 * k2, d2 += inv * f32(g2[j + half]) - x2 * k2;
+        ov[j] = to_e<E>(d1);
+        ov[j + half] = to_e<E>(d2);
+    }
+}
+
+// gelu_pytorch_tanh and its derivative
+__device__ __forceinline__ float gelu_tanh(float x, float *grad) {
+    const float k = 0.7978845608028654f;
+    float t = tanhf(k * (x + 0.044715f * x * x * x));
+    if (grad) *grad = 0.5f * (1 + t) + 0.5f * x * (1 - t * t) * k * (1 + 3 * 0.044715f * x * x);
+    return 0.5f * x * (1 + t);
+}
+
+// z = gelu(g)·u over rows of the fused gate|up product gu [T, 2I]; grid.y walks the rows (in
+// chunks of 65,535), grid.x the columns, so no thread divides by I
+template <class E> __global__ void k_geglu(const E *gu, E *z, long row0, int I) {
+    long t = row0 + blockIdx.y;
+    const E *g = gu + t * 2 * I, *u = g + I;
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < I; j += gridDim.x * blockDim.x)
+        z[t * I + j] = to_e<E>(gelu_tanh(f32(g[j]), nullptr) * f32(u[j]));
+}
+
+template <class E> __global__ void k_geglu_bwd(const E *gu, const E *dz, E *dgu, long row0, int I) {
+    long t = row0 + blockIdx.y;
+    const E *g = gu + t * 2 * I, *u = g + I;
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < I; j += gridDim.x * blockDim.x) {
+        float gg, d = f32(dz[t * I + j]), a = gelu_tanh(f32(g[j]), &gg);
+        dgu[t * 2 * I + j] = to_e<E>(d * f32(u[j]) * gg);
+        dgu[t * 2 * I + I + j] = to_e<E>(d * a);
+    }
+}
+
+template <class E> void geglu(cudaStream_t st, const E *gu, const E *dz, E *out, long T, int I) {
+    int bx = std::min((I + 255) / 256, 64);
+    for (long r0 = 0; r0 < T; r0 += 65535) {
+        dim3 grid(bx, (unsigned)std::min(65535L, T - r0));
+        if (dz) k_geglu_bwd<E><<<grid, 256, 0, st>>>(gu, dz, out, r0, I);
+        else k_geglu<E><<<grid, 256, 0, st>>>(gu, out, r0, I);
+    }
+}
+
+// x[t] = embed[token[t]] · scale, the scale rounded to E first as transformers' scaled embedding does
+template <class E> __global__ void k_embed(const int32_t *tokens, const E *embed, float scale, E *x, int H) {
+    long t = blockIdx.x;
+    const E *row = embed + (long)tokens[t] * H;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) x[t * H + i] = to_e<E>(f32(row[i]) * scale);
+}
+
+// Cross-entropy of one chunk of rows, one block per row over logits [rows, V] f32 (the
+// product's output): the final softcap in place, argmax (first on ties), log-sum-exp, the loss
+// where target ≥ 0; with dlog, dlogits = grad_scale·(softmax − onehot)·(1 − (capped/cap)²) in E
+// (zero rows where nothing counts).
+template <class E>
+__global__ void k_cross_entropy(float *logits, int V, const int32_t *target, float cap, float *loss, int *agree,
+                                E *dlog, float grad_scale) {
+    __shared__ float sh[32];
+    __shared__ float smax[32];
+    __shared__ int sarg[32];
+    long r = blockIdx.x;
+    float *row = logits + r * V;
+    int y = target[r];
+    if (y < 0) { // nothing to learn here; the capped logits may still be read
+        if (cap > 0)
+            for (int j = threadIdx.x; j < V; j += blockDim.x) row[j] = cap * tanhf(row[j] / cap);
+        if (dlog)
+            for (int j = threadIdx.x; j < V; j += blockDim.x) dlog[r * V + j] = to_e<E>(0.f);
+        if (threadIdx.x == 0) loss[r] = 0, agree[r] = 0;
+        return;
+    }
+    float mx = -INFINITY;
+    int arg = 0x7fffffff;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        float v = row[j];
+        if (cap > 0) row[j] = v = cap * tanhf(v / cap);
+        if (v > mx) mx = v, arg = j; // j grows within a thread: the first maximum stays
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        float m2 = __shfl_xor_sync(0xffffffffu, mx, o);
+        int a2 = __shfl_xor_sync(0xffffffffu, arg, o);
+        if (m2 > mx || (m2 == mx && a2 < arg)) mx = m2, arg = a2;
+    }
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (lane == 0) smax[wid] = mx, sarg[wid] = arg;
+    __syncthreads();
+    mx = lane < nw ? smax[lane] : -INFINITY;
+    arg = lane < nw ? sarg[lane] : 0x7fffffff;
+    for (int o = 16; o > 0; o >>= 1) {
+        float m2 = __shfl_xor_sync(0xffffffffu, mx, o);
+        int a2 = __shfl_xor_sync(0xffffffffu, arg, o);
+        if (m2 > mx || (m2 == mx && a2 < arg)) mx = m2, arg = a2;
+    }
+    float sum = 0;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) sum += __expf(row[j] - mx);
+    sum = block_sum(sum, sh);
+    float lse = mx + logf(sum);
+    if (threadIdx.x == 0) loss[r] = lse - row[y], agree[r] = arg == y;
+    if (!dlog) return;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        float v = row[j], g = __expf(v - lse) - (j == y ? 1.f : 0.f);
+        if (cap > 0) g *= 1 - (v / cap) * (v / cap);
+        dlog[r * V + j] = to_e<E>(grad_scale * g);
+    }
+}
+
+// f32 ↔ E copies (the adapters' product copies) and a non-finite scan with the first bad index
+template <class E> __global__ void k_to_e(const float *x, E *y, long n) {
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
+        y[i] = to_e<E>(x[i]);
+}
+
+template <class E> __global__ void k_first_nonfinite(const E *x, long n, unsigned long long *first) {
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
+        if (!isfinite(f32(x[i]))) atomicMin(first, (unsigned long long)i);
+}
+
+// Weights drawn on the device: normal(0, std) from a counter-based hash of (seed, stream, index)
+// with Box–Muller, so any element is reproducible without generating the ones before it.
+__device__ __forceinline__ unsigned long long mix64(unsigned long long z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+template <class E> __global__ void k_random_normal(E *x, long n, float std, unsigned long long seed) {
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
+        unsigned long long a = mix64(seed + 0x9e3779b97f4a7c15ull * (unsigned long long)(2 * i + 1));
+        unsigned long long b = mix64(a ^ 0xd1b54a32d192ed03ull);
+        float u1 = ((a >> 40) + 1) * (1.f / 16777216.f), u2 = (b >> 40) * (1.f / 16777216.f);
+        x[i] = to_e<E>(std * sqrtf(-2.f * logf(u1)) * cospif(2.f * u2));
+    }
+}
+
+int grid_for(long n, int threads) {
+    long b = (n + threads - 1) / threads;
+    return (int)(b < 8192 ? (b > 0 ? b : 1) : 8192);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The model on the device.
+
+struct dlayer {
+    gemma_layer_kind kind;
+    // frozen weights [out, in], laid out so q|k|v and gate|up are each one [Σout, in] matrix: one
+    // product per group instead of three or two
+    void *w_qkv, *w_o, *w_gu, *w_down;
+    int qd, kd, vd; // output widths of q, k, v (vd 0 with k_eq_v)
+    float *input_norm, *post_attn_norm, *pre_ffw_norm, *post_ffw_norm, *q_norm, *k_norm;
+    float layer_scalar;
+};
+
+// Device memory counted for the peak: the static part (cudaMalloc) and the stream-ordered pool
+// (activations, winattn's workspace), whose own high-water mark the driver keeps.
+struct gemma_model_dev;
+
+} // namespace
+
+struct gemma_cuda {
+    gemma_config cfg;
+    lora_config lora;
+    gemma_precision precision;
+    size_t esize;
+    int logit_rows;
+    cudaStream_t stream;
+    cudaMemPool_t pool;
+    blas_api blas;
+    cublasHandle_t handle;
+    void *blas_workspace;
+    wa_context *wa;
+    void *weights; // one allocation: every E matrix
+    float *norms;  // one allocation: every norm weight (f32, Gemma 3's 1 + w applied)
+    void *embed, *lm_head;
+    float *final_norm;
+    std::vector<dlayer> layer;
+    // adapters: f32 master (uploaded each step), E copy for the products, f32 gradients
+    size_t param_count;
+    float *params, *grads;
+    void *params_e;
+    float *grads_host;          // pinned staging for the gradients
+    const float *params_pinned; // host->params, page-locked while this object lives
+    size_t static_bytes;
+    // WINATTN_TRAIN_PROFILE=1: where a step's device time goes, by phase (events between marks)
+    struct {
+        int on, gemm_phase, elem_phase;
+        std::vector<cudaEvent_t> ev;
+        std::vector<int> phase;
+        size_t used;
+        double ms[6];
+    } prof;
+    // RoPE tables per layer kind, for positions up to rope_len
+    float *cosv[2], *sinv[2];
+    int rope_len;
+    char describe[320];
+};
+
+namespace {
+
+enum { PH_GEMM, PH_LORA, PH_ATTN, PH_ELEM, PH_HEAD, PH_COPY, PH_COUNT };
+const char *const phase_name[PH_COUNT] = {"products", "LoRA products", "attention", "elementwise", "head", "adapters in/out"};
+
+// From this point on the device's time counts towards phase p (until the next mark).
+void mark(gemma_cuda *g, int p) {
+    auto &P = g->prof;
+    if (!P.on) return;
+    if (P.used == P.ev.size()) {
+        cudaEvent_t e;
+        CU(cudaEventCreate(&e));
+        P.ev.push_back(e);
+        P.phase.push_back(0);
+    }
+    CU(cudaEventRecord(P.ev[P.used], g->stream));
+    P.phase[P.used++] = p;
+}
+
+// Closes the marks of a step and prints the phases' device time.
+void profile_report(gemma_cuda *g, const char *what, int T) {
+    auto &P = g->prof;
+    if (!P.on || P.used == 0) return;
+    mark(g, PH_ELEM);
+    CU(cudaStreamSynchronize(g->stream));
+    double ms[PH_COUNT] = {0}, total = 0;
+    for (size_t i = 0; i + 1 < P.used; i++) {
+        float t = 0;
+        CU(cudaEventElapsedTime(&t, P.ev[i], P.ev[i + 1]));
+        ms[P.phase[i]] += t;
+        total += t;
+    }
+    P.used = 0;
+    fprintf(stderr, "profile %s (%d tokens): %.1f ms on the device:", what, T, total);
+    for (int p = 0; p < PH_COUNT; p++) fprintf(stderr, " %s %.1f%s", phase_name[p], ms[p], p + 1 < PH_COUNT ? "," : "\n");
+}
+
+void *dev_alloc(gemma_cuda *g, size_t bytes) {
+    void *p = nullptr;
+    CU(cudaMalloc(&p, bytes ? bytes : 16));
+    g->static_bytes += bytes;
+    return p;
+}
+
+// stream-ordered scratch, freed on scope exit
+struct scratch {
+    gemma_cuda *g;
+    std::vector<void *> ptrs;
+    explicit scratch(gemma_cuda *g_) : g(g_) {}
+    template <class T> T *get(size_t count) {
+        void *p = nullptr;
+        CU(cudaMallocAsync(&p, (count ? count : 1) * sizeof(T), g->stream));
+        ptrs.push_back(p);
+        return (T *)p;
+    }
+    ~scratch() {
+        for (void *p : ptrs) cudaFreeAsync(p, g->stream);
+    }
+};
+
+const char *blas_status(cublasStatus_t s) {
+    switch (s) {
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "not initialized";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "out of memory";
+    case CUBLAS_STATUS_INVALID_VALUE: return "invalid value";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "architecture mismatch";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "execution failed";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "not supported";
+    default: return "error";
+    }
+}
+
+// Row-major C[m, n] = alpha · op(A)[m, k] · op(B)[k, n] + beta · C, through the column-major
+// library as Cᵀ = op(B)ᵀ · op(A)ᵀ. f32 accumulation always; with f32 operands pure f32 (the
+// handle's math mode forbids TF32), with bf16 operands the tensor cores.
+void gemm(gemma_cuda *g, long m, long n, long k, float alpha, mat A, mat B, float beta, void *C, cudaDataType_t ct,
+          long ldc) {
+    if (m == 0 || n == 0) return;
+    mark(g, g->prof.gemm_phase);
+    cublasStatus_t s = g->blas.gemm_ex(g->handle, B.trans ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                       A.trans ? CUBLAS_OP_T : CUBLAS_OP_N, (int)n, (int)m, (int)k, &alpha, B.p, B.t,
+                                       (int)B.ld, A.p, A.t, (int)A.ld, &beta, C, ct, (int)ldc, CUBLAS_COMPUTE_32F,
+                                       CUBLAS_GEMM_DEFAULT);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        fail("cuBLAS GemmEx (%ld x %ld x %ld): %s", m, n, k, blas_status(s));
+    mark(g, g->prof.elem_phase);
+}
+
+// the LoRA products count as their own phase
+struct lora_phase {
+    gemma_cuda *g;
+    explicit lora_phase(gemma_cuda *g_) : g(g_) { g->prof.gemm_phase = PH_LORA; }
+    ~lora_phase() { g->prof.gemm_phase = PH_GEMM; }
+};
+
+// ---------------------------------------------------------------------------------------------
+// A packed batch on the device (model.c's packing: cu, pos, tokens, target).
+
+struct dbatch {
+    int n, T, longest;
+    int32_t *cu, *pos, *tokens, *target;
+    std::vector<int32_t> h_target;
+};
+
+void batch_upload(gemma_cuda *g, scratch &S, const gemma_seq *seqs, int n, dbatch *b) {
+    if (n < 1) fail("a batch needs at least one record");
+    long T = 0;
+    b->longest = 0;
+    for (int i = 0; i < n; i++) {
+        if (seqs[i].len < 1) fail("record %d: a sequence needs at least one token", i + 1);
+        for (int t = 0; t < seqs[i].len; t++)
+            if (seqs[i].tokens[t] < 0 || seqs[i].tokens[t] >= g->cfg.vocab)
+                fail("record %d: token %d at position %d is outside the vocabulary (%d)", i + 1, seqs[i].tokens[t], t,
+                     g->cfg.vocab);
+        T += seqs[i].len;
+        if (T > INT32_MAX) fail("a packed batch must hold fewer than 2^31 tokens");
+        b->longest = seqs[i].len > b->longest ? seqs[i].len : b->longest;
+    }
+    b->n = n;
+    b->T = (int)T;
+    std::vector<int32_t> host((size_t)n + 1 + 3 * (size_t)T);
+    int32_t *cu = host.data(), *pos = cu + n + 1, *tok = pos + T, *tgt = tok + T;
+    cu[0] = 0;
+    for (int i = 0; i < n; i++) {
+        const gemma_seq *s = &seqs[i];
+        int32_t r0 = cu[i];
+        cu[i + 1] = r0 + s->len;
+        for (int t = 0; t < s->len; t++) {
+            pos[r0 + t] = t;
+            tok[r0 + t] = s->tokens[t];
+            int counted = t < s->len - 1 && (!s->target_mask || s->target_mask[t]);
+            tgt[r0 + t] = counted ? s->tokens[t + 1] : -1;
+        }
+    }
+    int32_t *d = S.get<int32_t>(host.size());
+    CU(cudaMemcpyAsync(d, host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice, g->stream));
+    b->cu = d, b->pos = d + n + 1, b->tokens = b->pos + T, b->target = b->tokens + T;
+    b->h_target.assign(tgt, tgt + T);
+    CU(cudaStreamSynchronize(g->stream)); // host is a local vector
+}
+
+// RoPE tables in double on the host, as model.c's rope_table (exact angles), for positions up to P
+void rope_tables(gemma_cuda *g, int P) {
+    if (P <= g->rope_len) return;
+    for (int k = 0; k < 2; k++) {
+        const gemma_rope *r = &g->cfg.kind[k].rope;
+        int D = g->cfg.kind[k].head_dim, half = D / 2;
+        int rotated = r->proportional ? (int)(r->partial * D / 2) : half;
+        std::vector<float> c((size_t)P * half), s((size_t)P * half);
+        for (int j = 0; j < half; j++) {
+            double inv = j < rotated ? pow(r->theta, -(double)(2 * j) / D) / r->linear_factor : 0.0;
+            for (int t = 0; t < P; t++) {
+                c[(size_t)t * half + j] = (float)cos(t * inv);
+                s[(size_t)t * half + j] = (float)sin(t * inv);
+            }
+        }
+        cudaFree(g->cosv[k]);
+        cudaFree(g->sinv[k]);
+        g->cosv[k] = g->sinv[k] = nullptr;
+        CU(cudaMalloc(&g->cosv[k], c.size() * sizeof(float)));
+        CU(cudaMalloc(&g->sinv[k], s.size() * sizeof(float)));
+        CU(cudaMemcpy(g->cosv[k], c.data(), c.size() * sizeof(float), cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(g->sinv[k], s.data(), s.size() * sizeof(float), cudaMemcpyHostToDevice));
+    }
+    g->rope_len = P;
+}
+
+// ---------------------------------------------------------------------------------------------
+// One layer's activations, sized for the widest layer kind and reused by every layer.
+
+template <class E> struct acts {
+    int T;
+    E *a, *qkv, *qr, *kr, *vn, *o, *ao, *h, *mi, *gu, *z, *mo;
+    E *t[PROJ_COUNT]; // LoRA x·A
+    float *lse;
+    // backward
+    E *d_h, *d_mo, *d_z, *d_gu, *d_mi, *d_ao, *d_o, *d_qr, *d_kr, *d_vn, *d_qkv, *d_a, *d_t;
+};
+
+template <class E> void acts_alloc(gemma_cuda *g, scratch &S, int T, int backward, acts<E> *A) {
+    const gemma_config *c = &g->cfg;
+    long H = c->hidden, I = c->intermediate, r = g->lora.rank > 0 ? g->lora.rank : 1, qd = 0, kd = 0, qkv = 0;
+    for (const dlayer &L : g->layer) {
+        qd = std::max(qd, (long)L.qd);
+        kd = std::max(kd, (long)L.kd);
+        qkv = std::max(qkv, (long)(L.qd + L.kd + L.vd));
+    }
+    A->T = T;
+    auto rows = [&](long width) { return S.get<E>((size_t)T * width); };
+    A->a = rows(H), A->qkv = rows(qkv), A->qr = rows(qd), A->kr = rows(kd), A->vn = rows(kd), A->o = rows(qd);
+    A->ao = rows(H), A->h = rows(H), A->mi = rows(H), A->gu = rows(2 * I), A->z = rows(I), A->mo = rows(H);
+    for (int p = 0; p < PROJ_COUNT; p++) A->t[p] = rows(r);
+    A->lse = S.get<float>((size_t)c->heads * T);
+    if (!backward) return;
+    A->d_h = rows(H), A->d_mo = rows(H), A->d_z = rows(I), A->d_gu = rows(2 * I), A->d_mi = rows(H), A->d_ao = rows(H);
+    A->d_o = rows(qd), A->d_qr = rows(qd), A->d_kr = rows(kd), A->d_vn = rows(kd), A->d_qkv = rows(qkv);
+    A->d_a = rows(H), A->d_t = rows(r);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The LoRA linear: y = x Wᵀ + s (x A) B, for one projection whose output is a column block of a
+// fused product (y with stride ldy).
+
+template <class E> const E *lora_a(gemma_cuda *g, const lora_slot *s) { return (const E *)g->params_e + s->a; }
+template <class E> const E *lora_b(gemma_cuda *g, const lora_slot *s) { return (const E *)g->params_e + s->b; }
+
+template <class E>
+void lora_fwd(gemma_cuda *g, const gemma_model_f32 *host, int l, gemma_proj p, const E *x, int T, E *y, long ldy,
+              E *t) {
+    int si = host->layer[l].lora[p];
+    if (si < 0) return;
+    const lora_slot *s = &host->slots[si];
+    int r = g->lora.rank;
+    lora_phase lp(g);
+    gemm(g, T, r, s->in, 1, M(x, s->in), M(lora_a<E>(g, s), r), 0, t, dtype_of<E>(), r);
+    gemm(g, T, s->out, r, (float)g->lora.scale, M((const E *)t, r), M(lora_b<E>(g, s), s->out), 1, y, dtype_of<E>(),
+         ldy);
+}
+
+// The adapter gradients and dx += dt Aᵀ for one projection: dB += s tᵀ dy, dt = s dy Bᵀ,
+// dA += xᵀ dt. dy has stride lddy (a column block of a fused gradient).
+template <class E>
+void lora_bwd(gemma_cuda *g, const gemma_model_f32 *host, int l, gemma_proj p, const E *x, const E *t, const E *dy,
+              long lddy, int T, E *dx, E *dt) {
+    int si = host->layer[l].lora[p];
+    if (si < 0) return;
+    const lora_slot *s = &host->slots[si];
+    int r = g->lora.rank;
+    float sc = (float)g->lora.scale;
+    lora_phase lp(g);
+    gemm(g, r, s->out, T, sc, M(t, r, true), M(dy, lddy), 1, g->grads + s->b, CUDA_R_32F, s->out);
+    gemm(g, T, r, s->out, sc, M(dy, lddy), M(lora_b<E>(g, s), s->out, true), 0, dt, dtype_of<E>(), r);
+    gemm(g, s->in, r, T, 1, M(x, s->in, true), M((const E *)dt, r), 1, g->grads + s->a, CUDA_R_32F, r);
+    gemm(g, T, s->in, r, 1, M((const E *)dt, r), M(lora_a<E>(g, s), r, true), 1, dx, dtype_of<E>(), s->in);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attention through winattn: q [T, Hq, D], k and v [T, Hkv, D] contiguous, one varlen call.
+
+wa_attn_desc layer_desc(const gemma_cuda *g, int l) {
+    const gemma_config *c = &g->cfg;
+    wa_attn_desc d = c->layer_kind[l] == LAYER_SLIDING ? wa_attn_desc_sliding(c->sliding_window) : wa_attn_desc_causal();
+    d.scale = (float)c->score_scale;
+    d.softcap = (float)c->attn_softcap;
+    return d;
+}
+
+template <class E> wa_tensor dev_thd(const E *p, int T, int H, int D) {
+    wa_tensor t = wa_tensor_thd((void *)p, sizeof(E) == 2 ? WA_BF16 : WA_F32, T, H, D);
+    t.device = WA_DEVICE_CUDA;
+    return t;
+}
+
+wa_tensor dev_lse(float *p, int H, int T) {
+    wa_tensor t = wa_tensor_lse_varlen(p, H, T);
+    t.device = WA_DEVICE_CUDA;
+    return t;
+}
+
+void wa_check(wa_status st, const char *what) {
+    if (st != WA_OK) fail("winattn %s: %s (%s)", what, wa_status_str(st), wa_last_error());
+}
+
+// ---------------------------------------------------------------------------------------------
+// One decoder layer, as model.c's layer_forward / layer_backward.
+
+// attention 0: run it into A->o, A->lse; 1: A->o and A->lse already hold this layer's (kept from
+// the first forward: the recomputation skips the full layers' quadratic attention)
+template <class E>
+void layer_forward(gemma_cuda *g, const gemma_model_f32 *host, int l, const dbatch *b, const E *x, acts<E> *A,
+                   E *out, int attention_kept = 0) {
+    const gemma_config *c = &g->cfg;
+    const dlayer &L = g->layer[l];
+    const gemma_attn_shape *s = &c->kind[L.kind];
+    int T = A->T, H = c->hidden, D = s->head_dim, I = c->intermediate;
+    long ldqkv = L.qd + L.kd + L.vd;
+    float eps = (float)c->norm_eps;
+    cudaStream_t st = g->stream;
+
+    k_rmsnorm<E><<<T, ROW_THREADS, 0, st>>>(x, H, L.input_norm, A->a, H, H, eps);
+    gemm(g, T, ldqkv, H, 1, M(A->a, H), M((const E *)L.w_qkv, H, true), 0, A->qkv, dtype_of<E>(), ldqkv);
+    lora_fwd<E>(g, host, l, PROJ_Q, A->a, T, A->qkv, ldqkv, A->t[PROJ_Q]);
+    lora_fwd<E>(g, host, l, PROJ_K, A->a, T, A->qkv + L.qd, ldqkv, A->t[PROJ_K]);
+    if (L.vd) lora_fwd<E>(g, host, l, PROJ_V, A->a, T, A->qkv + L.qd + L.kd, ldqkv, A->t[PROJ_V]);
+    const E *vraw = A->qkv + (L.vd ? L.qd + L.kd : L.qd); // k_eq_v: the raw keys, before k_norm and RoPE
+
+    int warps = 8;
+    long qv = (long)T * c->heads, kv = (long)T * s->kv_heads;
+    k_head_norm_rope<E><<<(int)((qv + warps - 1) / warps), 32 * warps, 0, st>>>(
+        A->qkv, ldqkv, L.q_norm, A->qr, T, c->heads, D, eps, 1, g->cosv[L.kind], g->sinv[L.kind], b->pos);
+    k_head_norm_rope<E><<<(int)((kv + warps - 1) / warps), 32 * warps, 0, st>>>(
+        A->qkv + L.qd, ldqkv, L.k_norm, A->kr, T, s->kv_heads, D, eps, 1, g->cosv[L.kind], g->sinv[L.kind], b->pos);
+    k_head_norm_rope<E><<<(int)((kv + warps - 1) / warps), 32 * warps, 0, st>>>(
+        vraw, ldqkv, nullptr, A->vn, T, s->kv_heads, D, eps, c->family == GEMMA_4, nullptr, nullptr, b->pos);
+    CU(cudaGetLastError());
+
+    wa_attn_desc d = layer_desc(g, l);
+    wa_varlen vl = {b->n, b->cu, b->cu, b->longest, b->longest};
+    wa_tensor tq = dev_thd<E>(A->qr, T, c->heads, D), tk = dev_thd<E>(A->kr, T, s->kv_heads, D);
+    wa_tensor tv = dev_thd<E>(A->vn, T, s->kv_heads, D), to = dev_thd<E>(A->o, T, c->heads, D);
+    wa_tensor tl = dev_lse(A->lse, c->heads, T);
+    if (!attention_kept) {
+        mark(g, PH_ATTN);
+        wa_check(wa_forward_varlen(g->wa, &d, &vl, &tq, &tk, &tv, &to, &tl), "forward");
+        mark(g, PH_ELEM);
+    }
+
+    gemm(g, T, H, L.qd, 1, M((const E *)A->o, L.qd), M((const E *)L.w_o, L.qd, true), 0, A->ao, dtype_of<E>(), H);
+    lora_fwd<E>(g, host, l, PROJ_O, A->o, T, A->ao, H, A->t[PROJ_O]);
+    k_add_norm<E><<<T, ROW_THREADS, 0, st>>>(x, A->ao, L.post_attn_norm, A->h, 1.f, L.pre_ffw_norm, A->mi, H, eps);
+    gemm(g, T, 2L * I, H, 1, M((const E *)A->mi, H), M((const E *)L.w_gu, H, true), 0, A->gu, dtype_of<E>(), 2L * I);
+    lora_fwd<E>(g, host, l, PROJ_GATE, A->mi, T, A->gu, 2L * I, A->t[PROJ_GATE]);
+    lora_fwd<E>(g, host, l, PROJ_UP, A->mi, T, A->gu + I, 2L * I, A->t[PROJ_UP]);
+    geglu<E>(st, A->gu, nullptr, A->z, T, I);
+    gemm(g, T, H, I, 1, M((const E *)A->z, I), M((const E *)L.w_down, I, true), 0, A->mo, dtype_of<E>(), H);
+    lora_fwd<E>(g, host, l, PROJ_DOWN, A->z, T, A->mo, H, A->t[PROJ_DOWN]);
+    k_add_norm<E><<<T, ROW_THREADS, 0, st>>>(A->h, A->mo, L.post_ffw_norm, out, L.layer_scalar, nullptr, nullptr, H,
+                                             eps);
+    CU(cudaGetLastError());
+}
+
+template <class E>
+void layer_backward(gemma_cuda *g, const gemma_model_f32 *host, int l, const dbatch *b, const E *x, acts<E> *A,
+                    const E *dout, E *dx) {
+    const gemma_config *c = &g->cfg;
+    const dlayer &L = g->layer[l];
+    const gemma_attn_shape *s = &c->kind[L.kind];
+    int T = A->T, H = c->hidden, D = s->head_dim, I = c->intermediate;
+    long ldqkv = L.qd + L.kd + L.vd;
+    float eps = (float)c->norm_eps;
+    cudaStream_t st = g->stream;
+
+    // out = (h + n_post_ffw(mo)) · layer_scalar
+    k_scale<E><<<grid_for((long)T * H, 256), 256, 0, st>>>(dout, L.layer_scalar, A->d_h, (long)T * H);
+    k_rmsnorm_bwd<E><<<T, ROW_THREADS, 0, st>>>(A->mo, L.post_ffw_norm, dout, L.layer_scalar, nullptr, A->d_mo, H, eps);
+    gemm(g, T, I, H, 1, M((const E *)A->d_mo, H), M((const E *)L.w_down, I), 0, A->d_z, dtype_of<E>(), I);
+    lora_bwd<E>(g, host, l, PROJ_DOWN, A->z, A->t[PROJ_DOWN], A->d_mo, H, T, A->d_z, A->d_t);
+    geglu<E>(st, A->gu, A->d_z, A->d_gu, T, I);
+    gemm(g, T, H, 2L * I, 1, M((const E *)A->d_gu, 2L * I), M((const E *)L.w_gu, H), 0, A->d_mi, dtype_of<E>(), H);
+    lora_bwd<E>(g, host, l, PROJ_GATE, A->mi, A->t[PROJ_GATE], A->d_gu, 2L * I, T, A->d_mi, A->d_t);
+    lora_bwd<E>(g, host, l, PROJ_UP, A->mi, A->t[PROJ_UP], A->d_gu + I, 2L * I, T, A->d_mi, A->d_t);
+    // h = x + n_post_attn(ao): dx gets d_h whole, plus the input norm's share below
+    k_rmsnorm_bwd<E><<<T, ROW_THREADS, 0, st>>>(A->h, L.pre_ffw_norm, A->d_mi, 1.f, A->d_h, dx, H, eps);
+    k_rmsnorm_bwd<E><<<T, ROW_THREADS, 0, st>>>(A->ao, L.post_attn_norm, dx, 1.f, nullptr, A->d_ao, H, eps);
+    gemm(g, T, L.qd, H, 1, M((const E *)A->d_ao, H), M((const E *)L.w_o, L.qd), 0, A->d_o, dtype_of<E>(), L.qd);
+    lora_bwd<E>(g, host, l, PROJ_O, A->o, A->t[PROJ_O], A->d_ao, H, T, A->d_o, A->d_t);
+    CU(cudaGetLastError());
+
+    wa_attn_desc d = layer_desc(g, l);
+    wa_varlen vl = {b->n, b->cu, b->cu, b->longest, b->longest};
+    wa_tensor tq = dev_thd<E>(A->qr, T, c->heads, D), tk = dev_thd<E>(A->kr, T, s->kv_heads, D);
+    wa_tensor tv = dev_thd<E>(A->vn, T, s->kv_heads, D), to = dev_thd<E>(A->o, T, c->heads, D);
+    wa_tensor tl = dev_lse(A->lse, c->heads, T), tdo = dev_thd<E>(A->d_o, T, c->heads, D);
+    wa_tensor tdq = dev_thd<E>(A->d_qr, T, c->heads, D), tdk = dev_thd<E>(A->d_kr, T, s->kv_heads, D);
+    wa_tensor tdv = dev_thd<E>(A->d_vn, T, s->kv_heads, D);
+    mark(g, PH_ATTN);
+    wa_check(wa_backward_varlen(g->wa, &d, &vl, &tq, &tk, &tv, &to, &tl, &tdo, &tdq, &tdk, &tdv), "backward");
+    mark(g, PH_ELEM);
+
+    int warps = 8, gemma4 = c->family == GEMMA_4;
+    long qv = (long)T * c->heads, kv = (long)T * s->kv_heads;
+    k_head_norm_rope_bwd<E><<<(int)((qv + warps - 1) / warps), 32 * warps, 0, st>>>(
+        A->qkv, ldqkv, L.q_norm, A->d_qr, nullptr, A->d_qkv, ldqkv, T, c->heads, D, eps, 1, g->cosv[L.kind],
+        g->sinv[L.kind], b->pos);
+    if (L.vd) { // separate values: d_v from the v norm (Gemma 4) or as is (Gemma 3)
+        k_head_norm_rope_bwd<E><<<(int)((kv + warps - 1) / warps), 32 * warps, 0, st>>>(
+            A->qkv + L.qd, ldqkv, L.k_norm, A->d_kr, nullptr, A->d_qkv + L.qd, ldqkv, T, s->kv_heads, D, eps, 1,
+            g->cosv[L.kind], g->sinv[L.kind], b->pos);
+        k_head_norm_rope_bwd<E><<<(int)((kv + warps - 1) / warps), 32 * warps, 0, st>>>(
+            A->qkv + L.qd + L.kd, ldqkv, nullptr, A->d_vn, nullptr, A->d_qkv + L.qd + L.kd, ldqkv, T, s->kv_heads, D,
+            eps, gemma4, nullptr, nullptr, b->pos);
+    } else { // k_eq_v: the raw keys feed both the k norm + RoPE and the v norm
+        if (!gemma4) fail("attention_k_eq_v is a Gemma 4 feature");
+        k_head_norm_rope_bwd<E><<<(int)((kv + warps - 1) / warps), 32 * warps, 0, st>>>(
+            A->qkv + L.qd, ldqkv, L.k_norm, A->d_kr, A->d_vn, A->d_qkv + L.qd, ldqkv, T, s->kv_heads, D, eps, 1,
+            g->cosv[L.kind], g->sinv[L.kind], b->pos);
+    }
+    CU(cudaGetLastError());
+
+    gemm(g, T, H, ldqkv, 1, M((const E *)A->d_qkv, ldqkv), M((const E *)L.w_qkv, H), 0, A->d_a, dtype_of<E>(), H);
+    lora_bwd<E>(g, host, l, PROJ_Q, A->a, A->t[PROJ_Q], A->d_qkv, ldqkv, T, A->d_a, A->d_t);
+    lora_bwd<E>(g, host, l, PROJ_K, A->a, A->t[PROJ_K], A->d_qkv + L.qd, ldqkv, T, A->d_a, A->d_t);
+    if (L.vd) lora_bwd<E>(g, host, l, PROJ_V, A->a, A->t[PROJ_V], A->d_qkv + L.qd + L.kd, ldqkv, T, A->d_a, A->d_t);
+    k_rmsnorm_bwd<E><<<T, ROW_THREADS, 0, st>>>(x, L.input_norm, A->d_a, 1.f, dx, dx, H, eps);
+    CU(cudaGetLastError());
+}
+
+// ---------------------------------------------------------------------------------------------
+// The head: final norm, tied logits in chunks of rows, final softcap, cross-entropy; with dxL it
+// writes dL/dxL for loss = grad_scale · Σ CE.
+
+template <class E>
+void head(gemma_cuda *g, scratch &S, const dbatch *b, const E *xL, gemma_stats *st, float *logits_out,
+          double grad_scale, E *dxL) {
+    const gemma_config *c = &g->cfg;
+    int H = c->hidden, V = c->vocab, T = b->T;
+    int C = g->logit_rows > 0 ? g->logit_rows : (int)std::max<long>(1, (1L << 30) / ((long)V * 4));
+    C = std::min(C, T);
+    E *f = S.get<E>((size_t)T * H);
+    float *lg = S.get<float>((size_t)C * V);
+    E *dl = dxL ? S.get<E>((size_t)C * V) : nullptr;
+    E *df = dxL ? S.get<E>((size_t)T * H) : nullptr;
+    float *loss = S.get<float>((size_t)T);
+    int *agree = S.get<int>((size_t)T);
+    mark(g, PH_HEAD);
+    g->prof.gemm_phase = g->prof.elem_phase = PH_HEAD;
+    k_rmsnorm<E><<<T, ROW_THREADS, 0, g->stream>>>(xL, H, g->final_norm, f, H, H, (float)c->norm_eps);
+    for (int r0 = 0; r0 < T; r0 += C) {
+        int rows = std::min(C, T - r0);
+        gemm(g, rows, V, H, 1, M((const E *)f + (long)r0 * H, H), M((const E *)g->lm_head, H, true), 0, lg,
+             CUDA_R_32F, V);
+        k_cross_entropy<E><<<rows, 1024, 0, g->stream>>>(lg, V, b->target + r0, (float)c->final_softcap, loss + r0,
+                                                         agree + r0, dl, (float)grad_scale);
+        CU(cudaGetLastError());
+        if (logits_out)
+            CU(cudaMemcpyAsync(logits_out + (long)r0 * V, lg, (size_t)rows * V * sizeof(float), cudaMemcpyDeviceToHost,
+                               g->stream));
+        if (dxL)
+            gemm(g, rows, H, V, 1, M((const E *)dl, V), M((const E *)g->lm_head, H), 0, df + (long)r0 * H,
+                 dtype_of<E>(), H);
+    }
+    if (dxL) k_rmsnorm_bwd<E><<<T, ROW_THREADS, 0, g->stream>>>(xL, g->final_norm, df, 1.f, nullptr, dxL, H,
+                                                                (float)c->norm_eps);
+    g->prof.gemm_phase = PH_GEMM, g->prof.elem_phase = PH_ELEM;
+    mark(g, PH_ELEM);
+    std::vector<float> hl(T);
+    std::vector<int> ha(T);
+    CU(cudaMemcpyAsync(hl.data(), loss, (size_t)T * sizeof(float), cudaMemcpyDeviceToHost, g->stream));
+    CU(cudaMemcpyAsync(ha.data(), agree, (size_t)T * sizeof(int), cudaMemcpyDeviceToHost, g->stream));
+    CU(cudaStreamSynchronize(g->stream));
+    for (int t = 0; t < T; t++)
+        if (b->h_target[t] >= 0) st->loss_sum += hl[t], st->tokens++, st->agree += ha[t];
+}
+
+// ---------------------------------------------------------------------------------------------
+// The drivers: as model.c's forward_packed / backward_packed.
+
+template <class E> void params_upload(gemma_cuda *g, const gemma_model_f32 *host) {
+    mark(g, PH_COPY);
+    CU(cudaMemcpyAsync(g->params, host->params, g->param_count * sizeof(float), cudaMemcpyHostToDevice, g->stream));
+    if (sizeof(E) != sizeof(float))
+        k_to_e<E><<<grid_for((long)g->param_count, 256), 256, 0, g->stream>>>(g->params, (E *)g->params_e,
+                                                                              (long)g->param_count);
+    CU(cudaGetLastError());
+    mark(g, PH_ELEM);
+}
+
+template <class E> void forward(gemma_cuda *g, const gemma_model_f32 *host, const gemma_seq *seqs, int n,
+                                gemma_stats *st, float *logits) {
+    scratch S(g);
+    dbatch b;
+    batch_upload(g, S, seqs, n, &b);
+    rope_tables(g, b.longest);
+    params_upload<E>(g, host);
+    long TH = (long)b.T * g->cfg.hidden;
+    E *x = S.get<E>(TH), *y = S.get<E>(TH);
+    acts<E> A;
+    acts_alloc<E>(g, S, b.T, 0, &A);
+    k_embed<E><<<b.T, ROW_THREADS, 0, g->stream>>>(b.tokens, (const E *)g->embed,
+                                                   (float)(E)(float)g->cfg.embed_scale, x, g->cfg.hidden);
+    for (int l = 0; l < g->cfg.layers; l++) {
+        layer_forward<E>(g, host, l, &b, x, &A, y);
+        std::swap(x, y);
+    }
+    head<E>(g, S, &b, x, st, logits, 0, nullptr);
+    profile_report(g, "forward", b.T);
+}
+
+template <class E> void backward(gemma_cuda *g, gemma_model_f32 *host, const gemma_seq *seqs, int n,
+                                 double grad_scale, gemma_stats *st) {
+    scratch S(g);
+    dbatch b;
+    batch_upload(g, S, seqs, n, &b);
+    rope_tables(g, b.longest);
+    params_upload<E>(g, host);
+    CU(cudaMemsetAsync(g->grads, 0, g->param_count * sizeof(float), g->stream));
+    int Lc = g->cfg.layers;
+    long TH = (long)b.T * g->cfg.hidden;
+    // the layer inputs are all the forward keeps; each layer's insides are recomputed
+    E *xs = S.get<E>((size_t)(Lc + 1) * TH), *dx = S.get<E>(TH), *dprev = S.get<E>(TH);
+    acts<E> A;
+    acts_alloc<E>(g, S, b.T, 1, &A);
+    // the full layers' attention output and log-sum-exp are kept from the first forward: their
+    // attention is quadratic in the record length, the rest of a layer is cheap to recompute
+    std::vector<E *> kept_o(Lc, nullptr);
+    std::vector<float *> kept_lse(Lc, nullptr);
+    E *o_work = A.o;
+    float *lse_work = A.lse;
+    for (int l = 0; l < Lc; l++)
+        if (g->cfg.layer_kind[l] == LAYER_FULL) {
+            kept_o[l] = S.get<E>((size_t)b.T * g->layer[l].qd);
+            kept_lse[l] = S.get<float>((size_t)b.T * g->cfg.heads);
+        }
+    auto use_attention = [&](int l) {
+        A.o = kept_o[l] ? kept_o[l] : o_work;
+        A.lse = kept_lse[l] ? kept_lse[l] : lse_work;
+    };
+    k_embed<E><<<b.T, ROW_THREADS, 0, g->stream>>>(b.tokens, (const E *)g->embed,
+                                                   (float)(E)(float)g->cfg.embed_scale, xs, g->cfg.hidden);
+    for (int l = 0; l < Lc; l++) {
+        use_attention(l);
+        layer_forward<E>(g, host, l, &b, xs + l * TH, &A, xs + (l + 1) * TH);
+    }
+    head<E>(g, S, &b, xs + Lc * TH, st, nullptr, grad_scale, dx);
+    for (int l = Lc - 1; l >= 0; l--) {
+        use_attention(l);
+        layer_forward<E>(g, host, l, &b, xs + l * TH, &A, dprev, kept_o[l] != nullptr); // output unused
+        layer_backward<E>(g, host, l, &b, xs + l * TH, &A, dx, dprev);
+        std::swap(dx, dprev);
+    }
+    A.o = o_work, A.lse = lse_work;
+    mark(g, PH_COPY);
+    CU(cudaMemcpyAsync(g->grads_host, g->grads, g->param_count * sizeof(float), cudaMemcpyDeviceToHost, g->stream));
+    CU(cudaStreamSynchronize(g->stream));
+    for (size_t i = 0; i < g->param_count; i++) host->grads[i] += g->grads_host[i];
+    profile_report(g, "forward + backward", b.T);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Weights onto the device.
+
+// One matrix or vector the config implies: its checkpoint name, shape, and where it goes.
+struct wplan {
+    char name[128];
+    long rows, cols; // cols 0: a vector
+    void *dst;       // E data (matrices) — or float (vectors)
+    int is_vector;
+    double add;      // Gemma 3's 1 + w norms
+    float fill;      // random init of vectors
+    float *scalar;   // layer_scalar
+};
+
+void upload_matrix(gemma_cuda *g, const checkpoint *ck, const wplan *p, std::vector<unsigned char> &stage) {
+    const st_tensor *t = checkpoint_find(ck, p->name);
+    if (!t) fail("checkpoint has no tensor \"%s%s\"", ck->prefix, p->name);
+    if (t->rank != 2 || t->shape[0] != p->rows || t->shape[1] != p->cols)
+        fail("tensor \"%s\" has the wrong shape (the config implies [%ld, %ld])", p->name, p->rows, p->cols);
+    size_t n = (size_t)p->rows * p->cols;
+    int want = g->precision == PRECISION_BF16 ? ST_BF16 : ST_F32;
+    if (t->dtype == want) { // straight from the mapping
+        CU(cudaMemcpy(p->dst, t->data, n * g->esize, cudaMemcpyHostToDevice));
+        return;
+    }
+    if (t->dtype != ST_F32 && t->dtype != ST_F16 && t->dtype != ST_BF16)
+        fail("tensor \"%s\" has dtype %s (F32, F16, BF16 are read on the GPU)", p->name, st_dtype_name(t->dtype));
+    size_t chunk = stage.size() / g->esize;
+    const unsigned char *src = (const unsigned char *)t->data;
+    for (size_t i0 = 0; i0 < n; i0 += chunk) {
+        size_t m = std::min(chunk, n - i0);
+        for (size_t i = 0; i < m; i++) {
+            float x;
+            size_t j = i0 + i;
+            if (t->dtype == ST_F32) memcpy(&x, src + 4 * j, 4);
+            else {
+                uint16_t v;
+                memcpy(&v, src + 2 * j, 2);
+                x = t->dtype == ST_F16 ? wa_f16_to_f32(v) : wa_bf16_to_f32(v);
+            }
+            if (g->precision == PRECISION_F32) memcpy(stage.data() + 4 * i, &x, 4);
+            else {
+                uint16_t b = wa_f32_to_bf16(x);
+                memcpy(stage.data() + 2 * i, &b, 2);
+            }
+        }
+        CU(cudaMemcpy((unsigned char *)p->dst + i0 * g->esize, stage.data(), m * g->esize, cudaMemcpyHostToDevice));
+    }
+}
+
+void upload_vector(gemma_cuda *g, const checkpoint *ck, const wplan *p) {
+    const st_tensor *t = checkpoint_find(ck, p->name);
+    if (!t) fail("checkpoint has no tensor \"%s%s\"", ck->prefix, p->name);
+    long n = p->scalar ? 1 : p->rows;
+    if (st_numel(t) != n || t->rank > 1) fail("tensor \"%s\" has the wrong shape (the config implies [%ld])", p->name, n);
+    std::vector<float> v(n);
+    const unsigned char *src = (const unsigned char *)t->data;
+    for (long i = 0; i < n; i++) {
+        double x;
+        switch (t->dtype) {
+        case ST_F64: { double d; memcpy(&d, src + 8 * i, 8); x = d; break; }
+        case ST_F32: { float f; memcpy(&f, src + 4 * i, 4); x = f; break; }
+        case ST_F16: { uint16_t h; memcpy(&h, src + 2 * i, 2); x = wa_f16_to_f32(h); break; }
+        case ST_BF16: { uint16_t h; memcpy(&h, src + 2 * i, 2); x = wa_bf16_to_f32(h); break; }
+        default: fail("tensor \"%s\" has dtype %s", p->name, st_dtype_name(t->dtype));
+        }
+        if (!isfinite(x)) fail("tensor \"%s\" holds a non-finite value at element %ld", p->name, i);
+        v[i] = (float)(p->add != 0 ? (float)p->add + (float)x : x); // rounds once, as model.c
+    }
+    if (p->scalar) *p->scalar = v[0];
+    else CU(cudaMemcpy(p->dst, v.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+}
+
+template <class E> void check_finite(gemma_cuda *g, const wplan *p) {
+    unsigned long long *first, h = ~0ull;
+    CU(cudaMalloc(&first, sizeof *first));
+    CU(cudaMemcpy(first, &h, sizeof h, cudaMemcpyHostToDevice));
+    long n = p->rows * p->cols;
+    k_first_nonfinite<E><<<grid_for(n, 256), 256>>>((const E *)p->dst, n, first);
+    CU(cudaMemcpy(&h, first, sizeof h, cudaMemcpyDeviceToHost));
+    cudaFree(first);
+    if (h != ~0ull) fail("tensor \"%s\" holds a non-finite value at element %llu", p->name, h);
+}
+
+template <class E> void load_weights(gemma_cuda *g, const gemma_model_f32 *host, const char *dir,
+                                     const gemma_cuda_options *o) {
+    const gemma_config *c = &g->cfg;
+    std::vector<wplan> plan;
+    long H = c->hidden, I = c->intermediate;
+    char name[128];
+    auto mat_plan = [&](long rows, long cols, const char *tensor) {
+        wplan p = {};
+        snprintf(p.name, sizeof p.name, "%s", tensor);
+        p.rows = rows, p.cols = cols;
+        plan.push_back(p);
+    };
+    auto layer_name = [&](int l, const char *module) {
+        snprintf(name, sizeof name, "layers.%d.%s.weight", l, module);
+        return name;
+    };
+    // matrices first, in device order: embedding, then per layer q|k|v, o, gate|up, down
+    size_t total = 0;
+    mat_plan(c->vocab, H, "embed_tokens.weight");
+    if (!c->tied_embeddings) mat_plan(c->vocab, H, "lm_head.weight");
+    for (int l = 0; l < c->layers; l++) {
+        const gemma_attn_shape *a = &c->kind[c->layer_kind[l]];
+        long qd = (long)c->heads * a->head_dim, kd = (long)a->kv_heads * a->head_dim;
+        mat_plan(qd, H, layer_name(l, gemma_proj_path[PROJ_Q]));
+        mat_plan(kd, H, layer_name(l, gemma_proj_path[PROJ_K]));
+        if (!a->k_eq_v) mat_plan(kd, H, layer_name(l, gemma_proj_path[PROJ_V]));
+        mat_plan(H, qd, layer_name(l, gemma_proj_path[PROJ_O]));
+        mat_plan(I, H, layer_name(l, gemma_proj_path[PROJ_GATE]));
+        mat_plan(I, H, layer_name(l, gemma_proj_path[PROJ_UP]));
+        mat_plan(H, I, layer_name(l, gemma_proj_path[PROJ_DOWN]));
+    }
+    for (const wplan &p : plan) total += (size_t)p.rows * p.cols;
+    g->weights = dev_alloc(g, total * sizeof(E));
+    size_t off = 0;
+    for (wplan &p : plan) {
+        p.dst = (E *)g->weights + off;
+        off += (size_t)p.rows * p.cols;
+    }
+    size_t mi = 0;
+    g->embed = plan[mi++].dst;
+    g->lm_head = c->tied_embeddings ? g->embed : plan[mi++].dst;
+    g->layer.resize(c->layers);
+    for (int l = 0; l < c->layers; l++) {
+        const gemma_attn_shape *a = &c->kind[c->layer_kind[l]];
+        dlayer &L = g->layer[l];
+        L.kind = c->layer_kind[l];
+        L.qd = c->heads * a->head_dim;
+        L.kd = a->kv_heads * a->head_dim;
+        L.vd = a->k_eq_v ? 0 : L.kd;
+        L.w_qkv = plan[mi].dst;
+        mi += a->k_eq_v ? 2 : 3;
+        L.w_o = plan[mi++].dst;
+        L.w_gu = plan[mi].dst;
+        mi += 2;
+        L.w_down = plan[mi++].dst;
+    }
+    // vectors: norms (f32) and the layer scalars
+    std::vector<wplan> vec;
+    double add = c->family == GEMMA_3 ? 1.0 : 0.0;
+    float fill = c->family == GEMMA_3 ? 0.f : 1.f;
+    size_t vtotal = H;
+    for (int l = 0; l < c->layers; l++) vtotal += 4 * H + 2 * (size_t)c->kind[c->layer_kind[l]].head_dim;
+    g->norms = (float *)dev_alloc(g, vtotal * sizeof(float));
+    float *vp = g->norms;
+    auto vec_plan = [&](long n, float **where, const char *tensor) {
+        wplan p = {};
+        snprintf(p.name, sizeof p.name, "%s", tensor);
+        p.rows = n, p.is_vector = 1, p.add = add, p.fill = fill, p.dst = vp;
+        *where = vp;
+        vp += n;
+        vec.push_back(p);
+    };
+    vec_plan(H, &g->final_norm, "norm.weight");
+    for (int l = 0; l < c->layers; l++) {
+        dlayer &L = g->layer[l];
+        int D = c->kind[L.kind].head_dim;
+        vec_plan(H, &L.input_norm, layer_name(l, "input_layernorm"));
+        vec_plan(H, &L.post_attn_norm, layer_name(l, "post_attention_layernorm"));
+        vec_plan(H, &L.pre_ffw_norm, layer_name(l, "pre_feedforward_layernorm"));
+        vec_plan(H, &L.post_ffw_norm, layer_name(l, "post_feedforward_layernorm"));
+        vec_plan(D, &L.q_norm, layer_name(l, "self_attn.q_norm"));
+        vec_plan(D, &L.k_norm, layer_name(l, "self_attn.k_norm"));
+        L.layer_scalar = 1;
+        if (c->family == GEMMA_4) {
+            wplan p = {};
+            snprintf(p.name, sizeof p.name, "layers.%d.layer_scalar", l);
+            p.is_vector = 1, p.rows = 1, p.scalar = &L.layer_scalar, p.fill = 1;
+            vec.push_back(p);
+        }
+    }
+
+    if (o->random_init) { // transformers' Gemma initialisation, as `winattn init-model`
+        unsigned long long s = o->seed * 0x2545f4914f6cdd1dull + 1;
+        for (size_t i = 0; i < plan.size(); i++) {
+            long n = plan[i].rows * plan[i].cols;
+            k_random_normal<E><<<grid_for(n, 256), 256, 0, g->stream>>>((E *)plan[i].dst, n, 0.02f, s + i * 0x1000003ull);
+        }
+        for (const wplan &p : vec) {
+            if (p.scalar) continue;
+            std::vector<float> v(p.rows, (float)(p.fill + p.add));
+            CU(cudaMemcpy(p.dst, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
+        }
+        CU(cudaStreamSynchronize(g->stream));
+        return;
+    }
+    checkpoint ck;
+    char err[512];
+    if (checkpoint_open(dir, &ck, err, sizeof err) != 0) fail("%s", err);
+    try {
+        std::vector<unsigned char> stage((size_t)64 << 20);
+        for (const wplan &p : plan) {
+            upload_matrix(g, &ck, &p, stage);
+            check_finite<E>(g, &p);
+        }
+        for (const wplan &p : vec) upload_vector(g, &ck, &p);
+    } catch (...) {
+        checkpoint_close(&ck);
+        throw;
+    }
+    checkpoint_close(&ck);
+    (void)host;
+}
+
+template <class E> void open_model(gemma_cuda *g, const gemma_model_f32 *host, const char *dir,
+                                   const gemma_cuda_options *o) {
+    int dev = 0;
+    cudaDeviceProp prop;
+    CU(cudaGetDevice(&dev));
+    CU(cudaGetDeviceProperties(&prop, dev));
+    snprintf(g->describe, sizeof g->describe, "%s, %.1f GiB, %s", prop.name, prop.totalGlobalMem / 1073741824.0,
+             g->precision == PRECISION_BF16 ? "bf16" : "f32");
+    CU(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));
+    // activations come from the device's stream-ordered pool; keep what it reserves between steps
+    // (no release at every synchronisation) so its high-water mark is the step's peak
+    CU(cudaDeviceGetDefaultMemPool(&g->pool, dev));
+    uint64_t keep = UINT64_MAX;
+    CU(cudaMemPoolSetAttribute(g->pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    blas_open(&g->blas);
+    if (g->blas.create(&g->handle) != CUBLAS_STATUS_SUCCESS) fail("cublasCreate failed");
+    g->blas.set_stream(g->handle, g->stream);
+    g->blas.set_math_mode(g->handle, CUBLAS_DEFAULT_MATH); // no TF32 for f32 operands
+    size_t ws = (size_t)64 << 20;
+    g->blas_workspace = dev_alloc(g, ws);
+    g->blas.set_workspace(g->handle, g->blas_workspace, ws);
+    wa_context_params wp = {};
+    wp.cuda_stream = g->stream;
+    wa_status st = wa_context_create(&wp, &g->wa);
+    if (st != WA_OK) fail("winattn context: %s", wa_status_str(st));
+    load_weights<E>(g, host, dir, o);
+    g->param_count = host->param_count;
+    g->params = (float *)dev_alloc(g, g->param_count * sizeof(float));
+    g->grads = (float *)dev_alloc(g, g->param_count * sizeof(float));
+    g->params_e = sizeof(E) == sizeof(float) ? (void *)g->params : dev_alloc(g, g->param_count * sizeof(E));
+    // page-locked transfers run at the bus's speed (the adapters of 31B at rank 32 are 0.4 GB)
+    CU(cudaMallocHost(&g->grads_host, (g->param_count ? g->param_count : 1) * sizeof(float)));
+    if (g->param_count && cudaHostRegister(host->params, g->param_count * sizeof(float), cudaHostRegisterDefault) == cudaSuccess)
+        g->params_pinned = host->params;
+    cudaGetLastError(); // registering is an optimisation: a refusal leaves pageable copies
+}
+
+int report(const failure &f, char *err, size_t errlen) {
+    snprintf(err, errlen, "%s", f.msg);
+    return -1;
+}
+
+} // namespace
+
+extern "C" {
+
+size_t gemma_cuda_estimate(const gemma_model_f32 *host, const gemma_cuda_options *o, long T) {
+    const gemma_config *c = &host->cfg;
+    size_t e = o->precision == PRECISION_BF16 ? 2 : 4;
+    size_t w = (size_t)c->vocab * c->hidden * (c->tied_embeddings ? 1 : 2);
+    long qd = 0, kd = 0;
+    for (int l = 0; l < c->layers; l++) {
+        const gemma_attn_shape *a = &c->kind[c->layer_kind[l]];
+        long q = (long)c->heads * a->head_dim, k = (long)a->kv_heads * a->head_dim;
+        w += (size_t)c->hidden * (2 * q + k * (a->k_eq_v ? 1 : 2)) + 3 * (size_t)c->hidden * c->intermediate;
+        qd = std::max(qd, q), kd = std::max(kd, k);
+    }
+    long H = c->hidden, I = c->intermediate;
+    size_t per_token = (size_t)(c->layers + 3) * H + 2 * (11 * H + 4 * qd + 6 * kd + 6 * I); // inputs + one layer
+    return w * e + (size_t)T * per_token * e + host->param_count * (8 + e) + ((size_t)3 << 30);
+}
+
+int gemma_cuda_open(const gemma_model_f32 *host, const char *dir, const gemma_cuda_options *o, gemma_cuda **out,
+                    char *err, size_t errlen) {
+    *out = nullptr;
+    gemma_cuda *g = new gemma_cuda();
+    g->cfg = host->cfg;
+    g->lora = host->lora;
+    g->precision = o->precision;
+    g->esize = o->precision == PRECISION_BF16 ? 2 : 4;
+    g->logit_rows = o->logit_rows;
+    const char *prof = getenv("WINATTN_TRAIN_PROFILE");
+    g->prof.on = prof && *prof && strcmp(prof, "0") != 0;
+    g->prof.gemm_phase = PH_GEMM, g->prof.elem_phase = PH_ELEM;
+    try {
+        if (!wa_device_available(WA_DEVICE_CUDA)) fail("no CUDA device is available");
+        if (g->cfg.kind[0].head_dim % 2 || g->cfg.kind[1].head_dim % 2) fail("RoPE needs an even head dim");
+        if (o->precision == PRECISION_BF16) open_model<bf16>(g, host, dir, o);
+        else open_model<float>(g, host, dir, o);
+    } catch (const failure &f) {
+        gemma_cuda_close(g);
+        return report(f, err, errlen);
+    }
+    *out = g;
+    return 0;
+}
+
+void gemma_cuda_close(gemma_cuda *g) {
+    if (!g) return;
+    if (g->stream) cudaStreamSynchronize(g->stream);
+    for (cudaEvent_t e : g->prof.ev) cudaEventDestroy(e);
+    if (g->wa) wa_context_destroy(g->wa);
+    if (g->handle) g->blas.destroy(g->handle);
+    for (int k = 0; k < 2; k++) cudaFree(g->cosv[k]), cudaFree(g->sinv[k]);
+    cudaFree(g->weights);
+    cudaFree(g->norms);
+    cudaFree(g->params);
+    cudaFree(g->grads);
+    if (g->params_e != g->params) cudaFree(g->params_e);
+    if (g->grads_host) cudaFreeHost(g->grads_host);
+    if (g->params_pinned) cudaHostUnregister((void *)g->params_pinned);
+    cudaFree(g->blas_workspace);
+    if (g->stream) cudaStreamDestroy(g->stream);
+    if (g->blas.lib) dlclose(g->blas.lib);
+    delete g;
+}
+
+int gemma_cuda_forward_batch(gemma_cuda *g, const gemma_model_f32 *host, const gemma_seq *seqs, int n,
+                             gemma_stats *stats, float *logits, char *err, size_t errlen) {
+    try {
+        if (g->precision == PRECISION_BF16) forward<bf16>(g, host, seqs, n, stats, logits);
+        else forward<float>(g, host, seqs, n, stats, logits);
+        CU(cudaStreamSynchronize(g->stream));
+    } catch (const failure &f) {
+        return report(f, err, errlen);
+    }
+    return 0;
+}
+
+int gemma_cuda_backward_batch(gemma_cuda *g, gemma_model_f32 *host, const gemma_seq *seqs, int n, double grad_scale,
+                              gemma_stats *stats, char *err, size_t errlen) {
+    try {
+        if (g->precision == PRECISION_BF16) backward<bf16>(g, host, seqs, n, grad_scale, stats);
+        else backward<float>(g, host, seqs, n, grad_scale, stats);
+    } catch (const failure &f) {
+        return report(f, err, errlen);
+    }
+    return 0;
+}
+
+void gemma_cuda_memory(gemma_cuda *g, size_t *peak, size_t *device_in_use) {
+    uint64_t high = 0;
+    cudaMemPoolGetAttribute(g->pool, cudaMemPoolAttrReservedMemHigh, &high);
+    size_t rope = 0;
+    for (int k = 0; k < 2; k++) rope += 2 * (size_t)g->rope_len * (g->cfg.kind[k].head_dim / 2) * sizeof(float);
+    if (peak) *peak = g->static_bytes + rope + high;
+    size_t free_b = 0, total = 0;
+    cudaMemGetInfo(&free_b, &total);
+    if (device_in_use) *device_in_use = total - free_b;
+}
+
+void gemma_cuda_reset_peak(gemma_cuda *g) {
+    uint64_t zero = 0;
+    cudaMemPoolSetAttribute(g->pool, cudaMemPoolAttrReservedMemHigh, &zero);
+}
+
+const char *gemma_cuda_describe(const gemma_cuda *g) { return g->describe; }
+
+} // extern "C"

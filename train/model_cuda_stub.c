@@ -1,0 +1,46 @@
+/* model_cuda_stub.c — model_cuda.h in a build without nvcc: every entry point says so. */
+#include "model_cuda.h"
+
+#include <stdio.h>
+
+size_t gemma_cuda_estimate(const gemma_model_f32 *host, const gemma_cuda_options *o, long tokens) {
+    (void)host, (void)o, (void)tokens;
+    return 0;
+}
+
+int gemma_cuda_open(const gemma_model_f32 *host, const char *dir, const gemma_cuda_options *o, gemma_cuda **out,
+                    char *err, size_t errlen) {
+    (void)host, (void)dir, (void)o;
+    *out = NULL;
+    snprintf(err, errlen, "this build has no CUDA (nvcc was not found when it was built): --device cuda is unavailable");
+    return -1;
+}
+
+void gemma_cuda_close(gemma_cuda *g) { (void)g; }
+
+int gemma_cuda_forward_batch(gemma_cuda *g, const gemma_model_f32 *host, const gemma_seq *seqs, int n,
+                             gemma_stats *stats, float *logits, char *err, size_t errlen) {
+    (void)g, (void)host, (void)seqs, (void)n, (void)stats, (void)logits;
+    snprintf(err, errlen, "this build has no CUDA");
+    return -1;
+}
+
+int gemma_cuda_backward_batch(gemma_cuda *g, gemma_model_f32 *host, const gemma_seq *seqs, int n, double grad_scale,
+                              gemma_stats *stats, char *err, size_t errlen) {
+    (void)g, (void)host, (void)seqs, (void)n, (void)grad_scale, (void)stats;
+    snprintf(err, errlen, "this build has no CUDA");
+    return -1;
+}
+
+void gemma_cuda_memory(gemma_cuda *g, size_t *peak, size_t *device_in_use) {
+    (void)g;
+    if (peak) *peak = 0;
+    if (device_in_use) *device_in_use = 0;
+}
+
+void gemma_cuda_reset_peak(gemma_cuda *g) { (void)g; }
+
+const char *gemma_cuda_describe(const gemma_cuda *g) {
+    (void)g;
+    return "no CUDA";
+}
