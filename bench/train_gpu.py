@@ -14,7 +14,8 @@ max_memory_allocated for transformers), or what stopped it (out of memory). Prin
 with --json, writes the numbers.
 
   python3 bench/train_gpu.py --winattn build/winattn [--layers 60] [--lengths 8192,16384,30553]
-                             [--steps 3] [--peers winattn,sdpa] [--json FILE]
+                             [--steps 3] [--peers winattn,sdpa] [--peer-lengths L,...] [--skip-c]
+                             [--json FILE]
 --layers N keeps the first N layers of the 31B's pattern (5 sliding, 1 full, repeated): a quick
 look at the per-layer cost; the job itself is 60.
 """
@@ -91,8 +92,9 @@ if attn == "winattn":
     winattn.transformers.register()
 cfg = transformers.Gemma4TextConfig(**{k: v for k, v in cfg_json.items() if k not in ("architectures", "model_type")})
 torch.manual_seed(0)
+cfg._attn_implementation = attn
 with torch.device("cuda"):
-    model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16, attn_implementation=attn)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
 model.requires_grad_(False)
 r, scale = 32, 20.0
 class LoRA(torch.nn.Module):  # mlx-lm's: y = W x + scale (x A) B, A uniform in ±1/sqrt(in), B zero
@@ -156,17 +158,21 @@ def main():
     ap.add_argument("--lengths", default="8192,16384,30553")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--peers", default="winattn,sdpa")
+    ap.add_argument("--peer-lengths", default=None, help="lengths the peers run (default: --lengths)")
+    ap.add_argument("--skip-c", action="store_true", help="run the peers only")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     cfg = config(a.layers)
     lengths = [int(x) for x in a.lengths.split(",")]
     peers = [p for p in a.peers.split(",") if p and p != "none"]
     lib = a.library or os.path.join(os.path.dirname(os.path.abspath(a.winattn)), "libwinattn.so")
+    peer_lengths = [int(x) for x in a.peer_lengths.split(",")] if a.peer_lengths else lengths
     rows = []
     for n in lengths:
-        rows.append(("winattn train --device cuda", n, run_c(a.winattn, cfg, n, a.steps)))
-        print_row(*rows[-1])
-        for p in peers:
+        if not a.skip_c:
+            rows.append(("winattn train --device cuda", n, run_c(a.winattn, cfg, n, a.steps)))
+            print_row(*rows[-1])
+        for p in peers if n in peer_lengths else []:
             rows.append((f"transformers {p}", n, run_peer(cfg, p, n, a.steps, lib)))
             print_row(*rows[-1])
     print(f"(config {os.path.relpath(CONFIG, ROOT)}, {cfg['num_hidden_layers']} layers; median step after the first "
