@@ -53,16 +53,18 @@ def write_records(path, lengths, vocab, seed):
 STEP = re.compile(r"^step (\d+)/\d+ +loss ([0-9.naif]+) +tokens (\d+) .* ([0-9.]+) s +(\d+) tok/s .*device peak ([0-9.]+) GB")
 
 
-def run_c(winattn, cfg, length, steps):
+def run_c(winattn, cfg, length, steps, batch=None):
+    """One record of `length` tokens per step, or with batch = [lengths] those records as one batch."""
+    records = list(batch) if batch else [length]
     with tempfile.TemporaryDirectory() as tmp:
         model, data = os.path.join(tmp, "model"), os.path.join(tmp, "data")
         os.makedirs(model)
         os.makedirs(data)
         with open(os.path.join(model, "config.json"), "w") as f:
             json.dump(cfg, f)
-        write_records(os.path.join(data, "train.jsonl"), [length] * steps, cfg["vocab_size"], length)
+        write_records(os.path.join(data, "train.jsonl"), records * steps, cfg["vocab_size"], length)
         cmd = [winattn, "train", "--model", model, "--data", data, "--device", "cuda", "--init-random", "0",
-               "--batch-size", "1", "--iters", str(steps), "--lora-rank", "32", "--lora-keys", "q,k,v,o"]
+               "--batch-size", str(len(records)), "--iters", str(steps), "--lora-rank", "32", "--lora-keys", "q,k,v,o"]
         p = subprocess.run(cmd, capture_output=True, text=True)
         times, peak, losses = [], 0.0, []
         for line in p.stdout.splitlines():
@@ -75,7 +77,10 @@ def run_c(winattn, cfg, length, steps):
             tail = (p.stderr.strip().splitlines() or p.stdout.strip().splitlines() or ["?"])[-1]
             return {"error": tail}
         t = statistics.median(times[1:]) if len(times) > 1 else times[0]
-        r = {"seconds": t, "tokens_per_s": length / t, "peak_gb": peak, "losses": losses, "all_seconds": times}
+        r = {"seconds": t, "tokens_per_s": sum(records) / t, "peak_gb": peak, "losses": losses, "all_seconds": times}
+        passes = [l for l in p.stdout.splitlines() if l.startswith("device: up to")]
+        if passes:
+            r["pass_tokens"] = passes[0]
         profile = [l for l in p.stderr.splitlines() if l.startswith("profile")]
         if profile:  # WINATTN_TRAIN_PROFILE=1: the last step's device time by phase
             r["profile"] = profile[-1]
@@ -160,6 +165,8 @@ def main():
     ap.add_argument("--peers", default="winattn,sdpa")
     ap.add_argument("--peer-lengths", default=None, help="lengths the peers run (default: --lengths)")
     ap.add_argument("--skip-c", action="store_true", help="run the peers only")
+    ap.add_argument("--batch", default=None,
+                    help="LENS: the C trainer alone on batches of these records (e.g. 30553,9000,4000,1200)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     cfg = config(a.layers)
@@ -168,6 +175,13 @@ def main():
     lib = a.library or os.path.join(os.path.dirname(os.path.abspath(a.winattn)), "libwinattn.so")
     peer_lengths = [int(x) for x in a.peer_lengths.split(",")] if a.peer_lengths else lengths
     rows = []
+    if a.batch:
+        recs = [int(x) for x in a.batch.split(",")]
+        rows.append((f"winattn train --device cuda, batch of {len(recs)}", sum(recs), run_c(a.winattn, cfg, sum(recs), a.steps, recs)))
+        print_row(*rows[-1])
+        if "pass_tokens" in rows[-1][2]:
+            print("    " + rows[-1][2]["pass_tokens"])
+        lengths = []
     for n in lengths:
         if not a.skip_c:
             rows.append(("winattn train --device cuda", n, run_c(a.winattn, cfg, n, a.steps)))

@@ -7,7 +7,8 @@
 #      from the same start must print the same losses to 1e-5 relative, and lower them;
 #   4. the 31B's shape, one record per step at 8,192 / 16,384 / 30,553 tokens (LENGTHS=...), with the
 #      device time by phase (bench/train_gpu.py with --peers adds transformers beside it).
-# Usage: sh scripts/train_cuda_check.sh [quick]   (quick: steps 1-3). Logs go to $OUT.
+# Usage: sh scripts/train_cuda_check.sh [quick|batch]   (quick: steps 1-3; batch: and the job-shaped
+# batch). Logs go to $OUT.
 # Machines without libjansson-dev: carry Debian's package unpacked in .devdeps (see
 # scripts/cuda_check.sh). SM=90a (default) builds the CUDA code for that GPU only, to save time;
 # SM=all builds what `make` ships.
@@ -58,6 +59,9 @@ paste "$OUT/loss_cpu.txt" "$OUT/loss_cuda_f32.txt" "$OUT/loss_cuda_bf16.txt" | a
 rm -rf "$data"
 [ "${1:-}" = quick ] && exit 0
 
+echo "== a batch of the job's shape: 31B, records of 30,553 + 9,000 + 4,000 + 1,200 tokens, batch 4"
+python3 bench/train_gpu.py --winattn "$BUILD/winattn" --batch 30553,9000,4000,1200 --steps 2 --peers none
+[ "${1:-}" = batch ] && exit 0
 echo "== the 31B's shape, --device cuda alone, device time by phase (bench/train_gpu.py runs the peers too)"
 WINATTN_TRAIN_PROFILE=1 python3 bench/train_gpu.py --winattn "$BUILD/winattn" --lengths ${LENGTHS:-8192,16384,30553} \
     --steps 3 --peers none

@@ -589,6 +589,71 @@ static void test_training(const char *tmp) {
     check(rc != 0 && strstr(err, "must be F32 [32, 8]"), "adapters of another rank are refused: \"%s\"", err);
 }
 
+/* Gradient accumulation: two batches of one record with --grad-accum 2 make one update with the
+ * same gradient as one batch of both records (equal target counts, so the two means average to
+ * the batch's mean); the adapters must agree to float rounding. */
+static double max_rel_diff(const char *pa, const char *pb, char *err, size_t errlen) {
+    st_file fa, fb;
+    double worst = INFINITY;
+    if (st_open(pa, &fa, err, errlen) != 0) return worst;
+    if (st_open(pb, &fb, err, errlen) == 0) {
+        worst = fa.count == fb.count ? 0 : INFINITY;
+        for (int i = 0; i < fa.count && worst < INFINITY; i++) {
+            const st_tensor *ta = &fa.tensors[i], *tb = st_find(&fb, ta->name);
+            if (!tb || st_numel(tb) != st_numel(ta) || ta->dtype != ST_F32) {
+                worst = INFINITY;
+                break;
+            }
+            double err_i = 0, mx = 0;
+            for (uint64_t j = 0; j < st_numel(ta); j++) {
+                float x, y;
+                memcpy(&x, (const char *)ta->data + 4 * j, 4);
+                memcpy(&y, (const char *)tb->data + 4 * j, 4);
+                err_i = fmax(err_i, fabs((double)x - y));
+                mx = fmax(mx, fabs((double)x));
+            }
+            worst = fmax(worst, err_i / (mx > 0 ? mx : 1));
+        }
+        st_close(&fb);
+    }
+    st_close(&fa);
+    return worst;
+}
+
+static void test_grad_accum(const char *tmp) {
+    char data[900], one[900], two[900], path[1024], pa[1100], pb[1100], err[1024] = "", model[1024];
+    snprintf(data, sizeof data, "%s/accum", tmp);
+    mkdir(data, 0777);
+    snprintf(path, sizeof path, "%s/train.jsonl", data);
+    FILE *f = fopen(path, "w");
+    for (int r = 0; r < 2; r++) {
+        fputs("{\"tokens\": [2", f);
+        for (int t = 0; t < 30; t++) fprintf(f, ", %d", 10 + (t * 5 + 3 * r) % 31);
+        fputs("]}\n", f);
+    }
+    fclose(f);
+    snprintf(one, sizeof one, "%s/accum_one", tmp);
+    snprintf(two, sizeof two, "%s/accum_two", tmp);
+    snprintf(model, sizeof model, "%s/gemma4_smoke", fixtures);
+    train_options o;
+    train_defaults(&o);
+    o.model_dir = model;
+    o.data_dir = data;
+    o.lr = 1e-2;
+    o.lora.rank = 4;
+    o.threads = 1;
+    o.batch = 2, o.iters = 1, o.out_dir = one;
+    int rc = train_run(&o, err, sizeof err);
+    o.batch = 1, o.iters = 2, o.grad_accum = 2, o.out_dir = two;
+    if (rc == 0) rc = train_run(&o, err, sizeof err);
+    snprintf(pa, sizeof pa, "%s/adapters.safetensors", one);
+    snprintf(pb, sizeof pb, "%s/adapters.safetensors", two);
+    double d = rc ? INFINITY : max_rel_diff(pa, pb, err, sizeof err);
+    check(rc == 0 && d <= 1e-5,
+          "training: 2 batches of 1 with --grad-accum 2 = 1 batch of 2 (adapters differ by %.1e relative, tol 1e-5) %s",
+          d, rc ? err : "");
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Non-finite values: the scan loaders use, a checkpoint with one planted, Gemma 3's attention
  * softcap as transformers runs it, and a run whose loss blows up. */
@@ -904,6 +969,7 @@ int main(int argc, char **argv) {
     test_packed("gemma4_tiny");
     test_packed("gemma3_tiny");
     test_training(tmp);
+    test_grad_accum(tmp);
     test_nonfinite_scan();
     test_nonfinite_weights(tmp);
     test_attn_softcap_ignored(tmp);

@@ -1238,20 +1238,38 @@ int report(const failure &f, char *err, size_t errlen) {
 
 extern "C" {
 
-size_t gemma_cuda_estimate(const gemma_model_f32 *host, const gemma_cuda_options *o, long T) {
-    const gemma_config *c = &host->cfg;
-    size_t e = o->precision == PRECISION_BF16 ? 2 : 4;
-    size_t w = (size_t)c->vocab * c->hidden * (c->tied_embeddings ? 1 : 2);
-    long qd = 0, kd = 0;
-    for (int l = 0; l < c->layers; l++) {
-        const gemma_attn_shape *a = &c->kind[c->layer_kind[l]];
-        long q = (long)c->heads * a->head_dim, k = (long)a->kv_heads * a->head_dim;
-        w += (size_t)c->hidden * (2 * q + k * (a->k_eq_v ? 1 : 2)) + 3 * (size_t)c->hidden * c->intermediate;
-        qd = std::max(qd, q), kd = std::max(kd, k);
+long gemma_cuda_token_budget(gemma_cuda *g) {
+    const gemma_config *c = &g->cfg;
+    long H = c->hidden, I = c->intermediate, r = std::max(g->lora.rank, 1), qd = 0, kd = 0, qkv = 0, kept = 0;
+    for (const dlayer &L : g->layer) {
+        qd = std::max(qd, (long)L.qd), kd = std::max(kd, (long)L.kd), qkv = std::max(qkv, (long)(L.qd + L.kd + L.vd));
+        if (L.kind == LAYER_FULL) kept += L.qd;
     }
-    long H = c->hidden, I = c->intermediate;
-    size_t per_token = (size_t)(c->layers + 3) * H + 2 * (11 * H + 4 * qd + 6 * kd + 6 * I); // inputs + one layer
-    return w * e + (size_t)T * per_token * e + host->param_count * (8 + e) + ((size_t)3 << 30);
+    long full = 0;
+    for (const dlayer &L : g->layer) full += L.kind == LAYER_FULL;
+    // what backward() holds per packed token, in elements of E and in f32/int32 words: the layer
+    // inputs and the two gradient rows, one layer's activations and their gradients, the full
+    // layers' kept attention output, the head's normed rows and their gradient
+    double elems = (double)(c->layers + 3) * H + (5 * H + qkv + 2 * qd + 2 * kd + 3 * I + 7 * r) /* forward */
+                   + (6 * H + 3 * I + 2 * qd + 2 * kd + qkv + r) /* backward */ + kept + 2 * H;
+    // f32 words: the log-sum-exps, the head's loss and agreement, the batch's indices, the RoPE
+    // tables, and winattn's backward workspace at its largest (an f32 dQ accumulator, Hq x D)
+    int dmax = std::max(c->kind[0].head_dim, c->kind[1].head_dim);
+    double words = (double)c->heads * (1 + full) + 2 + 3 + (c->kind[0].head_dim + c->kind[1].head_dim) +
+                   (double)c->heads * dmax;
+    double per_token = elems * g->esize + words * 4;
+    // fixed: one chunk of logits (f32) and their gradient (E)
+    long rows = g->logit_rows > 0 ? g->logit_rows : std::max<long>(1, (1L << 30) / ((long)c->vocab * 4));
+    double fixed = (double)rows * c->vocab * (4 + g->esize);
+    size_t free_b = 0, total = 0;
+    uint64_t reserved = 0, used = 0;
+    if (cudaMemGetInfo(&free_b, &total) != cudaSuccess) return 0;
+    cudaMemPoolGetAttribute(g->pool, cudaMemPoolAttrReservedMemCurrent, &reserved);
+    cudaMemPoolGetAttribute(g->pool, cudaMemPoolAttrUsedMemCurrent, &used);
+    double avail = (double)free_b + (double)(reserved - used);
+    // winattn's backward workspace, cuBLAS's, the allocator's rounding: 2 GiB and 4% kept free
+    double budget = (avail * 0.96 - (2.0 * (1 << 30)) - fixed) / per_token;
+    return budget > 0 ? (long)std::min(budget, (double)INT32_MAX) : 0;
 }
 
 int gemma_cuda_open(const gemma_model_f32 *host, const char *dir, const gemma_cuda_options *o, gemma_cuda **out,

@@ -41,9 +41,6 @@ typedef struct gemma_cuda_options {
     int logit_rows;      /* rows of the head per chunk; 0 = as many as fit 1 GiB of f32 logits */
 } gemma_cuda_options;
 
-/* Bytes the model and one step at `tokens` packed tokens will hold on the device (estimate). */
-size_t gemma_cuda_estimate(const gemma_model_f32 *host, const gemma_cuda_options *o, long tokens);
-
 /* Put host's base weights on the GPU: from the checkpoint in dir (host must come from
  * gemma_model_layout_f32 or gemma_model_load_f32 on the same dir) or drawn from o->seed.
  * Non-finite weights are refused, naming the tensor. 0, or -1 with a one-line message. */
@@ -58,6 +55,11 @@ int gemma_cuda_forward_batch(gemma_cuda *g, const gemma_model_f32 *host, const g
                              gemma_stats *stats, float *logits, char *err, size_t errlen);
 int gemma_cuda_backward_batch(gemma_cuda *g, gemma_model_f32 *host, const gemma_seq *seqs, int n, double grad_scale,
                               gemma_stats *stats, char *err, size_t errlen);
+
+/* How many packed tokens one forward + backward can hold in the device memory free now (with a
+ * margin for winattn's and cuBLAS's workspace): the trainer runs a batch larger than this in
+ * several passes. */
+long gemma_cuda_token_budget(gemma_cuda *g);
 
 /* Device memory: the peak since the last reset (weights, adapters, activations, winattn's and
  * cuBLAS's workspace), and what the whole device has in use now (cudaMemGetInfo). */

@@ -12,6 +12,7 @@
 #include "tool.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
@@ -534,12 +535,19 @@ int train_run(const train_options *o, char *err, size_t errlen) {
     if (o->eval_every && batches_done == 0 && report_eval(&m, gpu, &valid, o, 0, "before training", log, err, errlen) != 0)
         goto done;
     uint64_t base_hash = weights_hash(&m);
+    /* packed tokens one forward + backward may hold: what the GPU's free memory allows */
+    long pass_tokens = LONG_MAX;
+    if (gpu && o->pack) {
+        pass_tokens = gemma_cuda_token_budget(gpu);
+        printf("device: up to %ld tokens per pass; a larger batch runs its records in several passes\n", pass_tokens);
+    }
     long first_batch = batches_done;
     long good_batches = batches_done; /* batches behind the adapters and moments: the last update */
     double run_start = now_seconds();
     size_t run_peak = 0, run_dev_peak = 0;
     for (int i = (int)batches_done; i < iters; i++) {
-        if ((i - batches_done) % o->grad_accum == 0) memset(m.grads, 0, m.param_count * sizeof(float));
+        /* counted from where this run started: batches_done moves every step */
+        if ((i - first_batch) % o->grad_accum == 0) memset(m.grads, 0, m.param_count * sizeof(float));
         const sequence *b = &train.seq[order[i]];
         long targets = 0, tokens = 0;
         int longest = 0;
@@ -557,7 +565,15 @@ int train_run(const train_options *o, char *err, size_t errlen) {
             if (isatty(STDERR_FILENO)) fprintf(stderr, "\r  step %d/%d  %ld tokens packed   ", i + 1, iters, tokens);
             gemma_seq *seqs = batch_seqs(b, o->batch);
             if (!seqs) snprintf(m.err, sizeof m.err, "out of memory");
-            int brc = seqs ? batch_backward(&m, gpu, seqs, o->batch, scale, &st) : -1;
+            /* a batch larger than the device holds runs as consecutive groups of its records, each
+             * packed: the same gradient (every record's loss is scaled by the whole batch's target
+             * count), computed in several passes */
+            int brc = seqs ? 0 : -1;
+            for (int j0 = 0, j1; seqs && j0 < o->batch && brc == 0; j0 = j1) {
+                long group = b[j0].len;
+                for (j1 = j0 + 1; j1 < o->batch && group + b[j1].len <= pass_tokens; j1++) group += b[j1].len;
+                brc = batch_backward(&m, gpu, seqs + j0, j1 - j0, scale, &st);
+            }
             free(seqs);
             if (brc != 0) {
                 fail(err, errlen, "batch %d (records %d to %d, %ld tokens): %s", i + 1, order[i] + 1, order[i] + o->batch,
@@ -587,7 +603,7 @@ int train_run(const train_options *o, char *err, size_t errlen) {
             stop_nonfinite(&m, &opt, o, i + 1, what, good_batches, first_batch, err, errlen);
             goto done;
         }
-        if ((i + 1 - batches_done) % o->grad_accum == 0 || i + 1 == iters) {
+        if ((i + 1 - first_batch) % o->grad_accum == 0 || i + 1 == iters) {
             optimizer_update(&opt, m.params, m.grads, o);
             good_batches = i + 1;
         }
