@@ -30,6 +30,15 @@
  * visible keys; lse = log(sum exp(s)) (natural log, scale included). A row with no visible key
  * gets o = 0, lse = -inf, dq = 0, and contributes nothing to dk, dv.
  *
+ * Non-finite inputs (CPU, every dtype, the tiled kernels and the dense path): a NaN or an
+ * infinity in q, k, v or do_ reaches exactly the outputs that depend on it through visible
+ * (query, key) pairs, as a dense float64 computation over the visible pairs would: never another
+ * row, head or batch entry, never a key outside a row's window (a masked probability is skipped,
+ * not multiplied by the NaN), and every other output is bit for bit what it is without it
+ * (tests/test_nonfinite.c). On CUDA the same holds within a sequence's visible tiles, but a
+ * non-finite value in a key tile that a row's window only partly covers, or in the next
+ * sequence's v of a varlen call, can reach rows that do not see it (0 · NaN in a tile product).
+ *
  * The library never prints and never exits: every function returns a wa_status and records a
  * one-line detail readable with wa_last_error().
  */
