@@ -500,19 +500,27 @@ static int read_step_losses(const char *log, double *loss, int cap) {
     return n;
 }
 
+/* train.jsonl-style records: [2, then len tokens 10 + (t·step + r·shift) mod m, then tail if > 0],
+ * one per record r: repetitive enough to learn in a few steps */
+static void write_cycle_records(const char *path, int records, int len, int step, int shift, int m, int tail) {
+    FILE *f = fopen(path, "w");
+    if (!f) return;
+    for (int r = 0; r < records; r++) {
+        fputs("{\"tokens\": [2", f);
+        for (int t = 0; t < len; t++) fprintf(f, ", %d", 10 + (t * step + r * shift) % m);
+        if (tail > 0) fprintf(f, ", %d", tail);
+        fputs("]}\n", f);
+    }
+    fclose(f);
+}
+
 static void test_training(const char *tmp) {
     char data[900], out_a[900], out_b[900], out_c[900], path[1024], err[1024];
     snprintf(data, sizeof data, "%s/data", tmp);
     mkdir(data, 0777);
     /* 4 records of one repeated phrase: learnable in a few steps */
     snprintf(path, sizeof path, "%s/train.jsonl", data);
-    FILE *f = fopen(path, "w");
-    for (int r = 0; r < 4; r++) {
-        fputs("{\"tokens\": [2", f);
-        for (int t = 0; t < 40; t++) fprintf(f, ", %d", 10 + (t * 7 + r) % 23);
-        fputs("]}\n", f);
-    }
-    fclose(f);
+    write_cycle_records(path, 4, 40, 7, 1, 23, 0);
     snprintf(path, sizeof path, "%s/valid.jsonl", data);
     write_text(path, "{\"tokens\": [2, 10, 17, 24, 31, 15, 22, 29, 13]}\n{\"tokens\": [2, 11, 18, 25, 32, 16, 23]}\n");
     snprintf(out_a, sizeof out_a, "%s/a", tmp);
@@ -625,13 +633,7 @@ static void test_grad_accum(const char *tmp) {
     snprintf(data, sizeof data, "%s/accum", tmp);
     mkdir(data, 0777);
     snprintf(path, sizeof path, "%s/train.jsonl", data);
-    FILE *f = fopen(path, "w");
-    for (int r = 0; r < 2; r++) {
-        fputs("{\"tokens\": [2", f);
-        for (int t = 0; t < 30; t++) fprintf(f, ", %d", 10 + (t * 5 + 3 * r) % 31);
-        fputs("]}\n", f);
-    }
-    fclose(f);
+    write_cycle_records(path, 2, 30, 5, 3, 31, 0);
     snprintf(one, sizeof one, "%s/accum_one", tmp);
     snprintf(two, sizeof two, "%s/accum_two", tmp);
     snprintf(model, sizeof model, "%s/gemma4_smoke", fixtures);
@@ -914,13 +916,7 @@ static void test_nonfinite_gradient(const char *tmp) {
     }
     mkdir(data, 0777);
     snprintf(path, sizeof path, "%s/train.jsonl", data);
-    FILE *f = fopen(path, "w");
-    for (int r = 0; r < 4; r++) {
-        fputs("{\"tokens\": [2", f);
-        for (int t = 0; t < 30; t++) fprintf(f, ", %d", 10 + (t * 7 + r) % 23);
-        fputs(", 40]}\n", f);
-    }
-    fclose(f);
+    write_cycle_records(path, 4, 30, 7, 1, 23, 40);
     train_options o;
     train_defaults(&o);
     o.model_dir = ck;
