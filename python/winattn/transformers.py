@@ -161,10 +161,15 @@ class PackedMask:
         return "PackedMask(batch_size=%d, length=%d)" % (self.batch_size, self.length)
 
     def plan(self, left, position_ids):
-        key = (left, None if position_ids is None else (position_ids.data_ptr(), position_ids._version))
-        if key not in self._plans:
-            self._plans[key] = self._make_plan(left, position_ids)
-        return self._plans[key]
+        # The layers of one forward pass hand the same position_ids tensor, so the plan is cached on
+        # that tensor: its storage address, view and version. The entry holds the tensor itself: an
+        # address alone could be a freed tensor's, reused by another with other positions.
+        key = (left, None if position_ids is None else
+               (position_ids.data_ptr(), tuple(position_ids.shape), position_ids.stride(), position_ids._version))
+        hit = self._plans.get(key)
+        if hit is None:
+            hit = self._plans[key] = (position_ids, self._make_plan(left, position_ids))
+        return hit[1]
 
     def _make_plan(self, left, position_ids):
         B, N = self.batch_size, self.length
