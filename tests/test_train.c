@@ -514,6 +514,20 @@ static void write_cycle_records(const char *path, int records, int len, int step
     fclose(f);
 }
 
+/* The training tests' small run: the fixture model, rank-4 adapters, batches of 2, lr 1e-2, one
+ * thread; each test sets what it varies after this. */
+static void small_run(train_options *o, const char *model, const char *data, const char *out) {
+    train_defaults(o);
+    o->model_dir = model;
+    o->data_dir = data;
+    o->out_dir = out;
+    o->batch = 2;
+    o->lr = 1e-2;
+    o->lora.rank = 4;
+    o->lora.scale = 2;
+    o->threads = 1;
+}
+
 static void test_training(const char *tmp) {
     char data[900], out_a[900], out_b[900], out_c[900], path[1024], err[1024];
     snprintf(data, sizeof data, "%s/data", tmp);
@@ -530,16 +544,8 @@ static void test_training(const char *tmp) {
     snprintf(model, sizeof model, "%s/gemma4_smoke", fixtures);
 
     train_options o;
-    train_defaults(&o);
-    o.model_dir = model;
-    o.data_dir = data;
-    o.batch = 2;
+    small_run(&o, model, data, out_a);
     o.iters = 6;
-    o.lr = 1e-2;
-    o.lora.rank = 4;
-    o.lora.scale = 2;
-    o.threads = 1;
-    o.out_dir = out_a;
     o.eval_at_end = 1;
     int rc = train_run(&o, err, sizeof err);
     double first = 0, last = 0;
@@ -638,13 +644,8 @@ static void test_grad_accum(const char *tmp) {
     snprintf(two, sizeof two, "%s/accum_two", tmp);
     snprintf(model, sizeof model, "%s/gemma4_smoke", fixtures);
     train_options o;
-    train_defaults(&o);
-    o.model_dir = model;
-    o.data_dir = data;
-    o.lr = 1e-2;
-    o.lora.rank = 4;
-    o.threads = 1;
-    o.batch = 2, o.iters = 1, o.out_dir = one;
+    small_run(&o, model, data, one);
+    o.iters = 1;
     int rc = train_run(&o, err, sizeof err);
     o.batch = 1, o.iters = 2, o.grad_accum = 2, o.out_dir = two;
     if (rc == 0) rc = train_run(&o, err, sizeof err);
@@ -856,16 +857,9 @@ static void test_nonfinite_training(const char *tmp) {
     snprintf(ref, sizeof ref, "%s/blowup_ref", tmp);
     snprintf(model, sizeof model, "%s/gemma4_smoke", fixtures);
     train_options o;
-    train_defaults(&o);
-    o.model_dir = model;
-    o.data_dir = data;
-    o.batch = 2;
+    small_run(&o, model, data, out);
     o.iters = 6;
     o.lr = 1e30;
-    o.lora.rank = 4;
-    o.lora.scale = 2;
-    o.threads = 1;
-    o.out_dir = out;
     int rc = train_run(&o, err, sizeof err), step = 0;
     char after[64];
     if (rc != 0 && sscanf(err, "step %d:", &step) == 1) snprintf(after, sizeof after, "after step %d are in", step - 1);
@@ -918,16 +912,8 @@ static void test_nonfinite_gradient(const char *tmp) {
     snprintf(path, sizeof path, "%s/train.jsonl", data);
     write_cycle_records(path, 4, 30, 7, 1, 23, 40);
     train_options o;
-    train_defaults(&o);
-    o.model_dir = ck;
-    o.data_dir = data;
-    o.out_dir = out;
-    o.batch = 2;
+    small_run(&o, ck, data, out);
     o.iters = 3;
-    o.lr = 1e-2;
-    o.lora.rank = 4;
-    o.lora.scale = 2;
-    o.threads = 1;
     int rc = train_run(&o, err, sizeof err);
     check(rc != 0 && strncmp(err, "step 1: the gradient of model.layers.", 37) == 0 && strstr(err, "lora_") &&
               strstr(err, "is not finite (NaN at element ") && strstr(err, "state before training are in"),
