@@ -41,6 +41,7 @@ import torch.distributed as dist
 
 from . import _lib
 from . import torch as _wt  # its library contexts (one per device and stream) and tensor descriptors
+from .transformers import _window  # a layer's window as transformers states it, as (left, 0)
 
 __all__ = ["Layout", "attention", "register", "use_layout", "attention_forward", "mask_builder",
            "shard_causal_lm_batch", "causal_lm_loss"]
@@ -564,20 +565,6 @@ def use_layout(layout, group=None):
         _current = before
 
 
-def _layer_window(module, sliding_window):
-    """transformers' sliding window of W keys (key j visible iff i - W < j <= i) is (W-1, 0);
-    layers without one are causal."""
-    if sliding_window is None:
-        sliding_window = getattr(module, "sliding_window", None)
-    if sliding_window is None and getattr(module, "layer_type", None) == "sliding_attention":
-        sliding_window = getattr(module.config, "sliding_window", None)
-    if sliding_window is None:
-        return -1
-    if int(sliding_window) < 1:
-        raise ValueError("winattn: sliding_window must be >= 1, got %r" % (sliding_window,))
-    return int(sliding_window) - 1
-
-
 def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, sliding_window=None,
                       softcap=None, **kwargs):
     """transformers' attention-function signature over this rank's shard (see use_layout):
@@ -597,7 +584,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     if query.shape[2] != key.shape[2]:
         raise ValueError("winattn: 'winattn_cp' is for training and prefill without a cache (Nq=%d, Nk=%d)"
                          % (query.shape[2], key.shape[2]))
-    left = _layer_window(module, sliding_window)
+    left = _window(module, sliding_window)
     if scaling is None:
         scaling = getattr(module, "scaling", None)
     o = attention(query, key, value, layout, window=(left, 0), scale=scaling, softcap=softcap or 0.0, group=group)

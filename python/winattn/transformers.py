@@ -57,6 +57,8 @@ __all__ = ["register", "attention_forward", "mask_builder", "PackedMask"]
 
 
 def _window(module, sliding_window):
+    """transformers' sliding window of W keys (key j visible iff i - W < j <= i) is (W-1, 0);
+    layers without one are causal (-1). Shared with winattn.distributed."""
     if sliding_window is None:
         sliding_window = getattr(module, "sliding_window", None)
     if sliding_window is None and getattr(module, "layer_type", None) == "sliding_attention":
