@@ -79,13 +79,26 @@ double wa_rounding_atol(const double *ref, size_t n) {
     return 2 * worst;
 }
 
-/* max |t - ref| over a strided tensor; equal infinities count as 0, NaN as infinite error.
+/* max |got - ref| over two contiguous arrays, equal infinities count as 0, NaN as
+ * infinite error */
+static double max_err_f64(const double *got, const double *ref, size_t n) {
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e;
+        if (isnan(got[i]) || isnan(ref[i])) e = isnan(got[i]) && isnan(ref[i]) ? 0 : INFINITY;
+        else if (isinf(got[i]) || isinf(ref[i])) e = got[i] == ref[i] ? 0 : INFINITY;
+        else e = fabs(got[i] - ref[i]);
+        if (e > worst) worst = e;
+    }
+    return worst;
+}
+
+/* max |t - ref| over a strided tensor, with max_err_f64's conventions.
  * Also reports elements still holding the poison pattern (never written). */
 static double max_err(const wa_tensor *t, const double *ref, int *unwritten) {
     double *got = malloc((size_t)(t->shape[0] * t->shape[1] * t->shape[2] * t->shape[3]) * sizeof *got + 8);
     size_t n = (size_t)(t->shape[0] * t->shape[1] * t->shape[2] * t->shape[3]);
     wa_tensor_to_f64(t, got);
-    double worst = 0;
     size_t es = wa_dtype_size(t->dtype);
     for (int64_t b = 0; b < t->shape[0]; b++)
         for (int64_t h = 0; h < t->shape[1]; h++)
@@ -97,27 +110,8 @@ static double max_err(const wa_tensor *t, const double *ref, int *unwritten) {
                     for (size_t k = 0; k < es; k++) poisoned &= e[k] == POISON;
                     if (poisoned) *unwritten = 1;
                 }
-    for (size_t i = 0; i < n; i++) {
-        double e;
-        if (isnan(got[i]) || isnan(ref[i])) e = isnan(got[i]) && isnan(ref[i]) ? 0 : INFINITY;
-        else if (isinf(got[i]) || isinf(ref[i])) e = got[i] == ref[i] ? 0 : INFINITY;
-        else e = fabs(got[i] - ref[i]);
-        if (e > worst) worst = e;
-    }
+    double worst = max_err_f64(got, ref, n);
     free(got);
-    return worst;
-}
-
-/* max |got - ref| over two contiguous arrays, with max_err's conventions */
-static double max_err_f64(const double *got, const double *ref, size_t n) {
-    double worst = 0;
-    for (size_t i = 0; i < n; i++) {
-        double e;
-        if (isnan(got[i]) || isnan(ref[i])) e = isnan(got[i]) && isnan(ref[i]) ? 0 : INFINITY;
-        else if (isinf(got[i]) || isinf(ref[i])) e = got[i] == ref[i] ? 0 : INFINITY;
-        else e = fabs(got[i] - ref[i]);
-        if (e > worst) worst = e;
-    }
     return worst;
 }
 
