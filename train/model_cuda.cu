@@ -647,7 +647,9 @@ template <class E> struct acts {
     E *d_h, *d_mo, *d_z, *d_gu, *d_mi, *d_ao, *d_o, *d_qr, *d_kr, *d_vn, *d_qkv, *d_a, *d_t;
 };
 
-template <class E> void acts_alloc(gemma_cuda *g, scratch &S, int T, int backward, acts<E> *A) {
+// The E buffers of A (the forward's, and with backward their gradients), each `rows(width)`:
+// width elements per token. One list for the allocation and for the token budget's count.
+template <class E, class Rows> void acts_layout(const gemma_cuda *g, int backward, acts<E> *A, Rows rows) {
     const gemma_config *c = &g->cfg;
     long H = c->hidden, I = c->intermediate, r = g->lora.rank > 0 ? g->lora.rank : 1, qd = 0, kd = 0, qkv = 0;
     for (const dlayer &L : g->layer) {
@@ -655,16 +657,30 @@ template <class E> void acts_alloc(gemma_cuda *g, scratch &S, int T, int backwar
         kd = std::max(kd, (long)L.kd);
         qkv = std::max(qkv, (long)(L.qd + L.kd + L.vd));
     }
-    A->T = T;
-    auto rows = [&](long width) { return S.get<E>((size_t)T * width); };
     A->a = rows(H), A->qkv = rows(qkv), A->qr = rows(qd), A->kr = rows(kd), A->vn = rows(kd), A->o = rows(qd);
     A->ao = rows(H), A->h = rows(H), A->mi = rows(H), A->gu = rows(2 * I), A->z = rows(I), A->mo = rows(H);
     for (int p = 0; p < PROJ_COUNT; p++) A->t[p] = rows(r);
-    A->lse = S.get<float>((size_t)c->heads * T);
     if (!backward) return;
     A->d_h = rows(H), A->d_mo = rows(H), A->d_z = rows(I), A->d_gu = rows(2 * I), A->d_mi = rows(H), A->d_ao = rows(H);
     A->d_o = rows(qd), A->d_qr = rows(qd), A->d_kr = rows(kd), A->d_vn = rows(kd), A->d_qkv = rows(qkv);
     A->d_a = rows(H), A->d_t = rows(r);
+}
+
+template <class E> void acts_alloc(gemma_cuda *g, scratch &S, int T, int backward, acts<E> *A) {
+    A->T = T;
+    acts_layout<E>(g, backward, A, [&](long width) { return S.get<E>((size_t)T * width); });
+    A->lse = S.get<float>((size_t)g->cfg.heads * T);
+}
+
+// elements of E per token that acts_alloc(backward = 1) takes
+long acts_elems_per_token(const gemma_cuda *g) {
+    acts<float> A;
+    long n = 0;
+    acts_layout<float>(g, 1, &A, [&](long width) {
+        n += width;
+        return (float *)nullptr;
+    });
+    return n;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1054,6 +1070,10 @@ void upload_vector(gemma_cuda *g, const checkpoint *ck, const wplan *p) {
     if (!t) fail("checkpoint has no tensor \"%s%s\"", ck->prefix, p->name);
     long n = p->scalar ? 1 : p->rows;
     if (st_numel(t) != n || t->rank > 1) fail("tensor \"%s\" has the wrong shape (the config implies [%ld])", p->name, n);
+    uint64_t bad;
+    if (st_tensor_first_nonfinite(t, &bad)) // the CPU loader's check and message
+        fail("tensor \"%s\" holds a non-finite value (%s) at element %llu", p->name, st_tensor_value_kind(t, bad),
+             (unsigned long long)bad);
     std::vector<float> v(n);
     const unsigned char *src = (const unsigned char *)t->data;
     for (long i = 0; i < n; i++) {
@@ -1065,26 +1085,29 @@ void upload_vector(gemma_cuda *g, const checkpoint *ck, const wplan *p) {
         case ST_BF16: { uint16_t h; memcpy(&h, src + 2 * i, 2); x = wa_bf16_to_f32(h); break; }
         default: fail("tensor \"%s\" has dtype %s", p->name, st_dtype_name(t->dtype));
         }
-        if (!isfinite(x)) fail("tensor \"%s\" holds a non-finite value at element %ld", p->name, i);
         v[i] = (float)(p->add != 0 ? (float)p->add + (float)x : x); // rounds once, as model.c
     }
     if (p->scalar) *p->scalar = v[0];
     else CU(cudaMemcpy(p->dst, v.data(), n * sizeof(float), cudaMemcpyHostToDevice));
 }
 
-template <class E> void check_finite(gemma_cuda *g, const wplan *p) {
-    unsigned long long *first, h = ~0ull;
-    CU(cudaMalloc(&first, sizeof *first));
+// The matrices are scanned where they already are, on the device (a host pass would read the 62 GB
+// of a 31B checkpoint once more); the message is the CPU loader's. first: one device word.
+template <class E> void check_finite(const wplan *p, unsigned long long *first) {
+    unsigned long long h = ~0ull;
     CU(cudaMemcpy(first, &h, sizeof h, cudaMemcpyHostToDevice));
     long n = p->rows * p->cols;
     k_first_nonfinite<E><<<grid_for(n, 256), 256>>>((const E *)p->dst, n, first);
     CU(cudaMemcpy(&h, first, sizeof h, cudaMemcpyDeviceToHost));
-    cudaFree(first);
-    if (h != ~0ull) fail("tensor \"%s\" holds a non-finite value at element %llu", p->name, h);
+    if (h == ~0ull) return;
+    E x;
+    CU(cudaMemcpy(&x, (const E *)p->dst + h, sizeof x, cudaMemcpyDeviceToHost));
+    float f = (float)x;
+    fail("tensor \"%s\" holds a non-finite value (%s) at element %llu", p->name, isnan(f) ? "NaN" : f > 0 ? "inf" : "-inf",
+         h);
 }
 
-template <class E> void load_weights(gemma_cuda *g, const gemma_model_f32 *host, const char *dir,
-                                     const gemma_cuda_options *o) {
+template <class E> void load_weights(gemma_cuda *g, const char *dir, const gemma_cuda_options *o) {
     const gemma_config *c = &g->cfg;
     std::vector<wplan> plan;
     long H = c->hidden, I = c->intermediate;
@@ -1191,19 +1214,22 @@ template <class E> void load_weights(gemma_cuda *g, const gemma_model_f32 *host,
     checkpoint ck;
     char err[512];
     if (checkpoint_open(dir, &ck, err, sizeof err) != 0) fail("%s", err);
+    unsigned long long *first = nullptr;
     try {
         std::vector<unsigned char> stage((size_t)64 << 20);
+        CU(cudaMalloc(&first, sizeof *first));
         for (const wplan &p : plan) {
             upload_matrix(g, &ck, &p, stage);
-            check_finite<E>(g, &p);
+            check_finite<E>(&p, first);
         }
         for (const wplan &p : vec) upload_vector(g, &ck, &p);
     } catch (...) {
+        cudaFree(first);
         checkpoint_close(&ck);
         throw;
     }
+    cudaFree(first);
     checkpoint_close(&ck);
-    (void)host;
 }
 
 template <class E> void open_model(gemma_cuda *g, const gemma_model_f32 *host, const char *dir,
@@ -1231,7 +1257,7 @@ template <class E> void open_model(gemma_cuda *g, const gemma_model_f32 *host, c
     wp.cuda_stream = g->stream;
     wa_status st = wa_context_create(&wp, &g->wa);
     if (st != WA_OK) fail("winattn context: %s", wa_status_str(st));
-    load_weights<E>(g, host, dir, o);
+    load_weights<E>(g, dir, o);
     g->param_count = host->param_count;
     g->params = (float *)dev_alloc(g, g->param_count * sizeof(float));
     g->grads = (float *)dev_alloc(g, g->param_count * sizeof(float));
@@ -1254,18 +1280,13 @@ extern "C" {
 
 long gemma_cuda_token_budget(gemma_cuda *g) {
     const gemma_config *c = &g->cfg;
-    long H = c->hidden, I = c->intermediate, r = std::max(g->lora.rank, 1), qd = 0, kd = 0, qkv = 0, kept = 0;
-    for (const dlayer &L : g->layer) {
-        qd = std::max(qd, (long)L.qd), kd = std::max(kd, (long)L.kd), qkv = std::max(qkv, (long)(L.qd + L.kd + L.vd));
-        if (L.kind == LAYER_FULL) kept += L.qd;
-    }
-    long full = 0;
-    for (const dlayer &L : g->layer) full += L.kind == LAYER_FULL;
+    long H = c->hidden, kept = 0, full = 0;
+    for (const dlayer &L : g->layer)
+        if (L.kind == LAYER_FULL) kept += L.qd, full++;
     // what backward() holds per packed token, in elements of E and in f32/int32 words: the layer
     // inputs and the two gradient rows, one layer's activations and their gradients, the full
     // layers' kept attention output, the head's normed rows and their gradient
-    double elems = (double)(c->layers + 3) * H + (5 * H + qkv + 2 * qd + 2 * kd + 3 * I + 7 * r) /* forward */
-                   + (6 * H + 3 * I + 2 * qd + 2 * kd + qkv + r) /* backward */ + kept + 2 * H;
+    double elems = (double)(c->layers + 3) * H + acts_elems_per_token(g) + kept + 2 * H;
     // f32 words: the log-sum-exps, the head's loss and agreement, the batch's indices, the RoPE
     // tables, and winattn's backward workspace at its largest (an f32 dQ accumulator, Hq x D)
     int dmax = std::max(c->kind[0].head_dim, c->kind[1].head_dim);
