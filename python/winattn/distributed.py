@@ -41,7 +41,7 @@ import torch.distributed as dist
 
 from . import _lib
 from . import torch as _wt  # its library contexts (one per device and stream) and tensor descriptors
-from .transformers import _window  # a layer's window as transformers states it, as (left, 0)
+from .transformers import _refuse_unsupported, _window  # shared with the one-device backend
 
 __all__ = ["Layout", "attention", "register", "use_layout", "attention_forward", "mask_builder",
            "shard_causal_lm_batch", "causal_lm_loss"]
@@ -572,12 +572,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     if _current is None:
         raise RuntimeError("winattn: attn_implementation 'winattn_cp' runs inside winattn.distributed.use_layout(...)")
     layout, group = _current
-    if dropout:
-        raise ValueError("winattn: attention dropout is not supported (got p=%g); set attention_dropout=0" % dropout)
-    if kwargs.get("s_aux") is not None or kwargs.get("sinks") is not None:
-        raise ValueError("winattn: attention sinks are not supported")
-    if not getattr(module, "is_causal", True):
-        raise ValueError("winattn: bidirectional attention layers are not supported (module.is_causal is False)")
+    _refuse_unsupported(module, dropout, kwargs)
     if attention_mask is not None:
         raise ValueError("winattn: 'winattn_cp' takes no attention mask (no padding, no cache: one sequence sharded "
                          "by the layout)")

@@ -70,6 +70,17 @@ def _window(module, sliding_window):
     return int(sliding_window) - 1
 
 
+def _refuse_unsupported(module, dropout, kwargs):
+    """What transformers may ask of an attention function that winattn does not do: ValueError.
+    Shared with winattn.distributed."""
+    if dropout:
+        raise ValueError("winattn: attention dropout is not supported (got p=%g); set attention_dropout=0" % dropout)
+    if kwargs.get("s_aux") is not None or kwargs.get("sinks") is not None:
+        raise ValueError("winattn: attention sinks are not supported")
+    if not getattr(module, "is_causal", True):
+        raise ValueError("winattn: bidirectional attention layers are not supported (module.is_causal is False)")
+
+
 def _band(Nq, Nk, left, device):
     """The visible (query, key) pairs of window (left, 0), bottom-right aligned."""
     i = torch.arange(Nq, device=device)[:, None] + (Nk - Nq)
@@ -242,12 +253,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     """transformers' attention-function signature: query [B, Hq, Nq, D], key and value
     [B, Hkv, Nk, D]; returns (output [B, Nq, Hq, D], None). No attention weights are formed,
     so none are returned."""
-    if dropout:
-        raise ValueError("winattn: attention dropout is not supported (got p=%g); set attention_dropout=0" % dropout)
-    if kwargs.get("s_aux") is not None or kwargs.get("sinks") is not None:
-        raise ValueError("winattn: attention sinks are not supported")
-    if not getattr(module, "is_causal", True):
-        raise ValueError("winattn: bidirectional attention layers are not supported (module.is_causal is False)")
+    _refuse_unsupported(module, dropout, kwargs)
     left = _window(module, sliding_window)
     if scaling is None:
         scaling = getattr(module, "scaling", None)
