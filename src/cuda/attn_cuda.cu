@@ -15,7 +15,10 @@
  *             bit-identical run to run.
  * Tiles are staged in shared memory as f32; all arithmetic is f32 on CUDA cores with explicit
  * fmaf in a fixed order. The dot products for dP and delta use the same order, which keeps the
- * one-key window exact (dS = 0), as on the CPU. docs/cuda.md has the measurements of every
+ * one-key window exact (dS = 0), as on the CPU. Sums longer than a tile (O and the softmax sum
+ * over a row's key tiles, dQ over key tiles, dK and dV over the GQA group's heads times the query
+ * tiles) add each tile's f32 partial into a compensated pair (pair_add below), as the CPU adds its
+ * partials in f64 (docs/algorithm.md section 6). docs/cuda.md has the measurements of every
  * version.
  *
  * Packed variable-length batches (wa_problem.cu_q) run on every version's kernels, each compiled
@@ -60,6 +63,23 @@ __device__ __forceinline__ float warp_sum(float x) {
     return x;
 }
 
+/* Long sums as an unevaluated pair hi + lo of f32. Adding a tile's partial is Knuth's TwoSum: hi
+ * takes the rounded sum and lo collects its exact rounding error, so thousands of partials (4 x
+ * 32,768 query rows into one key's dK) lose no more than one f32 rounding, where a plain f32 chain
+ * lost about as many ulp as it had terms. A pair rather than a double: GPUs of compute capability
+ * 8.6 and 8.9 run float64 at 1/64 the f32 rate, where a double accumulator would slow this path
+ * several times; the pair costs six f32 operations per partial. The result is RN(hi + lo). */
+__device__ __forceinline__ void pair_add(float &hi, float &lo, float x) {
+    const float s = hi + x, x_part = s - hi, err = (hi - (s - x_part)) + (x - x_part);
+    hi = s, lo += err;
+}
+/* (hi + lo) * a, the product's rounding error kept in lo (exact for a = 1: the online softmax's
+ * rescale once the row maximum has settled) */
+__device__ __forceinline__ void pair_scale(float &hi, float &lo, float a) {
+    const float p = hi * a, err = fmaf(hi, a, -p);
+    hi = p, lo = fmaf(lo, a, err);
+}
+
 /* s = softcap(scale * q.k) for row i, key j, or -inf when the pair is masked */
 __device__ __forceinline__ float score(const kparams &p, const float *qrow, const float *krow, long long i, long long j,
                                        int edge) {
@@ -83,13 +103,14 @@ template <typename T, bool VARLEN> __global__ void __launch_bounds__(kThreads) f
     const long long i0 = qt * Bt;
     if (VARLEN && i0 >= p.Nq) return; /* past this sequence's rows */
     const int m = (int)min((long long)Bt, p.Nq - i0);
-    float *Qs = smem, *Ks = Qs + Bt * ld, *Vs = Ks + Bt * ld, *Os = Vs + Bt * D, *S = Os + Bt * D;
-    float *row_max = S + Bt * ls, *row_sum = row_max + Bt, *alpha = row_sum + Bt;
+    /* O and the softmax sum l as pairs (pair_add): o_hi, o_lo, l_hi, l_lo */
+    float *Qs = smem, *Ks = Qs + Bt * ld, *Vs = Ks + Bt * ld, *o_hi = Vs + Bt * D, *o_lo = o_hi + Bt * D, *S = o_lo + Bt * D;
+    float *row_max = S + Bt * ls, *l_hi = row_max + Bt, *l_lo = l_hi + Bt, *alpha = l_lo + Bt;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
 
     load_rows<T>(Qs, ld, p.q, b, h, i0, m, D);
-    for (int e = threadIdx.x; e < Bt * D; e += blockDim.x) Os[e] = 0.0f;
-    for (int r = threadIdx.x; r < Bt; r += blockDim.x) row_max[r] = -INFINITY, row_sum[r] = 0.0f;
+    for (int e = threadIdx.x; e < Bt * D; e += blockDim.x) o_hi[e] = o_lo[e] = 0.0f;
+    for (int r = threadIdx.x; r < Bt; r += blockDim.x) row_max[r] = -INFINITY, l_hi[r] = l_lo[r] = 0.0f;
     int64_t kt0, kt1;
     wa_key_tiles_for_rows(&p.win, i0, i0 + m, Bt, &kt0, &kt1);
     for (long long kt = kt0; kt < kt1; kt++) {
@@ -118,29 +139,34 @@ template <typename T, bool VARLEN> __global__ void __launch_bounds__(kThreads) f
             sum = warp_sum(sum);
             __syncwarp(); /* every lane has read row_max[r] before lane 0 rewrites it */
             if (lane == 0) {
-                float a = m_new == -INFINITY ? 1.0f : expf(m_old - m_new);
-                alpha[r] = a;
-                row_sum[r] = row_sum[r] * a + sum;
+                float a = m_new == -INFINITY ? 1.0f : expf(m_old - m_new), hi = l_hi[r], lo = l_lo[r];
+                pair_scale(hi, lo, a);
+                pair_add(hi, lo, sum);
+                alpha[r] = a, l_hi[r] = hi, l_lo[r] = lo;
                 row_max[r] = m_new;
             }
         }
         __syncthreads();
         for (int e = threadIdx.x; e < m * D; e += blockDim.x) {
             int r = e / D, d = e - r * D;
-            float acc = Os[r * D + d] * alpha[r];
-            for (int c = 0; c < n; c++) acc = fmaf(S[r * ls + c], Vs[c * D + d], acc);
-            Os[r * D + d] = acc;
+            float part = 0.0f, hi = o_hi[e], lo = o_lo[e];
+            for (int c = 0; c < n; c++) part = fmaf(S[r * ls + c], Vs[c * D + d], part);
+            pair_scale(hi, lo, alpha[r]);
+            pair_add(hi, lo, part);
+            o_hi[e] = hi, o_lo[e] = lo;
         }
     }
     __syncthreads();
-    for (int e = threadIdx.x; e < m * D; e += blockDim.x) {
+    for (int e = threadIdx.x; e < m * D; e += blockDim.x) { /* o = O / l, rounded once */
         int r = e / D, d = e - r * D;
-        float l = row_sum[r];
-        row_of<T>(p.o, b, h, i0 + r)[d] = from_f32<T>(l > 0.0f ? Os[r * D + d] / l : 0.0f);
+        const double l = (double)l_hi[r] + l_lo[r];
+        row_of<T>(p.o, b, h, i0 + r)[d] = from_f32<T>(l > 0.0 ? (float)(((double)o_hi[e] + o_lo[e]) / l) : 0.0f);
     }
     if (p.lse.data)
-        for (int r = threadIdx.x; r < m; r += blockDim.x)
-            *row_of<float>(p.lse, b, h, i0 + r) = row_sum[r] > 0.0f ? row_max[r] + logf(row_sum[r]) : -INFINITY;
+        for (int r = threadIdx.x; r < m; r += blockDim.x) {
+            const float l = l_hi[r] + l_lo[r];
+            *row_of<float>(p.lse, b, h, i0 + r) = l > 0.0f ? row_max[r] + logf(l) : -INFINITY;
+        }
 }
 
 /* ---- backward ---- */
@@ -220,11 +246,12 @@ template <typename T, bool VARLEN> __global__ void __launch_bounds__(kThreads) r
     if (VARLEN && i0 >= p.Nq) return;
     const int m = (int)min((long long)Bt, p.Nq - i0);
     float *Qs = smem, *dOs = Qs + Bt * ld, *Ks = dOs + Bt * ld, *Vs = Ks + Bt * ld, *S = Vs + Bt * ld, *dP = S + Bt * ls;
-    float *lse = dP + Bt * ls, *sums = lse + Bt, *dots = sums + Bt;
+    float *lse = dP + Bt * ls, *sum_hi = lse + Bt, *sum_lo = sum_hi + Bt, *dot_hi = sum_lo + Bt, *dot_lo = dot_hi + Bt;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
     load_rows<T>(Qs, ld, p.q, b, h, i0, m, D);
     load_rows<T>(dOs, ld, p.dout, b, h, i0, m, D);
-    for (int r = threadIdx.x; r < m; r += blockDim.x) lse[r] = *row_of<float>(p.lse, b, h, i0 + r), sums[r] = dots[r] = 0.0f;
+    for (int r = threadIdx.x; r < m; r += blockDim.x)
+        lse[r] = *row_of<float>(p.lse, b, h, i0 + r), sum_hi[r] = sum_lo[r] = dot_hi[r] = dot_lo[r] = 0.0f;
     int64_t kt0, kt1, rb, re;
     wa_key_tiles_for_rows(&p.win, i0, i0 + m, Bt, &kt0, &kt1);
     wa_nonempty_rows(&p.win, &rb, &re);
@@ -250,15 +277,15 @@ template <typename T, bool VARLEN> __global__ void __launch_bounds__(kThreads) r
             float s = 0.0f, t = 0.0f;
             for (int c = lane; c < Bt; c += 32) s += S[r * ls + c], t = fmaf(S[r * ls + c], dP[r * ls + c], t);
             s = warp_sum(s), t = warp_sum(t);
-            if (lane == 0) sums[r] += s, dots[r] += t;
+            if (lane == 0) pair_add(sum_hi[r], sum_lo[r], s), pair_add(dot_hi[r], dot_lo[r], t);
         }
     }
     __syncthreads();
     for (int r = threadIdx.x; r < m; r += blockDim.x) {
         long long row = ws_head<VARLEN>(p, b, h, p.Nq) + i0 + r;
-        float rn = sums[r] > 0.0f ? 1.0f / sums[r] : 0.0f;
+        const float sum = sum_hi[r] + sum_lo[r], rn = sum > 0.0f ? 1.0f / sum : 0.0f;
         p.rnorm[row] = rn;
-        p.delta[row] = dots[r] * rn;
+        p.delta[row] = (dot_hi[r] + dot_lo[r]) * rn;
     }
 }
 
@@ -271,13 +298,14 @@ template <typename T, bool VARLEN> __global__ void __launch_bounds__(kThreads) d
     const long long kt = blockIdx.x, hk = blockIdx.y, b = sv.b(), j0 = kt * Bt;
     if (VARLEN && j0 >= p.Nk) return;
     const int n = (int)min((long long)Bt, p.Nk - j0);
-    float *Ks = smem, *Vs = Ks + Bt * ld, *Qs = Vs + Bt * ld, *dOs = Qs + Bt * ld, *dKs = dOs + Bt * ld, *dVs = dKs + Bt * D;
-    float *S = dVs + Bt * D, *dP = S + Bt * ls;
+    /* dK and dV as pairs (pair_add): dk_hi, dk_lo, dv_hi, dv_lo, each [keys][D] */
+    float *Ks = smem, *Vs = Ks + Bt * ld, *Qs = Vs + Bt * ld, *dOs = Qs + Bt * ld, *dk_hi = dOs + Bt * ld, *dk_lo = dk_hi + Bt * D;
+    float *dv_hi = dk_lo + Bt * D, *dv_lo = dv_hi + Bt * D, *S = dv_lo + Bt * D, *dP = S + Bt * ls;
     row_stats rs = {dP + Bt * ls, dP + Bt * ls + Bt, dP + Bt * ls + 2 * Bt};
     const int with_rnorm = p.rnorm != nullptr;
     load_rows<T>(Ks, ld, p.k, b, hk, j0, n, D);
     load_rows<T>(Vs, ld, p.v, b, hk, j0, n, D);
-    for (int e = threadIdx.x; e < Bt * D; e += blockDim.x) dKs[e] = dVs[e] = 0.0f;
+    for (int e = threadIdx.x; e < Bt * D; e += blockDim.x) dk_hi[e] = dk_lo[e] = dv_hi[e] = dv_lo[e] = 0.0f;
     int64_t qt0, qt1;
     wa_query_tiles_for_cols(&p.win, j0, j0 + n, Bt, &qt0, &qt1);
     for (long long g = 0; g < p.group; g++) {
@@ -294,20 +322,21 @@ template <typename T, bool VARLEN> __global__ void __launch_bounds__(kThreads) d
             __syncthreads();
             for (int e = threadIdx.x; e < n * D; e += blockDim.x) { /* dV += P^T dO, dK += dS^T Q */
                 int c = e / D, d = e - c * D;
-                float av = dVs[c * D + d], ak = dKs[c * D + d];
+                float pv = 0.0f, pk = 0.0f;
                 for (int r = 0; r < m; r++) {
-                    av = fmaf(S[r * ls + c], dOs[r * ld + d], av);
-                    ak = fmaf(dP[r * ls + c], Qs[r * ld + d], ak);
+                    pv = fmaf(S[r * ls + c], dOs[r * ld + d], pv);
+                    pk = fmaf(dP[r * ls + c], Qs[r * ld + d], pk);
                 }
-                dVs[c * D + d] = av, dKs[c * D + d] = ak;
+                pair_add(dv_hi[e], dv_lo[e], pv);
+                pair_add(dk_hi[e], dk_lo[e], pk);
             }
         }
     }
     __syncthreads();
     for (int e = threadIdx.x; e < n * D; e += blockDim.x) {
         int c = e / D, d = e - c * D;
-        row_of<T>(p.dk, b, hk, j0 + c)[d] = from_f32<T>(dKs[c * D + d]);
-        row_of<T>(p.dv, b, hk, j0 + c)[d] = from_f32<T>(dVs[c * D + d]);
+        row_of<T>(p.dk, b, hk, j0 + c)[d] = from_f32<T>(dk_hi[e] + dk_lo[e]);
+        row_of<T>(p.dv, b, hk, j0 + c)[d] = from_f32<T>(dv_hi[e] + dv_lo[e]);
     }
 }
 
@@ -320,14 +349,14 @@ template <typename T, bool VARLEN> __global__ void __launch_bounds__(kThreads) d
     const long long qt = blockIdx.x, h = blockIdx.y, b = sv.b(), hk = h / p.group, i0 = qt * Bt;
     if (VARLEN && i0 >= p.Nq) return;
     const int m = (int)min((long long)Bt, p.Nq - i0);
-    float *Qs = smem, *dOs = Qs + Bt * ld, *Ks = dOs + Bt * ld, *Vs = Ks + Bt * ld, *dQs = Vs + Bt * ld;
-    float *S = dQs + Bt * D, *dP = S + Bt * ls;
+    float *Qs = smem, *dOs = Qs + Bt * ld, *Ks = dOs + Bt * ld, *Vs = Ks + Bt * ld, *dq_hi = Vs + Bt * ld, *dq_lo = dq_hi + Bt * D;
+    float *S = dq_lo + Bt * D, *dP = S + Bt * ls;
     row_stats rs = {dP + Bt * ls, dP + Bt * ls + Bt, dP + Bt * ls + 2 * Bt};
     const int with_rnorm = p.rnorm != nullptr;
     load_rows<T>(Qs, ld, p.q, b, h, i0, m, D);
     load_rows<T>(dOs, ld, p.dout, b, h, i0, m, D);
     load_row_stats<VARLEN>(p, b, h, i0, m, rs, with_rnorm);
-    for (int e = threadIdx.x; e < Bt * D; e += blockDim.x) dQs[e] = 0.0f;
+    for (int e = threadIdx.x; e < Bt * D; e += blockDim.x) dq_hi[e] = dq_lo[e] = 0.0f;
     int64_t kt0, kt1;
     wa_key_tiles_for_rows(&p.win, i0, i0 + m, Bt, &kt0, &kt1);
     for (long long kt = kt0; kt < kt1; kt++) {
@@ -341,15 +370,15 @@ template <typename T, bool VARLEN> __global__ void __launch_bounds__(kThreads) d
         __syncthreads();
         for (int e = threadIdx.x; e < m * D; e += blockDim.x) { /* dQ += dS K */
             int r = e / D, d = e - r * D;
-            float acc = dQs[r * D + d];
-            for (int c = 0; c < n; c++) acc = fmaf(dP[r * ls + c], Ks[c * ld + d], acc);
-            dQs[r * D + d] = acc;
+            float part = 0.0f;
+            for (int c = 0; c < n; c++) part = fmaf(dP[r * ls + c], Ks[c * ld + d], part);
+            pair_add(dq_hi[e], dq_lo[e], part);
         }
     }
     __syncthreads();
     for (int e = threadIdx.x; e < m * D; e += blockDim.x) {
         int r = e / D, d = e - r * D;
-        row_of<T>(p.dq, b, h, i0 + r)[d] = from_f32<T>(dQs[r * D + d]);
+        row_of<T>(p.dq, b, h, i0 + r)[d] = from_f32<T>(dq_hi[e] + dq_lo[e]);
     }
 }
 
@@ -423,28 +452,39 @@ static wa_status cuda_target_now(cuda_target *t) {
 
 /* ---- host side: version 1 ---- */
 
-/* shared-memory floats of each kernel, matching the carving at the top of each */
-static size_t fwd_smem(int Bt, int D) { return sizeof(float) * ((size_t)2 * Bt * (D + 1) + 2 * Bt * D + Bt * (Bt + 1) + 3 * Bt); }
-static size_t rowstats_smem(int Bt, int D) { return sizeof(float) * ((size_t)4 * Bt * (D + 1) + 2 * Bt * (Bt + 1) + 3 * Bt); }
-static size_t dkdv_smem(int Bt, int D) { return sizeof(float) * ((size_t)4 * Bt * (D + 1) + 2 * Bt * D + 2 * Bt * (Bt + 1) + 3 * Bt); }
-static size_t dq_smem(int Bt, int D) { return sizeof(float) * ((size_t)4 * Bt * (D + 1) + Bt * D + 2 * Bt * (Bt + 1) + 3 * Bt); }
-static size_t v1_smem(int Bt, int D) {
-    return std::max(std::max(fwd_smem(Bt, D), rowstats_smem(Bt, D)), std::max(dkdv_smem(Bt, D), dq_smem(Bt, D)));
+/* Version 1's four kernels, each with its own tile: the backward's compensated pairs double the
+ * accumulators, so at D > 128 the dK/dV kernel takes half the forward's rows (on the H200: 16 at
+ * D = 256, 8 at D = 512) while the others keep theirs */
+enum v1_kernel_kind { V1_FORWARD, V1_ROWSTATS, V1_DKDV, V1_DQ, V1_KINDS };
+
+/* shared-memory bytes of each kernel, matching the carving at the top of each */
+static size_t v1_smem(v1_kernel_kind kind, int Bt, int D) {
+    const size_t rows = (size_t)Bt * (D + 1), acc = (size_t)Bt * D, scores = (size_t)Bt * (Bt + 1);
+    switch (kind) {
+    case V1_FORWARD: return sizeof(float) * (2 * rows + 3 * acc + scores + 4 * Bt); /* Q K; V, O pair; S; 4 row arrays */
+    case V1_ROWSTATS: return sizeof(float) * (4 * rows + 2 * scores + 5 * Bt);      /* Q dO K V; S dP; lse, 2 pairs */
+    case V1_DKDV: return sizeof(float) * (4 * rows + 4 * acc + 2 * scores + 3 * Bt); /* K V Q dO; dK, dV pairs; S dP; stats */
+    default: return sizeof(float) * (4 * rows + 2 * acc + 2 * scores + 3 * Bt);      /* Q dO K V; dQ pair; S dP; stats */
+    }
 }
 
-/* Rows per tile: 64 at D <= 64, 32 at D <= 256, 16 above, halved (down to 8) while the four kernels
- * need more shared memory than a block may have: on 8.6 / 8.9 (99 KB) from D = 44 on, on 8.0 (163
- * KB) from D = 206 on. At 8 rows every D fits 99 KB (D = 512's dK/dV kernel takes 96.8 KB). */
-static int tile_for(long long D, size_t smem_optin) {
+/* Rows per tile: 64 at D <= 64, 32 at D <= 256, 16 above, halved (down to 4) while the kernel
+ * needs more shared memory than a block may have: e.g. dK/dV at D = 512 takes 8 rows on the H200
+ * and on 8.0 (163 KB), 4 on 8.6 / 8.9 (99 KB). At 4 rows every kernel fits 99 KB at every D. */
+static int tile_for(v1_kernel_kind kind, long long D, size_t smem_optin) {
     int Bt = D <= 64 ? 64 : D <= 256 ? 32 : 16;
-    while (Bt > 8 && v1_smem(Bt, (int)D) > smem_optin) Bt /= 2;
+    while (Bt > 4 && v1_smem(kind, Bt, (int)D) > smem_optin) Bt /= 2;
     return Bt;
 }
 
 /* the most any launch on a device with smem_optin asks for (at the tiles tile_for picks there) */
 static size_t max_smem_bytes(size_t smem_optin) {
     size_t worst = 0;
-    for (int D = 1; D <= WA_MAX_HEAD_DIM; D++) worst = std::max(worst, v1_smem(tile_for(D, smem_optin), D));
+    for (int k = 0; k < V1_KINDS; k++)
+        for (int D = 1; D <= WA_MAX_HEAD_DIM; D++) {
+            const v1_kernel_kind kind = (v1_kernel_kind)k;
+            worst = std::max(worst, v1_smem(kind, tile_for(kind, D, smem_optin), D));
+        }
     return std::min(worst, smem_optin);
 }
 
@@ -465,9 +505,16 @@ static kparams params_of(const wa_problem *p, const cuda_target &t) {
     k.cu_q = p->cu_q, k.cu_k = p->cu_k, k.Tq = p->Tq, k.Tk = p->Tk;
     k.ws_stride = p->cu_q ? p->Tq : 0;
     k.seq0 = k.q_row0 = k.k_row0 = 0;
-    k.tile = tile_for(p->D, t.smem_optin);
-    k.n_qtiles = (int)((p->Nq + k.tile - 1) / k.tile);
-    k.n_ktiles = (int)((p->Nk + k.tile - 1) / k.tile);
+    k.tile = k.n_qtiles = k.n_ktiles = 0; /* version 1's, set per kernel by for_kernel */
+    return k;
+}
+
+/* kp with version 1's tile for `kind` and the tile counts that follow from it */
+static kparams for_kernel(const kparams &kp, v1_kernel_kind kind, const cuda_target &t) {
+    kparams k = kp;
+    k.tile = tile_for(kind, kp.D, t.smem_optin);
+    k.n_qtiles = (int)((kp.Nq + k.tile - 1) / k.tile);
+    k.n_ktiles = (int)((kp.Nk + k.tile - 1) / k.tile);
     return k;
 }
 
@@ -524,26 +571,28 @@ static wa_status check_grid(const wa_problem *p) {
     if (p->Hq > 65535 || (p->B > 65535 && !p->cu_q)) /* varlen launches take the sequences in chunks */
         return wa_fail(WA_ERR_UNSUPPORTED, "CUDA backend: B = %lld and Hq = %lld must each be at most 65535", (long long)p->B,
                        (long long)p->Hq);
-    if ((p->Nq + 7) / 8 > 0x7fffffff || (p->Nk + 7) / 8 > 0x7fffffff) /* tiles of 8 rows at the least */
+    if ((p->Nq + 3) / 4 > 0x7fffffff || (p->Nk + 3) / 4 > 0x7fffffff) /* tiles of 4 rows at the least */
         return wa_fail(WA_ERR_UNSUPPORTED, "CUDA backend: sequence too long");
     return WA_OK;
 }
 
-/* version 1's tile at the smallest still needing more shared memory than the device has (a device
- * with less than 99 KB a block, none of 8.0 and up) */
-static wa_status check_v1_fits(const kparams &kp, const cuda_target &t) {
-    if (v1_smem(kp.tile, (int)kp.D) <= t.smem_optin) return WA_OK;
-    return wa_fail(WA_ERR_UNSUPPORTED, "CUDA backend: D = %lld needs %zu bytes of shared memory a block, the device allows %zu", kp.D,
-                   v1_smem(kp.tile, (int)kp.D), t.smem_optin);
+/* version 1's kernel at its smallest tile still needing more shared memory than the device has (a
+ * device with less than 99 KB a block, none of 8.0 and up) */
+static wa_status check_v1_fits(v1_kernel_kind kind, long long D, const cuda_target &t) {
+    const int Bt = tile_for(kind, D, t.smem_optin);
+    if (v1_smem(kind, Bt, (int)D) <= t.smem_optin) return WA_OK;
+    return wa_fail(WA_ERR_UNSUPPORTED, "CUDA backend: D = %lld needs %zu bytes of shared memory a block, the device allows %zu", D,
+                   v1_smem(kind, Bt, (int)D), t.smem_optin);
 }
 
 template <typename T> static wa_status forward_t(wa_context *ctx, const wa_problem *p, const cuda_target &t) {
-    kparams kp = params_of(p, t);
+    const kparams kp = params_of(p, t);
     if (mma_supports(p, t, 0)) return mma_forward(kp, p->dtype, t, stream_of(ctx));
-    const wa_status st = check_v1_fits(kp, t);
+    const wa_status st = check_v1_fits(V1_FORWARD, p->D, t);
     if (st != WA_OK) return st;
-    return launch(forward_kernel<T, false>, forward_kernel<T, true>, kp.n_qtiles, (unsigned)p->Hq, fwd_smem(kp.tile, (int)p->D),
-                  stream_of(ctx), kp);
+    const kparams kf = for_kernel(kp, V1_FORWARD, t);
+    return launch(forward_kernel<T, false>, forward_kernel<T, true>, kf.n_qtiles, (unsigned)p->Hq,
+                  v1_smem(V1_FORWARD, kf.tile, (int)p->D), stream_of(ctx), kf);
 }
 
 /* dQ by atomic adds (unless the context asks for determinism) where the tensor-core kernels have
@@ -609,8 +658,8 @@ template <typename T> static wa_status backward_t(wa_context *ctx, const wa_prob
     cudaStream_t s = stream_of(ctx);
     size_t rows = (size_t)(p->B * p->Hq * p->Nq);
     int f32 = p->dtype == WA_F32, atomic = atomic_dq(ctx, p, t), tensor_cores = mma_supports(p, t, 1);
-    if (!tensor_cores) {
-        const wa_status fits = check_v1_fits(kp, t);
+    for (int k = V1_ROWSTATS; k < V1_KINDS && !tensor_cores; k++) {
+        const wa_status fits = check_v1_fits((v1_kernel_kind)k, p->D, t);
         if (fits != WA_OK) return fits;
     }
     void *ws = nullptr;
@@ -626,9 +675,10 @@ template <typename T> static wa_status backward_t(wa_context *ctx, const wa_prob
     if (tensor_cores) {
         st = mma_backward(kp, p->dtype, t, s); /* version 4 (bwd_hopper.cu), 5 (bwd_wide.cu) or 2 (attn_mma.cu) */
     } else {
+        const kparams kr = for_kernel(kp, V1_ROWSTATS, t), kk = for_kernel(kp, V1_DKDV, t), kq = for_kernel(kp, V1_DQ, t);
         if (f32) {
-            st = launch(rowstats_kernel<T, false>, rowstats_kernel<T, true>, kp.n_qtiles, (unsigned)p->Hq,
-                        rowstats_smem(kp.tile, (int)p->D), s, kp);
+            st = launch(rowstats_kernel<T, false>, rowstats_kernel<T, true>, kr.n_qtiles, (unsigned)p->Hq,
+                        v1_smem(V1_ROWSTATS, kr.tile, (int)p->D), s, kr);
         } else if (rows && !p->cu_q) {
             unsigned blocks = (unsigned)((rows + 255) / 256);
             delta_kernel<T, false><<<blocks < 65535u ? blocks : 65535u, 256, 0, s>>>(kp);
@@ -642,9 +692,10 @@ template <typename T> static wa_status backward_t(wa_context *ctx, const wa_prob
             });
         }
         if (st == WA_OK)
-            st = launch(dkdv_kernel<T, false>, dkdv_kernel<T, true>, kp.n_ktiles, (unsigned)p->Hkv, dkdv_smem(kp.tile, (int)p->D), s, kp);
+            st = launch(dkdv_kernel<T, false>, dkdv_kernel<T, true>, kk.n_ktiles, (unsigned)p->Hkv, v1_smem(V1_DKDV, kk.tile, (int)p->D),
+                        s, kk);
         if (st == WA_OK)
-            st = launch(dq_kernel<T, false>, dq_kernel<T, true>, kp.n_qtiles, (unsigned)p->Hq, dq_smem(kp.tile, (int)p->D), s, kp);
+            st = launch(dq_kernel<T, false>, dq_kernel<T, true>, kq.n_qtiles, (unsigned)p->Hq, v1_smem(V1_DQ, kq.tile, (int)p->D), s, kq);
     }
     if (owned) {
         cudaError_t e = cudaFreeAsync(ws, s);

@@ -1,0 +1,69 @@
+#!/bin/sh
+# f32_accumulation.sh — version 1's long sums as compensated pairs (attn_cuda.cu: pair_add) checked
+# on the H200 in one call, against the kernels before in the same run:
+#   build   this tree (sm_90a, plus compute_80 PTX for the JIT check) and the tree carried in
+#           .lab-base (the kernels before, sm_90a) side by side;
+#   parity  the "accumulation" group, --verbose, on both (errors per case and tensor); the full
+#           sweep on the default path; every case on version 1 (WINATTN_CUDA=v1 --quick); the tiles
+#           of 8.6 / 8.9 (WINATTN_CUDA=sm86 --quick: dK/dV at D = 512 takes 4 rows there); the
+#           accumulation group from the compute_80 PTX (CUDA_FORCE_PTX_JIT=1);
+#   memcheck  compute-sanitizer on version 1's f32 kernels: D = 512 with sm86's tiles, D = 256;
+#   bench   f32 forward and backward, before and after alternating, on four shapes.
+# From the repository root on the H200 (DEPS as in scripts/cuda_check.sh); about 6 minutes.
+. dev/cuda/lab_env.sh
+unset WINATTN_CUDA
+W=build/winattn B=.lab-base/build-base/winattn
+FLAGS="-O3 -lineinfo -Xcompiler -fPIC -Iinclude -std=c++17 -gencode=arch=compute_90a,code=sm_90a"
+TABLE=$OUT/summary.txt
+: >"$TABLE"
+row() { printf '%-58s %s\n' "$1" "$2" | tee -a "$TABLE"; }
+
+(cd .lab-base && lab_build build-base "" NVCCFLAGS="$FLAGS" build-base/winattn) &
+lab_build build "" NVCCFLAGS="$FLAGS -gencode=arch=compute_80,code=compute_80" build/winattn
+wait
+[ -x $B ] || { echo "the base build failed:"; tail -20 "$OUT/build-base.txt"; exit 1; }
+row "builds" "$(($(date +%s) - t0)) s"
+
+# sweep LABEL LIMIT CMD...: a parity run, its log in $OUT, the first FAIL lines, a summary row
+sweep() {
+    label=$1 limit=$2
+    shift 2
+    log="$OUT/parity_$(echo "$label" | tr -c 'a-z0-9\n' '_').txt"
+    s=$(date +%s)
+    timeout "$limit" "$@" >"$log" 2>&1
+    rc=$?
+    grep '^FAIL' "$log" | head -4
+    row "parity, $label" "$(tail -1 "$log" | grep -E 'passed|failed' || echo "no summary, exit $rc") ($(($(date +%s) - s)) s)"
+}
+sweep "accumulation, before" 200 $B parity --device cuda --group accumulation --threads 16 --verbose
+sweep "accumulation, after" 200 $W parity --device cuda --group accumulation --threads 16 --verbose
+sweep "full, default path" 200 $W parity --device cuda --threads 16
+sweep "WINATTN_CUDA=v1 --quick" 240 env WINATTN_CUDA=v1 $W parity --device cuda --threads 16 --quick
+sweep "WINATTN_CUDA=sm86 --quick" 200 env WINATTN_CUDA=sm86 $W parity --device cuda --threads 16 --quick
+rm -rf /tmp/wa-jit-cache
+sweep "accumulation, CUDA_FORCE_PTX_JIT=1" 240 env CUDA_FORCE_PTX_JIT=1 CUDA_CACHE_PATH=/tmp/wa-jit-cache $W parity --device cuda \
+    --group accumulation --threads 16
+
+# the errors of the f32 cases, before and after, side by side (the --verbose lines name the tensor)
+for when in before after; do
+    echo "== accumulation group, $when (f32 lines)"
+    grep -E ' f32 ' "$OUT/parity_accumulation__$when.txt" | head -40
+done
+
+first_case() { $W parity --list | grep ' f32 ' | grep "$1" | head -1 | sed 's/^#\([0-9]*\).*/\1/'; }
+c512=$(first_case 'D=512 ') c256=$(first_case 'D=256 ')
+WINATTN_CUDA=sm86 lab_sanitize memcheck $W "$c512" | sed 's/^/sm86 tiles: /' | tee -a "$TABLE"
+lab_sanitize memcheck $W "$c256" | tee -a "$TABLE"
+
+echo "== bench (f32, ms: forward / backward; before, after, before, after)"
+for shape in "--n 4096 --hq 8 --hkv 4 --d 256 --sliding-window 1024" "--n 4096 --hq 8 --hkv 8 --d 128 --causal" \
+    "--n 2048 --hq 4 --hkv 1 --d 512 --causal" "--n 8192 --hq 16 --hkv 2 --d 64 --sliding-window 1024"; do
+    line=""
+    for bin in $B $W $B $W; do
+        t=$($bin bench --device cuda --dtype f32 --reps 3 $shape 2>&1 | grep '^| [0-9]' | awk -F'|' '{gsub(/ /,"",$3); gsub(/ /,"",$4); print $3 "/" $4}')
+        line="$line $t"
+    done
+    row "bench f32 $shape" "$line"
+done
+echo "== summary"
+cat "$TABLE"
