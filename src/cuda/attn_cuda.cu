@@ -494,7 +494,7 @@ static dev_tensor dev_of(const wa_tensor *t) {
     return d;
 }
 
-static kparams params_of(const wa_problem *p, const cuda_target &t) {
+static kparams params_of(const wa_problem *p) {
     kparams k;
     k.q = dev_of(p->q), k.k = dev_of(p->k), k.v = dev_of(p->v), k.o = dev_of(p->o), k.lse = dev_of(p->lse);
     k.dout = dev_of(p->do_), k.dq = dev_of(p->dq), k.dk = dev_of(p->dk), k.dv = dev_of(p->dv);
@@ -586,7 +586,7 @@ static wa_status check_v1_fits(v1_kernel_kind kind, long long D, const cuda_targ
 }
 
 template <typename T> static wa_status forward_t(wa_context *ctx, const wa_problem *p, const cuda_target &t) {
-    const kparams kp = params_of(p, t);
+    const kparams kp = params_of(p);
     if (mma_supports(p, t, 0)) return mma_forward(kp, p->dtype, t, stream_of(ctx));
     const wa_status st = check_v1_fits(V1_FORWARD, p->D, t);
     if (st != WA_OK) return st;
@@ -602,7 +602,7 @@ template <typename T> static wa_status forward_t(wa_context *ctx, const wa_probl
 static int atomic_dq(const wa_context *ctx, const wa_problem *p, const cuda_target &t) {
     if (ctx->params.cuda_deterministic || !mma_supports(p, t, 1)) return 0;
     if (p->D == 512) return wide_backward_atomic_dq();
-    const kparams kp = params_of(p, t);
+    const kparams kp = params_of(p);
     return !t.hopper || !hopper_backward_supports(kp) || hopper_backward_fuses_dq(kp);
 }
 
@@ -654,7 +654,7 @@ static wa_status context_workspace(wa_context *ctx, size_t bytes, cudaStream_t s
 }
 
 template <typename T> static wa_status backward_t(wa_context *ctx, const wa_problem *p, const cuda_target &t) {
-    kparams kp = params_of(p, t);
+    kparams kp = params_of(p);
     cudaStream_t s = stream_of(ctx);
     size_t rows = (size_t)(p->B * p->Hq * p->Nq);
     int f32 = p->dtype == WA_F32, atomic = atomic_dq(ctx, p, t), tensor_cores = mma_supports(p, t, 1);
