@@ -9,7 +9,9 @@
 #           accumulation group from the compute_80 PTX (CUDA_FORCE_PTX_JIT=1);
 #   memcheck  compute-sanitizer on version 1's f32 kernels: D = 512 with sm86's tiles, D = 256;
 #   bench   f32 forward and backward, before and after alternating, on four shapes.
-# From the repository root on the H200 (DEPS as in scripts/cuda_check.sh); about 6 minutes.
+# From the repository root on the H200 (DEPS as in scripts/cuda_check.sh); about 4 minutes.
+# `sh dev/cuda/f32_accumulation.sh threads` instead builds this tree with 128, 256 and 512 threads a
+# CTA (WA_V1_THREADS) beside .lab-base and runs only the accumulation group and the bench on each.
 . dev/cuda/lab_env.sh
 unset WINATTN_CUDA
 W=build/winattn B=.lab-base/build-base/winattn
@@ -19,7 +21,11 @@ TABLE=$OUT/summary.txt
 row() { printf '%-58s %s\n' "$1" "$2" | tee -a "$TABLE"; }
 
 (cd .lab-base && lab_build build-base "" NVCCFLAGS="$FLAGS" build-base/winattn) &
-lab_build build "" NVCCFLAGS="$FLAGS -gencode=arch=compute_80,code=compute_80" build/winattn
+if [ "${1:-}" = threads ]; then
+    for n in 128 256 512; do lab_build build-t$n -DWA_V1_THREADS=$n NVCCFLAGS="$FLAGS" build-t$n/winattn & done
+else
+    lab_build build "" NVCCFLAGS="$FLAGS -gencode=arch=compute_80,code=compute_80" build/winattn
+fi
 wait
 [ -x $B ] || { echo "the base build failed:"; tail -20 "$OUT/build-base.txt"; exit 1; }
 row "builds" "$(($(date +%s) - t0)) s"
@@ -35,6 +41,31 @@ sweep() {
     grep '^FAIL' "$log" | head -4
     row "parity, $label" "$(tail -1 "$log" | grep -E 'passed|failed' || echo "no summary, exit $rc") ($(($(date +%s) - s)) s)"
 }
+# bench BINARY...: f32 forward / backward ms of each binary in turn, twice, on four shapes
+bench() {
+    for shape in "--n 4096 --hq 8 --hkv 4 --d 256 --sliding-window 1024" "--n 4096 --hq 8 --hkv 8 --d 128 --causal" \
+        "--n 2048 --hq 4 --hkv 1 --d 512 --causal" "--n 8192 --hq 16 --hkv 2 --d 64 --sliding-window 1024"; do
+        line=""
+        for bin in "$@" "$@"; do
+            t=$($bin bench --device cuda --dtype f32 --reps 3 $shape 2>&1 | grep '^| [0-9]' | awk -F'|' '{gsub(/ /,"",$3); gsub(/ /,"",$4); print $3 "/" $4}')
+            line="$line $t"
+        done
+        row "bench f32 $shape" "$line"
+    done
+}
+
+if [ "${1:-}" = threads ]; then
+    for n in 128 256 512; do
+        sweep "accumulation, $n threads" 200 build-t$n/winattn parity --device cuda --group accumulation --threads 16
+        sweep "WINATTN_CUDA=v1 --quick, $n threads" 200 env WINATTN_CUDA=v1 build-t$n/winattn parity --device cuda --threads 16 --quick
+    done
+    echo "== bench (f32, ms: forward / backward; before, 128, 256, 512 threads, then again)"
+    bench $B build-t128/winattn build-t256/winattn build-t512/winattn
+    echo "== summary"
+    cat "$TABLE"
+    exit 0
+fi
+
 sweep "accumulation, before" 200 $B parity --device cuda --group accumulation --threads 16 --verbose
 sweep "accumulation, after" 200 $W parity --device cuda --group accumulation --threads 16 --verbose
 sweep "full, default path" 200 $W parity --device cuda --threads 16
@@ -56,14 +87,6 @@ WINATTN_CUDA=sm86 lab_sanitize memcheck $W "$c512" | sed 's/^/sm86 tiles: /' | t
 lab_sanitize memcheck $W "$c256" | tee -a "$TABLE"
 
 echo "== bench (f32, ms: forward / backward; before, after, before, after)"
-for shape in "--n 4096 --hq 8 --hkv 4 --d 256 --sliding-window 1024" "--n 4096 --hq 8 --hkv 8 --d 128 --causal" \
-    "--n 2048 --hq 4 --hkv 1 --d 512 --causal" "--n 8192 --hq 16 --hkv 2 --d 64 --sliding-window 1024"; do
-    line=""
-    for bin in $B $W $B $W; do
-        t=$($bin bench --device cuda --dtype f32 --reps 3 $shape 2>&1 | grep '^| [0-9]' | awk -F'|' '{gsub(/ /,"",$3); gsub(/ /,"",$4); print $3 "/" $4}')
-        line="$line $t"
-    done
-    row "bench f32 $shape" "$line"
-done
+bench $B $W
 echo "== summary"
 cat "$TABLE"
