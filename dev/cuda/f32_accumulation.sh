@@ -22,7 +22,8 @@ row() { printf '%-58s %s\n' "$1" "$2" | tee -a "$TABLE"; }
 
 (cd .lab-base && lab_build build-base "" NVCCFLAGS="$FLAGS" build-base/winattn) &
 if [ "${1:-}" = threads ]; then
-    for n in 128 256 512; do lab_build build-t$n -DWA_V1_THREADS=$n NVCCFLAGS="$FLAGS" build-t$n/winattn & done
+    # the define inside NVCCFLAGS: a command-line NVCCFLAGS replaces the Makefile's, CUDA_DEFINES included
+    for n in 128 256 512; do lab_build build-t$n "" NVCCFLAGS="$FLAGS -DWA_V1_THREADS=$n" build-t$n/winattn & done
 else
     lab_build build "" NVCCFLAGS="$FLAGS -gencode=arch=compute_80,code=compute_80" build/winattn
 fi
