@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""f32_accuracy.py — winattn's CPU float32 against PyTorch's float32 on the CPU, both measured
+"""f32_accuracy.py — winattn's float32 against PyTorch's float32 on the CPU (or, with --device
+cuda, both on the GPU: PyTorch's products in full float32, TF32 off), both measured
 against a float64 oracle, over GQA groups 1 to 32, rows of up to 32,768 keys, dK and dV over
 4 x 32,768 query rows, softcap and long causal rows. The comparison of
 python/tests/test_f32_accuracy.py (its compare() and verdict(): FlashAttention's criterion,
 winattn err <= 2 x PyTorch err + atol, 3x allowed on gradients) on larger shapes; prints a
 markdown table. Run from the repository root after `make`:
-    python3 bench/f32_accuracy.py [--parity build/winattn] [--only TEXT] [--seed S]
+    python3 bench/f32_accuracy.py [--parity build/winattn] [--only TEXT] [--seed S] [--device cuda]
 --parity adds the bound `winattn parity --case N` gives the same shape with src/ref's float32
 baseline (wa_baseline, on its own random inputs) in place of PyTorch's. Needs torch and numpy;
 docs/algorithm.md section 6 quotes its output."""
@@ -56,12 +57,17 @@ def main():
     ap.add_argument("--parity", metavar="WINATTN", help="the winattn tool, for wa_baseline's bound (optional)")
     ap.add_argument("--only", default="", help="run only the cases whose name contains this text")
     ap.add_argument("--seed", type=int, default=0, help="added to each case's seed (its row in the table)")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where all three computations run")
     a = ap.parse_args()
     if a.parity and not os.access(a.parity, os.X_OK):
         sys.exit("f32_accuracy: --parity %s is not an executable" % a.parity)
     import torch
-    print("winattn %s (%s), torch %s, %d threads" % (acc.winattn.version(), os.environ["WINATTN_LIBRARY"],
-                                                    torch.__version__, torch.get_num_threads()))
+    where = "%d threads" % torch.get_num_threads()
+    if a.device == "cuda":
+        acc.ieee_f32_products()
+        where = torch.cuda.get_device_name()
+    print("winattn %s (%s), torch %s, %s" % (acc.winattn.version(), os.environ["WINATTN_LIBRARY"], torch.__version__,
+                                           where))
     print()
     head = "| case | tensor | winattn err | PyTorch f32 err | ratio | atol | pass |"
     if a.parity:
@@ -73,7 +79,7 @@ def main():
         if a.only not in title:
             continue
         t0 = time.perf_counter()
-        errs, _ = acc.compare(Hq, Hkv, Nq, Nk, D, window, softcap, scale, seed=a.seed + row)
+        errs, _ = acc.compare(Hq, Hkv, Nq, Nk, D, window, softcap, scale, seed=a.seed + row, device=a.device)
         bounds = parity_bounds(a.parity, case) if a.parity and case else {}
         name = "%s: Hq=%d Hkv=%d Nq=%d Nk=%d D=%d" % (title, Hq, Hkv, Nq, Nk, D)
         for tensor in acc.TENSORS:

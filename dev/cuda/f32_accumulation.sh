@@ -8,7 +8,9 @@
 #           of 8.6 / 8.9 (WINATTN_CUDA=sm86 --quick: dK/dV at D = 512 takes 4 rows there); the
 #           accumulation group from the compute_80 PTX (CUDA_FORCE_PTX_JIT=1);
 #   memcheck  compute-sanitizer on version 1's f32 kernels: D = 512 with sm86's tiles, D = 256;
-#   bench   f32 forward and backward, before and after alternating, on four shapes.
+#   bench   f32 forward and backward, before and after alternating, on four shapes;
+#   torch   bench/f32_accuracy.py --device cuda: the errors of this tree's CUDA float32 and of
+#           PyTorch's CUDA float32, both against a float64 oracle (FlashAttention's criterion).
 # From the repository root on the H200 (DEPS as in scripts/cuda_check.sh); about 4 minutes.
 # `sh dev/cuda/f32_accumulation.sh threads` instead builds this tree with 128, 256 and 512 threads a
 # CTA (WA_V1_THREADS) beside .lab-base and runs only the accumulation group and the bench on each.
@@ -25,7 +27,7 @@ if [ "${1:-}" = threads ]; then
     # the define inside NVCCFLAGS: a command-line NVCCFLAGS replaces the Makefile's, CUDA_DEFINES included
     for n in 128 256 512; do lab_build build-t$n "" NVCCFLAGS="$FLAGS -DWA_V1_THREADS=$n" build-t$n/winattn & done
 else
-    lab_build build "" NVCCFLAGS="$FLAGS -gencode=arch=compute_80,code=compute_80" build/winattn
+    lab_build build "" NVCCFLAGS="$FLAGS -gencode=arch=compute_80,code=compute_80" build/winattn build/libwinattn.so
 fi
 wait
 [ -x $B ] || { echo "the base build failed:"; tail -20 "$OUT/build-base.txt"; exit 1; }
@@ -89,5 +91,9 @@ lab_sanitize memcheck $W "$c256" | tee -a "$TABLE"
 
 echo "== bench (f32, ms: forward / backward; before, after, before, after)"
 bench $B $W
+echo "== against PyTorch's CUDA float32"
+timeout 240 python3 bench/f32_accuracy.py --device cuda --parity $W >"$OUT/f32_accuracy_cuda.md" 2>"$OUT/f32_accuracy_cuda.err"
+grep -E 'FAIL|3x' "$OUT/f32_accuracy_cuda.md" | head
+row "bench/f32_accuracy.py --device cuda" "$(tail -1 "$OUT/f32_accuracy_cuda.md")"
 echo "== summary"
 cat "$TABLE"

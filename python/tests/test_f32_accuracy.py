@@ -44,13 +44,14 @@ CASES = [
 
 
 def visible(rows, Nq, Nk, left, right):
-    """[len(rows), Nk] bool: key j visible from query row i iff i' - left <= j <= i' + right with
-    i' = i + Nk - Nq (bottom-right aligned), -1 = unbounded on that side; None when all are"""
+    """[len(rows), Nk] bool on rows' device: key j visible from query row i iff
+    i' - left <= j <= i' + right with i' = i + Nk - Nq (bottom-right aligned), -1 = unbounded on
+    that side; None when all are"""
     if left < 0 and right < 0:
         return None
     i = rows[:, None] + (Nk - Nq)
-    j = torch.arange(Nk)[None, :]
-    m = torch.ones(len(rows), Nk, dtype=torch.bool)
+    j = torch.arange(Nk, device=rows.device)[None, :]
+    m = torch.ones(len(rows), Nk, dtype=torch.bool, device=rows.device)
     if left >= 0:
         m &= j >= i - left
     if right >= 0:
@@ -84,7 +85,7 @@ def run_torch(q, k, v, do, window, scale, softcap, dtype, rows_per_chunk=None):
     step = rows_per_chunk or Nq
     outs = []
     for r0 in range(0, Nq, step):
-        rows = torch.arange(r0, min(Nq, r0 + step))
+        rows = torch.arange(r0, min(Nq, r0 + step), device=q.device)
         o = attend(q[:, :, r0:r0 + len(rows)], k, v, rows, Nq, window[0], window[1], scale, softcap)
         o.backward(do[:, :, r0:r0 + len(rows)])
         outs.append(o.detach())
@@ -92,7 +93,14 @@ def run_torch(q, k, v, do, window, scale, softcap, dtype, rows_per_chunk=None):
 
 
 def run_winattn(q, k, v, do, window, scale, softcap):
-    """(o, dq, dk, dv) from winattn's CPU float32 kernels through the numpy binding"""
+    """(o, dq, dk, dv) from winattn's float32 kernels: CPU tensors through the numpy binding,
+    CUDA tensors through the torch binding (its autograd, deterministic dQ)"""
+    if q.is_cuda:
+        import winattn.torch as wt
+        q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        o = wt.attention(q, k, v, window=window, scale=scale, softcap=softcap, deterministic=True)
+        o.backward(do)
+        return o.detach(), q.grad, k.grad, v.grad
     q, k, v, do = (t.numpy() for t in (q, k, v, do))
     o, lse = winattn.attention(q, k, v, window=window, scale=scale, softcap=softcap, return_lse=True)
     dq, dk, dv = winattn.attention_backward(q, k, v, o, lse, do, window=window, scale=scale, softcap=softcap)
@@ -108,12 +116,13 @@ def max_err(x, ref):
     return (x.double() - ref).abs().max().item()
 
 
-def compare(Hq, Hkv, Nq, Nk, D, window, softcap=0.0, scale=None, seed=0, oracle_rows=None):
-    """float32 inputs drawn with `seed`; returns {tensor: (winattn err, torch err, atol)} and the
-    seconds each of oracle, torch f32 and winattn took"""
+def compare(Hq, Hkv, Nq, Nk, D, window, softcap=0.0, scale=None, seed=0, oracle_rows=None, device="cpu"):
+    """float32 inputs drawn with `seed` (on the CPU, then moved to `device`, where all three
+    computations run); returns {tensor: (winattn err, torch err, atol)} and the seconds each of
+    oracle, torch f32 and winattn took"""
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     g = torch.Generator().manual_seed(seed)
-    q, k, v, do = (torch.randn(1, H, N, D, generator=g, dtype=torch.float32)
+    q, k, v, do = (torch.randn(1, H, N, D, generator=g, dtype=torch.float32).to(device)
                    for H, N in ((Hq, Nq), (Hkv, Nk), (Hkv, Nk), (Hq, Nq)))
     if oracle_rows is None:  # about 32M float64 scores per chunk
         oracle_rows = max(1, (1 << 25) // (Hq * Nk))
@@ -126,6 +135,12 @@ def compare(Hq, Hkv, Nq, Nk, D, window, softcap=0.0, scale=None, seed=0, oracle_
     t3 = time.perf_counter()
     errs = {name: (max_err(a, r), max_err(b, r), rounding_atol(r)) for name, a, b, r in zip(TENSORS, wa, pt, ref)}
     return errs, (t1 - t0, t2 - t1, t3 - t2)
+
+
+def ieee_f32_products():
+    """PyTorch's CUDA float32 products in full float32, not TF32 (the yardstick is float32)"""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
 
 
 def verdict(name, wa, pt, atol):

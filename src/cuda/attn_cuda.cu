@@ -37,10 +37,13 @@
 #include <atomic>
 #include <mutex>
 
-/* threads of a version-1 CTA (a lab build may set WA_V1_THREADS; the results do not depend on it:
- * every element's sums run in one thread in a fixed order) */
+/* Threads of a version-1 CTA. These kernels are chains of dependent fmaf with shared-memory loads
+ * between, one CTA an SM at the larger D: latency-bound, so warps are what hides it. 512 against
+ * 128 (`sh dev/cuda/f32_accumulation.sh threads`, H200): f32 backward 1.9-2.4x faster, forward
+ * 1.4-2.7x. A lab build may set WA_V1_THREADS; results do not depend on it (every element's sums
+ * run in one thread in a fixed order). */
 #ifndef WA_V1_THREADS
-#define WA_V1_THREADS 128
+#define WA_V1_THREADS 512
 #endif
 static const int kThreads = WA_V1_THREADS;
 
