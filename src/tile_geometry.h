@@ -53,6 +53,12 @@ WA_HD static inline int64_t wa_row_last_key(const wa_window *w, int64_t i) {
     return w->right < 0 ? w->Nk - 1 : wa_min64(w->Nk - 1, i + wa_offset(w) + w->right);
 }
 
+/* Row i sees at least one key (else o = 0, lse = -inf, dq = 0 by definition; a row that sees keys
+ * whose scores are all -inf or NaN gets what softmax gives, NaN) */
+WA_HD static inline int wa_row_sees_keys(const wa_window *w, int64_t i) {
+    return wa_row_first_key(w, i) <= wa_row_last_key(w, i);
+}
+
 /* Queries that see key j: [first, last]; empty when first > last. */
 WA_HD static inline int64_t wa_col_first_query(const wa_window *w, int64_t j) {
     return w->right < 0 ? 0 : wa_max64(0, j - wa_offset(w) - w->right);

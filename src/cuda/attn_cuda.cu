@@ -138,9 +138,10 @@ template <typename T, bool VARLEN> __global__ void __launch_bounds__(kThreads) f
             float mx = -INFINITY, m_old = row_max[r];
             for (int c = lane; c < Bt; c += 32) mx = fmaxf(mx, S[r * ls + c]);
             float m_new = fmaxf(m_old, warp_max(mx));
+            const float m_use = m_new == -INFINITY ? 0.0f : m_new; /* masked: exp(-inf) = 0; a NaN score stays NaN */
             float sum = 0.0f;
             for (int c = lane; c < Bt; c += 32) {
-                float e = m_new == -INFINITY ? 0.0f : expf(S[r * ls + c] - m_new);
+                float e = expf(S[r * ls + c] - m_use);
                 S[r * ls + c] = e;
                 sum += e;
             }
@@ -165,15 +166,17 @@ template <typename T, bool VARLEN> __global__ void __launch_bounds__(kThreads) f
         }
     }
     __syncthreads();
-    for (int e = threadIdx.x; e < m * D; e += blockDim.x) { /* o = O / l, rounded once */
+    /* o = O / l, rounded once; a row that sees keys divides even when l is 0 or NaN (softmax's NaN) */
+    for (int e = threadIdx.x; e < m * D; e += blockDim.x) {
         int r = e / D, d = e - r * D;
         const double l = (double)l_hi[r] + l_lo[r];
-        row_of<T>(p.o, b, h, i0 + r)[d] = from_f32<T>(l > 0.0 ? (float)(((double)o_hi[e] + o_lo[e]) / l) : 0.0f);
+        const bool sees = wa_row_sees_keys(&p.win, i0 + r);
+        row_of<T>(p.o, b, h, i0 + r)[d] = from_f32<T>(sees ? (float)(((double)o_hi[e] + o_lo[e]) / l) : 0.0f);
     }
     if (p.lse.data)
         for (int r = threadIdx.x; r < m; r += blockDim.x) {
             const float l = l_hi[r] + l_lo[r];
-            *row_of<float>(p.lse, b, h, i0 + r) = l > 0.0f ? row_max[r] + logf(l) : -INFINITY;
+            *row_of<float>(p.lse, b, h, i0 + r) = wa_row_sees_keys(&p.win, i0 + r) ? row_max[r] + logf(l) : -INFINITY;
         }
 }
 

@@ -106,7 +106,7 @@ template <typename T, int D, bool VARLEN> __global__ void __launch_bounds__(128)
         float lse2 = INFINITY, delta = 0.0f;
         if (row < p.Nq) {
             const float lse = *row_of<float>(p.lse, b, h, row);
-            lse2 = lse == -INFINITY ? INFINITY : lse * kLog2e;
+            lse2 = wa_row_sees_keys(&p.win, row) ? lse * kLog2e : INFINITY; /* -inf or NaN of a row that sees keys: P is NaN */
             delta = val;
         } else if (VARLEN) {
             continue; /* the next sequence's row: the dK/dV and dQ kernels stand in +inf and 0 for it */

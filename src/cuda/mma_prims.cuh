@@ -320,13 +320,16 @@ __device__ __forceinline__ void store_rows(const kparams &p, const float (&acc)[
         l += __shfl_xor_sync(0xffffffffu, l, 1);
         l += __shfl_xor_sync(0xffffffffu, l, 2);
         if (rows[r] >= p.Nq) continue;
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        /* a row that sees keys divides even when l is 0 or NaN (scores all -inf, a NaN among them):
+         * softmax's NaN, as a dense computation gives, not an empty row's 0 */
+        const bool sees = wa_row_sees_keys(&p.win, rows[r]);
+        const float inv = sees ? 1.0f / l : 0.0f;
         T *orow = row_of<T>(p.o, b, h, rows[r]);
 #pragma unroll
         for (int i = 0; i < NA; i++)
             *(uint32_t *)(orow + col0 + i * 8 + 2 * t4) = pack2<T>(acc[i][2 * r] * inv, acc[i][2 * r + 1] * inv);
         if (p.lse.data && t4 == 0 && col0 == 0)
-            *row_of<float>(p.lse, b, h, rows[r]) = l > 0.0f ? row_max[r] * kLn2 + logf(l) : -INFINITY;
+            *row_of<float>(p.lse, b, h, rows[r]) = sees ? row_max[r] * kLn2 + logf(l) : -INFINITY;
     }
 }
 
