@@ -35,9 +35,14 @@
  * (query, key) pairs, as a dense float64 computation over the visible pairs would: never another
  * row, head or batch entry, never a key outside a row's window (a masked probability is skipped,
  * not multiplied by the NaN), and every other output is bit for bit what it is without it
- * (tests/test_nonfinite.c). On CUDA the same holds within a sequence's visible tiles, but a
- * non-finite value in a key tile that a row's window only partly covers, or in the next
- * sequence's v of a varlen call, can reach rows that do not see it (0 · NaN in a tile product).
+ * (tests/test_nonfinite.c). On CUDA every output the dense computation makes non-finite is
+ * non-finite, other batch entries and other KV-head groups are bit for bit unchanged, and an
+ * output that does not depend on the value is either unchanged or non-finite: a tile product
+ * multiplies a masked probability 0 by every key of the tile, so the value can also reach rows of
+ * its group that do not see it (as in a dense framework's P·V). In a varlen call a row past a
+ * sequence's end loaded with the next sequence's tile can carry that sequence's NaN back (the
+ * TMA kernels), which the rectangular layout does not. tests/test_nonfinite.c checks the
+ * rectangular promise on every CUDA kernel version.
  *
  * The library never prints and never exits: every function returns a wa_status and records a
  * one-line detail readable with wa_last_error().
