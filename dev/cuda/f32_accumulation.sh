@@ -33,17 +33,6 @@ wait
 [ -x $B ] || { echo "the base build failed:"; tail -20 "$OUT/build-base.txt"; exit 1; }
 row "builds" "$(($(date +%s) - t0)) s"
 
-# sweep LABEL LIMIT CMD...: a parity run, its log in $OUT, the first FAIL lines, a summary row
-sweep() {
-    label=$1 limit=$2
-    shift 2
-    log="$OUT/parity_$(echo "$label" | tr -c 'a-z0-9\n' '_').txt"
-    s=$(date +%s)
-    timeout "$limit" "$@" >"$log" 2>&1
-    rc=$?
-    grep '^FAIL' "$log" | head -4
-    row "parity, $label" "$(tail -1 "$log" | grep -E 'passed|failed' || echo "no summary, exit $rc") ($(($(date +%s) - s)) s)"
-}
 # bench BINARY...: f32 forward / backward ms of each binary in turn, twice, on four shapes
 bench() {
     for shape in "--n 4096 --hq 8 --hkv 4 --d 256 --sliding-window 1024" "--n 4096 --hq 8 --hkv 8 --d 128 --causal" \
@@ -59,8 +48,8 @@ bench() {
 
 if [ "${1:-}" = threads ]; then
     for n in 128 256 512; do
-        sweep "accumulation, $n threads" 200 build-t$n/winattn parity --device cuda --group accumulation --threads 16
-        sweep "WINATTN_CUDA=v1 --quick, $n threads" 200 env WINATTN_CUDA=v1 build-t$n/winattn parity --device cuda --threads 16 --quick
+        lab_sweep "accumulation, $n threads" 200 build-t$n/winattn parity --device cuda --group accumulation --threads 16
+        lab_sweep "WINATTN_CUDA=v1 --quick, $n threads" 200 env WINATTN_CUDA=v1 build-t$n/winattn parity --device cuda --threads 16 --quick
     done
     echo "== bench (f32, ms: forward / backward; before, 128, 256, 512 threads, then again)"
     bench $B build-t128/winattn build-t256/winattn build-t512/winattn
@@ -69,13 +58,13 @@ if [ "${1:-}" = threads ]; then
     exit 0
 fi
 
-sweep "accumulation, before" 200 $B parity --device cuda --group accumulation --threads 16 --verbose
-sweep "accumulation, after" 200 $W parity --device cuda --group accumulation --threads 16 --verbose
-sweep "full, default path" 200 $W parity --device cuda --threads 16
-sweep "WINATTN_CUDA=v1 --quick" 240 env WINATTN_CUDA=v1 $W parity --device cuda --threads 16 --quick
-sweep "WINATTN_CUDA=sm86 --quick" 200 env WINATTN_CUDA=sm86 $W parity --device cuda --threads 16 --quick
+lab_sweep "accumulation, before" 200 $B parity --device cuda --group accumulation --threads 16 --verbose
+lab_sweep "accumulation, after" 200 $W parity --device cuda --group accumulation --threads 16 --verbose
+lab_sweep "full, default path" 200 $W parity --device cuda --threads 16
+lab_sweep "WINATTN_CUDA=v1 --quick" 240 env WINATTN_CUDA=v1 $W parity --device cuda --threads 16 --quick
+lab_sweep "WINATTN_CUDA=sm86 --quick" 200 env WINATTN_CUDA=sm86 $W parity --device cuda --threads 16 --quick
 rm -rf /tmp/wa-jit-cache
-sweep "accumulation, CUDA_FORCE_PTX_JIT=1" 240 env CUDA_FORCE_PTX_JIT=1 CUDA_CACHE_PATH=/tmp/wa-jit-cache $W parity --device cuda \
+lab_sweep "accumulation, CUDA_FORCE_PTX_JIT=1" 240 env CUDA_FORCE_PTX_JIT=1 CUDA_CACHE_PATH=/tmp/wa-jit-cache $W parity --device cuda \
     --group accumulation --threads 16
 
 # the errors of the f32 cases, before and after, side by side (the --verbose lines name the tensor)

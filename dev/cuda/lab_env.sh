@@ -70,3 +70,17 @@ lab_sanitize() {
         echo "$tool case $n${flag:+ $flag}: exit $rc, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_one.txt" | sed 's/^=* *//')"
     done
 }
+
+# lab_sweep LABEL LIMIT CMD...: a parity run (CMD is the whole command line, env assignments first)
+# under `timeout LIMIT`; its log in $OUT/parity_LABEL.txt, the first FAIL lines here, and a row with
+# its closing count and seconds through the caller's `row LABEL TEXT`
+lab_sweep() {
+    label=$1 limit=$2
+    shift 2
+    log="$OUT/parity_$(echo "$label" | tr -c 'a-z0-9\n' '_').txt"
+    s=$(date +%s)
+    timeout "$limit" "$@" >"$log" 2>&1
+    rc=$?
+    grep '^FAIL' "$log" | head -5
+    row "parity, $label" "$(tail -1 "$log" | grep -E 'passed|failed' || echo "no summary, exit $rc") ($(($(date +%s) - s)) s)"
+}

@@ -27,18 +27,6 @@ TABLE=build/sm80_check.txt
 JIT="env CUDA_FORCE_PTX_JIT=1 CUDA_CACHE_PATH=/tmp/wa-jit-cache CUDA_CACHE_MAXSIZE=4294967296"
 row() { printf '%-52s %s\n' "$1" "$2" >>"$TABLE"; }
 
-# sweep LABEL LIMIT CMD...: a parity run (CMD is the whole command line, env assignments first);
-# its log in $OUT, the first FAIL lines here, and a row with its closing count and seconds
-sweep() {
-    label=$1 limit=$2
-    shift 2
-    log="$OUT/parity_$(echo "$label" | tr -c 'a-z0-9\n' '_').txt"
-    s=$(date +%s)
-    timeout "$limit" "$@" >"$log" 2>&1
-    rc=$?
-    grep '^FAIL' "$log" | head -5
-    row "parity, $label" "$(tail -1 "$log" | grep -E 'passed|failed' || echo "no summary, exit $rc") ($(($(date +%s) - s)) s)"
-}
 
 stage_build() {
     s=$(date +%s)
@@ -54,16 +42,16 @@ stage_build() {
 }
 
 stage_parity() {
-    sweep "H200 default (versions 4/5)" 300 $W parity --device cuda --threads 16
-    sweep "WINATTN_CUDA=sm80" 400 env WINATTN_CUDA=sm80 $W parity --device cuda --threads 16
-    sweep "WINATTN_CUDA=sm80 --deterministic" 400 env WINATTN_CUDA=sm80 $W parity --device cuda --threads 16 --deterministic
-    sweep "WINATTN_CUDA=sm86 --quick" 300 env WINATTN_CUDA=sm86 $W parity --device cuda --threads 16 --quick
+    lab_sweep "H200 default (versions 4/5)" 300 $W parity --device cuda --threads 16
+    lab_sweep "WINATTN_CUDA=sm80" 400 env WINATTN_CUDA=sm80 $W parity --device cuda --threads 16
+    lab_sweep "WINATTN_CUDA=sm80 --deterministic" 400 env WINATTN_CUDA=sm80 $W parity --device cuda --threads 16 --deterministic
+    lab_sweep "WINATTN_CUDA=sm86 --quick" 300 env WINATTN_CUDA=sm86 $W parity --device cuda --threads 16 --quick
 }
 
 stage_jit() {
     rm -rf /tmp/wa-jit-cache
-    sweep "CUDA_FORCE_PTX_JIT=1 (no WINATTN_CUDA; JIT)" 500 $JIT $W parity --device cuda --threads 16
-    sweep "CUDA_FORCE_PTX_JIT=1 WINATTN_CUDA=sm80" 400 $JIT WINATTN_CUDA=sm80 $W parity --device cuda --threads 16
+    lab_sweep "CUDA_FORCE_PTX_JIT=1 (no WINATTN_CUDA; JIT)" 500 $JIT $W parity --device cuda --threads 16
+    lab_sweep "CUDA_FORCE_PTX_JIT=1 WINATTN_CUDA=sm80" 400 $JIT WINATTN_CUDA=sm80 $W parity --device cuda --threads 16
 }
 
 # the first case of `parity --list` whose line matches every pattern given
