@@ -42,7 +42,7 @@
  * its group that do not see it (as in a dense framework's P·V). In a varlen call a row past a
  * sequence's end loaded with the next sequence's tile can carry that sequence's NaN back (the
  * TMA kernels), which the rectangular layout does not. tests/test_nonfinite.c checks the
- * rectangular promise on every CUDA kernel version.
+ * rectangular promise on the kernels the GPU takes (WINATTN_CUDA selects the other versions).
  *
  * The library never prints and never exits: every function returns a wa_status and records a
  * one-line detail readable with wa_last_error().

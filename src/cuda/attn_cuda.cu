@@ -39,9 +39,9 @@
 
 /* Threads of a version-1 CTA. These kernels are chains of dependent fmaf with shared-memory loads
  * between, one CTA an SM at the larger D: latency-bound, so warps are what hides it. 512 against
- * 128 (`sh dev/cuda/f32_accumulation.sh threads`, H200): f32 backward 1.9-2.4x faster, forward
- * 1.4-2.7x. A lab build may set WA_V1_THREADS; results do not depend on it (every element's sums
- * run in one thread in a fixed order). */
+ * 128 (`sh dev/cuda/f32_accumulation.sh threads`, H200, the table in docs/cuda.md, version 1): f32
+ * backward 2.1-2.5x faster, forward 2.0-2.8x. A lab build may set WA_V1_THREADS; results do not
+ * depend on it (every element's sums run in one thread in a fixed order). */
 #ifndef WA_V1_THREADS
 #define WA_V1_THREADS 512
 #endif
@@ -76,7 +76,8 @@ __device__ __forceinline__ float warp_sum(float x) {
  * 32,768 query rows into one key's dK) lose no more than one f32 rounding, where a plain f32 chain
  * lost about as many ulp as it had terms. A pair rather than a double: GPUs of compute capability
  * 8.6 and 8.9 run float64 at 1/64 the f32 rate, where a double accumulator would slow this path
- * several times; the pair costs six f32 operations per partial. The result is RN(hi + lo). */
+ * several times; the pair costs seven f32 operations per partial (TwoSum's six, then lo's add).
+ * The result is RN(hi + lo). */
 __device__ __forceinline__ void pair_add(float &hi, float &lo, float x) {
     const float s = hi + x, x_part = s - hi, err = (hi - (s - x_part)) + (x - x_part);
     hi = s, lo += err;
@@ -463,9 +464,10 @@ static wa_status cuda_target_now(cuda_target *t) {
 
 /* ---- host side: version 1 ---- */
 
-/* Version 1's four kernels, each with its own tile: the backward's compensated pairs double the
- * accumulators, so at D > 128 the dK/dV kernel takes half the forward's rows (on the H200: 16 at
- * D = 256, 8 at D = 512) while the others keep theirs */
+/* Version 1's four kernels, each with its own tile: the dK/dV kernel holds four [keys][D]
+ * accumulators (dK and dV as compensated pairs), so it is the first to be halved (on the H200:
+ * 16 rows at D = 218 to 256, where the others keep 32, and 8 at D = 449 to 512, where they keep
+ * 16) */
 enum v1_kernel_kind { V1_FORWARD, V1_ROWSTATS, V1_DKDV, V1_DQ, V1_KINDS };
 
 /* shared-memory bytes of each kernel, matching the carving at the top of each */

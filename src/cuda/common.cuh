@@ -44,7 +44,7 @@ struct kparams {
                            * version 2 uses [B, Hq, Nq, D], version 4 its own order (bwd_hopper.cu) */
     float *lse2;          /* version-4 backward: lse·log2(e) per row, +inf past Nq and for empty rows */
     long long nq_pad;     /* row stride of delta and lse2 in the version-4 backward (Nq rounded up to 64) */
-    int tile, n_qtiles, n_ktiles;
+    int tile, n_qtiles, n_ktiles; /* version 1's, per kernel (attn_cuda.cu: for_kernel); 0 for the other versions */
     /* Packed variable-length batches (NULL cu_q: rectangular). The tensors are [1, H, T, D], B
      * counts sequences, Nq and Nk are the longest lengths (the grid's size); cu_q and cu_k hold
      * B + 1 offsets on the device, read by each CTA (seq_view below). The workspace is packed by
