@@ -1,6 +1,6 @@
 #!/bin/sh
 # f32_accumulation.sh — version 1's long sums as compensated pairs (attn_cuda.cu: pair_add) checked
-# on the H200 in one call, against the kernels before in the same run:
+# on the H200 in one run, against the kernels before:
 #   build   this tree (sm_90a, plus compute_80 PTX for the JIT check) and the tree carried in
 #           .lab-base (the kernels before, sm_90a) side by side;
 #   parity  the "accumulation" group, --verbose, on both (errors per case and tensor); the full

@@ -1,6 +1,6 @@
 # lab_env.sh — sourced (`. dev/cuda/lab_env.sh`) by the lab scripts, from the repository
 # root: sets OUT (where logs go, the device tool's $OUT) and DEPS (the unpacked libjansson, see
-# scripts/cuda_check.sh), and defines lab_build.
+# scripts/cuda_check.sh), and defines the lab_* functions below.
 # A script that sets LAB_KEEP=1 first gets KEEP = the device tool's $OUT (which returns at most 8
 # files) for what must come back, and OUT = /tmp/lab for the other logs. DEPS is made absolute, so
 # that a build in another tree (.lab-base/, carried for same-run comparisons) finds it; t0 starts

@@ -27,7 +27,6 @@ TABLE=build/sm80_check.txt
 JIT="env CUDA_FORCE_PTX_JIT=1 CUDA_CACHE_PATH=/tmp/wa-jit-cache CUDA_CACHE_MAXSIZE=4294967296"
 row() { printf '%-52s %s\n' "$1" "$2" >>"$TABLE"; }
 
-
 stage_build() {
     s=$(date +%s)
     [ -f "$TABLE" ] && mv "$TABLE" "$TABLE.old"
