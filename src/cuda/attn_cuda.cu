@@ -295,6 +295,7 @@ template <typename T, bool VARLEN> __global__ void __launch_bounds__(kThreads) r
     __syncthreads();
     for (int r = threadIdx.x; r < m; r += blockDim.x) {
         long long row = ws_head<VARLEN>(p, b, h, p.Nq) + i0 + r;
+        /* rn = 0 for a sum of 0 or NaN is harmless: such a row's lse is -inf or NaN, so its P is NaN */
         const float sum = sum_hi[r] + sum_lo[r], rn = sum > 0.0f ? 1.0f / sum : 0.0f;
         p.rnorm[row] = rn;
         p.delta[row] = (dot_hi[r] + dot_lo[r]) * rn;
