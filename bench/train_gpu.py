@@ -90,35 +90,18 @@ def run_c(winattn, cfg, length, steps, batch=None):
 PEER = r'''
 import json, math, sys, time, torch
 cfg_json, attn, length, steps = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-import transformers
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoModelForCausalLM
+from transformers_lora import add_lora, gemma4_config
 if attn == "winattn":
     import winattn.transformers
     winattn.transformers.register()
-cfg = transformers.Gemma4TextConfig(**{k: v for k, v in cfg_json.items() if k not in ("architectures", "model_type")})
+cfg = gemma4_config(cfg_json, attn)
 torch.manual_seed(0)
-cfg._attn_implementation = attn
 with torch.device("cuda"):
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
-model.requires_grad_(False)
-r, scale = 32, 20.0
-class LoRA(torch.nn.Module):  # mlx-lm's: y = W x + scale (x A) B, A uniform in ±1/sqrt(in), B zero
-    def __init__(self, base):
-        super().__init__()
-        self.base = base
-        i, o = base.in_features, base.out_features
-        self.A = torch.nn.Parameter(torch.empty(i, r, device="cuda", dtype=torch.bfloat16).uniform_(-i ** -0.5, i ** -0.5))
-        self.B = torch.nn.Parameter(torch.zeros(r, o, device="cuda", dtype=torch.bfloat16))
-    def forward(self, x):
-        return self.base(x) + scale * ((x @ self.A) @ self.B)
-for layer in model.model.layers:
-    a = layer.self_attn
-    for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-        if getattr(a, name, None) is not None:
-            setattr(a, name, LoRA(getattr(a, name)))
+params = add_lora(model, rank=32, scale=20.0)
 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 model.config.use_cache = False
-params = [p for p in model.parameters() if p.requires_grad]
 opt = torch.optim.Adam(params, lr=1e-5)
 times = []
 try:
@@ -143,7 +126,7 @@ except torch.OutOfMemoryError as e:
 
 def run_peer(cfg, attn, length, steps, winattn_lib):
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.path.join(ROOT, "python") + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "python"), HERE, env.get("PYTHONPATH", "")])
     if winattn_lib:
         env["WINATTN_LIBRARY"] = winattn_lib
     p = subprocess.run([sys.executable, "-c", PEER, json.dumps(cfg), attn, str(length), str(steps)],

@@ -76,7 +76,7 @@ TRAFFIC = {
         ("load-balanced (8,0)", "lb", 45, (8, 0), 2, 16),
         ("uneven [3,0,30,7] (9,2)", [3, 0, 30, 7], 40, (9, 2), 2, 16)],
 }
-MODELS = {2: ["Gemma 4", "Gemma 3"], 4: []}
+MODELS = {2: ["Gemma 4", "Gemma 3", "Gemma 4, gradient checkpointing"], 4: []}
 
 
 def names(world):
@@ -216,6 +216,8 @@ def tiny_model(label):
 def model_case(torch, dist, cp, rank, world, label, device):
     """One training step's loss and parameter gradients: the whole sequence on one process
     ("eager") against the sequence sharded over the ranks ("winattn_cp")."""
+    checkpointing = label.endswith(", gradient checkpointing")  # the backward runs each layer's forward again
+    label = label.split(",")[0]
     cls, config = tiny_model(label)
     torch.manual_seed(0)
     model = cls(config).float().to(device)
@@ -240,12 +242,15 @@ def model_case(torch, dist, cp, rank, world, label, device):
         model.zero_grad()
 
     model.set_attn_implementation("winattn_cp")
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()
     batch = cp.shard_causal_lm_batch(ids, layout, rank)
-    with cp.use_layout(layout):
-        out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False)
     num_tokens = int((ids[:, 1:] >= 0).sum())  # every label but the last of each row
-    loss = cp.causal_lm_loss(out.logits, batch["labels"], num_tokens)
-    loss.backward()
+    with cp.use_layout(layout):  # the backward inside too: checkpointing runs the forward (and its exchange) again
+        out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False)
+        loss = cp.causal_lm_loss(out.logits, batch["labels"], num_tokens)
+        loss.backward()
     grads = [model.get_parameter(k).grad for k in names]
     missing = [k for k, gr in zip(names, grads) if gr is None]
     flat = torch.cat([(torch.zeros_like(p) if gr is None else gr).flatten()

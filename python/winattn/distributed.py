@@ -555,7 +555,9 @@ _current = None  # (layout, group) while use_layout is active
 @contextlib.contextmanager
 def use_layout(layout, group=None):
     """Within this block, "winattn_cp" attention layers treat their inputs as this rank's shard
-    of a sequence laid out by `layout`. The backward needs no block: each layer keeps its plan."""
+    of a sequence laid out by `layout`. The backward needs no block (each layer keeps its plan),
+    except under gradient checkpointing, whose backward runs the layers' forward again: call
+    backward() inside the block then."""
     global _current
     before = _current
     _current = (layout, group)
@@ -570,7 +572,8 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     """transformers' attention-function signature over this rank's shard (see use_layout):
     query [B, Hq, N_local, D], key and value [B, Hkv, N_local, D]; returns ([B, N_local, Hq, D], None)."""
     if _current is None:
-        raise RuntimeError("winattn: attn_implementation 'winattn_cp' runs inside winattn.distributed.use_layout(...)")
+        raise RuntimeError("winattn: attn_implementation 'winattn_cp' runs inside winattn.distributed.use_layout(...) "
+                           "(with gradient checkpointing, call backward() inside it too: it runs the forward again)")
     layout, group = _current
     _refuse_unsupported(module, dropout, kwargs)
     if attention_mask is not None:
