@@ -212,6 +212,16 @@ def main():
     a = ap.parse_args()
     if a.worker:
         return worker(*a.worker)
+    if a.world < 2:
+        ap.error("--world must be 2 or more (it is compared with one GPU)")
+    if bool(a.lengths) == a.search:
+        ap.error("give either --lengths or --search")
+    try:
+        lengths = [int(x) for x in a.lengths.split(",")] if a.lengths else []
+    except ValueError:
+        ap.error("--lengths takes integers separated by commas, got %r" % a.lengths)
+    if min(lengths + [a.start, a.resolution, a.steps]) < 1:
+        ap.error("lengths, --start, --resolution and --steps must be positive")
     if a.tiny:
         cfg = dict(TINY)
         a.start, a.resolution = min(a.start, 256), min(a.resolution, 64)
@@ -235,8 +245,8 @@ def main():
             sys.exit("cp_train: the sharded step's loss differs from one device's")
     longest = {}
     for world in worlds:
-        if a.lengths:
-            for n in (int(x) for x in a.lengths.split(",")):
+        if lengths:
+            for n in lengths:
                 r = run_one(world, n, a, cfg)
                 rows.append({"world": world, "tokens": n, **r})
                 row(world, n, r)

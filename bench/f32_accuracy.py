@@ -64,6 +64,8 @@ def main():
     import torch
     where = "%d threads" % torch.get_num_threads()
     if a.device == "cuda":
+        if not torch.cuda.is_available():
+            sys.exit("f32_accuracy: --device cuda, but torch sees no CUDA device")
         acc.ieee_f32_products()
         where = torch.cuda.get_device_name()
     print("winattn %s (%s), torch %s, %s" % (acc.winattn.version(), os.environ["WINATTN_LIBRARY"], torch.__version__,
