@@ -39,10 +39,10 @@
  * non-finite, other batch entries and other KV-head groups are bit for bit unchanged, and an
  * output that does not depend on the value is either unchanged or non-finite: a tile product
  * multiplies a masked probability 0 by every key of the tile, so the value can also reach rows of
- * its group that do not see it (as in a dense framework's P·V). In a varlen call a row past a
- * sequence's end loaded with the next sequence's tile can carry that sequence's NaN back (the
- * TMA kernels), which the rectangular layout does not. tests/test_nonfinite.c checks the
- * rectangular promise on the kernels the GPU takes (WINATTN_CUDA selects the other versions).
+ * its group that do not see it (as in a dense framework's P·V). In a varlen call a value stays
+ * inside its own sequence on every device: the other sequences' outputs are bit for bit
+ * unchanged. tests/test_nonfinite.c checks both promises on the kernels the GPU takes
+ * (WINATTN_CUDA selects the other versions).
  *
  * The library never prints and never exits: every function returns a wa_status and records a
  * one-line detail readable with wa_last_error().
@@ -195,8 +195,9 @@ wa_status wa_forward(wa_context *ctx, const wa_attn_desc *desc,
  * the context keeps its backward workspace between calls (the largest so far, grown on the
  * context's stream; a call captured into a CUDA graph allocates its own) until
  * wa_context_destroy; with cuda_deterministic = 0 it holds an f32 dQ accumulator too, B*Hq*Nq*D
- * floats (Nq rounded up to 64). Deterministic on the CPU (bit-identical for any
- * thread count) and on CUDA with cuda_deterministic = 1; see that field for the default.
+ * floats (Nq rounded up to 64). Varlen calls on Hopper add 1 KB per sequence to it (tensor maps
+ * cut at each sequence's end; the forward takes them from the same workspace). Deterministic on
+ * the CPU (bit-identical for any thread count) and on CUDA with cuda_deterministic = 1; see that field for the default.
  * Same status codes as wa_forward. */
 wa_status wa_backward(wa_context *ctx, const wa_attn_desc *desc,
                       const wa_tensor *q, const wa_tensor *k, const wa_tensor *v,

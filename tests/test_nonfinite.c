@@ -352,6 +352,128 @@ static void run_shape(wa_dtype dt, const shape *s, uint64_t seed, int cpu, int c
     for (int t = 0; t < 4; t++) free(in.x[t]);
 }
 
+/* ---- varlen: a plant stays inside its own sequence ----
+ *
+ * Three sequences packed end to end, lengths that are no multiple of any tile, so that a kernel
+ * loading the last tile of one sequence reaches into the rows of the next. Each plant sits at a
+ * sequence's first or last row (the rows a neighbour's edge tile would touch); every output of the
+ * other sequences must be bit for bit what it is without the plant, on every device (the
+ * promise of include/winattn.h for varlen calls; inside the planted sequence the rectangular
+ * cases above hold the rules). */
+enum { VL_SEQS = 3 };
+static const int32_t vl_lengths[VL_SEQS] = {70, 45, 150};
+
+typedef struct vl_case {
+    int64_t left, right, D;
+    float softcap;
+} vl_case;
+static const vl_case vl_cases[] = {{-1, 0, 40, 0}, {-1, 0, 64, 0}, {40, 0, 128, 0}, {-1, -1, 64, 5.0f},
+                                   {60, 0, 256, 0}, {-1, 0, 512, 0}, {30, 0, 512, 0}};
+
+/* forward then backward of the packed batch x[0..3] (q, k, v, do_, [1, H, T, D]) into out[0..4]
+ * (o, lse, dq, dk, dv, same layouts; lse [1, HQ, T]); 0 and a message if a call fails */
+static int vl_run(wa_dtype dt, const vl_case *c, wa_device dev, void *const x[4], const int32_t *cu, int64_t T,
+                  void *out[5], char *err, size_t nerr) {
+    const int cuda = dev == WA_DEVICE_CUDA;
+    wa_context_params cp = {0};
+    cp.threads = 2;
+    cp.cuda_deterministic = 1;
+    wa_context *ctx;
+    if (wa_context_create(&cp, &ctx) != WA_OK) {
+        snprintf(err, nerr, "context: %s", wa_last_error());
+        return 0;
+    }
+    const size_t nq = (size_t)(HQ * T * c->D) * es(dt), nk = (size_t)(HKV * T * c->D) * es(dt);
+    const size_t sizes[10] = {nq, nk, nk, nq, nq, (size_t)(HQ * T) * 4, nq, nk, nk, sizeof(int32_t) * (VL_SEQS + 1)};
+    void *host[10] = {x[0], x[1], x[2], x[3], out[0], out[1], out[2], out[3], out[4], (void *)cu}, *buf[10] = {0};
+    int ok = 1;
+    for (int i = 0; i < 10; i++) {
+        if (!cuda) buf[i] = host[i];
+        else if (ok && (wa_malloc(ctx, WA_DEVICE_CUDA, sizes[i], &buf[i]) != WA_OK ||
+                        ((i < 4 || i == 9) && wa_memcpy(ctx, buf[i], WA_DEVICE_CUDA, host[i], WA_DEVICE_CPU, sizes[i]) != WA_OK)))
+            ok = 0;
+    }
+    if (ok) {
+        wa_tensor t[9];
+        for (int i = 0; i < 9; i++) {
+            const int kv = i == 1 || i == 2 || i == 7 || i == 8;
+            t[i] = i == 5 ? wa_tensor_lse_varlen(buf[i], HQ, T) : wa_tensor_bhnd(buf[i], dt, 1, kv ? HKV : HQ, T, c->D);
+            t[i].device = dev;
+        }
+        const wa_varlen seqs = {VL_SEQS, buf[9], buf[9], 150, 150};
+        const wa_attn_desc desc = {0, c->softcap, c->left, c->right};
+        ok = wa_forward_varlen(ctx, &desc, &seqs, &t[0], &t[1], &t[2], &t[4], &t[5]) == WA_OK &&
+             wa_backward_varlen(ctx, &desc, &seqs, &t[0], &t[1], &t[2], &t[4], &t[5], &t[3], &t[6], &t[7], &t[8]) == WA_OK;
+        for (int i = 4; i < 9 && ok && cuda; i++)
+            ok = wa_memcpy(ctx, host[i], WA_DEVICE_CPU, buf[i], WA_DEVICE_CUDA, sizes[i]) == WA_OK;
+    }
+    if (!ok) snprintf(err, nerr, "%s", wa_last_error());
+    for (int i = 0; i < 10; i++)
+        if (cuda && buf[i]) wa_free_memory(ctx, WA_DEVICE_CUDA, buf[i]);
+    wa_context_destroy(ctx);
+    return ok;
+}
+
+static void run_varlen(wa_dtype dt, const vl_case *c, wa_device dev, uint64_t seed) {
+    static const char *const dts[3] = {"f32", "f16", "bf16"};
+    int32_t cu[VL_SEQS + 1] = {0};
+    for (int s = 0; s < VL_SEQS; s++) cu[s + 1] = cu[s] + vl_lengths[s];
+    const int64_t T = cu[VL_SEQS], D = c->D;
+    const size_t e = es(dt), n_in[4] = {(size_t)(HQ * T * D), (size_t)(HKV * T * D), (size_t)(HKV * T * D), (size_t)(HQ * T * D)};
+    const size_t n_out[5] = {n_in[0], (size_t)(HQ * T), n_in[0], n_in[1], n_in[1]};
+    void *x[4], *clean[5], *got[5];
+    wa_rng g;
+    wa_rng_seed(&g, seed);
+    for (int t = 0; t < 4; t++) {
+        x[t] = malloc(n_in[t] * e);
+        wa_fill_normal(x[t], dt, n_in[t], &g, 1.0);
+    }
+    for (int t = 0; t < 5; t++) {
+        const size_t bytes = n_out[t] * (t == 1 ? 4 : e);
+        clean[t] = calloc(1, bytes), got[t] = calloc(1, bytes);
+    }
+    char err[256], first[300] = "";
+    int plants = 0;
+    if (!vl_run(dt, c, dev, x, cu, T, clean, err, sizeof err)) snprintf(first, sizeof first, "clean run: %s", err);
+    /* the first row of sequences 1 and 2 and the last row of sequences 0 and 1, in each input */
+    for (int t = 0; t < 4 && !first[0]; t++)
+        for (int at = 0; at < 4 && !first[0]; at++) {
+            const int seq = at < 2 ? at + 1 : at - 2;
+            const int64_t row = at < 2 ? cu[seq] : cu[seq + 1] - 1;
+            const int64_t H = t == T_K || t == T_V ? HKV : HQ, h = draw(&g, H), d = draw(&g, D);
+            const size_t i = (size_t)((h * T + row) * D + d);
+            uint32_t old;
+            if (dt == WA_F32) memcpy(&old, (float *)x[t] + i, 4);
+            else old = ((uint16_t *)x[t])[i];
+            const uint32_t bad = nonfinite_bits(dt, at & 1 ? 1 : 0); /* NaN or +inf */
+            if (dt == WA_F32) memcpy((float *)x[t] + i, &bad, 4);
+            else ((uint16_t *)x[t])[i] = (uint16_t)bad;
+            plants++;
+            if (!vl_run(dt, c, dev, x, cu, T, got, err, sizeof err)) snprintf(first, sizeof first, "%s", err);
+            /* every output row of the other sequences, bit for bit */
+            for (int o = 0; o < 5 && !first[0]; o++) {
+                const size_t width = (size_t)(o == 1 ? 1 : D), elem = o == 1 ? 4 : e;
+                const int64_t Ho = o == 3 || o == 4 ? HKV : HQ;
+                for (int64_t ho = 0; ho < Ho && !first[0]; ho++)
+                    for (int s = 0; s < VL_SEQS && !first[0]; s++) {
+                        if (s == seq) continue;
+                        const size_t off = ((size_t)(ho * T + cu[s]) * width) * elem, len = (size_t)(cu[s + 1] - cu[s]) * width * elem;
+                        if (memcmp((char *)got[o] + off, (char *)clean[o] + off, len) != 0)
+                            snprintf(first, sizeof first, "%s at %s[h=%lld row=%lld d=%lld] (sequence %d) changed %s of sequence %d",
+                                     value_names[at & 1], tensor_names[t], (long long)h, (long long)row, (long long)d, seq,
+                                     out_names[o], s);
+                    }
+            }
+            if (dt == WA_F32) memcpy((float *)x[t] + i, &old, 4);
+            else ((uint16_t *)x[t])[i] = (uint16_t)old;
+        }
+    check(!first[0], "nonfinite varlen %s %s D=%lld win=(%lld,%lld)%s, sequences 70/45/150: %d plants stay in their sequence%s%s",
+          dev == WA_DEVICE_CUDA ? "cuda" : "cpu", dts[dt], (long long)D, (long long)c->left, (long long)c->right,
+          c->softcap > 0 ? " cap=5" : "", plants, first[0] ? " : " : "", first);
+    for (int t = 0; t < 4; t++) free(x[t]);
+    for (int t = 0; t < 5; t++) free(clean[t]), free(got[t]);
+}
+
 int main(void) {
     for (int i = 0; i < n_isas; i++) {
         setenv("WINATTN_ISA", isas[i], 1);
@@ -365,6 +487,12 @@ int main(void) {
     for (int d = 0; d < 3 && cuda; d++)
         for (size_t s = 0; s < sizeof cuda_shapes / sizeof *cuda_shapes; s++)
             run_shape((wa_dtype)d, &cuda_shapes[s], seed++, 0, 1);
+    /* varlen: f32 on the CPU (its kernels at every D); f16 and bf16 on the GPU's tensor-core kernels */
+    unsetenv("WINATTN_ISA");
+    for (size_t c = 0; c < sizeof vl_cases / sizeof *vl_cases; c++) {
+        if (vl_cases[c].D <= 256) run_varlen(WA_F32, &vl_cases[c], WA_DEVICE_CPU, seed++);
+        for (int d = 1; d < 3 && cuda; d++) run_varlen((wa_dtype)d, &vl_cases[c], WA_DEVICE_CUDA, seed++);
+    }
     unsetenv("WINATTN_ISA");
     return check_summary();
 }

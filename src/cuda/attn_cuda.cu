@@ -599,9 +599,29 @@ static wa_status check_v1_fits(v1_kernel_kind kind, long long D, const cuda_targ
                    v1_smem(kind, Bt, (int)D), t.smem_optin);
 }
 
+static wa_status context_workspace(wa_context *ctx, size_t bytes, cudaStream_t s, void **ws, int *owned);
+
+/* varlen calls: the TMA kernels' per-sequence tensor maps (kparams.seq_maps), B × kMaxSeqMaps maps
+ * of 128 bytes; nothing for rectangular calls */
+static size_t seq_map_bytes(const wa_problem *p) { return p->cu_q ? (size_t)p->B * kMaxSeqMaps * kTensorMapBytes : 0; }
+
 template <typename T> static wa_status forward_t(wa_context *ctx, const wa_problem *p, const cuda_target &t) {
-    const kparams kp = params_of(p);
-    if (mma_supports(p, t, 0)) return mma_forward(kp, p->dtype, t, stream_of(ctx));
+    kparams kp = params_of(p);
+    if (mma_supports(p, t, 0)) {
+        cudaStream_t s = stream_of(ctx);
+        if (!seq_map_bytes(p) || !t.hopper) return mma_forward(kp, p->dtype, t, s);
+        void *ws = nullptr;
+        int owned = 0;
+        wa_status st = context_workspace(ctx, seq_map_bytes(p), s, &ws, &owned);
+        if (st != WA_OK) return st;
+        kp.seq_maps = ws;
+        st = mma_forward(kp, p->dtype, t, s);
+        if (owned) {
+            cudaError_t e = cudaFreeAsync(ws, s);
+            if (st == WA_OK && e != cudaSuccess) st = wa_fail(WA_ERR_CUDA, "cudaFreeAsync: %s", cudaGetErrorString(e));
+        }
+        return st;
+    }
     const wa_status st = check_v1_fits(V1_FORWARD, p->D, t);
     if (st != WA_OK) return st;
     const kparams kf = for_kernel(kp, V1_FORWARD, t);
@@ -633,6 +653,13 @@ static size_t ws_rows(const wa_problem *p) {
 static size_t workspace_floats(const wa_context *ctx, const wa_problem *p, const cuda_target &t) {
     size_t n = 2 * ws_rows(p) + (atomic_dq(ctx, p, t) ? ws_rows(p) * (size_t)p->D : 0);
     return n ? n : 1;
+}
+/* the backward's workspace: the floats, then (varlen) the tensor maps, 128-byte aligned */
+static size_t seq_maps_offset(const wa_context *ctx, const wa_problem *p, const cuda_target &t) {
+    return (workspace_floats(ctx, p, t) * sizeof(float) + kTensorMapBytes - 1) / kTensorMapBytes * kTensorMapBytes;
+}
+static size_t backward_workspace_bytes(const wa_context *ctx, const wa_problem *p, const cuda_target &t) {
+    return seq_map_bytes(p) ? seq_maps_offset(ctx, p, t) + seq_map_bytes(p) : workspace_floats(ctx, p, t) * sizeof(float);
 }
 
 /* `bytes` of device workspace for a call on stream s: the context's, grown (stream-ordered) when
@@ -678,9 +705,10 @@ template <typename T> static wa_status backward_t(wa_context *ctx, const wa_prob
     }
     void *ws = nullptr;
     int owned = 0;
-    const wa_status got = context_workspace(ctx, workspace_floats(ctx, p, t) * sizeof(float), s, &ws, &owned);
+    const wa_status got = context_workspace(ctx, backward_workspace_bytes(ctx, p, t), s, &ws, &owned);
     if (got != WA_OK) return got;
     kp.delta = (float *)ws;
+    kp.seq_maps = seq_map_bytes(p) ? (char *)ws + seq_maps_offset(ctx, p, t) : nullptr;
     kp.nq_pad = (p->Nq + 63) / 64 * 64;
     kp.rnorm = f32 ? kp.delta + ws_rows(p) : nullptr;
     kp.lse2 = f32 ? nullptr : kp.delta + ws_rows(p);
@@ -738,14 +766,15 @@ int wa_cuda_available(void) {
 }
 
 size_t wa_cuda_workspace_bytes(const wa_context *ctx, const wa_problem *p, int backward) {
-    if (!backward || p->B * p->Hq * p->Nq == 0) return 0;
+    if (p->B * p->Hq * p->Nq == 0) return 0;
     cuda_target t;
     if (cuda_target_now(&t) != WA_OK) {
         (void)cudaGetLastError();
         wa_clear_error(); /* the call itself reports it */
-        return 2 * ws_rows(p) * sizeof(float);
+        return backward ? 2 * ws_rows(p) * sizeof(float) : 0;
     }
-    return workspace_floats(ctx, p, t) * sizeof(float);
+    if (!backward) return mma_supports(p, t, 0) && t.hopper ? seq_map_bytes(p) : 0;
+    return backward_workspace_bytes(ctx, p, t);
 }
 
 wa_status wa_cuda_forward(wa_context *ctx, const wa_problem *p) {

@@ -217,10 +217,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (wg == 0) { /* producer */
         setmaxnreg_dec<kProducerRegs>();
         if (threadIdx.x == 0 && steps > 0) {
+            /* varlen: the sequence's maps (seq_map), so that rows past it arrive as zeros */
+            const CUtensorMap *mq = seq_map<VARLEN>(tq, kp, 0), *mdo = seq_map<VARLEN>(tdo, kp, 1), *mk = seq_map<VARLEN>(tk, kp, 2),
+                              *mv = seq_map<VARLEN>(tv, kp, 3);
             mbar_expect_tx(kv_full, 2 * L::KV);
             for (int c = 0; c < DB; c++) {
-                tma_load(sK + c * (KEYS * 128), &tk, kv_full, c * 64, (int)(k_row0 + j0), (int)hk, (int)b);
-                tma_load(sV + c * (KEYS * 128), &tv, kv_full, c * 64, (int)(k_row0 + j0), (int)hk, (int)b);
+                tma_load(sK + c * (KEYS * 128), mk, kv_full, c * 64, (int)(k_row0 + j0), (int)hk, (int)b);
+                tma_load(sV + c * (KEYS * 128), mv, kv_full, c * 64, (int)(k_row0 + j0), (int)hk, (int)b);
             }
             for (int n = 0; n < steps; n++) {
                 const int st = n & 1;
@@ -229,8 +232,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                 if (n >= 2) mbar_wait(empty(st), ph ^ 1u);
                 mbar_expect_tx(full(st), 2 * QT);
                 for (int c = 0; c < DB; c++) {
-                    tma_load(sQ + st * QT + c * (64 * 128), &tq, full(st), c * 64, (int)(q_row0 + i0), (int)h, (int)b);
-                    tma_load(sdO + st * QT + c * (64 * 128), &tdo, full(st), c * 64, (int)(q_row0 + i0), (int)h, (int)b);
+                    tma_load(sQ + st * QT + c * (64 * 128), mq, full(st), c * 64, (int)(q_row0 + i0), (int)h, (int)b);
+                    tma_load(sdO + st * QT + c * (64 * 128), mdo, full(st), c * 64, (int)(q_row0 + i0), (int)h, (int)b);
                 }
             }
         }
@@ -542,12 +545,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (wg == 0) { /* producer: as in the forward, with dO beside Q */
         setmaxnreg_dec<kProducerRegs>();
         if (threadIdx.x == 0 && kt0 < kt1) {
+            /* maps 4..7 of the launch: this kernel's boxes */
+            const CUtensorMap *mq = seq_map<VARLEN>(tq, kp, 4), *mdo = seq_map<VARLEN>(tdo, kp, 5), *mk = seq_map<VARLEN>(tk, kp, 6),
+                              *mv = seq_map<VARLEN>(tv, kp, 7);
             mbar_expect_tx(ring.once(), 2 * BM * D * 2);
             for (int c = 0; c < DB; c++) {
-                tma_load(sQ + c * (BM * 128), &tq, ring.once(), c * 64, (int)((VARLEN ? p.q_row0 : 0) + i0), (int)h, (int)b);
-                tma_load(sdO + c * (BM * 128), &tdo, ring.once(), c * 64, (int)((VARLEN ? p.q_row0 : 0) + i0), (int)h, (int)b);
+                tma_load(sQ + c * (BM * 128), mq, ring.once(), c * 64, (int)((VARLEN ? p.q_row0 : 0) + i0), (int)h, (int)b);
+                tma_load(sdO + c * (BM * 128), mdo, ring.once(), c * 64, (int)((VARLEN ? p.q_row0 : 0) + i0), (int)h, (int)b);
             }
-            ring.produce<BN, DB>(&tk, &tv, sK, sV, kt0, kt1, (int)hk, (int)b, VARLEN ? p.k_row0 : 0);
+            ring.produce<BN, DB>(mk, mv, sK, sV, kt0, kt1, (int)hk, (int)b, VARLEN ? p.k_row0 : 0);
         }
         return;
     }
@@ -675,6 +681,9 @@ static wa_status launch_all(const kparams &kp, const CUtensorMap (&m)[8], cudaSt
     constexpr int keys = kv_keys<D>();
     const unsigned q_tiles = (unsigned)(kp.nq_pad / 64), key_tiles = (unsigned)((kp.Nk + keys - 1) / keys);
     CUDA_TRY(raise_once(prep_kernel<T, D, VARLEN>, prep_smem_bytes<D>(), &done_prep));
+    /* varlen: every sequence's copies of the eight maps (Q, dO, K, V of each kernel), once */
+    const wa_status maps_st = write_seq_maps(kp, m, 8, 0b11001100u, s);
+    if (maps_st != WA_OK) return maps_st;
     if constexpr (kv_by_rows<D>()) {
         if (kp.dq_acc) { /* fused: prep (zeroes the accumulator), dK/dV with dQ, dq from the accumulator */
             CUDA_TRY(raise_once(dkdv_ws_kernel<T, D, CAP, true, VARLEN>, kv_layout<D, true>::bytes, &done_fused));

@@ -54,7 +54,14 @@ struct kparams {
     long long Tq, Tk, ws_stride;
     long long seq0;           /* the first sequence of this launch (grid z holds at most 65535) */
     long long q_row0, k_row0; /* set by seq_view: the sequence's first rows (TMA coordinates) */
+    /* varlen calls on the TMA kernels: per sequence, copies of the launch's tensor maps whose row
+     * extent ends at the sequence's last row (hopper_prims.cuh: seq_maps_kernel); device memory of
+     * B × kMaxSeqMaps × 128 bytes from the workspace, NULL otherwise */
+    void *seq_maps;
 };
+
+/* the slots of kparams.seq_maps: the most tensor maps one varlen launch reads, and a map's size */
+constexpr int kMaxSeqMaps = 8, kTensorMapBytes = 128;
 
 template <typename T> __device__ __forceinline__ float to_f32(T x);
 template <> __device__ __forceinline__ float to_f32<float>(float x) { return x; }

@@ -61,18 +61,20 @@ constexpr int kTurn = 1;
 template <int D> __host__ __device__ constexpr int ws_bn() { return D == 256 ? 64 : D == 128 ? WA_FWD_BN128 : 128; }
 
 /* warpgroup 0 of both forwards: gives its registers back, then one thread loads the Q tile (BM rows,
- * DB column blocks) and K and V of key tiles [kt0, kt1) into the ring; q_row0 and k_row0 are a
- * varlen sequence's first rows in the packed tensors (0 otherwise) */
-template <int BM, int BN, int DB>
-__device__ __forceinline__ void produce_forward(const kv_ring &ring, const CUtensorMap *tq, const CUtensorMap *tk,
-                                                const CUtensorMap *tv, uint32_t sQ, uint32_t sK, uint32_t sV, long long i0,
-                                                long long h, long long hk, long long b, int64_t kt0, int64_t kt1,
+ * DB column blocks) and K and V of key tiles [kt0, kt1) into the ring, through the launch's maps
+ * or (varlen) the sequence's (seq_map: rows past the sequence arrive as zeros); q_row0 and k_row0
+ * are a varlen sequence's first rows in the packed tensors (0 otherwise) */
+template <int BM, int BN, int DB, bool VARLEN>
+__device__ __forceinline__ void produce_forward(const kv_ring &ring, const CUtensorMap &tq, const CUtensorMap &tk,
+                                                const CUtensorMap &tv, const kparams &kp, uint32_t sQ, uint32_t sK, uint32_t sV,
+                                                long long i0, long long h, long long hk, long long b, int64_t kt0, int64_t kt1,
                                                 long long q_row0, long long k_row0) {
     setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0 && kt0 < kt1) {
+        const CUtensorMap *mq = seq_map<VARLEN>(tq, kp, 0), *mk = seq_map<VARLEN>(tk, kp, 1), *mv = seq_map<VARLEN>(tv, kp, 2);
         mbar_expect_tx(ring.once(), BM * DB * 64 * 2);
-        for (int c = 0; c < DB; c++) tma_load(sQ + c * (BM * 128), tq, ring.once(), c * 64, (int)(q_row0 + i0), (int)h, (int)b);
-        ring.produce<BN, DB>(tk, tv, sK, sV, kt0, kt1, (int)hk, (int)b, k_row0);
+        for (int c = 0; c < DB; c++) tma_load(sQ + c * (BM * 128), mq, ring.once(), c * 64, (int)(q_row0 + i0), (int)h, (int)b);
+        ring.produce<BN, DB>(mk, mv, sK, sV, kt0, kt1, (int)hk, (int)b, k_row0);
     }
 }
 
@@ -111,7 +113,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
 
     if (wg == 0) {
-        produce_forward<BM, BN, DB>(ring, &tq, &tk, &tv, sQ, sK, sV, i0, h, hk, b, kt0, kt1, VARLEN ? p.q_row0 : 0,
+        produce_forward<BM, BN, DB, VARLEN>(ring, tq, tk, tv, kp, sQ, sK, sV, i0, h, hk, b, kt0, kt1, VARLEN ? p.q_row0 : 0,
                                     VARLEN ? p.k_row0 : 0);
         return;
     }
@@ -304,7 +306,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
 
     if (wg == 0) {
-        produce_forward<BM, BN, DB>(ring, &tq, &tk, &tv, sQ, sK, sV, i0, h, hk, b, kt0, kt1, VARLEN ? p.q_row0 : 0,
+        produce_forward<BM, BN, DB, VARLEN>(ring, tq, tk, tv, kp, sQ, sK, sV, i0, h, hk, b, kt0, kt1, VARLEN ? p.q_row0 : 0,
                                     VARLEN ? p.k_row0 : 0);
         return;
     }
@@ -405,6 +407,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 /* ---- host side ---- */
 
+/* the forwards' maps: Q, K, V (K and V span key rows; write_seq_maps) */
+constexpr unsigned kKeyMaps = 0b110;
+
 /* the rectangular instance (VARLEN false) on a (query tiles, heads, B) grid, or the varlen one over
  * the sequences (over_sequences), tiles from the longest */
 template <typename T, int D, bool PIPELINED, Cap CAP, bool VARLEN>
@@ -412,6 +417,9 @@ static wa_status launch(const kparams &kp, const CUtensorMap &q, const CUtensorM
     static volatile unsigned long long done = 0;
     constexpr size_t bytes = ws_layout<D>::bytes;
     CUDA_TRY(raise_once(fwd_ws_kernel<T, D, PIPELINED, CAP, VARLEN>, bytes, &done));
+    const CUtensorMap maps[3] = {q, k, v};
+    const wa_status st = write_seq_maps(kp, maps, 3, kKeyMaps, s);
+    if (st != WA_OK) return st;
     return over_sequences(kp, [&](const kparams &c, unsigned z) {
         const dim3 grid((unsigned)((kp.Nq + kBM - 1) / kBM), (unsigned)kp.Hq, z);
         fwd_ws_kernel<T, D, PIPELINED, CAP, VARLEN><<<grid, kThreads, bytes, s>>>(q, k, v, c);
@@ -440,6 +448,8 @@ template <typename T, Cap CAP, bool VARLEN>
 static wa_status launch_wide(const kparams &kp, const CUtensorMap (&maps)[3], cudaStream_t s) {
     static volatile unsigned long long done = 0;
     CUDA_TRY(raise_once(fwd_wide_ws_kernel<T, CAP, VARLEN>, wide_layout::bytes, &done));
+    const wa_status st = write_seq_maps(kp, maps, 3, kKeyMaps, s);
+    if (st != WA_OK) return st;
     return over_sequences(kp, [&](const kparams &c, unsigned z) {
         const dim3 grid((unsigned)((kp.Nq + kWideBM - 1) / kWideBM), (unsigned)kp.Hq, z);
         fwd_wide_ws_kernel<T, CAP, VARLEN><<<grid, kThreads, wide_layout::bytes, s>>>(maps[0], maps[1], maps[2], c);

@@ -159,6 +159,54 @@ struct kv_ring {
     }
 };
 
+/* ---- varlen: tensor maps cut at each sequence's end ----
+ *
+ * A varlen launch maps the packed tensors whole, and a CTA loads at its sequence's rows. The last
+ * tile of a sequence would then read the first rows of the next one: masked, but a NaN or an
+ * infinity there still reaches the sequence through 0 × NaN in a tile product (P V, dSᵀ Q, dS K).
+ * So each sequence gets its own copy of every map of the launch with the row extent (dimension 1)
+ * set to the sequence's end: TMA fills the rows past it with zeros, exactly as past the end of a
+ * rectangular tensor. seq_maps_kernel writes the copies (kparams.seq_maps, B × kMaxSeqMaps maps)
+ * before the launch that reads them; seq_map() picks a CTA's. */
+struct launch_maps {
+    CUtensorMap map[kMaxSeqMaps];
+    int count;
+    unsigned key_rows; /* bit i: map i spans key rows (K, V), else query rows (Q, dO) */
+};
+
+/* one thread per (sequence, map): the launch's map copied to the sequence's slot, its row extent
+ * replaced (tensormap.replace), released to the tensor-map proxy of the kernels that follow */
+__global__ void __launch_bounds__(128) seq_maps_kernel(const __grid_constant__ launch_maps lm, const kparams kp) {
+#if WA_HOPPER_STUB /* not the sm_90a compilation: never launched (common.cuh) */
+    __trap();
+#else
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x, seq = i / lm.count;
+    const int m = (int)(i % lm.count);
+    if (seq >= kp.B) return;
+    const bool key = (lm.key_rows >> m) & 1u;
+    int64_t first, rows;
+    wa_seq_rows(key ? kp.cu_k : kp.cu_q, seq, key ? kp.Tk : kp.Tq, key ? kp.Nk : kp.Nq, &first, &rows);
+    CUtensorMap *out = (CUtensorMap *)kp.seq_maps + seq * kMaxSeqMaps + m;
+    const uint4 *src = (const uint4 *)&lm.map[m];
+    static_assert(sizeof(CUtensorMap) == kTensorMapBytes, "the workspace's map slots");
+    for (int w = 0; w < (int)(sizeof(CUtensorMap) / sizeof(uint4)); w++) ((uint4 *)out)[w] = src[w];
+    /* at least one row: an extent of 0 is no valid map (an empty sequence's CTAs never load) */
+    const uint32_t extent = (uint32_t)max(first + rows, (int64_t)1);
+    asm volatile("tensormap.replace.tile.global_dim.global.b1024.b32 [%0], 1, %1;\n" ::"l"(out), "r"(extent) : "memory");
+    asm volatile("fence.proxy.tensormap::generic.release.gpu;\n" ::: "memory");
+#endif
+}
+
+/* the tensor map a CTA loads through: the launch's own (rectangular), or its sequence's copy
+ * (varlen), acquired for the tensor-map proxy before the first load through it */
+template <bool VARLEN>
+__device__ __forceinline__ const CUtensorMap *seq_map(const CUtensorMap &launch, const kparams &kp, int index) {
+    if (!VARLEN) return &launch;
+    const CUtensorMap *m = (const CUtensorMap *)kp.seq_maps + (kp.seq0 + blockIdx.z) * kMaxSeqMaps + index;
+    asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(m) : "memory");
+    return m;
+}
+
 /* acc (64 × D per warpgroup, f32) += a (16 columns of P or dS, registers) × 16 rows of an MN-major
  * operand (V, K, Q or dO: a tile of R rows stored as D/64 column blocks R × 128 bytes apart) given
  * by its descriptor, gmma_desc_mn(rows, R * 128) moved on with desc_at. One wgmma m64nDk16 spanning
@@ -228,6 +276,21 @@ static bool tensor_map(CUtensorMap *map, const dev_tensor &t, wa_dtype dt, long 
     return encode(map, dt == WA_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, t.data, dims,
                   gstride, box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+/* a varlen launch's per-sequence maps (seq_maps_kernel) from its `count` maps, before the kernels
+ * that read them on stream s; rectangular: nothing */
+static wa_status write_seq_maps(const kparams &kp, const CUtensorMap *maps, int count, unsigned key_rows, cudaStream_t s) {
+    if (!kp.cu_q || kp.B == 0) return WA_OK;
+    if (!kp.seq_maps) return wa_fail(WA_ERR_CUDA, "varlen TMA launch without its tensor-map workspace");
+    launch_maps lm;
+    memset(&lm, 0, sizeof lm);
+    memcpy(lm.map, maps, (size_t)count * sizeof(CUtensorMap));
+    lm.count = count, lm.key_rows = key_rows;
+    const long long threads = kp.B * count;
+    seq_maps_kernel<<<(unsigned)((threads + 127) / 128), 128, 0, s>>>(lm, kp);
+    CUDA_TRY(cudaGetLastError());
+    return WA_OK;
 }
 
 /* the batch entries and rows a tensor map spans: the packed tensor whole for varlen */
