@@ -23,8 +23,10 @@ does in a site-packages install, which --target skips).
 
 Versions: ffpa-attn 0.2.4 pins quack-kernels 0.6.4 and nvidia-cutlass-dsl 4.6.2, which
 flash-attn-4 4.0.0b36 accepts (>= 4.6.2, >= 0.5.3), so one set serves both. The DSL's libs-cu12
-requirement is not carried: on a CUDA 13 driver the DSL loads libs-cu13. torch and einops are on
-the GPU machine already.
+requirement is not carried: on a CUDA 13 driver the DSL loads libs-cu13. The DSL's Python sources
+(cutlass.cute) are in libs-core, its compiler bindings in libs-base, its CUDA 13 runtime in
+libs-cu13: all three go into the one folder nvidia_cutlass_dsl/. torch, einops, numpy, protobuf
+and cuda-python's bindings are on the GPU machine already.
 """
 import argparse
 import hashlib
@@ -40,6 +42,7 @@ PINNED = [
     "quack-kernels==0.6.4",
     "nvidia-cutlass-dsl==4.6.2",
     "nvidia-cutlass-dsl-libs-base==4.6.2",
+    "nvidia-cutlass-dsl-libs-core==4.6.2",
     "nvidia-cutlass-dsl-libs-cu13==4.6.2",
     "apache-tvm-ffi==0.1.15.post2",
     "torch-c-dlpack-ext==0.1.5",
