@@ -1,10 +1,31 @@
 #!/usr/bin/env python3
-"""binding_overhead.py — the Python-side cost of winattn.torch.attention: forward and backward
-calls on tiny CPU tensors (so the kernels cost next to nothing), mean over --calls after a
-warm-up. Run from the repository root after `make lib`:
-    python3 bench/binding_overhead.py [--calls 200]
-Needs torch. docs/gpu-peers.md and docs/cuda.md quote its result."""
+"""binding_overhead.py — the host-side cost of winattn.torch.attention, forward and backward, on
+shapes so small that the kernels cost next to nothing. Run from the repository root after
+`make lib`:
+    python3 bench/binding_overhead.py [--calls 200]                     # CPU tensors
+    python3 bench/binding_overhead.py --device cuda [--calls 50] [--peers-dir /tmp/winattn-peers]
+Needs torch.
+
+CPU: the mean time of a forward and of a backward call after a warm-up.
+
+CUDA (1x2x128x64 bf16, window (63, 0)): per forward + backward, in microseconds,
+  host      the wall time of the calls alone: each call timed on the host, the GPU drained between
+            batches so that a full launch queue never blocks a call; for winattn through autograd
+            (attention + torch.autograd.grad), through the custom ops directly (no autograd), and
+            through the C library's wa_forward / wa_backward called with ready arguments (the
+            library's own host path: checks, tensor maps, launches);
+  gpu       the kernels alone: the same forward + backward captured in a CUDA graph, replayed,
+            timed with CUDA events;
+  excess    host minus gpu: what a step pays beyond the kernels when the host cannot run ahead;
+the same for SDPA's flash backend and (with --peers-dir) FlashAttention 4, as references. Then two
+checks, each printed as identical or not: the forward + backward captured in a CUDA graph and
+replayed gives the eager call's o, dq, dk, dv bit for bit (deterministic=True), and so does
+torch.compile(mode="reduce-overhead") of a function calling winattn.torch.attention (each capture
+in a process of its own; exit status 1 if either check fails). --profile adds a cProfile of the
+autograd path.
+docs/gpu-peers.md and docs/cuda.md quote its results."""
 import argparse
+import ctypes
 import os
 import sys
 import time
@@ -17,12 +38,7 @@ import torch  # noqa: E402
 import winattn.torch as wt  # noqa: E402
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--calls", type=int, default=200)
-    a = ap.parse_args()
-    if a.calls < 1:
-        sys.exit("binding_overhead: --calls must be at least 1")
+def cpu(calls):
     q = torch.randn(1, 2, 16, 64, dtype=torch.bfloat16, requires_grad=True)
     k = torch.randn(1, 1, 16, 64, dtype=torch.bfloat16, requires_grad=True)
     v = torch.randn(1, 1, 16, 64, dtype=torch.bfloat16, requires_grad=True)
@@ -31,14 +47,293 @@ def main():
         o = wt.attention(q, k, v, window=(7, 0))
         torch.autograd.grad(o, (q, k, v), do)
     t0 = time.perf_counter()
-    for _ in range(a.calls):
+    for _ in range(calls):
         o = wt.attention(q, k, v, window=(7, 0))
     t1 = time.perf_counter()
-    for _ in range(a.calls):
+    for _ in range(calls):
         torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
     t2 = time.perf_counter()
     print("binding overhead (CPU, 1x2x16x64 bf16, %d calls): forward %.0f us, backward %.0f us per call"
-          % (a.calls, (t1 - t0) / a.calls * 1e6, (t2 - t1) / a.calls * 1e6))
+          % (calls, (t1 - t0) / calls * 1e6, (t2 - t1) / calls * 1e6))
+
+
+def host_us(step, calls, batch=10):
+    """mean host time of step() in microseconds: timed call by call, the GPU drained every `batch`
+    calls (a call that finds the launch queue full would wait for the GPU)"""
+    for _ in range(5):
+        step()
+    torch.cuda.synchronize()
+    total, done = 0.0, 0
+    while done < calls:
+        for _ in range(min(batch, calls - done)):
+            t = time.perf_counter()
+            step()
+            total += time.perf_counter() - t
+            done += 1
+        torch.cuda.synchronize()
+    return total / calls * 1e6
+
+
+def gpu_us(step, reps=50):
+    """the kernels of step() alone: captured in a CUDA graph (warmed up on a side stream first, as
+    PyTorch's documentation does it), replayed, timed with CUDA events"""
+    g = capture(step)
+    for _ in range(5):
+        g.replay()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(reps):
+        g.replay()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) * 1e3 / reps
+
+
+def capture(step, mode="global"):
+    """step() captured in a CUDA graph, after three warm-up calls on a side stream; mode: the
+    capture_error_mode (global: any unsafe CUDA call in any thread invalidates the capture)"""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, capture_error_mode=mode):
+        step()
+    torch.cuda.synchronize()
+    return g
+
+
+def error_line(text):
+    """the exception's own line of a child's output (not the generic hints CUDA errors add)"""
+    lines = [t.strip() for t in text.strip().splitlines() if "Error:" in t or "error:" in t]
+    return lines[-1] if lines else (text.strip().splitlines() or ["no output"])[-1]
+
+
+def cuda_inputs():
+    dev, dt = "cuda", torch.bfloat16
+    g = torch.Generator(device=dev).manual_seed(0)
+    q = torch.randn(1, 2, 128, 64, device=dev, dtype=dt, generator=g).requires_grad_()
+    k = torch.randn(1, 1, 128, 64, device=dev, dtype=dt, generator=g).requires_grad_()
+    v = torch.randn(1, 1, 128, 64, device=dev, dtype=dt, generator=g).requires_grad_()
+    do = torch.randn(1, 2, 128, 64, device=dev, dtype=dt, generator=g)
+    return q, k, v, do
+
+
+WIN, SCALE = (63, 0), 64 ** -0.5
+
+
+def check(which, mode, system="winattn"):
+    """one capture check in this process: o, dq, dk, dv of the captured / compiled forward +
+    backward against the eager call's, bit for bit. which: graph (the capture first, in this fresh
+    process, as PyTorch documents it: warm-up on a side stream), graph-after-eager (an eager call on
+    the default stream first), compile"""
+    q, k, v, do = cuda_inputs()
+
+    def attn(q, k, v):
+        if system == "sdpa":
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return wt.attention(q, k, v, window=WIN, deterministic=True)
+
+    def eager():
+        o = attn(q, k, v)
+        return [o.detach()] + list(torch.autograd.grad(o, (q, k, v), do))
+
+    if which == "graph-after-eager":
+        eager()
+        which = "graph"
+    if which == "graph":
+        out = {}
+
+        def step():
+            o = attn(q, k, v)
+            out["x"] = [o.detach()] + list(torch.autograd.grad(o, (q, k, v), do))
+
+        g = capture(step, mode)
+        for x in out["x"]:
+            x.zero_()
+        g.replay()
+        torch.cuda.synchronize()
+        got, what = out["x"], "captured in a CUDA graph (torch.cuda.graph, capture_error_mode=%s) and replayed" % mode
+        want = eager()
+    else:
+        want = eager()
+        f = torch.compile(lambda q, k, v: wt.attention(q, k, v, window=WIN, deterministic=True), mode="reduce-overhead")
+        for _ in range(3):  # reduce-overhead records its CUDA graphs after warm-up calls
+            oc = f(q, k, v)
+            gc = torch.autograd.grad(oc, (q, k, v), do)
+        got, what = [oc.detach()] + list(gc), 'through torch.compile(mode="reduce-overhead")'
+    same = all(torch.equal(a, b) for a, b in zip(got, want))
+    print("forward + backward %s: %s to the eager call (o, dq, dk, dv)" % (what, "bit-identical" if same else "DIFFERENT"))
+    return same
+
+
+def cuda(calls, peers_dir, profile):
+    import subprocess
+
+    from winattn import _lib
+
+    q, k, v, do = cuda_inputs()
+    win, scale = WIN, SCALE
+
+    def autograd_step():
+        o = wt.attention(q, k, v, window=win, deterministic=True)
+        return torch.autograd.grad(o, (q, k, v), do)
+
+    def ops_step():
+        o, lse = torch.ops.winattn.forward(q, k, v, win[0], win[1], scale, 0.0, True)
+        return torch.ops.winattn.backward(q, k, v, o, lse, do, win[0], win[1], scale, 0.0, True)
+
+    # the C library with ready arguments: tensors, descriptor and context made once
+    o0, lse0 = torch.ops.winattn.forward(q, k, v, win[0], win[1], scale, 0.0, True)
+    grads0 = [torch.empty_like(x) for x in (q, k, v)]
+    ta = [wt._wa(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (o0, "o"), (lse0, "lse"), (do, "do"),
+                                  (grads0[0], "dq"), (grads0[1], "dk"), (grads0[2], "dv"))]
+    refs = [ctypes.byref(x) for x in ta]
+    d = ctypes.byref(wt._desc(win[0], win[1], scale, 0.0))
+    ctx = wt._context_for(q, True)
+
+    def c_step():
+        ctx.call(_lib.lib.wa_forward, d, refs[0], refs[1], refs[2], refs[3], refs[4])
+        ctx.call(_lib.lib.wa_backward, d, *refs)
+
+    def sdpa_step():
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return torch.autograd.grad(o, (q, k, v), do)
+
+    # (name, step, whether its kernels can be captured: the C-library row's context is bound to the
+    # stream it was made on, so it takes the custom ops' kernel time, the same kernels)
+    systems = [("winattn, autograd", autograd_step, True), ("winattn, custom ops", ops_step, True),
+               ("winattn, C library", c_step, False), ("sdpa flash (causal)", sdpa_step, True)]
+    if peers_dir:
+        sys.path.insert(0, peers_dir)
+        sys.path.insert(0, os.path.join(peers_dir, "nvidia_cutlass_dsl", "dsl_packages"))
+        from flash_attn.cute import flash_attn_func
+
+        qb, kb, vb, dob = (x.detach().transpose(1, 2).contiguous() for x in (q, k, v, do))
+        qb.requires_grad_(), kb.requires_grad_(), vb.requires_grad_()
+
+        def fa4_step():
+            r = flash_attn_func(qb, kb, vb, window_size=(win[0], win[1]), deterministic=True)
+            o = r[0] if isinstance(r, tuple) else r
+            return torch.autograd.grad(o, (qb, kb, vb), dob)
+
+        systems.append(("flash-attn-4", fa4_step, True))
+    print("binding overhead (CUDA %s, 1x2x128x64 bf16, window (63, 0), %d calls): us per forward + backward"
+          % (torch.cuda.get_device_name(), calls))
+    print("| path | host | gpu (graph replay) | excess | note |\n|---|---|---|---|---|")
+    kernels = None
+    for name, step, capturable in systems:
+        try:
+            h = host_us(step, calls)
+        except Exception as e:  # a reference that cannot run says why
+            print("| %s | - | - | - | %s |" % (name, str(e).strip().splitlines()[0][:90]), flush=True)
+            continue
+        note, gk = "", None
+        if capturable:
+            # each capture in its own process: a failed capture can leave the next one failing
+            r = subprocess.run([sys.executable, os.path.abspath(__file__), "--device", "cuda", "--kernel-time",
+                                name] + (["--peers-dir", peers_dir] if peers_dir else []), capture_output=True, text=True)
+            try:
+                gk = float(r.stdout.strip().splitlines()[-1])
+            except (ValueError, IndexError):
+                note = "capture failed: " + error_line(r.stderr + r.stdout)[:120]
+            if name == "winattn, custom ops" and gk is not None:
+                kernels = gk
+        else:
+            gk, note = kernels, "kernel time of the custom ops row"
+        print("| %s | %.1f | %s | %s | %s |" % (name, h, "%.1f" % gk if gk is not None else "-",
+                                               "%.1f" % (h - gk) if gk is not None else "-", note.replace("|", "/")),
+              flush=True)
+    ok = True
+    for which, system in (("graph", "winattn"), ("compile", "winattn"), ("graph-after-eager", "winattn"),
+                          ("graph-after-eager", "sdpa")):
+        r = subprocess.run([sys.executable, os.path.abspath(__file__), "--device", "cuda", "--check", which,
+                            "--check-system", system], capture_output=True, text=True)
+        lines = r.stdout.strip().splitlines()
+        if r.returncode == 0 and lines:
+            print("%s, %s: %s" % (system, which, lines[-1]))
+        else:
+            print("%s, %s: FAILED: %s" % (system, which, error_line(r.stderr + r.stdout)[:240]))
+            ok = ok and which == "graph-after-eager"  # a diagnostic: not held against the binding
+    if profile:
+        import cProfile
+        import pstats
+
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(200):
+            autograd_step()
+        pr.disable()
+        torch.cuda.synchronize()
+        pstats.Stats(pr).sort_stats("tottime").print_stats(18)
+    return ok
+
+
+def kernel_time(name, peers_dir):
+    """--kernel-time NAME (a child process of cuda()): that row's graph-replay time alone"""
+    q, k, v, do = cuda_inputs()
+    win, scale = WIN, SCALE
+    if name == "winattn, autograd":
+        def step():
+            o = wt.attention(q, k, v, window=win, deterministic=True)
+            return torch.autograd.grad(o, (q, k, v), do)
+    elif name == "winattn, custom ops":
+        def step():
+            o, lse = torch.ops.winattn.forward(q, k, v, win[0], win[1], scale, 0.0, True)
+            return torch.ops.winattn.backward(q, k, v, o, lse, do, win[0], win[1], scale, 0.0, True)
+    elif name == "sdpa flash (causal)":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        def step():
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            return torch.autograd.grad(o, (q, k, v), do)
+    else:
+        sys.path.insert(0, peers_dir)
+        sys.path.insert(0, os.path.join(peers_dir, "nvidia_cutlass_dsl", "dsl_packages"))
+        from flash_attn.cute import flash_attn_func
+
+        qb, kb, vb, dob = (x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v, do))
+
+        def step():
+            r = flash_attn_func(qb, kb, vb, window_size=(win[0], win[1]), deterministic=True)
+            o = r[0] if isinstance(r, tuple) else r
+            return torch.autograd.grad(o, (qb, kb, vb), dob)
+    print("%.3f" % gpu_us(step))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--calls", type=int, default=None, help="timed calls (200 on the CPU, 50 on CUDA)")
+    ap.add_argument("--peers-dir", help="where bench/peer_wheels.py installed flash-attn-4 (CUDA only)")
+    ap.add_argument("--profile", action="store_true", help="CUDA: cProfile of 200 autograd steps, by own time")
+    ap.add_argument("--check", choices=["graph", "graph-after-eager", "compile"], help=argparse.SUPPRESS)
+    ap.add_argument("--check-system", choices=["winattn", "sdpa"], default="winattn", help=argparse.SUPPRESS)
+    ap.add_argument("--kernel-time", help=argparse.SUPPRESS)  # one row's graph replay, in a child process
+    ap.add_argument("--capture-mode", default="global", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    calls = a.calls if a.calls is not None else (200 if a.device == "cpu" else 50)
+    if calls < 1:
+        sys.exit("binding_overhead: --calls must be at least 1")
+    if a.device == "cuda":
+        if not torch.cuda.is_available():
+            sys.exit("binding_overhead: --device cuda needs a CUDA device, and torch sees none")
+        if a.check:
+            sys.exit(0 if check(a.check, a.capture_mode, a.check_system) else 1)
+        if a.kernel_time:
+            kernel_time(a.kernel_time, a.peers_dir)
+            return
+        sys.exit(0 if cuda(calls, a.peers_dir, a.profile) else 1)
+    cpu(calls)
 
 
 if __name__ == "__main__":

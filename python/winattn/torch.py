@@ -65,22 +65,19 @@ def release_workspace():
         c.close()
 
 
+_I64x4 = ctypes.c_int64 * 4
+
+
 def _wa(t, name):
-    if t.dtype not in _DTYPES:
+    dt = _DTYPES.get(t.dtype)
+    if dt is None:
         raise TypeError("winattn: %s has dtype %s; float32, float16 or bfloat16 are supported" % (name, t.dtype))
-    if t.dim() not in (3, 4):
-        raise ValueError("winattn: %s must be [B, H, N, D], got shape %s" % (name, tuple(t.shape)))
-    w = Tensor()
-    w.data = t.data_ptr()
-    w.dtype = _DTYPES[t.dtype] if t.dim() == 4 else WA_F32
-    w.device = WA_DEVICE_CPU if t.device.type == "cpu" else WA_DEVICE_CUDA
+    device = WA_DEVICE_CPU if t.device.type == "cpu" else WA_DEVICE_CUDA
     if t.dim() == 4:
-        w.shape[:] = list(t.shape)
-        w.stride[:] = list(t.stride())
-    else:  # lse [B, H, N]
-        w.shape[:] = list(t.shape) + [1]
-        w.stride[:] = list(t.stride()) + [1]
-    return w
+        return Tensor(t.data_ptr(), dt, device, _I64x4(*t.shape), _I64x4(*t.stride()))
+    if t.dim() == 3:  # lse [B, H, N]
+        return Tensor(t.data_ptr(), WA_F32, device, _I64x4(*t.shape, 1), _I64x4(*t.stride(), 1))
+    raise ValueError("winattn: %s must be [B, H, N, D], got shape %s" % (name, tuple(t.shape)))
 
 
 def _unit_stride(t):
@@ -93,9 +90,23 @@ def _desc(left, right, scale, softcap):
     return d
 
 
-@torch.library.custom_op("winattn::forward", mutates_args=())
-def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, left: int, right: int, scale: float,
-             softcap: float, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+# The ops go onto the dispatcher directly (Library.define, one Python kernel for CPU and for CUDA
+# tensors, register_fake for tracing, register_autograd): torch.library.custom_op wraps every call
+# in more Python. On the H200 machine a forward + backward through the two ops took 358-384 us of
+# host time this way against 412-449 us as custom_op (bench/binding_overhead.py --device cuda,
+# docs/gpu-peers.md); the library's own host work is 30-45 us of it.
+_LIB = torch.library.Library("winattn", "DEF")
+
+
+def _define(name, schema, kernel, fake):
+    _LIB.define(name + schema)
+    for key in ("CPU", "CUDA"):
+        _LIB.impl(name, kernel, key)
+    torch.library.register_fake("winattn::" + name, fake, lib=_LIB)
+    return getattr(torch.ops.winattn, name).default
+
+
+def _forward_kernel(q, k, v, left, right, scale, softcap, deterministic):
     q, k, v = _unit_stride(q), _unit_stride(k), _unit_stride(v)
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
@@ -105,15 +116,15 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, left: int, right
     return o, lse
 
 
-@_forward.register_fake
-def _(q, k, v, left, right, scale, softcap, deterministic):
+def _forward_fake(q, k, v, left, right, scale, softcap, deterministic):
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
-@torch.library.custom_op("winattn::backward", mutates_args=())
-def _backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
-                 do: torch.Tensor, left: int, right: int, scale: float,
-                 softcap: float, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+_forward = _define("forward", "(Tensor q, Tensor k, Tensor v, int left, int right, float scale, float softcap, "
+                   "bool deterministic) -> (Tensor, Tensor)", _forward_kernel, _forward_fake)
+
+
+def _backward_kernel(q, k, v, o, lse, do, left, right, scale, softcap, deterministic):
     q, k, v, o, do = (_unit_stride(t) for t in (q, k, v, o, do))
     lse = lse.contiguous()
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -126,11 +137,15 @@ def _backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
     return dq, dk, dv
 
 
-@_backward_op.register_fake
-def _(q, k, v, o, lse, do, left, right, scale, softcap, deterministic):
+def _backward_fake(q, k, v, o, lse, do, left, right, scale, softcap, deterministic):
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             torch.empty_like(k, memory_format=torch.contiguous_format),
             torch.empty_like(v, memory_format=torch.contiguous_format))
+
+
+_backward_op = _define("backward", "(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor do, int left, "
+                       "int right, float scale, float softcap, bool deterministic) -> (Tensor, Tensor, Tensor)",
+                       _backward_kernel, _backward_fake)
 
 
 def _setup_context(ctx, inputs, output):
@@ -147,7 +162,7 @@ def _backward(ctx, do, dlse):
     return dq, dk, dv, None, None, None, None, None
 
 
-_forward.register_autograd(_backward, setup_context=_setup_context)
+torch.library.register_autograd("winattn::forward", _backward, setup_context=_setup_context, lib=_LIB)
 
 
 def attention(q, k, v, window=(-1, -1), causal=False, scale=None, softcap=0.0, return_lse=False,
@@ -194,10 +209,8 @@ def _seqs(cu_q, cu_k, max_q, max_k):
     return seqs
 
 
-@torch.library.custom_op("winattn::forward_varlen", mutates_args=())
-def _forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                    cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, left: int, right: int,
-                    scale: float, softcap: float, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward_varlen_kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, left, right, scale,
+                           softcap, deterministic):
     _lib.require_varlen()
     q, k, v = _unit_stride(q), _unit_stride(k), _unit_stride(v)
     cu_q, cu_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
@@ -210,17 +223,20 @@ def _forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlen
     return o, lse
 
 
-@_forward_varlen.register_fake
-def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, left, right, scale, softcap, deterministic):
+def _forward_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, left, right, scale, softcap,
+                         deterministic):
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))
 
 
-@torch.library.custom_op("winattn::backward_varlen", mutates_args=())
-def _backward_varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
-                        do: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int,
-                        max_seqlen_k: int, left: int, right: int, scale: float, softcap: float,
-                        deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+_forward_varlen = _define(
+    "forward_varlen", "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, "
+    "SymInt max_seqlen_k, int left, int right, float scale, float softcap, bool deterministic) -> (Tensor, Tensor)",
+    _forward_varlen_kernel, _forward_varlen_fake)
+
+
+def _backward_varlen_kernel(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, left, right,
+                            scale, softcap, deterministic):
     _lib.require_varlen()
     q, k, v, o, do = (_unit_stride(t) for t in (q, k, v, o, do))
     lse = lse.contiguous()
@@ -237,12 +253,15 @@ def _backward_varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: to
     return dq, dk, dv
 
 
-@_backward_varlen_op.register_fake
-def _(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, left, right, scale, softcap,
-      deterministic):
-    return (torch.empty_like(q, memory_format=torch.contiguous_format),
-            torch.empty_like(k, memory_format=torch.contiguous_format),
-            torch.empty_like(v, memory_format=torch.contiguous_format))
+def _backward_fake_varlen(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, left, right,
+                          scale, softcap, deterministic):
+    return _backward_fake(q, k, v, o, lse, do, left, right, scale, softcap, deterministic)
+
+
+_backward_varlen_op = _define(
+    "backward_varlen", "(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor do, Tensor cu_seqlens_q, "
+    "Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, int left, int right, float scale, float softcap, "
+    "bool deterministic) -> (Tensor, Tensor, Tensor)", _backward_varlen_kernel, _backward_fake_varlen)
 
 
 def _setup_context_varlen(ctx, inputs, output):
@@ -259,7 +278,8 @@ def _backward_varlen(ctx, do, dlse):
     return (dq, dk, dv) + (None,) * 9
 
 
-_forward_varlen.register_autograd(_backward_varlen, setup_context=_setup_context_varlen)
+torch.library.register_autograd("winattn::forward_varlen", _backward_varlen, setup_context=_setup_context_varlen,
+                                lib=_LIB)
 
 
 def _max_seqlen_arg(x, name):
