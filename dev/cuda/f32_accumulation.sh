@@ -17,10 +17,8 @@
 . dev/cuda/lab_env.sh
 unset WINATTN_CUDA
 W=build/winattn B=.lab-base/build-base/winattn
-FLAGS="-O3 -lineinfo -Xcompiler -fPIC -Iinclude -std=c++17 -gencode=arch=compute_90a,code=sm_90a"
-TABLE=$OUT/summary.txt
-: >"$TABLE"
-row() { printf '%-58s %s\n' "$1" "$2" | tee -a "$TABLE"; }
+FLAGS=$LAB_SM90_FLAGS
+lab_summary 58
 
 (cd .lab-base && lab_build build-base "" NVCCFLAGS="$FLAGS" build-base/winattn) &
 if [ "${1:-}" = threads ]; then

@@ -16,6 +16,18 @@ case $DEPS in /*) ;; *) DEPS=$(pwd)/$DEPS ;; esac
 mkdir -p "$OUT"
 t0=$(date +%s)
 
+# the nvcc flags of a Hopper-only lab build (the Makefile's, sm_90a alone: faster to build)
+LAB_SM90_FLAGS="-O3 -lineinfo -Xcompiler -fPIC -Iinclude -std=c++17 -gencode=arch=compute_90a,code=sm_90a"
+
+# lab_summary [WIDTH]: start the script's summary, $OUT/summary.txt (TABLE), empty; then
+# `row LABEL TEXT` prints a line of it (the label padded to WIDTH, 52 by default) and appends it
+lab_summary() {
+    TABLE=$OUT/summary.txt
+    LAB_ROW_WIDTH=${1:-52}
+    : >"$TABLE"
+}
+row() { printf "%-${LAB_ROW_WIDTH:-52}s %s\n" "$1" "$2" | tee -a "${TABLE:-/dev/null}"; }
+
 # lab_build DIR "DEFINES" TARGET...: make the targets with BUILD=DIR and the nvcc defines (e.g.
 # -DWA_FWD_NO_PINGPONG; the Makefile's CUDA_DEFINES); log in $OUT/DIR.txt; on failure print its
 # tail and exit the script
