@@ -124,6 +124,69 @@ def cuda_inputs():
 WIN, SCALE = (63, 0), 64 ** -0.5
 
 
+def sdpa_flash(q, k, v):
+    """the reference: SDPA's flash backend, causal (no window)"""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+
+def steps(q, k, v, do, peers_dir, with_c_library=True):
+    """the timed paths, each a forward + backward: [(name, step, whether its kernels can be captured
+    in a CUDA graph)]; the C-library row's context is bound to the stream it was made on, so that
+    row takes the custom ops' kernel time (the same kernels)"""
+    from winattn import _lib
+
+    win, scale = WIN, SCALE
+
+    def autograd_step():
+        o = wt.attention(q, k, v, window=win, deterministic=True)
+        return torch.autograd.grad(o, (q, k, v), do)
+
+    def ops_step():
+        o, lse = torch.ops.winattn.forward(q, k, v, win[0], win[1], scale, 0.0, True)
+        return torch.ops.winattn.backward(q, k, v, o, lse, do, win[0], win[1], scale, 0.0, True)
+
+    def sdpa_step():
+        return torch.autograd.grad(sdpa_flash(q, k, v), (q, k, v), do)
+
+    out = [("winattn, autograd", autograd_step, True), ("winattn, custom ops", ops_step, True)]
+    if with_c_library:
+        # the C library with ready arguments: tensors, descriptor and context made once
+        o0, lse0 = torch.ops.winattn.forward(q, k, v, win[0], win[1], scale, 0.0, True)
+        grads0 = [torch.empty_like(x) for x in (q, k, v)]
+        ta = [wt._wa(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (o0, "o"), (lse0, "lse"), (do, "do"),
+                                      (grads0[0], "dq"), (grads0[1], "dk"), (grads0[2], "dv"))]
+        refs = [ctypes.byref(x) for x in ta]
+        d = ctypes.byref(wt._desc(win[0], win[1], scale, 0.0))
+        ctx = wt._context_for(q, True)
+
+        # the structs hold only the addresses of o0, lse0 and the gradients: the step keeps them alive
+        def c_step(_buffers=(o0, lse0, grads0)):
+            ctx.call(_lib.lib.wa_forward, d, refs[0], refs[1], refs[2], refs[3], refs[4])
+            ctx.call(_lib.lib.wa_backward, d, *refs)
+
+        out.append(("winattn, C library", c_step, False))
+    out.append(("sdpa flash (causal)", sdpa_step, True))
+    if peers_dir:
+        from peer_wheels import add_to_path
+
+        add_to_path(peers_dir, "binding_overhead")
+        from flash_attn.cute import flash_attn_func
+
+        qb, kb, vb = (x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v))
+        dob = do.transpose(1, 2).contiguous()
+
+        def fa4_step():
+            r = flash_attn_func(qb, kb, vb, window_size=(win[0], win[1]), deterministic=True)
+            o = r[0] if isinstance(r, tuple) else r
+            return torch.autograd.grad(o, (qb, kb, vb), dob)
+
+        out.append(("flash-attn-4", fa4_step, True))
+    return out
+
+
 def check(which, mode, system="winattn"):
     """one capture check in this process: o, dq, dk, dv of the captured / compiled forward +
     backward against the eager call's, bit for bit. which: graph (the capture first, in this fresh
@@ -132,12 +195,7 @@ def check(which, mode, system="winattn"):
     q, k, v, do = cuda_inputs()
 
     def attn(q, k, v):
-        if system == "sdpa":
-            from torch.nn.attention import SDPBackend, sdpa_kernel
-
-            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        return wt.attention(q, k, v, window=WIN, deterministic=True)
+        return sdpa_flash(q, k, v) if system == "sdpa" else wt.attention(q, k, v, window=WIN, deterministic=True)
 
     def eager():
         o = attn(q, k, v)
@@ -175,57 +233,8 @@ def check(which, mode, system="winattn"):
 def cuda(calls, peers_dir, profile):
     import subprocess
 
-    from winattn import _lib
-
     q, k, v, do = cuda_inputs()
-    win, scale = WIN, SCALE
-
-    def autograd_step():
-        o = wt.attention(q, k, v, window=win, deterministic=True)
-        return torch.autograd.grad(o, (q, k, v), do)
-
-    def ops_step():
-        o, lse = torch.ops.winattn.forward(q, k, v, win[0], win[1], scale, 0.0, True)
-        return torch.ops.winattn.backward(q, k, v, o, lse, do, win[0], win[1], scale, 0.0, True)
-
-    # the C library with ready arguments: tensors, descriptor and context made once
-    o0, lse0 = torch.ops.winattn.forward(q, k, v, win[0], win[1], scale, 0.0, True)
-    grads0 = [torch.empty_like(x) for x in (q, k, v)]
-    ta = [wt._wa(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (o0, "o"), (lse0, "lse"), (do, "do"),
-                                  (grads0[0], "dq"), (grads0[1], "dk"), (grads0[2], "dv"))]
-    refs = [ctypes.byref(x) for x in ta]
-    d = ctypes.byref(wt._desc(win[0], win[1], scale, 0.0))
-    ctx = wt._context_for(q, True)
-
-    def c_step():
-        ctx.call(_lib.lib.wa_forward, d, refs[0], refs[1], refs[2], refs[3], refs[4])
-        ctx.call(_lib.lib.wa_backward, d, *refs)
-
-    def sdpa_step():
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        return torch.autograd.grad(o, (q, k, v), do)
-
-    # (name, step, whether its kernels can be captured: the C-library row's context is bound to the
-    # stream it was made on, so it takes the custom ops' kernel time, the same kernels)
-    systems = [("winattn, autograd", autograd_step, True), ("winattn, custom ops", ops_step, True),
-               ("winattn, C library", c_step, False), ("sdpa flash (causal)", sdpa_step, True)]
-    if peers_dir:
-        sys.path.insert(0, peers_dir)
-        sys.path.insert(0, os.path.join(peers_dir, "nvidia_cutlass_dsl", "dsl_packages"))
-        from flash_attn.cute import flash_attn_func
-
-        qb, kb, vb, dob = (x.detach().transpose(1, 2).contiguous() for x in (q, k, v, do))
-        qb.requires_grad_(), kb.requires_grad_(), vb.requires_grad_()
-
-        def fa4_step():
-            r = flash_attn_func(qb, kb, vb, window_size=(win[0], win[1]), deterministic=True)
-            o = r[0] if isinstance(r, tuple) else r
-            return torch.autograd.grad(o, (qb, kb, vb), dob)
-
-        systems.append(("flash-attn-4", fa4_step, True))
+    systems = steps(q, k, v, do, peers_dir)
     print("binding overhead (CUDA %s, 1x2x128x64 bf16, window (63, 0), %d calls): us per forward + backward"
           % (torch.cuda.get_device_name(), calls))
     print("| path | host | gpu (graph replay) | excess | note |\n|---|---|---|---|---|")
@@ -267,6 +276,7 @@ def cuda(calls, peers_dir, profile):
         import cProfile
         import pstats
 
+        autograd_step = systems[0][1]
         pr = cProfile.Profile()
         pr.enable()
         for _ in range(200):
@@ -280,34 +290,10 @@ def cuda(calls, peers_dir, profile):
 def kernel_time(name, peers_dir):
     """--kernel-time NAME (a child process of cuda()): that row's graph-replay time alone"""
     q, k, v, do = cuda_inputs()
-    win, scale = WIN, SCALE
-    if name == "winattn, autograd":
-        def step():
-            o = wt.attention(q, k, v, window=win, deterministic=True)
-            return torch.autograd.grad(o, (q, k, v), do)
-    elif name == "winattn, custom ops":
-        def step():
-            o, lse = torch.ops.winattn.forward(q, k, v, win[0], win[1], scale, 0.0, True)
-            return torch.ops.winattn.backward(q, k, v, o, lse, do, win[0], win[1], scale, 0.0, True)
-    elif name == "sdpa flash (causal)":
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        def step():
-            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-            return torch.autograd.grad(o, (q, k, v), do)
-    else:
-        sys.path.insert(0, peers_dir)
-        sys.path.insert(0, os.path.join(peers_dir, "nvidia_cutlass_dsl", "dsl_packages"))
-        from flash_attn.cute import flash_attn_func
-
-        qb, kb, vb, dob = (x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v, do))
-
-        def step():
-            r = flash_attn_func(qb, kb, vb, window_size=(win[0], win[1]), deterministic=True)
-            o = r[0] if isinstance(r, tuple) else r
-            return torch.autograd.grad(o, (qb, kb, vb), dob)
-    print("%.3f" % gpu_us(step))
+    found = [step for n, step, capturable in steps(q, k, v, do, peers_dir, with_c_library=False) if n == name and capturable]
+    if not found:
+        sys.exit("binding_overhead: --kernel-time %r: no such capturable path" % name)
+    print("%.3f" % gpu_us(found[0]))
 
 
 def main():

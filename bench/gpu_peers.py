@@ -65,17 +65,6 @@ SHAPES = [  # label, Hq, Hkv, D, window (None = causal), lengths
 ]
 
 
-def add_peers_dir(path):
-    """the wheels bench/peer_wheels.py installed there, and the CUTLASS DSL's package folder (what its
-    .pth file adds in a site-packages install)"""
-    if not os.path.isdir(path):
-        sys.exit("gpu_peers: --peers-dir %s: no such folder (bench/peer_wheels.py install puts the peers there)" % path)
-    sys.path.insert(0, path)
-    dsl = os.path.join(path, "nvidia_cutlass_dsl", "dsl_packages")
-    if os.path.isdir(dsl):
-        sys.path.insert(0, dsl)
-
-
 def pairs(n, window):
     """Visible pairs for Nq = Nk = n: a causal window of `window` keys including self, or causal."""
     w = n if window is None else min(window, n)
@@ -218,7 +207,9 @@ def main():
     ap.add_argument("--peers-dir", help="where bench/peer_wheels.py installed flash-attn-4 and ffpa-attn")
     args = ap.parse_args()
     if args.peers_dir:
-        add_peers_dir(args.peers_dir)
+        from peer_wheels import add_to_path
+
+        add_to_path(args.peers_dir, "gpu_peers")
     print("gpu_peers: %s, torch %s, %s" % (torch.cuda.get_device_name(), torch.__version__, time.strftime("%Y-%m-%d")))
     print("| shape | N | system | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s | steady fwd / bwd TFLOP/s "
           "| bwd peak above inputs GB | fwd / bwd vs %s | steady vs %s | note |" % (args.baseline, args.baseline))

@@ -52,6 +52,18 @@ PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x
 MIB = 1 << 20
 
 
+def add_to_path(target, tool):
+    """sys.path gains what install put in `target`: the wheels, and the CUTLASS DSL's own package
+    folder (what its .pth file adds in a site-packages install, which --target skips); `tool` names
+    the caller in the error for a missing folder"""
+    if not os.path.isdir(target):
+        sys.exit("%s: --peers-dir %s: no such folder (bench/peer_wheels.py install puts the peers there)" % (tool, target))
+    sys.path.insert(0, target)
+    dsl = os.path.join(target, "nvidia_cutlass_dsl", "dsl_packages")
+    if os.path.isdir(dsl):
+        sys.path.insert(0, dsl)
+
+
 def die(msg):
     print("peer_wheels: " + msg, file=sys.stderr)
     sys.exit(1)
