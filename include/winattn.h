@@ -197,7 +197,8 @@ wa_status wa_forward(wa_context *ctx, const wa_attn_desc *desc,
  * wa_context_destroy; with cuda_deterministic = 0 it holds an f32 dQ accumulator too, B*Hq*Nq*D
  * floats (Nq rounded up to 64). Varlen calls on Hopper add 1 KB per sequence to it (tensor maps
  * cut at each sequence's end; the forward takes them from the same workspace). Deterministic on
- * the CPU (bit-identical for any thread count) and on CUDA with cuda_deterministic = 1; see that field for the default.
+ * the CPU (bit-identical for any thread count) and on CUDA with cuda_deterministic = 1; see that
+ * field for the default.
  * Same status codes as wa_forward. */
 wa_status wa_backward(wa_context *ctx, const wa_attn_desc *desc,
                       const wa_tensor *q, const wa_tensor *k, const wa_tensor *v,

@@ -600,6 +600,7 @@ static wa_status check_v1_fits(v1_kernel_kind kind, long long D, const cuda_targ
 }
 
 static wa_status context_workspace(wa_context *ctx, size_t bytes, cudaStream_t s, void **ws, int *owned);
+static wa_status release_workspace(void *ws, int owned, cudaStream_t s, wa_status st);
 
 /* varlen calls: the TMA kernels' per-sequence tensor maps (kparams.seq_maps), B × kMaxSeqMaps maps
  * of 128 bytes; nothing for rectangular calls */
@@ -615,12 +616,7 @@ template <typename T> static wa_status forward_t(wa_context *ctx, const wa_probl
         wa_status st = context_workspace(ctx, seq_map_bytes(p), s, &ws, &owned);
         if (st != WA_OK) return st;
         kp.seq_maps = ws;
-        st = mma_forward(kp, p->dtype, t, s);
-        if (owned) {
-            cudaError_t e = cudaFreeAsync(ws, s);
-            if (st == WA_OK && e != cudaSuccess) st = wa_fail(WA_ERR_CUDA, "cudaFreeAsync: %s", cudaGetErrorString(e));
-        }
-        return st;
+        return release_workspace(ws, owned, s, mma_forward(kp, p->dtype, t, s));
     }
     const wa_status st = check_v1_fits(V1_FORWARD, p->D, t);
     if (st != WA_OK) return st;
@@ -692,6 +688,12 @@ static wa_status context_workspace(wa_context *ctx, size_t bytes, cudaStream_t s
     }
     *ws = ctx->cuda_ws;
     return WA_OK;
+}
+
+/* after a call that ended with status st: a workspace the call owned (context_workspace during a
+ * capture) freed on its stream; st, or the free's failure if st was WA_OK */
+static wa_status release_workspace(void *ws, int owned, cudaStream_t s, wa_status st) {
+    return release_workspace(ws, owned, s, st);
 }
 
 template <typename T> static wa_status backward_t(wa_context *ctx, const wa_problem *p, const cuda_target &t) {

@@ -675,6 +675,10 @@ template <typename T, int D> __global__ void __launch_bounds__(128) dq_convert_k
  * sequences (over_sequences), tiles from the longest sequence. Fused varlen: prep zeroes the
  * sequences' rows of the row-major accumulator, the dK/dV kernel adds into them (add_dq_rows), and
  * dq_rows_convert_kernel (mma_prims.cuh) rounds it. */
+/* the backward's maps (hopper_backward): Q, dO, K, V in the dK/dV kernel's boxes, then in the dQ
+ * kernel's; the K and V ones span key rows (write_seq_maps) */
+constexpr unsigned kKeyMaps = 0b11001100u;
+
 template <typename T, int D, Cap CAP, bool VARLEN>
 static wa_status launch_all(const kparams &kp, const CUtensorMap (&m)[8], cudaStream_t s) {
     static volatile unsigned long long done_prep = 0, done_kv = 0, done_fused = 0, done_q = 0;
@@ -682,7 +686,7 @@ static wa_status launch_all(const kparams &kp, const CUtensorMap (&m)[8], cudaSt
     const unsigned q_tiles = (unsigned)(kp.nq_pad / 64), key_tiles = (unsigned)((kp.Nk + keys - 1) / keys);
     CUDA_TRY(raise_once(prep_kernel<T, D, VARLEN>, prep_smem_bytes<D>(), &done_prep));
     /* varlen: every sequence's copies of the eight maps (Q, dO, K, V of each kernel), once */
-    const wa_status maps_st = write_seq_maps(kp, m, 8, 0b11001100u, s);
+    const wa_status maps_st = write_seq_maps(kp, m, 8, kKeyMaps, s);
     if (maps_st != WA_OK) return maps_st;
     if constexpr (kv_by_rows<D>()) {
         if (kp.dq_acc) { /* fused: prep (zeroes the accumulator), dK/dV with dQ, dq from the accumulator */
