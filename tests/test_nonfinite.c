@@ -72,6 +72,7 @@ enum { T_Q, T_K, T_V, T_DO };
 static const char *const tensor_names[] = {"q", "k", "v", "do_"};
 static const char *const value_names[] = {"nan", "+inf", "-inf"};
 static const char *const out_names[] = {"o", "lse", "dq", "dk", "dv"};
+static const char *const dtype_names[] = {"f32", "f16", "bf16"};
 
 typedef struct plant {
     int tensor, value;
@@ -115,16 +116,16 @@ static size_t plant_index(const inputs *in, const plant *pl) {
     return (size_t)(((pl->b * H + pl->h) * N + pl->row) * in->s->D + pl->d);
 }
 
-/* Element i of input t as raw bits (the low 16 for f16 and bf16). */
-static uint32_t get_bits(const inputs *in, int t, size_t i) {
+/* Element i of a buffer of dtype dt as raw bits (the low 16 for f16 and bf16). */
+static uint32_t get_bits(wa_dtype dt, const void *x, size_t i) {
     uint32_t u = 0;
-    if (in->dt == WA_F32) memcpy(&u, (const float *)in->x[t] + i, 4);
-    else u = ((const uint16_t *)in->x[t])[i];
+    if (dt == WA_F32) memcpy(&u, (const float *)x + i, 4);
+    else u = ((const uint16_t *)x)[i];
     return u;
 }
-static void set_bits(inputs *in, int t, size_t i, uint32_t u) {
-    if (in->dt == WA_F32) memcpy((float *)in->x[t] + i, &u, 4);
-    else ((uint16_t *)in->x[t])[i] = (uint16_t)u;
+static void set_bits(wa_dtype dt, void *x, size_t i, uint32_t u) {
+    if (dt == WA_F32) memcpy((float *)x + i, &u, 4);
+    else ((uint16_t *)x)[i] = (uint16_t)u;
 }
 /* NaN, +inf, -inf in the dtype */
 static uint32_t nonfinite_bits(wa_dtype dt, int value) {
@@ -160,6 +161,31 @@ typedef struct path {
     wa_device dev;
 } path;
 
+/* A call's buffers on device dev: on the CPU the host buffers themselves; on CUDA device copies
+ * of the n host buffers, those marked in `copied_in` (bit i for buffer i) copied in. 0 if an
+ * allocation or copy failed (buf then holds what was made; free_buffers takes it). */
+static int buffers_on(wa_context *ctx, wa_device dev, void *const *host, const size_t *sizes, int n, unsigned copied_in,
+                      void **buf) {
+    for (int i = 0; i < n; i++) {
+        if (dev != WA_DEVICE_CUDA) buf[i] = host[i];
+        else if (wa_malloc(ctx, WA_DEVICE_CUDA, sizes[i], &buf[i]) != WA_OK ||
+                 ((copied_in >> i & 1u) && wa_memcpy(ctx, buf[i], WA_DEVICE_CUDA, host[i], WA_DEVICE_CPU, sizes[i]) != WA_OK))
+            return 0;
+    }
+    return 1;
+}
+/* on CUDA the buffers marked in `outputs` (bit i for buffer i) copied back to their host buffers; 0 if a copy failed */
+static int copy_back(wa_context *ctx, wa_device dev, void *const *host, const size_t *sizes, int n, unsigned outputs,
+                     void *const *buf) {
+    for (int i = 0; i < n && dev == WA_DEVICE_CUDA; i++)
+        if ((outputs >> i & 1u) && wa_memcpy(ctx, host[i], WA_DEVICE_CPU, buf[i], WA_DEVICE_CUDA, sizes[i]) != WA_OK) return 0;
+    return 1;
+}
+static void free_buffers(wa_context *ctx, wa_device dev, void *const *buf, int n) {
+    for (int i = 0; i < n && dev == WA_DEVICE_CUDA; i++)
+        if (buf[i]) wa_free_memory(ctx, WA_DEVICE_CUDA, buf[i]);
+}
+
 /* forward then backward on one path; 0 and a message if a call fails. CUDA: the inputs copied to
  * the device, the outputs back. */
 static int run_path(const inputs *in, const path *pa, outs *o, char *err, size_t nerr) {
@@ -185,14 +211,8 @@ static int run_path(const inputs *in, const path *pa, outs *o, char *err, size_t
     size_t nlse = (size_t)(B * HQ * s->Nq), sizes[9] = {nq * e, nk * e, nk * e, nq * e, nq * e, nlse * 4, nq * e, nk * e, nk * e};
     /* q, k, v, do_, then o, lse, dq, dk, dv: host buffers, and on CUDA device ones */
     void *host[9] = {in->x[T_Q], in->x[T_K], in->x[T_V], in->x[T_DO]}, *buf[9] = {0};
-    int ok = 1;
     for (int i = 4; i < 9; i++) host[i] = malloc(sizes[i]);
-    for (int i = 0; i < 9; i++) {
-        if (!cuda) buf[i] = host[i];
-        else if (ok && (wa_malloc(ctx, WA_DEVICE_CUDA, sizes[i], &buf[i]) != WA_OK ||
-                        (i < 4 && wa_memcpy(ctx, buf[i], WA_DEVICE_CUDA, host[i], WA_DEVICE_CPU, sizes[i]) != WA_OK)))
-            ok = 0;
-    }
+    int ok = buffers_on(ctx, pa->dev, host, sizes, 9, 0x0Fu, buf);
     if (ok) {
         wa_tensor x[9];
         for (int i = 0; i < 9; i++) {
@@ -204,8 +224,7 @@ static int run_path(const inputs *in, const path *pa, outs *o, char *err, size_t
         wa_attn_desc desc = {0, s->softcap, s->left, s->right};
         ok = wa_forward(ctx, &desc, &x[0], &x[1], &x[2], &x[4], &x[5]) == WA_OK &&
              wa_backward(ctx, &desc, &x[0], &x[1], &x[2], &x[4], &x[5], &x[3], &x[6], &x[7], &x[8]) == WA_OK;
-        for (int i = 4; i < 9 && ok && cuda; i++)
-            ok = wa_memcpy(ctx, host[i], WA_DEVICE_CPU, buf[i], WA_DEVICE_CUDA, sizes[i]) == WA_OK;
+        ok = ok && copy_back(ctx, pa->dev, host, sizes, 9, 0x1F0u, buf);
         for (int i = 4; i < 9 && ok; i++) {
             wa_tensor h = x[i];
             h.data = host[i], h.device = WA_DEVICE_CPU;
@@ -213,8 +232,7 @@ static int run_path(const inputs *in, const path *pa, outs *o, char *err, size_t
         }
     }
     if (!ok) snprintf(err, nerr, "%s", wa_last_error());
-    for (int i = 0; i < 9; i++)
-        if (cuda && buf[i]) wa_free_memory(ctx, WA_DEVICE_CUDA, buf[i]);
+    free_buffers(ctx, pa->dev, buf, 9);
     for (int i = 4; i < 9; i++) free(host[i]);
     wa_context_destroy(ctx);
     return ok;
@@ -254,7 +272,6 @@ static int64_t draw(wa_rng *g, int64_t n) { return (int64_t)(fabs(wa_rng_normal(
 /* one (dtype, shape): plants, the oracle, every path (cpu: the CPU ones; cuda: the CUDA one) */
 static void run_shape(wa_dtype dt, const shape *s, uint64_t seed, int cpu, int cuda) {
     const int64_t D = s->D;
-    static const char *const dts[3] = {"f32", "f16", "bf16"};
     inputs in = {dt, s, {0}, {0}};
     wa_rng g;
     wa_rng_seed(&g, seed);
@@ -308,10 +325,10 @@ static void run_shape(wa_dtype dt, const shape *s, uint64_t seed, int cpu, int c
         const plant *pl = &plants[k];
         size_t idx = plant_index(&in, pl);
         const int64_t plant_hk = pl->tensor == T_K || pl->tensor == T_V ? pl->h : pl->h / (HQ / HKV);
-        uint32_t old = get_bits(&in, pl->tensor, idx);
-        set_bits(&in, pl->tensor, idx, perturbed_bits(dt, old));
+        uint32_t old = get_bits(dt, in.x[pl->tensor], idx);
+        set_bits(dt, in.x[pl->tensor], idx, perturbed_bits(dt, old));
         oracle(&in, &dep_b);
-        set_bits(&in, pl->tensor, idx, nonfinite_bits(dt, pl->value));
+        set_bits(dt, in.x[pl->tensor], idx, nonfinite_bits(dt, pl->value));
         oracle(&in, &want);
         for (int p = 0; p < npaths; p++) {
             if (failed[p]) continue;
@@ -336,7 +353,7 @@ static void run_shape(wa_dtype dt, const shape *s, uint64_t seed, int cpu, int c
                          (long long)pl->d, what);
             }
         }
-        set_bits(&in, pl->tensor, idx, old);
+        set_bits(dt, in.x[pl->tensor], idx, old);
     }
     for (int p = 0; p < npaths; p++) {
         char label[64];
@@ -344,7 +361,7 @@ static void run_shape(wa_dtype dt, const shape *s, uint64_t seed, int cpu, int c
             snprintf(label, sizeof label, "%s tiles=%dx%d", paths[p].isa, tile_configs[paths[p].cfg][0], tile_configs[paths[p].cfg][1]);
         else snprintf(label, sizeof label, "%s", paths[p].dev == WA_DEVICE_CUDA ? "cuda" : "dense");
         check(!failed[p], "nonfinite %s %s B=%d Hq=%d Hkv=%d Nq=%lld Nk=%lld D=%lld win=(%lld,%lld)%s [%s]: %d plants%s%s", label,
-              dts[dt], B, HQ, HKV, (long long)s->Nq, (long long)s->Nk, (long long)D, (long long)s->left, (long long)s->right,
+              dtype_names[dt], B, HQ, HKV, (long long)s->Nq, (long long)s->Nk, (long long)D, (long long)s->left, (long long)s->right,
               s->softcap > 0 ? " cap=5" : "", s->what, np, first[p][0] ? " : " : "", first[p]);
         outs_free(&clean[p]);
     }
@@ -374,7 +391,6 @@ static const vl_case vl_cases[] = {{-1, 0, 40, 0}, {-1, 0, 64, 0}, {40, 0, 128, 
  * (o, lse, dq, dk, dv, same layouts; lse [1, HQ, T]); 0 and a message if a call fails */
 static int vl_run(wa_dtype dt, const vl_case *c, wa_device dev, void *const x[4], const int32_t *cu, int64_t T,
                   void *out[5], char *err, size_t nerr) {
-    const int cuda = dev == WA_DEVICE_CUDA;
     wa_context_params cp = {0};
     cp.threads = 2;
     cp.cuda_deterministic = 1;
@@ -386,13 +402,7 @@ static int vl_run(wa_dtype dt, const vl_case *c, wa_device dev, void *const x[4]
     const size_t nq = (size_t)(HQ * T * c->D) * es(dt), nk = (size_t)(HKV * T * c->D) * es(dt);
     const size_t sizes[10] = {nq, nk, nk, nq, nq, (size_t)(HQ * T) * 4, nq, nk, nk, sizeof(int32_t) * (VL_SEQS + 1)};
     void *host[10] = {x[0], x[1], x[2], x[3], out[0], out[1], out[2], out[3], out[4], (void *)cu}, *buf[10] = {0};
-    int ok = 1;
-    for (int i = 0; i < 10; i++) {
-        if (!cuda) buf[i] = host[i];
-        else if (ok && (wa_malloc(ctx, WA_DEVICE_CUDA, sizes[i], &buf[i]) != WA_OK ||
-                        ((i < 4 || i == 9) && wa_memcpy(ctx, buf[i], WA_DEVICE_CUDA, host[i], WA_DEVICE_CPU, sizes[i]) != WA_OK)))
-            ok = 0;
-    }
+    int ok = buffers_on(ctx, dev, host, sizes, 10, 0x20Fu, buf); /* q, k, v, do_ and the offsets */
     if (ok) {
         wa_tensor t[9];
         for (int i = 0; i < 9; i++) {
@@ -404,18 +414,15 @@ static int vl_run(wa_dtype dt, const vl_case *c, wa_device dev, void *const x[4]
         const wa_attn_desc desc = {0, c->softcap, c->left, c->right};
         ok = wa_forward_varlen(ctx, &desc, &seqs, &t[0], &t[1], &t[2], &t[4], &t[5]) == WA_OK &&
              wa_backward_varlen(ctx, &desc, &seqs, &t[0], &t[1], &t[2], &t[4], &t[5], &t[3], &t[6], &t[7], &t[8]) == WA_OK;
-        for (int i = 4; i < 9 && ok && cuda; i++)
-            ok = wa_memcpy(ctx, host[i], WA_DEVICE_CPU, buf[i], WA_DEVICE_CUDA, sizes[i]) == WA_OK;
+        ok = ok && copy_back(ctx, dev, host, sizes, 10, 0x1F0u, buf);
     }
     if (!ok) snprintf(err, nerr, "%s", wa_last_error());
-    for (int i = 0; i < 10; i++)
-        if (cuda && buf[i]) wa_free_memory(ctx, WA_DEVICE_CUDA, buf[i]);
+    free_buffers(ctx, dev, buf, 10);
     wa_context_destroy(ctx);
     return ok;
 }
 
 static void run_varlen(wa_dtype dt, const vl_case *c, wa_device dev, uint64_t seed) {
-    static const char *const dts[3] = {"f32", "f16", "bf16"};
     int32_t cu[VL_SEQS + 1] = {0};
     for (int s = 0; s < VL_SEQS; s++) cu[s + 1] = cu[s] + vl_lengths[s];
     const int64_t T = cu[VL_SEQS], D = c->D;
@@ -442,12 +449,8 @@ static void run_varlen(wa_dtype dt, const vl_case *c, wa_device dev, uint64_t se
             const int64_t row = at < 2 ? cu[seq] : cu[seq + 1] - 1;
             const int64_t H = t == T_K || t == T_V ? HKV : HQ, h = draw(&g, H), d = draw(&g, D);
             const size_t i = (size_t)((h * T + row) * D + d);
-            uint32_t old;
-            if (dt == WA_F32) memcpy(&old, (float *)x[t] + i, 4);
-            else old = ((uint16_t *)x[t])[i];
-            const uint32_t bad = nonfinite_bits(dt, at & 1 ? 1 : 0); /* NaN or +inf */
-            if (dt == WA_F32) memcpy((float *)x[t] + i, &bad, 4);
-            else ((uint16_t *)x[t])[i] = (uint16_t)bad;
+            const uint32_t old = get_bits(dt, x[t], i);
+            set_bits(dt, x[t], i, nonfinite_bits(dt, at & 1 ? 1 : 0)); /* NaN or +inf */
             plants++;
             if (!vl_run(dt, c, dev, x, cu, T, got, err, sizeof err)) snprintf(first, sizeof first, "%s", err);
             /* every output row of the other sequences, bit for bit */
@@ -464,11 +467,10 @@ static void run_varlen(wa_dtype dt, const vl_case *c, wa_device dev, uint64_t se
                                      out_names[o], s);
                     }
             }
-            if (dt == WA_F32) memcpy((float *)x[t] + i, &old, 4);
-            else ((uint16_t *)x[t])[i] = (uint16_t)old;
+            set_bits(dt, x[t], i, old);
         }
     check(!first[0], "nonfinite varlen %s %s D=%lld win=(%lld,%lld)%s, sequences 70/45/150: %d plants stay in their sequence%s%s",
-          dev == WA_DEVICE_CUDA ? "cuda" : "cpu", dts[dt], (long long)D, (long long)c->left, (long long)c->right,
+          dev == WA_DEVICE_CUDA ? "cuda" : "cpu", dtype_names[dt], (long long)D, (long long)c->left, (long long)c->right,
           c->softcap > 0 ? " cap=5" : "", plants, first[0] ? " : " : "", first);
     for (int t = 0; t < 4; t++) free(x[t]);
     for (int t = 0; t < 5; t++) free(clean[t]), free(got[t]);
