@@ -645,6 +645,421 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
+/* ---- head dim 512 ----
+ * dK and dV of 64 keys, or dQ of 64 query rows, over 512 columns take 256 accumulator registers a
+ * thread in one warpgroup, and Q and dO of 64 rows alone fill 128 KB of shared memory. So at D = 512
+ * the two consumer warpgroups split each step by role (version 4's split by output at D = 256, with
+ * D rather than the keys as the products' M where that saves registers):
+ *   dK/dV  one CTA per 32 keys, K and V resident (64 KB), Q and dO of each 64-query step in one
+ *          stage (128 KB), loaded and released in kQHalves parts along D. Warpgroup 1 forms
+ *          S = Q Kᵀ (64 queries × 32 keys, all of D), P, and dVᵀ += dOᵀ P; warpgroup 2 forms
+ *          dP = dO Vᵀ, and with P (times the softcap's derivative, f32) handed over through shared
+ *          memory, dS and dKᵀ += Qᵀ dS. The second products take D as M (eight m64n32k16 column
+ *          blocks, A = dO or Q read transposed, B = P or dS stored transposed in shared memory): dVᵀ
+ *          or dKᵀ of 512 × 32 is 128 registers a thread. Each warpgroup does half of every step's
+ *          work: 8.4 MFLOP per step and CTA, 64 FLOP per byte brought from L2 (docs/cuda.md).
+ *   dQ     one CTA per 64 query rows, Q and dO resident (128 KB), key tiles of kDqWideBN in a ring of
+ *          kDqWideStages. Warpgroup 1 forms S and P and hands P (f32) to warpgroup 2, which forms
+ *          dP and dS and hands dS back (bf16, as A fragments); each then adds dS K for its 256 of
+ *          dQ's columns (m64n256k16, dS from registers, K read transposed: 128 registers).
+ * dP's k steps run in the order prep's δ takes (one chain over all of D), so a one-key window still
+ * gives dP − δ = 0 exactly. */
+constexpr int kWideD = 512, kWideKeys = 32;
+/* lab: the parts Q and dO are loaded and released in along D (1 or 2), so that the next step's
+ * first half can land while this step's second products still read the second */
+#ifndef WA_DKDV512_HALVES
+#define WA_DKDV512_HALVES 2
+#endif
+constexpr int kQHalves = WA_DKDV512_HALVES;
+static_assert(kQHalves == 1 || kQHalves == 2, "Q and dO whole or in halves");
+/* lab: the dQ kernel's key tile, 32 (one stage) or 16 (two) */
+#ifndef WA_DQ512_BN
+#define WA_DQ512_BN 32
+#endif
+constexpr int kDqWideBN = WA_DQ512_BN, kDqWideStages = kDqWideBN == 16 ? 2 : 1;
+static_assert(kDqWideBN == 16 || kDqWideBN == 32, "the dQ kernel's key tiles");
+using dq_wide_ring = kv_ring_of<kDqWideStages>;
+/* named barriers of both kernels: the f32 P of buffer b ready (1 + b) and free again (3 + b); a
+ * warpgroup's own transposed tile written (5 + its index); dQ kernel: dS of buffer b ready (7 + b)
+ * and free again (9 + b) */
+constexpr int kWideReady = 1, kWideFree = 3, kWideOwn = 5, kWideDsReady = 7, kWideDsFree = 9;
+
+struct kv_wide_layout {
+    static constexpr uint32_t KV = kWideKeys * kWideD * 2, QT = 64 * kWideD * 2;
+    static constexpr uint32_t P32 = 64 * kWideKeys * 4, P16 = 64 * kWideKeys * 2;
+    /* K, V; Q, dO; P (f32, two buffers by step parity); P and dS stored transposed for the second
+     * products (1024-byte aligned: the 128-byte swizzle); barriers */
+    static constexpr uint32_t k = 0, v = KV, q = 2 * KV, dout = q + QT, xp = dout + QT, sp = xp + 2 * P32, sds = sp + P16,
+                              bars = sds + P16;
+    static constexpr uint32_t n_bars = 1 + 4 * kQHalves; /* kv_full; per part of Q and dO, full and empty */
+    static constexpr size_t bytes = 1024 + bars + 8 * n_bars;
+};
+static_assert(kv_wide_layout::bytes <= 232448, "the D = 512 dK/dV kernel fits the 227 KB a CTA may have");
+static_assert(kv_wide_layout::sp % 1024 == 0 && kv_wide_layout::sds % 1024 == 0, "swizzled tiles start 1024-byte aligned");
+
+struct dq_wide_layout {
+    static constexpr int BN = kDqWideBN;
+    static constexpr uint32_t QT = 64 * kWideD * 2, TILE = BN * kWideD * 2;
+    /* Q, dO; the ring's K and V stages; P (f32) and dS (A fragments), two buffers each; barriers */
+    static constexpr uint32_t q = 0, dout = QT, k = 2 * QT, v = k + kDqWideStages * TILE, xp = v + kDqWideStages * TILE,
+                              xds = xp + 2 * 64 * BN * 4, bars = xds + 2 * 64 * BN * 2;
+    static constexpr size_t bytes = 1024 + bars + 8 * dq_wide_ring::n_bars;
+};
+static_assert(dq_wide_layout::bytes <= 232448, "the D = 512 dQ kernel fits the 227 KB a CTA may have");
+
+/* lse2 (cw 0) or δ (cw 1) of a thread's two query rows of head h: the padding rows of the
+ * rectangular workspace hold +inf and 0 (prep); a varlen sequence's rows past its end are the next
+ * one's, replaced by the same */
+template <bool VARLEN>
+__device__ __forceinline__ void wide_row_stats(const kparams &p, long long b, long long h, const long long (&rows)[2], int cw,
+                                               float (&stat)[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const long long at = ws_head<VARLEN>(p, b, h, p.nq_pad) + rows[r];
+        const bool ok = rows[r] < (VARLEN ? p.Nq : p.nq_pad);
+        stat[r] = ok ? (cw == 0 ? p.lse2 : p.delta)[at] : cw == 0 ? INFINITY : 0.0f;
+    }
+}
+
+/* cw 0's step of both kernels: S (64 queries × BN keys from j0, raw) becomes P in place and pd = P
+ * times the softcap's derivative, 0 where masked (edge tiles only, compiled apart: edge_form) */
+template <int BN, Cap CAP>
+__device__ __forceinline__ void wide_probs(const kparams &p, float (&s)[BN / 8][4], float (&pd)[BN / 8][4], const long long (&rows)[2],
+                                           const float (&lse2)[2], long long j0, bool edge, int t4, float scale2) {
+    edge_form<CAP>(edge, [&](auto edge_c) {
+        const bool masked = edge_c;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            int lo = 0, hi = BN - 1;
+            if (masked) visible_cols<BN>(p, rows[r], j0, lo, hi);
+#pragma unroll
+            for (int nb = 0; nb < BN / 8; nb++)
+#pragma unroll
+                for (int e = 2 * r; e < 2 * r + 2; e++) {
+                    const int c = nb * 8 + 2 * t4 + (e & 1);
+                    float pv, dcap;
+                    prob_of<CAP>(p, s[nb][e], lse2[r], scale2, pv, dcap);
+                    if (masked && (c < lo || c > hi)) pv = 0.0f;
+                    s[nb][e] = pv, pd[nb][e] = pv * dcap;
+                }
+        }
+    });
+}
+
+/* cw 1's step of both kernels: dS = pd (from buffer x, written by cw 0 in fragment order) × (dP − δ)
+ * × scale, in place of dP */
+template <int BN>
+__device__ __forceinline__ void wide_dscores(const kparams &p, float (&dp)[BN / 8][4], const float4 *x, const float (&delta)[2],
+                                             int tid) {
+#pragma unroll
+    for (int nb = 0; nb < BN / 8; nb++) {
+        const float4 v = x[nb * 128 + tid];
+        const float pd[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int e = 0; e < 4; e++) dp[nb][e] = pd[e] * (dp[nb][e] - delta[e >> 1]) * p.scale;
+    }
+}
+
+template <typename T, Cap CAP, bool VARLEN>
+__global__ void __launch_bounds__(kThreads, 1)
+    dkdv_wide_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
+                        const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv, const kparams kp) {
+#if WA_HOPPER_STUB /* not the sm_90a compilation: never launched (common.cuh) */
+    __trap();
+#else
+    using L = kv_wide_layout;
+    constexpr int D = kWideD, KEYS = kWideKeys, DB = D / 64, KS = D / 16, HB = DB / kQHalves;
+    constexpr uint32_t PART = HB * (64 * 128); /* bytes of one part of Q or dO */
+    extern __shared__ __align__(1024) unsigned char smem[];
+    unsigned char *aligned = smem + (((smem_u32(smem) + 1023u) & ~1023u) - smem_u32(smem));
+    const uint32_t base = smem_u32(aligned);
+    const uint32_t sK = base + L::k, sV = base + L::v, sQ = base + L::q, sdO = base + L::dout, bar = base + L::bars;
+    const uint32_t kv_full = bar;
+    auto q_full = [&](int x) { return bar + 8 * (1 + x); };
+    auto q_empty = [&](int x) { return bar + 8 * (1 + kQHalves + x); };
+    auto do_full = [&](int x) { return bar + 8 * (1 + 2 * kQHalves + x); };
+    auto do_empty = [&](int x) { return bar + 8 * (1 + 3 * kQHalves + x); };
+
+    const int wg = threadIdx.x >> 7, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const cta_tile at = heaviest_first<true>(false); /* the first key tiles first: under a causal mask they are the longest */
+    const seq_view<T, VARLEN> sv(kp);
+    const kparams &p = sv.p;
+    const long long hk = at.head, b = sv.b(), j0 = at.tile * KEYS;
+    if (VARLEN && j0 >= p.Nk) return; /* past this sequence's keys: the whole CTA, before the barriers exist */
+    const int nk = (int)min((long long)KEYS, p.Nk - j0);
+    int64_t qt0, qt1;
+    wa_query_tiles_for_cols(&p.win, j0, j0 + nk, 64, &qt0, &qt1);
+    const int nqt = (int)(qt1 - qt0), steps = nqt * (int)p.group;
+
+    if (threadIdx.x == 0) {
+        mbar_init(kv_full, 1);
+        for (int x = 0; x < kQHalves; x++) {
+            mbar_init(q_full(x), 1), mbar_init(do_full(x), 1);
+            mbar_init(q_empty(x), 8), mbar_init(do_empty(x), 8); /* one arrival per consumer warp */
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    if (wg == 0) { /* producer: K and V once, then Q and dO of every step, part by part as released */
+        setmaxnreg_dec<kProducerRegs>();
+        if (threadIdx.x == 0 && steps > 0) {
+            const CUtensorMap *mq = seq_map<VARLEN>(tq, kp, 0), *mdo = seq_map<VARLEN>(tdo, kp, 1), *mk = seq_map<VARLEN>(tk, kp, 2),
+                              *mv = seq_map<VARLEN>(tv, kp, 3);
+            const long long q_row0 = VARLEN ? p.q_row0 : 0, k_row0 = VARLEN ? p.k_row0 : 0; /* TMA rows of the sequence */
+            mbar_expect_tx(kv_full, 2 * L::KV);
+            for (int c = 0; c < DB; c++) {
+                tma_load(sK + c * (KEYS * 128), mk, kv_full, c * 64, (int)(k_row0 + j0), (int)hk, (int)b);
+                tma_load(sV + c * (KEYS * 128), mv, kv_full, c * 64, (int)(k_row0 + j0), (int)hk, (int)b);
+            }
+            for (int n = 0; n < steps; n++) {
+                const uint32_t ph = (uint32_t)n & 1u;
+                const int h = (int)(hk * p.group + n / nqt), row = (int)(q_row0 + (qt0 + n % nqt) * 64);
+                for (int x = 0; x < kQHalves; x++) {
+                    if (n > 0) mbar_wait(q_empty(x), ph ^ 1u);
+                    mbar_expect_tx(q_full(x), PART);
+                    for (int c = x * HB; c < (x + 1) * HB; c++) tma_load(sQ + c * (64 * 128), mq, q_full(x), c * 64, row, h, (int)b);
+                    if (n > 0) mbar_wait(do_empty(x), ph ^ 1u);
+                    mbar_expect_tx(do_full(x), PART);
+                    for (int c = x * HB; c < (x + 1) * HB; c++) tma_load(sdO + c * (64 * 128), mdo, do_full(x), c * 64, row, h, (int)b);
+                }
+            }
+        }
+        return;
+    }
+
+    setmaxnreg_inc<kConsumerRegs>();
+    const int cw = wg - 1, w4 = warp & 3, g = lane >> 2, t4 = lane & 3, tid = threadIdx.x & 127;
+    const float scale2 = p.scale * kLog2e;
+    /* cw 0: dVᵀ, cw 1: dKᵀ; acc[c] holds rows (of D) 64 c .. 64 c + 63, columns the CTA's keys */
+    float acc[DB][KEYS / 8][4];
+    zero_frags(acc);
+    int64_t uq0 = 0, uq1 = 0; /* the query tiles that see all of the CTA's keys: no mask (a ragged key tile: none) */
+    if (nk == KEYS) wa_unmasked_query_tiles(&p.win, j0, j0 + nk, 64, &uq0, &uq1);
+    /* the first product's operands (cw 0: S = Q Kᵀ, cw 1: dP = dO Vᵀ) and the second's (cw 0: dVᵀ =
+     * dOᵀ P, cw 1: dKᵀ = Qᵀ dS, with the transposed tile this warpgroup writes) */
+    const uint32_t first_a = cw == 0 ? sQ : sdO, first_b = cw == 0 ? sK : sV, second_a = cw == 0 ? sdO : sQ;
+    const uint32_t own_tile = L::sp + cw * L::P16;
+    auto first_full = [&](int x) { return cw == 0 ? q_full(x) : do_full(x); };
+    auto first_empty = [&](int x) { return cw == 0 ? q_empty(x) : do_empty(x); };
+    auto second_full = [&](int x) { return cw == 0 ? do_full(x) : q_full(x); };
+    auto second_empty = [&](int x) { return cw == 0 ? do_empty(x) : q_empty(x); };
+
+    if (steps > 0) mbar_wait(kv_full, 0);
+    for (int n = 0; n < steps; n++) {
+        const uint32_t ph = (uint32_t)n & 1u;
+        const int buf = n & 1;
+        const long long h = hk * p.group + n / nqt, qt = qt0 + n % nqt, i0 = qt * 64;
+        const long long rows[2] = {i0 + w4 * 16 + g, i0 + w4 * 16 + g + 8};
+        float stat[2]; /* cw 0: lse2, cw 1: δ of the thread's rows, fetched before the product runs */
+        wide_row_stats<VARLEN>(p, b, h, rows, cw, stat);
+
+        float s[KEYS / 8][4];
+        for (int x = 0; x < kQHalves; x++) mbar_wait(first_full(x), ph);
+        {
+            const uint64_t a_d = gmma_desc(opaque(first_a)), b_d = gmma_desc(opaque(first_b));
+            wg_fence();
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++)
+                wgmma_ss<T, KEYS>(s, desc_at(a_d, (ks >> 2) * (64 * 128) + (ks & 3) * 32),
+                                  desc_at(b_d, (ks >> 2) * (KEYS * 128) + (ks & 3) * 32), ks > 0);
+            wg_commit();
+            wg_wait<0>();
+            reg_fence(s);
+        }
+        for (int x = 0; x < kQHalves; x++) mbar_arrive_if(first_empty(x), lane == 0);
+
+        float4 *xp = (float4 *)(aligned + L::xp + buf * L::P32);
+        if (cw == 0) {
+            float pd[KEYS / 8][4];
+            wide_probs<KEYS, CAP>(p, s, pd, rows, stat, j0, !(qt >= uq0 && qt < uq1), t4, scale2);
+            if (n >= 2) named_sync(kWideFree + buf, 256); /* warpgroup 2 read this buffer two steps ago */
+#pragma unroll
+            for (int nb = 0; nb < KEYS / 8; nb++) xp[nb * 128 + tid] = make_float4(pd[nb][0], pd[nb][1], pd[nb][2], pd[nb][3]);
+            named_arrive(kWideReady + buf, 256);
+        } else {
+            named_sync(kWideReady + buf, 256);
+            wide_dscores<KEYS>(p, s, xp, stat, tid);
+            if (n + 2 < steps) named_arrive(kWideFree + buf, 256);
+        }
+        /* P (cw 0) or dS (cw 1), rounded, into this warpgroup's tile stored transposed (keys × the
+         * step's 64 queries, one 128-byte swizzled column block): the B operand of the second product.
+         * The last step's product that read it was waited for. */
+        {
+            unsigned char *tile = aligned + own_tile;
+#pragma unroll
+            for (int nb = 0; nb < KEYS / 8; nb++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int key = nb * 8 + 2 * t4 + (e & 1), q = w4 * 16 + g + 8 * (e >> 1);
+                    *(T *)(tile + blk_off<KEYS>(key, q >> 3) + (q & 7) * 2) = from_f32<T>(s[nb][e]);
+                }
+            fence_proxy_async(); /* the wgmma below reads it through the async proxy */
+            named_sync(kWideOwn + cw, 128);
+        }
+        for (int x = 0; x < kQHalves; x++) mbar_wait(second_full(x), ph);
+        {
+            const uint64_t t_d = gmma_desc(opaque(base + own_tile));
+            reg_fence(acc);
+            wg_fence();
+#pragma unroll
+            for (int x = 0; x < kQHalves; x++) {
+#pragma unroll
+                for (int c = x * HB; c < (x + 1) * HB; c++) {
+                    const uint64_t m_d = gmma_desc_mn(opaque(second_a + c * (64 * 128)), 64 * 128);
+#pragma unroll
+                    for (int kk = 0; kk < 4; kk++) wgmma_ss_tn<T, KEYS>(acc[c], desc_at(m_d, kk * (16 * 128)), desc_at(t_d, kk * 32), 1);
+                }
+                wg_commit();
+            }
+            if constexpr (kQHalves == 2) {
+                wg_wait<1>(); /* the first part's products are done: release it while the second's run */
+                mbar_arrive_if(second_empty(0), lane == 0);
+            }
+            wg_wait<0>();
+            reg_fence(acc);
+            mbar_arrive_if(second_empty(kQHalves - 1), lane == 0);
+        }
+    }
+    /* acc[c][nb][e] is row (of D) 64 c + 16 w4 + g + 8 (e / 2) of the key j0 + 8 nb + 2 t4 + e % 2 */
+    const dev_tensor out = cw == 0 ? p.dv : p.dk; /* a copy: a reference into a varlen CTA's kparams put it on the stack */
+#pragma unroll
+    for (int nb = 0; nb < KEYS / 8; nb++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const long long key = j0 + nb * 8 + 2 * t4 + (e & 1);
+            if (key >= p.Nk) continue;
+            T *row = row_of<T>(out, b, hk, key) + w4 * 16 + g + 8 * (e >> 1);
+#pragma unroll
+            for (int c = 0; c < DB; c++) row[c * 64] = from_f32<T>(acc[c][nb][e]);
+        }
+#endif
+}
+
+template <typename T, Cap CAP, bool VARLEN>
+__global__ void __launch_bounds__(kThreads, 1)
+    dq_wide_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
+                      const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv, const kparams kp) {
+#if WA_HOPPER_STUB /* not the sm_90a compilation: never launched (common.cuh) */
+    __trap();
+#else
+    using L = dq_wide_layout;
+    constexpr int D = kWideD, BM = 64, BN = L::BN, DB = D / 64, KS = D / 16, TILE = L::TILE;
+    extern __shared__ __align__(1024) unsigned char smem[];
+    unsigned char *aligned = smem + (((smem_u32(smem) + 1023u) & ~1023u) - smem_u32(smem));
+    const uint32_t base = smem_u32(aligned);
+    const uint32_t sQ = base + L::q, sdO = base + L::dout, sK = base + L::k, sV = base + L::v;
+    const dq_wide_ring ring{base + L::bars};
+
+    const int wg = threadIdx.x >> 7, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const cta_tile at = heaviest_first<false>(true); /* the longest tiles first under causal masks */
+    const seq_view<T, VARLEN> sv(kp);
+    const kparams &p = sv.p;
+    const long long qt = at.tile, h = at.head, b = sv.b(), hk = h / p.group, i0 = qt * BM;
+    if (VARLEN && i0 >= p.Nq) return; /* past this sequence's rows: the whole CTA, before the barriers exist */
+    const int m = (int)min((long long)BM, p.Nq - i0);
+    int64_t kt0, kt1;
+    wa_key_tiles_for_rows(&p.win, i0, i0 + m, BN, &kt0, &kt1);
+    const int steps = (int)max(kt1 - kt0, (int64_t)0);
+
+    if (threadIdx.x == 0) ring.init(8, 4); /* K: both warpgroups' warps; V: the second's */
+    __syncthreads();
+
+    if (wg == 0) { /* producer: Q and dO once, then the key tiles */
+        setmaxnreg_dec<kProducerRegs>();
+        if (threadIdx.x == 0 && steps > 0) {
+            /* maps 4..7 of the launch: this kernel's boxes */
+            const CUtensorMap *mq = seq_map<VARLEN>(tq, kp, 4), *mdo = seq_map<VARLEN>(tdo, kp, 5), *mk = seq_map<VARLEN>(tk, kp, 6),
+                              *mv = seq_map<VARLEN>(tv, kp, 7);
+            const int row = (int)((VARLEN ? p.q_row0 : 0) + i0);
+            mbar_expect_tx(ring.once(), 2 * BM * D * 2);
+            for (int c = 0; c < DB; c++) {
+                tma_load(sQ + c * (BM * 128), mq, ring.once(), c * 64, row, (int)h, (int)b);
+                tma_load(sdO + c * (BM * 128), mdo, ring.once(), c * 64, row, (int)h, (int)b);
+            }
+            ring.produce<BN, DB, true>(mk, mv, sK, sV, kt0, kt1, (int)hk, (int)b, VARLEN ? p.k_row0 : 0);
+        }
+        return;
+    }
+
+    setmaxnreg_inc<kConsumerRegs>();
+    const int cw = wg - 1, w4 = warp & 3, g = lane >> 2, t4 = lane & 3, tid = threadIdx.x & 127;
+    const long long rows[2] = {i0 + w4 * 16 + g, i0 + w4 * 16 + g + 8};
+    float stat[2]; /* cw 0: lse2, cw 1: δ */
+    wide_row_stats<VARLEN>(p, b, h, rows, cw, stat);
+    int64_t ut0, ut1; /* the key tiles the CTA's rows see whole: no mask */
+    wa_unmasked_key_tiles(&p.win, i0, i0 + m, BN, &ut0, &ut1);
+    const float scale2 = p.scale * kLog2e;
+    float acc[4][8][4]; /* dQ's columns [256 cw, 256 cw + 256) */
+    zero_frags(acc);
+    const uint32_t first_a = cw == 0 ? sQ : sdO;
+
+    if (steps > 0) mbar_wait(ring.once(), 0);
+    for (int it = 0; it < steps; it++) {
+        const long long kt = kt0 + it;
+        const int st = dq_wide_ring::stage(it), buf = it & 1;
+        const uint32_t ph = dq_wide_ring::parity(it);
+        /* cw 0: S = Q Kᵀ, cw 1: dP = dO Vᵀ, over all of D */
+        float s[BN / 8][4];
+        mbar_wait(cw == 0 ? ring.k_full(st) : ring.v_full(st), ph);
+        {
+            const uint64_t a_d = gmma_desc(opaque(first_a)), b_d = gmma_desc(opaque((cw == 0 ? sK : sV) + st * TILE));
+            wg_fence();
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++)
+                wgmma_ss<T, BN>(s, desc_at(a_d, (ks >> 2) * (BM * 128) + (ks & 3) * 32), desc_at(b_d, (ks >> 2) * (BN * 128) + (ks & 3) * 32),
+                                ks > 0);
+            wg_commit();
+            wg_wait<0>();
+            reg_fence(s);
+        }
+        float4 *xp = (float4 *)(aligned + L::xp + buf * (BM * BN * 4));
+        uint4 *xds = (uint4 *)(aligned + L::xds + buf * (BM * BN * 2));
+        uint32_t pa[BN / 16][4]; /* dS as A fragments */
+        if (cw == 0) {
+            float pd[BN / 8][4];
+            wide_probs<BN, CAP>(p, s, pd, rows, stat, kt * BN, !(kt >= ut0 && kt < ut1), t4, scale2);
+            if (it >= 2) named_sync(kWideFree + buf, 256);
+#pragma unroll
+            for (int nb = 0; nb < BN / 8; nb++) xp[nb * 128 + tid] = make_float4(pd[nb][0], pd[nb][1], pd[nb][2], pd[nb][3]);
+            named_arrive(kWideReady + buf, 256);
+            named_sync(kWideDsReady + buf, 256);
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++) {
+                const uint4 v = xds[kk * 128 + tid];
+                pa[kk][0] = v.x, pa[kk][1] = v.y, pa[kk][2] = v.z, pa[kk][3] = v.w;
+            }
+            if (it + 2 < steps) named_arrive(kWideDsFree + buf, 256);
+        } else {
+            mbar_arrive_if(ring.v_empty(st), lane == 0);
+            named_sync(kWideReady + buf, 256);
+            wide_dscores<BN>(p, s, xp, stat, tid);
+            if (it + 2 < steps) named_arrive(kWideFree + buf, 256);
+            pack_a<T, BN>(pa, s);
+            if (it >= 2) named_sync(kWideDsFree + buf, 256);
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++) xds[kk * 128 + tid] = make_uint4(pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3]);
+            named_arrive(kWideDsReady + buf, 256);
+            mbar_wait(ring.k_full(st), ph); /* K, read below */
+        }
+        /* dQ += dS K over this warpgroup's 256 columns, K read transposed as V in the forward */
+        reg_fence(pa);
+        reg_fence(acc);
+        wg_fence();
+        {
+            const uint64_t k_d = gmma_desc_mn(opaque(sK + st * TILE + cw * 4 * (BN * 128)), BN * 128);
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++) wide_mn_product<T, 256>(acc, pa[kk], desc_at(k_d, kk * (16 * 128)));
+        }
+        wg_commit();
+        wg_wait<0>();
+        reg_fence(acc);
+        mbar_arrive_if(ring.k_empty(st), lane == 0);
+    }
+    store_frag_rows<T, 32>(p.dq, reinterpret_cast<const float (&)[32][4]>(acc), rows, p.Nq, b, h, t4, cw * 256);
+#endif
+}
+
 /* ---- dQ from the fused backward's f32 accumulator ---- */
 
 /* One CTA per 64 query rows of a head: the accumulator holds, per 64-row tile, D/64 blocks of
@@ -733,27 +1148,69 @@ template <typename T> static wa_status by_dim(const kparams &kp, const CUtensorM
     return for_head_dim(kp.D, [&](auto d) { return by_cap<T, decltype(d)::value>(kp, m, s); });
 }
 
+/* D = 512: prep, dK/dV, dQ (deterministic either way: no dQ accumulator) */
+template <typename T, Cap CAP, bool VARLEN>
+static wa_status launch_wide(const kparams &kp, const CUtensorMap (&m)[8], cudaStream_t s) {
+    static volatile unsigned long long done_prep = 0, done_kv = 0, done_q = 0;
+    CUDA_TRY(raise_once(prep_kernel<T, kWideD, VARLEN>, prep_smem_bytes<kWideD>(), &done_prep));
+    CUDA_TRY(raise_once(dkdv_wide_ws_kernel<T, CAP, VARLEN>, kv_wide_layout::bytes, &done_kv));
+    CUDA_TRY(raise_once(dq_wide_ws_kernel<T, CAP, VARLEN>, dq_wide_layout::bytes, &done_q));
+    const wa_status maps_st = write_seq_maps(kp, m, 8, kKeyMaps, s);
+    if (maps_st != WA_OK) return maps_st;
+    kparams dkp = kp;
+    dkp.dq_acc = nullptr; /* prep has nothing to zero */
+    return over_sequences(dkp, [&](const kparams &c, unsigned z) {
+        prep_kernel<T, kWideD, VARLEN><<<dim3((unsigned)(kp.nq_pad / 64), (unsigned)kp.Hq, z), 128, prep_smem_bytes<kWideD>(), s>>>(c);
+        CUDA_TRY(cudaGetLastError());
+        dkdv_wide_ws_kernel<T, CAP, VARLEN><<<dim3((unsigned)((kp.Nk + kWideKeys - 1) / kWideKeys), (unsigned)kp.Hkv, z), kThreads,
+                                              kv_wide_layout::bytes, s>>>(m[0], m[1], m[2], m[3], c);
+        CUDA_TRY(cudaGetLastError());
+        dq_wide_ws_kernel<T, CAP, VARLEN>
+            <<<dim3((unsigned)((kp.Nq + 63) / 64), (unsigned)kp.Hq, z), kThreads, dq_wide_layout::bytes, s>>>(m[4], m[5], m[6], m[7], c);
+        CUDA_TRY(cudaGetLastError());
+        return WA_OK;
+    });
+}
+template <typename T> static wa_status by_cap_wide(const kparams &kp, const CUtensorMap (&m)[8], cudaStream_t s) {
+    if (kp.cu_q) return kp.softcap > 0.0f ? launch_wide<T, Cap::on, true>(kp, m, s) : launch_wide<T, Cap::off, true>(kp, m, s);
+    return kp.softcap > 0.0f ? launch_wide<T, Cap::on, false>(kp, m, s) : launch_wide<T, Cap::off, false>(kp, m, s);
+}
+
+/* the D = 512 backward on wgmma; -DWA_BWD_WIDE_MMA leaves it to version 5's mma.sync kernels
+ * (bwd_wide.cu; lab, for comparisons in one build) */
+static bool wide_backward_head_dim(long long D) {
+#ifdef WA_BWD_WIDE_MMA
+    (void)D;
+    return false;
+#else
+    return D == kWideD;
+#endif
+}
+
 } /* namespace */
 
 int hopper_backward_fuses_dq(const kparams &kp) { return kp.D == 64 || kp.D == 128; }
 
 int hopper_backward_supports(const kparams &kp) {
-    return !hopper_forced_off() && hopper_head_dim(kp.D) && kp.Nq > 0 && kp.Nk > 0 && kp.lse.data && tensor_map_encoder() != nullptr;
+    return !hopper_forced_off() && (hopper_head_dim(kp.D) || wide_backward_head_dim(kp.D)) && kp.Nq > 0 && kp.Nk > 0 && kp.lse.data &&
+           tensor_map_encoder() != nullptr;
 }
 
 wa_status hopper_backward(const kparams &kp, wa_dtype dt, cudaStream_t s, int *taken) {
     *taken = 0;
     if (!hopper_backward_supports(kp) || !kp.lse2) return WA_OK;
-    const int D = (int)kp.D, bn = D == 256 ? dq_bn<256>() : dq_bn<128>();
-    /* dK/dV kernel: Q, dO in 64-row boxes, K, V in boxes of its keys; dQ kernel: Q, dO in 128, K, V in bn */
-    const int kv_rows = D == 256 ? kv_keys<256>() : kv_keys<128>();
+    const int D = (int)kp.D, wide = D == kWideD, bn = wide ? kDqWideBN : D == 256 ? dq_bn<256>() : dq_bn<128>();
+    /* dK/dV kernel: Q, dO in 64-row boxes, K, V in boxes of its keys; dQ kernel: Q, dO in its rows
+     * (128, or 64 at D = 512), K, V in bn */
+    const int kv_rows = wide ? kWideKeys : D == 256 ? kv_keys<256>() : kv_keys<128>(), dq_rows = wide ? 64 : 128;
     CUtensorMap m[8];
     const long long B = map_batch(kp), Nq = map_q_rows(kp), Nk = map_k_rows(kp);
     const bool ok = tensor_map(&m[0], kp.q, dt, B, kp.Hq, Nq, D, 64) && tensor_map(&m[1], kp.dout, dt, B, kp.Hq, Nq, D, 64) &&
                     tensor_map(&m[2], kp.k, dt, B, kp.Hkv, Nk, D, kv_rows) && tensor_map(&m[3], kp.v, dt, B, kp.Hkv, Nk, D, kv_rows) &&
-                    tensor_map(&m[4], kp.q, dt, B, kp.Hq, Nq, D, 128) && tensor_map(&m[5], kp.dout, dt, B, kp.Hq, Nq, D, 128) &&
+                    tensor_map(&m[4], kp.q, dt, B, kp.Hq, Nq, D, dq_rows) && tensor_map(&m[5], kp.dout, dt, B, kp.Hq, Nq, D, dq_rows) &&
                     tensor_map(&m[6], kp.k, dt, B, kp.Hkv, Nk, D, bn) && tensor_map(&m[7], kp.v, dt, B, kp.Hkv, Nk, D, bn);
     if (!ok) return WA_OK;
     *taken = 1;
+    if (wide) return dt == WA_BF16 ? by_cap_wide<__nv_bfloat16>(kp, m, s) : by_cap_wide<__half>(kp, m, s);
     return dt == WA_BF16 ? by_dim<__nv_bfloat16>(kp, m, s) : by_dim<__half>(kp, m, s);
 }

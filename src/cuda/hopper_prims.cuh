@@ -101,13 +101,15 @@ template <bool ON> struct pingpong {
     }
 };
 
-/* The ring the forward and the dQ kernel stream key tiles through: an "once" barrier for the
- * tiles loaded once per CTA (Q, and dO in the dQ kernel), then for each of two stages a full and
- * an empty mbarrier for K and for V, 8 bytes each from `bar`. Key tile `it` (counted from the
- * CTA's first) goes to stage it % 2 in round it / 2; a consumer waits on full with the round's
- * parity, the producer reuses a stage once the consumers' warps (one arrival each) emptied it. */
-struct kv_ring {
-    static constexpr int kStages = 2;
+/* The ring the forwards and the dQ kernels stream key tiles through: an "once" barrier for the
+ * tiles loaded once per CTA (Q, and dO in the dQ kernels), then for each of STAGES stages a full
+ * and an empty mbarrier for K and for V, 8 bytes each from `bar`. Key tile `it` (counted from the
+ * CTA's first) goes to stage it % STAGES in round it / STAGES; a consumer waits on full with the
+ * round's parity, the producer reuses a stage once the consumer warps that read it (one arrival
+ * each) emptied it. Two stages everywhere but the D = 512 dQ kernel, whose resident Q and dO leave
+ * room for one stage of 32-key tiles. */
+template <int STAGES> struct kv_ring_of {
+    static constexpr int kStages = STAGES;
     static constexpr uint32_t n_bars = 1 + 4 * kStages;
     uint32_t bar;
 
@@ -120,31 +122,37 @@ struct kv_ring {
     __device__ static int stage(int it) { return it & (kStages - 1); } /* it >= 0 */
     __device__ static uint32_t parity(int it) { return ((uint32_t)it / kStages) & 1u; }
 
-    /* by one thread, before the CTA's __syncthreads() */
-    __device__ void init(uint32_t consumer_warps) const {
+    /* by one thread, before the CTA's __syncthreads(): the consumer warps that release each K
+     * stage, and each V stage (the same unless given: the D = 512 dQ kernel reads V in one
+     * warpgroup only) */
+    __device__ void init(uint32_t k_warps, uint32_t v_warps = 0) const {
         mbar_init(once(), 1);
         for (int s = 0; s < kStages; s++) {
             mbar_init(k_full(s), 1), mbar_init(v_full(s), 1);
-            mbar_init(k_empty(s), consumer_warps), mbar_init(v_empty(s), consumer_warps);
+            mbar_init(k_empty(s), k_warps), mbar_init(v_empty(s), v_warps ? v_warps : k_warps);
         }
         mbar_init_fence();
     }
     /* the producer thread: K and V of key tiles [kt0, kt1) of kv head hk, boxes of 64 values × BN
      * rows (the tensor maps'), into the stages at sK and sV (tiles of BN × DB × 64 values); row0
-     * is the sequence's first row in a varlen call's packed tensors (0 otherwise) */
-    template <int BN, int DB>
+     * is the sequence's first row in a varlen call's packed tensors (0 otherwise). V_FIRST loads
+     * each tile's V before its K: the D = 512 dQ kernel releases V early in a step and K at its
+     * end, so its single stage can take the next V while this step's K is still read. */
+    template <int BN, int DB, bool V_FIRST = false>
     __device__ void produce(const CUtensorMap *tk, const CUtensorMap *tv, uint32_t sK, uint32_t sV, long long kt0,
                             long long kt1, int hk, int b, long long row0) const {
         constexpr uint32_t TILE = BN * DB * 64 * 2;
         for (long long kt = kt0; kt < kt1; kt++) {
             const int it = (int)(kt - kt0), st = stage(it);
             const uint32_t ph = parity(it);
-            if (it >= kStages) mbar_wait(k_empty(st), ph ^ 1u); /* the consumers released its last use */
-            mbar_expect_tx(k_full(st), TILE);
-            for (int c = 0; c < DB; c++) tma_load(sK + st * TILE + c * (BN * 128), tk, k_full(st), c * 64, (int)(row0 + kt * BN), hk, b);
-            if (it >= kStages) mbar_wait(v_empty(st), ph ^ 1u);
-            mbar_expect_tx(v_full(st), TILE);
-            for (int c = 0; c < DB; c++) tma_load(sV + st * TILE + c * (BN * 128), tv, v_full(st), c * 64, (int)(row0 + kt * BN), hk, b);
+            auto load = [&](bool is_v) {
+                if (it >= kStages) mbar_wait(is_v ? v_empty(st) : k_empty(st), ph ^ 1u); /* the consumers released its last use */
+                const uint32_t full = is_v ? v_full(st) : k_full(st), dst = (is_v ? sV : sK) + st * TILE;
+                mbar_expect_tx(full, TILE);
+                for (int c = 0; c < DB; c++) tma_load(dst + c * (BN * 128), is_v ? tv : tk, full, c * 64, (int)(row0 + kt * BN), hk, b);
+            };
+            load(V_FIRST);
+            load(!V_FIRST);
         }
     }
     /* a consumer warp's turn on key tile `it` when its rows see none of it: wait until it landed
@@ -158,6 +166,7 @@ struct kv_ring {
         mbar_arrive_if(v_empty(st), lane == 0);
     }
 };
+using kv_ring = kv_ring_of<2>;
 
 /* ---- varlen: tensor maps cut at each sequence's end ----
  *

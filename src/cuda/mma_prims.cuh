@@ -352,14 +352,14 @@ template <typename T, int N> __device__ __forceinline__ void pack_a(uint32_t (&a
 }
 
 /* accumulator fragments of a thread's two rows, rounded to the dtype, into rows < limit of head
- * (b, h) of t (no normalisation: the gradients' epilogue) */
+ * (b, h) of t from column col0 (no normalisation: the gradients' epilogue) */
 template <typename T, int NA>
 __device__ __forceinline__ void store_frag_rows(const dev_tensor &t, const float (&acc)[NA][4], const long long (&rows)[2],
-                                                long long limit, long long b, long long h, int t4) {
+                                                long long limit, long long b, long long h, int t4, int col0 = 0) {
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         if (rows[r] >= limit) continue;
-        T *row = row_of<T>(t, b, h, rows[r]);
+        T *row = row_of<T>(t, b, h, rows[r]) + col0;
 #pragma unroll
         for (int i = 0; i < NA; i++) *(uint32_t *)(row + i * 8 + 2 * t4) = pack2<T>(acc[i][2 * r], acc[i][2 * r + 1]);
     }
