@@ -46,18 +46,22 @@ lab_d512_cases() {
 }
 
 # lab_parity_each W "CASES" [FLAGS...]: `W parity --device cuda` on each case alone (logs in
-# $OUT/p_CASE.txt, or p_CASE_FLAGS.txt), the first FAIL lines of any that fail, then
-# "N passed, M failed"; returns non-zero when one failed
+# $OUT/p_CASE.txt, or p_CASE_FLAGS.txt; each under `timeout LAB_CASE_TIMEOUT`, 120 s unless set,
+# so that a kernel that hangs costs one case), the first FAIL lines of any that fail or time out,
+# then "N passed, M failed"; returns non-zero when one failed
 lab_parity_each() {
     w=$1 cases=$2
     shift 2
     pass=0 fail=0 tag=$(echo "$*" | tr -c 'a-z0-9\n' '_' | sed 's/^_*//')
     for c in $cases; do
         log="$OUT/p_$c${tag:+_$tag}.txt"
-        if $w parity --device cuda --case "$c" --threads 4 "$@" >"$log" 2>&1 && grep -q '^1 passed' "$log"; then
+        timeout "${LAB_CASE_TIMEOUT:-120}" $w parity --device cuda --case "$c" --threads 4 "$@" >"$log" 2>&1
+        rc=$?
+        if [ $rc -eq 0 ] && grep -q '^1 passed' "$log"; then
             pass=$((pass + 1))
         else
             fail=$((fail + 1))
+            [ $rc -eq 124 ] && echo "case $c: timed out"
             grep -E '^FAIL|error' "$log" | head -3
         fi
     done
