@@ -1,19 +1,20 @@
 #!/bin/sh
 # bwd_d512_wgmma.sh — the D = 512 backward on wgmma (dkdv_wide_ws_kernel, dq_wide_ws_kernel in
 # bwd_hopper.cu) against version 5's mma.sync backward (-DWA_BWD_WIDE_MMA: the same tree with
-# D = 512 left to bwd_wide.cu), on the H200, in one run:
-#   build    this tree and the mma build, sm_90a only, in parallel;
-#   parity   the "head dim 512" group, then every other f16/bf16 D = 512 case alone (each under a
-#            timeout), on this tree;
-#   bench    `winattn bench --device cuda` at (c) 8K / 16K causal and at D = 512 with a 1024
-#            window at 16K (docs/cuda.md's shapes), each build in turn, twice;
-#   variants (`variants`) the lab builds h1 (-DWA_DKDV512_HALVES=1: Q and dO loaded and released
-#            whole) and bn16 (-DWA_DQ512_BN=16: the dQ kernel on 16-key tiles in two stages), built
-#            while the above runs, then their D = 512 parity and bench rows;
-#   full     (`full`) the whole sweep, tests/test_nonfinite (its D = 512 CUDA cases), memcheck and
-#            racecheck on D = 512 cases.
+# D = 512 left to bwd_wide.cu), on the H200, in one run. Modes (any of them, in this order):
+#   bench    (the default) build this tree and the mma build (sm_90a only, in parallel); the
+#            "head dim 512" parity group, then every other f16/bf16 D = 512 case alone (each under
+#            a timeout); `winattn bench --device cuda` at (c) 8K / 16K causal and at D = 512 with a
+#            1024 window at 16K (docs/cuda.md's shapes), each build in turn, twice;
+#   variants the lab builds h1 (-DWA_DKDV512_HALVES=1: Q and dO loaded and released whole) and
+#            bn16 (-DWA_DQ512_BN=16: the dQ kernel on 16-key tiles in two stages), built while the
+#            above runs, then their D = 512 parity and bench rows;
+#   check    this tree only: the D = 512 varlen cases (version 5's backward), the whole sweep,
+#            memcheck and racecheck on a D = 512 case;
+#   diag     a lab build with the wgmma varlen instances (-DWA_BWD_WIDE_VARLEN) and mbarrier
+#            waits that give up and say where (-DWA_LAB_WAIT_TIMEOUT), on varlen case 1016.
 # From the repository root on the H200 (DEPS as in scripts/cuda_check.sh):
-#   sh dev/cuda/bwd_d512_wgmma.sh [variants] [full]
+#   sh dev/cuda/bwd_d512_wgmma.sh [bench] [variants] [check] [diag]
 LAB_KEEP=1
 . dev/cuda/lab_env.sh
 unset WINATTN_CUDA
@@ -21,18 +22,18 @@ FLAGS=$LAB_SM90_FLAGS
 lab_summary 58
 TABLE=$KEEP/summary.txt # the summary comes back even when the run is cut short
 : >"$TABLE"
-VARIANTS=0 FULL=0
+BENCH=0 VARIANTS=0 CHECK=0 DIAG=0
+[ $# -eq 0 ] && BENCH=1
 for a in "$@"; do
-    [ "$a" = variants ] && VARIANTS=1
-    [ "$a" = full ] && FULL=1
+    case $a in bench) BENCH=1 ;; variants) BENCH=1 VARIANTS=1 ;; check) CHECK=1 ;; diag) DIAG=1 ;; esac
 done
 nvidia-smi -L
 
 # a command-line NVCCFLAGS drops the Makefile's CUDA_DEFINES: the defines go inside it
-(lab_build build-mma "" NVCCFLAGS="$FLAGS -DWA_BWD_WIDE_MMA" build-mma/winattn) &
+[ $BENCH = 1 ] && (lab_build build-mma "" NVCCFLAGS="$FLAGS -DWA_BWD_WIDE_MMA" build-mma/winattn) &
+[ $DIAG = 1 ] && (lab_build build-vl "" NVCCFLAGS="$FLAGS -DWA_BWD_WIDE_VARLEN -DWA_LAB_WAIT_TIMEOUT" build-vl/winattn) &
 lab_build build "" NVCCFLAGS="$FLAGS" build/winattn build/tests/test_nonfinite
 wait
-[ -x build-mma/winattn ] || { echo "build-mma failed:"; tail -20 "$OUT/build-mma.txt"; exit 1; }
 row "builds" "$(($(date +%s) - t0)) s"
 if [ $VARIANTS = 1 ]; then
     (lab_build build-h1 "" NVCCFLAGS="$FLAGS -DWA_DKDV512_HALVES=1" build-h1/winattn) &
@@ -48,7 +49,7 @@ parity_d512() { # W TAG: the group, then the other cases alone
     grep -v passed "$OUT/each_$2.txt" | head -4
     row "parity, other D = 512 cases alone, $2" "$(tail -1 "$OUT/each_$2.txt") ($(($(date +%s) - s)) s)"
 }
-parity_d512 $W this
+[ $BENCH = 1 ] && parity_d512 $W this
 
 C="--d 512 --hq 32 --hkv 4"
 bench_row() { # ROUND BUILD
@@ -58,9 +59,11 @@ bench_row() { # ROUND BUILD
         awk -F'|' '{printf "%s / %s", $5, $6}')
     row "bench $1, $2: fwd / bwd TFLOP/s, causal" "$r| w1024 16K: $w"
 }
-for round in 1 2; do
-    for b in build build-mma; do bench_row $round $b; done
-done
+if [ $BENCH = 1 ]; then
+    for round in 1 2; do
+        for b in build build-mma; do bench_row $round $b; done
+    done
+fi
 
 if [ $VARIANTS = 1 ]; then
     wait
@@ -73,13 +76,18 @@ if [ $VARIANTS = 1 ]; then
     done
 fi
 
-if [ $FULL = 1 ]; then
-    lab_sweep "full" 300 $W parity --device cuda --threads 16
-    s=$(date +%s)
-    timeout 300 build/tests/test_nonfinite >"$OUT/nonfinite.txt" 2>&1
-    grep '^FAIL' "$OUT/nonfinite.txt" | head -3 | cut -c1-200
-    row "test_nonfinite" "$(tail -1 "$OUT/nonfinite.txt") ($(($(date +%s) - s)) s)"
-    lab_sanitize memcheck $W 970 1017 | while read -r l; do row "memcheck" "$l"; done
-    lab_sanitize racecheck $W 975 | while read -r l; do row "racecheck" "$l"; done
+if [ $CHECK = 1 ]; then
+    VL=$($W parity --list | grep 'D=512' | grep -v ' f32 ' | grep varlen | sed 's/^#\([0-9]*\).*/\1/' | tr '\n' ' ')
+    row "parity, D = 512 varlen cases alone (version 5)" "$(LAB_CASE_TIMEOUT=60 lab_parity_each $W "$VL" | tail -1)"
+    lab_sweep "full" 240 $W parity --device cuda --threads 16
+    lab_sanitize memcheck $W 336 | while read -r l; do row "memcheck" "$l"; done
+    lab_sanitize racecheck $W 336 | while read -r l; do row "racecheck" "$l"; done
+fi
+if [ $DIAG = 1 ]; then
+    timeout 90 build-vl/winattn parity --device cuda --case 1016 --threads 4 >"$OUT/diag.txt" 2>&1
+    row "diag: case 1016 on the wgmma varlen instances" "exit $?, $(grep -c 'gave up' "$OUT/diag.txt") waits gave up; $(tail -1 "$OUT/diag.txt")"
+    grep 'gave up' "$OUT/diag.txt" | awk '{print $4, $6, $8, $9, $14}' | sort | uniq -c | sort -rn | head -12 >"$KEEP/diag_waits.txt"
+    grep 'gave up' "$OUT/diag.txt" | head -40 >>"$KEEP/diag_waits.txt"
+    head -20 "$KEEP/diag_waits.txt"
 fi
 row "total" "$(($(date +%s) - t0)) s"

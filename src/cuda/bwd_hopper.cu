@@ -1176,14 +1176,19 @@ template <typename T> static wa_status by_cap_wide(const kparams &kp, const CUte
     return kp.softcap > 0.0f ? launch_wide<T, Cap::on, false>(kp, m, s) : launch_wide<T, Cap::off, false>(kp, m, s);
 }
 
-/* the D = 512 backward on wgmma; -DWA_BWD_WIDE_MMA leaves it to version 5's mma.sync kernels
- * (bwd_wide.cu; lab, for comparisons in one build) */
-static bool wide_backward_head_dim(long long D) {
+/* the D = 512 backward on wgmma, rectangular calls; -DWA_BWD_WIDE_MMA leaves it to version 5's
+ * mma.sync kernels (bwd_wide.cu; lab, for comparisons in one build). Varlen calls stay on version
+ * 5 for now: the varlen instances hung on the H200 on all four varlen D = 512 parity cases while
+ * every rectangular case passed (dev/cuda/bwd_d512_wgmma.sh); -DWA_BWD_WIDE_VARLEN (lab) takes
+ * them, with -DWA_LAB_WAIT_TIMEOUT to see where they wait. */
+static bool wide_backward_takes(const kparams &kp) {
 #ifdef WA_BWD_WIDE_MMA
-    (void)D;
+    (void)kp;
     return false;
+#elif defined(WA_BWD_WIDE_VARLEN)
+    return kp.D == kWideD;
 #else
-    return D == kWideD;
+    return kp.D == kWideD && !kp.cu_q;
 #endif
 }
 
@@ -1192,7 +1197,7 @@ static bool wide_backward_head_dim(long long D) {
 int hopper_backward_fuses_dq(const kparams &kp) { return kp.D == 64 || kp.D == 128; }
 
 int hopper_backward_supports(const kparams &kp) {
-    return !hopper_forced_off() && (hopper_head_dim(kp.D) || wide_backward_head_dim(kp.D)) && kp.Nq > 0 && kp.Nk > 0 && kp.lse.data &&
+    return !hopper_forced_off() && (hopper_head_dim(kp.D) || wide_backward_takes(kp)) && kp.Nq > 0 && kp.Nk > 0 && kp.lse.data &&
            tensor_map_encoder() != nullptr;
 }
 

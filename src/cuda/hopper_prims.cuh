@@ -8,6 +8,7 @@
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,13 +37,26 @@ __device__ __forceinline__ void mbar_arrive_if(uint32_t bar, bool pred) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %1, 0;\n@p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n" ::"r"(bar), "r"((int)pred)
                  : "memory");
 }
+/* Lab (-DWA_LAB_WAIT_TIMEOUT): a wait that spins 2^22 times (seconds) prints the barrier's
+ * shared address, the parity, the CTA and the thread, and gives up, so that a deadlock shows
+ * where it is instead of hanging the process (the kernel's results are then wrong). */
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
     uint32_t done;
+#ifdef WA_LAB_WAIT_TIMEOUT
+    unsigned spins = 0;
+#endif
     do {
         asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
                      : "=r"(done)
                      : "r"(bar), "r"(parity)
                      : "memory");
+#ifdef WA_LAB_WAIT_TIMEOUT
+        if (!done && ++spins == (1u << 22)) {
+            printf("mbar_wait gave up: bar %u parity %u grid %u %u %u block %u %u %u thread %u\n", bar, parity, gridDim.x, gridDim.y,
+                   gridDim.z, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x);
+            break;
+        }
+#endif
     } while (!done);
 }
 /* one box of the 4-D tensor (d, n, h, b) into shared memory; completion is counted on bar */
