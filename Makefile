@@ -72,6 +72,11 @@ CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(realpath $(NVCC)))
 NVCCFLAGS ?= -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_80,code=sm_86 -gencode=arch=compute_80,code=sm_89 -gencode=arch=compute_80,code=compute_80 -Xcompiler -fPIC -Iinclude -std=c++17
 # kernel-lab variants (dev/cuda): e.g. make BUILD=build-x CUDA_DEFINES=-DWA_FWD_NO_PINGPONG
 NVCCFLAGS += $(CUDA_DEFINES)
+# a host function that calls itself forever is an error where nvcc's host compiler (g++ unless
+# -ccbin says otherwise) can tell: CI builds the CUDA sources but runs none of them, and one such
+# function once hung every varlen call on the GPU
+NVCC_HOST_CHECKS := $(shell echo 'int main(){return 0;}' | g++ -x c++ -Werror=infinite-recursion -fsyntax-only - 2>/dev/null && echo -Xcompiler -Werror=infinite-recursion)
+NVCCFLAGS += $(NVCC_HOST_CHECKS)
 LIB_OBJ  += $(CUDA_SRC:%.cu=$(BUILD)/%.o)
 # the static runtime: binaries start on machines without the CUDA toolkit's libraries (CI),
 # where wa_device_available(WA_DEVICE_CUDA) then reports 0

@@ -693,7 +693,11 @@ static wa_status context_workspace(wa_context *ctx, size_t bytes, cudaStream_t s
 /* after a call that ended with status st: a workspace the call owned (context_workspace during a
  * capture) freed on its stream; st, or the free's failure if st was WA_OK */
 static wa_status release_workspace(void *ws, int owned, cudaStream_t s, wa_status st) {
-    return release_workspace(ws, owned, s, st);
+    if (owned) {
+        const cudaError_t e = cudaFreeAsync(ws, s);
+        if (st == WA_OK && e != cudaSuccess) st = wa_fail(WA_ERR_CUDA, "cudaFreeAsync: %s", cudaGetErrorString(e));
+    }
+    return st;
 }
 
 template <typename T> static wa_status backward_t(wa_context *ctx, const wa_problem *p, const cuda_target &t) {
@@ -741,11 +745,7 @@ template <typename T> static wa_status backward_t(wa_context *ctx, const wa_prob
         if (st == WA_OK)
             st = launch(dq_kernel<T, false>, dq_kernel<T, true>, kq.n_qtiles, (unsigned)p->Hq, v1_smem(V1_DQ, kq.tile, (int)p->D), s, kq);
     }
-    if (owned) {
-        cudaError_t e = cudaFreeAsync(ws, s);
-        if (st == WA_OK && e != cudaSuccess) st = wa_fail(WA_ERR_CUDA, "cudaFreeAsync: %s", cudaGetErrorString(e));
-    }
-    return st;
+    return release_workspace(ws, owned, s, st);
 }
 
 extern "C" {

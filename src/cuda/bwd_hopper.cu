@@ -1178,9 +1178,10 @@ template <typename T> static wa_status by_cap_wide(const kparams &kp, const CUte
 
 /* the D = 512 backward on wgmma, rectangular calls; -DWA_BWD_WIDE_MMA leaves it to version 5's
  * mma.sync kernels (bwd_wide.cu; lab, for comparisons in one build). Varlen calls stay on version
- * 5 for now: the varlen instances hung on the H200 on all four varlen D = 512 parity cases while
- * every rectangular case passed (dev/cuda/bwd_d512_wgmma.sh); -DWA_BWD_WIDE_VARLEN (lab) takes
- * them, with -DWA_LAB_WAIT_TIMEOUT to see where they wait. */
+ * 5 until the varlen instances have passed on a GPU: every varlen D = 512 parity case hung in the
+ * runs that measured these kernels, version 5's backward too, because the forward never returned
+ * (release_workspace called itself, attn_cuda.cu; fixed since); -DWA_BWD_WIDE_VARLEN (lab) takes
+ * them, with -DWA_LAB_WAIT_TIMEOUT to see where a wait never ends. */
 static bool wide_backward_takes(const kparams &kp) {
 #ifdef WA_BWD_WIDE_MMA
     (void)kp;
