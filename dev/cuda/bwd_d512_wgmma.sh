@@ -11,10 +11,11 @@
 #            above runs, then their D = 512 parity and bench rows;
 #   check    this tree only: the D = 512 varlen cases (version 5's backward), the whole sweep,
 #            memcheck and racecheck on a D = 512 case;
-#   diag     a lab build with the wgmma varlen instances (-DWA_BWD_WIDE_VARLEN) and mbarrier
-#            waits that give up and say where (-DWA_LAB_WAIT_TIMEOUT), on varlen case 1016.
+#   varlen   a lab build with the wgmma varlen instances (-DWA_BWD_WIDE_VARLEN) and mbarrier
+#            waits that give up and say where (-DWA_LAB_WAIT_TIMEOUT): the D = 512 varlen cases
+#            alone, the `varlen` group, and the waits that gave up (diag_waits.txt), if any.
 # From the repository root on the H200 (DEPS as in scripts/cuda_check.sh):
-#   sh dev/cuda/bwd_d512_wgmma.sh [bench] [variants] [check] [diag]
+#   sh dev/cuda/bwd_d512_wgmma.sh [bench] [variants] [check] [varlen]
 LAB_KEEP=1
 . dev/cuda/lab_env.sh
 unset WINATTN_CUDA
@@ -25,7 +26,7 @@ TABLE=$KEEP/summary.txt # the summary comes back even when the run is cut short
 BENCH=0 VARIANTS=0 CHECK=0 DIAG=0
 [ $# -eq 0 ] && BENCH=1
 for a in "$@"; do
-    case $a in bench) BENCH=1 ;; variants) BENCH=1 VARIANTS=1 ;; check) CHECK=1 ;; diag) DIAG=1 ;; esac
+    case $a in bench) BENCH=1 ;; variants) BENCH=1 VARIANTS=1 ;; check) CHECK=1 ;; varlen) DIAG=1 ;; esac
 done
 nvidia-smi -L
 
@@ -84,10 +85,11 @@ if [ $CHECK = 1 ]; then
     lab_sanitize racecheck $W 336 | while read -r l; do row "racecheck" "$l"; done
 fi
 if [ $DIAG = 1 ]; then
-    timeout 90 build-vl/winattn parity --device cuda --case 1016 --threads 4 >"$OUT/diag.txt" 2>&1
-    row "diag: case 1016 on the wgmma varlen instances" "exit $?, $(grep -c 'gave up' "$OUT/diag.txt") waits gave up; $(tail -1 "$OUT/diag.txt")"
-    grep 'gave up' "$OUT/diag.txt" | awk '{print $4, $6, $8, $9, $14}' | sort | uniq -c | sort -rn | head -12 >"$KEEP/diag_waits.txt"
-    grep 'gave up' "$OUT/diag.txt" | head -40 >>"$KEEP/diag_waits.txt"
-    head -20 "$KEEP/diag_waits.txt"
+    VL=$($W parity --list | grep 'D=512' | grep -v ' f32 ' | grep varlen | sed 's/^#\([0-9]*\).*/\1/' | tr '\n' ' ')
+    row "parity, D = 512 varlen cases alone (wgmma)" "$(LAB_CASE_TIMEOUT=60 lab_parity_each build-vl/winattn "$VL" | tail -1)"
+    lab_sweep "varlen group (wgmma)" 200 build-vl/winattn parity --device cuda --group varlen --threads 16
+    cat "$OUT"/p_*.txt "$OUT"/parity_varlen*.txt 2>/dev/null | grep 'gave up' | awk '{print $4, $6, $8, $9, $14}' | sort | uniq -c |
+        sort -rn | head -20 >"$KEEP/diag_waits.txt"
+    row "waits that gave up (diag_waits.txt)" "$(wc -l <"$KEEP/diag_waits.txt") distinct"
 fi
 row "total" "$(($(date +%s) - t0)) s"
