@@ -10,7 +10,7 @@
 #            bn16 (-DWA_DQ512_BN=16: the dQ kernel on 16-key tiles in two stages), built while the
 #            above runs, then their D = 512 parity and bench rows;
 #   check    this tree only: the D = 512 varlen cases (version 5's backward), the whole sweep,
-#            memcheck and racecheck on a D = 512 case;
+#            memcheck and racecheck on a D = 512 case, tests/test_nonfinite (D = 64 to 512 on CUDA);
 #   varlen   a lab build with the wgmma varlen instances (-DWA_BWD_WIDE_VARLEN) and mbarrier
 #            waits that give up and say where (-DWA_LAB_WAIT_TIMEOUT): the D = 512 varlen cases
 #            alone, the `varlen` group, and the waits that gave up (diag_waits.txt), if any.
@@ -83,6 +83,10 @@ if [ $CHECK = 1 ]; then
     lab_sweep "full" 240 $W parity --device cuda --threads 16
     lab_sanitize memcheck $W 336 | while read -r l; do row "memcheck" "$l"; done
     lab_sanitize racecheck $W 336 | while read -r l; do row "racecheck" "$l"; done
+    s=$(date +%s)
+    timeout 200 build/tests/test_nonfinite >"$OUT/nonfinite.txt" 2>&1
+    grep '^FAIL' "$OUT/nonfinite.txt" | head -3 | cut -c1-200
+    row "test_nonfinite" "$(tail -1 "$OUT/nonfinite.txt") ($(($(date +%s) - s)) s)"
 fi
 if [ $DIAG = 1 ]; then
     VL=$($W parity --list | grep 'D=512' | grep -v ' f32 ' | grep varlen | sed 's/^#\([0-9]*\).*/\1/' | tr '\n' ' ')
