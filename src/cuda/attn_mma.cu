@@ -5,7 +5,8 @@
  * version 4 first and run these when it does not apply (tensors TMA cannot describe, or
  * WINATTN_CUDA=mma / v3 for comparisons). At D = 512 (version 5) the forward kernel
  * below splits D between two warps per 16 rows (fwd_split) as the fallback of fwd_hopper.cu's
- * wgmma form, and mma_backward hands the backward to bwd_wide.cu. On GPUs other than Hopper
+ * wgmma form, and mma_backward hands the backward to bwd_wide.cu where bwd_hopper.cu's D = 512
+ * kernels do not take it (varlen calls, tensors TMA cannot describe). On GPUs other than Hopper
  * (compute capability 8.0 and up: cuda_target in common.cuh) the mma.sync kernels here and in
  * bwd_wide.cu are the tensor-core path, where their shared memory fits (mma_supports).
  * Everything else (f32, other head dims, rows not 16-byte aligned) stays on version 1 in

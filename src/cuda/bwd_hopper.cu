@@ -1,5 +1,7 @@
 /* bwd_hopper.cu — version 4 of the backward for f16/bf16 at D = 64, 128, 256: wgmma, TMA and
- * warp-specialised CTAs like the version-4 forward (fwd_hopper.cu). Two forms:
+ * warp-specialised CTAs like the version-4 forward (fwd_hopper.cu); and the same design at D = 512
+ * with the work split between the consumers by role (dkdv_wide_ws_kernel, dq_wide_ws_kernel,
+ * "head dim 512" below). Two forms:
  *   fused (the default at D = 64 and 128): prep, dK/dV with dQ added into an f32 accumulator by
  *          bulk reduce-adds, convert. Five tile products per visible pair (FlashAttention-3's
  *          count); dq's last bits depend on the order the adds land in.
