@@ -723,6 +723,22 @@ __device__ __forceinline__ void wide_row_stats(const kparams &p, long long b, lo
     }
 }
 
+/* The first product of a step in both kernels, waited for: s (64 queries × BN keys) = the 64 rows
+ * of Q or dO at a_s times the BN rows of K or V at b_s, over all of D in one chain of 32 k steps
+ * (prep's δ takes the same order) */
+template <typename T, int BN>
+__device__ __forceinline__ void wide_scores(float (&s)[BN / 8][4], uint32_t a_s, uint32_t b_s) {
+    const uint64_t a_d = gmma_desc(opaque(a_s)), b_d = gmma_desc(opaque(b_s));
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < kWideD / 16; ks++)
+        wgmma_ss<T, BN>(s, desc_at(a_d, (ks >> 2) * (64 * 128) + (ks & 3) * 32), desc_at(b_d, (ks >> 2) * (BN * 128) + (ks & 3) * 32),
+                        ks > 0);
+    wg_commit();
+    wg_wait<0>();
+    reg_fence(s);
+}
+
 /* cw 0's step of both kernels: S (64 queries × BN keys from j0, raw) becomes P in place and pd = P
  * times the softcap's derivative, 0 where masked (edge tiles only, compiled apart: edge_form) */
 template <int BN, Cap CAP>
@@ -770,7 +786,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     __trap();
 #else
     using L = kv_wide_layout;
-    constexpr int D = kWideD, KEYS = kWideKeys, DB = D / 64, KS = D / 16, HB = DB / kQHalves;
+    constexpr int D = kWideD, KEYS = kWideKeys, DB = D / 64, HB = DB / kQHalves;
     constexpr uint32_t PART = HB * (64 * 128); /* bytes of one part of Q or dO */
     extern __shared__ __align__(1024) unsigned char smem[];
     unsigned char *aligned = smem + (((smem_u32(smem) + 1023u) & ~1023u) - smem_u32(smem));
@@ -858,17 +874,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
         float s[KEYS / 8][4];
         for (int x = 0; x < kQHalves; x++) mbar_wait(first_full(x), ph);
-        {
-            const uint64_t a_d = gmma_desc(opaque(first_a)), b_d = gmma_desc(opaque(first_b));
-            wg_fence();
-#pragma unroll
-            for (int ks = 0; ks < KS; ks++)
-                wgmma_ss<T, KEYS>(s, desc_at(a_d, (ks >> 2) * (64 * 128) + (ks & 3) * 32),
-                                  desc_at(b_d, (ks >> 2) * (KEYS * 128) + (ks & 3) * 32), ks > 0);
-            wg_commit();
-            wg_wait<0>();
-            reg_fence(s);
-        }
+        wide_scores<T, KEYS>(s, first_a, first_b);
         for (int x = 0; x < kQHalves; x++) mbar_arrive_if(first_empty(x), lane == 0);
 
         float4 *xp = (float4 *)(aligned + L::xp + buf * L::P32);
@@ -946,7 +952,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     __trap();
 #else
     using L = dq_wide_layout;
-    constexpr int D = kWideD, BM = 64, BN = L::BN, DB = D / 64, KS = D / 16, TILE = L::TILE;
+    constexpr int D = kWideD, BM = 64, BN = L::BN, DB = D / 64, TILE = L::TILE;
     extern __shared__ __align__(1024) unsigned char smem[];
     unsigned char *aligned = smem + (((smem_u32(smem) + 1023u) & ~1023u) - smem_u32(smem));
     const uint32_t base = smem_u32(aligned);
@@ -1004,17 +1010,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         /* cw 0: S = Q Kᵀ, cw 1: dP = dO Vᵀ, over all of D */
         float s[BN / 8][4];
         mbar_wait(cw == 0 ? ring.k_full(st) : ring.v_full(st), ph);
-        {
-            const uint64_t a_d = gmma_desc(opaque(first_a)), b_d = gmma_desc(opaque((cw == 0 ? sK : sV) + st * TILE));
-            wg_fence();
-#pragma unroll
-            for (int ks = 0; ks < KS; ks++)
-                wgmma_ss<T, BN>(s, desc_at(a_d, (ks >> 2) * (BM * 128) + (ks & 3) * 32), desc_at(b_d, (ks >> 2) * (BN * 128) + (ks & 3) * 32),
-                                ks > 0);
-            wg_commit();
-            wg_wait<0>();
-            reg_fence(s);
-        }
+        wide_scores<T, BN>(s, first_a, (cw == 0 ? sK : sV) + st * TILE);
         float4 *xp = (float4 *)(aligned + L::xp + buf * (BM * BN * 4));
         uint4 *xds = (uint4 *)(aligned + L::xds + buf * (BM * BN * 2));
         uint32_t pa[BN / 16][4]; /* dS as A fragments */
