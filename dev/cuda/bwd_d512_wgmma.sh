@@ -42,7 +42,9 @@ if [ $VARIANTS = 1 ]; then
 fi
 
 W=build/winattn
-CASES=$($W parity --list | grep 'D=512' | grep -v ' f32 ' | grep -v 'head dim 512' | sed 's/^#\([0-9]*\).*/\1/' | tr '\n' ' ')
+# the f16/bf16 D = 512 parity cases outside the "head dim 512" group, and the varlen ones among them
+d512_cases() { $W parity --list | grep 'D=512' | grep -v ' f32 ' | grep "$@" | sed 's/^#\([0-9]*\).*/\1/' | tr '\n' ' '; }
+CASES=$(d512_cases -v 'head dim 512') VL=$(d512_cases varlen)
 parity_d512() { # W TAG: the group, then the other cases alone
     lab_sweep "head dim 512 group, $2" 200 $1 parity --device cuda --group "head dim 512" --threads 16
     s=$(date +%s)
@@ -78,7 +80,6 @@ if [ $VARIANTS = 1 ]; then
 fi
 
 if [ $CHECK = 1 ]; then
-    VL=$($W parity --list | grep 'D=512' | grep -v ' f32 ' | grep varlen | sed 's/^#\([0-9]*\).*/\1/' | tr '\n' ' ')
     row "parity, D = 512 varlen cases alone (version 5)" "$(LAB_CASE_TIMEOUT=60 lab_parity_each $W "$VL" | tail -1)"
     lab_sweep "full" 240 $W parity --device cuda --threads 16
     lab_sanitize memcheck $W 336 | while read -r l; do row "memcheck" "$l"; done
@@ -89,7 +90,6 @@ if [ $CHECK = 1 ]; then
     row "test_nonfinite" "$(tail -1 "$OUT/nonfinite.txt") ($(($(date +%s) - s)) s)"
 fi
 if [ $DIAG = 1 ]; then
-    VL=$($W parity --list | grep 'D=512' | grep -v ' f32 ' | grep varlen | sed 's/^#\([0-9]*\).*/\1/' | tr '\n' ' ')
     row "parity, D = 512 varlen cases alone (wgmma)" "$(LAB_CASE_TIMEOUT=60 lab_parity_each build-vl/winattn "$VL" | tail -1)"
     lab_sweep "varlen group (wgmma)" 200 build-vl/winattn parity --device cuda --group varlen --threads 16
     cat "$OUT"/p_*.txt "$OUT"/parity_varlen*.txt 2>/dev/null | grep 'gave up' | awk '{print $4, $6, $8, $9, $14}' | sort | uniq -c |
