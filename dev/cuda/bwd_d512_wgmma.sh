@@ -9,13 +9,16 @@
 #   variants the lab builds h1 (-DWA_DKDV512_HALVES=1: Q and dO loaded and released whole) and
 #            bn16 (-DWA_DQ512_BN=16: the dQ kernel on 16-key tiles in two stages), built while the
 #            above runs, then their D = 512 parity and bench rows;
-#   check    this tree only: the D = 512 varlen cases (version 5's backward), the whole sweep,
-#            memcheck and racecheck on a D = 512 case, tests/test_nonfinite (D = 64 to 512 on CUDA);
+#   check    this tree only: the varlen group, the D = 512 varlen cases (version 5's backward), the
+#            whole sweep in both backward modes (their logs come back), memcheck on a D = 512 and a
+#            varlen case, racecheck on the D = 512 one, tests/test_nonfinite (D = 64 to 512 on
+#            CUDA) (the varlen mode's cases run between its varlen cases and the sweep);
 #   varlen   a lab build with the wgmma varlen instances (-DWA_BWD_WIDE_VARLEN) and mbarrier
 #            waits that give up and say where (-DWA_LAB_WAIT_TIMEOUT): the D = 512 varlen cases
-#            alone, the `varlen` group, and the waits that gave up (diag_waits.txt), if any.
+#            alone, the `varlen` group, and the waits that gave up (diag_waits.txt), if any;
+#   python   the Python tests on CUDA and dev/cuda/bit_identity.py (this tree's libwinattn.so).
 # From the repository root on the H200 (DEPS as in scripts/cuda_check.sh):
-#   sh dev/cuda/bwd_d512_wgmma.sh [bench] [variants] [check] [varlen]
+#   sh dev/cuda/bwd_d512_wgmma.sh [bench] [variants] [check] [varlen] [python]
 LAB_KEEP=1
 . dev/cuda/lab_env.sh
 unset WINATTN_CUDA
@@ -23,17 +26,17 @@ FLAGS=$LAB_SM90_FLAGS
 lab_summary 58
 TABLE=$KEEP/summary.txt # the summary comes back even when the run is cut short
 : >"$TABLE"
-BENCH=0 VARIANTS=0 CHECK=0 DIAG=0
+BENCH=0 VARIANTS=0 CHECK=0 DIAG=0 PYTHON=0
 [ $# -eq 0 ] && BENCH=1
 for a in "$@"; do
-    case $a in bench) BENCH=1 ;; variants) BENCH=1 VARIANTS=1 ;; check) CHECK=1 ;; varlen) DIAG=1 ;; esac
+    case $a in bench) BENCH=1 ;; variants) BENCH=1 VARIANTS=1 ;; check) CHECK=1 ;; varlen) DIAG=1 ;; python) PYTHON=1 ;; esac
 done
 nvidia-smi -L
 
 # a command-line NVCCFLAGS drops the Makefile's CUDA_DEFINES: the defines go inside it
 [ $BENCH = 1 ] && (lab_build build-mma "" NVCCFLAGS="$FLAGS -DWA_BWD_WIDE_MMA" build-mma/winattn) &
 [ $DIAG = 1 ] && (lab_build build-vl "" NVCCFLAGS="$FLAGS -DWA_BWD_WIDE_VARLEN -DWA_LAB_WAIT_TIMEOUT" build-vl/winattn) &
-lab_build build "" NVCCFLAGS="$FLAGS" build/winattn build/tests/test_nonfinite
+lab_build build "" NVCCFLAGS="$FLAGS" build/winattn build/tests/test_nonfinite $([ $PYTHON = 1 ] && echo lib)
 wait
 row "builds" "$(($(date +%s) - t0)) s"
 if [ $VARIANTS = 1 ]; then
@@ -80,14 +83,9 @@ if [ $VARIANTS = 1 ]; then
 fi
 
 if [ $CHECK = 1 ]; then
+    # the varlen group first: every varlen call on the Hopper forwards goes through release_workspace()
+    lab_sweep "varlen group" 120 $W parity --device cuda --group varlen --threads 16
     row "parity, D = 512 varlen cases alone (version 5)" "$(LAB_CASE_TIMEOUT=60 lab_parity_each $W "$VL" | tail -1)"
-    lab_sweep "full" 240 $W parity --device cuda --threads 16
-    lab_sanitize memcheck $W 336 | while read -r l; do row "memcheck" "$l"; done
-    lab_sanitize racecheck $W 336 | while read -r l; do row "racecheck" "$l"; done
-    s=$(date +%s)
-    timeout 200 build/tests/test_nonfinite >"$OUT/nonfinite.txt" 2>&1
-    grep '^FAIL' "$OUT/nonfinite.txt" | head -3 | cut -c1-200
-    row "test_nonfinite" "$(tail -1 "$OUT/nonfinite.txt") ($(($(date +%s) - s)) s)"
 fi
 if [ $DIAG = 1 ]; then
     row "parity, D = 512 varlen cases alone (wgmma)" "$(LAB_CASE_TIMEOUT=60 lab_parity_each build-vl/winattn "$VL" | tail -1)"
@@ -95,5 +93,26 @@ if [ $DIAG = 1 ]; then
     cat "$OUT"/p_*.txt "$OUT"/parity_varlen*.txt 2>/dev/null | grep 'gave up' | awk '{print $4, $6, $8, $9, $14}' | sort | uniq -c |
         sort -rn | head -20 >"$KEEP/diag_waits.txt"
     row "waits that gave up (diag_waits.txt)" "$(wc -l <"$KEEP/diag_waits.txt") distinct"
+fi
+if [ $CHECK = 1 ]; then
+    lab_sweep "full" 240 $W parity --device cuda --threads 16
+    lab_sweep "full, deterministic" 240 $W parity --device cuda --threads 16 --deterministic
+    cp "$OUT/parity_full.txt" "$KEEP/parity-cuda.txt"
+    cp "$OUT/parity_full__deterministic.txt" "$KEEP/parity-cuda-deterministic.txt"
+    VL1=$($W parity --list | grep varlen | grep -v ' f32 ' | grep 'D=128' | head -1 | sed 's/^#\([0-9]*\).*/\1/')
+    lab_sanitize memcheck $W 336 $VL1 | while read -r l; do row "memcheck" "$l"; done
+    lab_sanitize racecheck $W 336 | while read -r l; do row "racecheck" "$l"; done
+    s=$(date +%s)
+    timeout 200 build/tests/test_nonfinite >"$OUT/nonfinite.txt" 2>&1
+    grep '^FAIL' "$OUT/nonfinite.txt" | head -3 | cut -c1-200
+    row "test_nonfinite" "$(tail -1 "$OUT/nonfinite.txt") ($(($(date +%s) - s)) s)"
+fi
+if [ $PYTHON = 1 ]; then
+    s=$(date +%s)
+    WINATTN_LIBRARY=build/libwinattn.so PYTHONPATH=python timeout 150 python3 python/tests/test_python.py >"$OUT/python.txt" 2>&1
+    grep -E '^FAIL' "$OUT/python.txt" | head -3 | cut -c1-200
+    row "python tests on CUDA" "$(tail -1 "$OUT/python.txt") ($(($(date +%s) - s)) s)"
+    timeout 120 python3 dev/cuda/bit_identity.py >"$OUT/bit_identity.txt" 2>&1
+    cat "$OUT/bit_identity.txt" | tail -8 | while read -r l; do row "bit identity" "$l"; done
 fi
 row "total" "$(($(date +%s) - t0)) s"
