@@ -7,18 +7,22 @@
 #            a timeout); `winattn bench --device cuda` at (c) 8K / 16K causal and at D = 512 with a
 #            1024 window at 16K (docs/cuda.md's shapes), each build in turn, twice;
 #   variants the lab builds h1 (-DWA_DKDV512_HALVES=1: Q and dO loaded and released whole) and
-#            bn16 (-DWA_DQ512_BN=16: the dQ kernel on 16-key tiles in two stages), built while the
-#            above runs, then their D = 512 parity and bench rows;
-#   check    this tree only: the varlen group, the D = 512 varlen cases (version 5's backward), the
-#            whole sweep in both backward modes (their logs come back), memcheck on a D = 512 and a
-#            varlen case, racecheck on the D = 512 one, tests/test_nonfinite (D = 64 to 512 on
-#            CUDA) (the varlen mode's cases run between its varlen cases and the sweep);
-#   varlen   a lab build with the wgmma varlen instances (-DWA_BWD_WIDE_VARLEN) and mbarrier
-#            waits that give up and say where (-DWA_LAB_WAIT_TIMEOUT): the D = 512 varlen cases
-#            alone, the `varlen` group, and the waits that gave up (diag_waits.txt), if any;
+#            bn16 (-DWA_DQ512_BN=16: the dQ kernel on 16-key tiles in two stages), then their D = 512
+#            parity and bench rows, alternating with this tree's; `build-variants` only builds them
+#            (make leaves them be in a later run on the same machine);
+#   check    this tree only: the varlen group, the D = 512 varlen cases, the whole sweep in both
+#            backward modes (their logs come back), memcheck on a rectangular and a varlen D = 512
+#            case and a varlen D = 128 one, racecheck on the two D = 512 ones (each hazard's pair of
+#            source lines, counted over the first 5000, in racecheck.txt), tests/test_nonfinite (D = 64 to 512 on CUDA);
+#   racecheck racecheck on dev/cuda/racecheck_exchange.cu's four forms of the named-barrier
+#            handshakes the D = 512 kernels use, and on case 336 built with -DWA_LAB_DS_SYNC (the dQ
+#            kernel's dS handshakes on bar.sync at both ends);
+#   varlen   a lab build whose mbarrier waits give up and say where (-DWA_LAB_WAIT_TIMEOUT): the
+#            D = 512 varlen cases alone, the `varlen` group, and the waits that gave up
+#            (diag_waits.txt), if any;
 #   python   the Python tests on CUDA and dev/cuda/bit_identity.py (this tree's libwinattn.so).
 # From the repository root on the H200 (DEPS as in scripts/cuda_check.sh):
-#   sh dev/cuda/bwd_d512_wgmma.sh [bench] [variants] [check] [varlen] [python]
+#   sh dev/cuda/bwd_d512_wgmma.sh [bench] [variants | build-variants] [check] [racecheck] [varlen] [python]
 LAB_KEEP=1
 . dev/cuda/lab_env.sh
 unset WINATTN_CUDA
@@ -26,20 +30,23 @@ FLAGS=$LAB_SM90_FLAGS
 lab_summary 58
 TABLE=$KEEP/summary.txt # the summary comes back even when the run is cut short
 : >"$TABLE"
-BENCH=0 VARIANTS=0 CHECK=0 DIAG=0 PYTHON=0
+BENCH=0 VARIANTS=0 BUILD_VARIANTS=0 CHECK=0 RACE=0 DIAG=0 PYTHON=0
 [ $# -eq 0 ] && BENCH=1
 for a in "$@"; do
-    case $a in bench) BENCH=1 ;; variants) BENCH=1 VARIANTS=1 ;; check) CHECK=1 ;; varlen) DIAG=1 ;; python) PYTHON=1 ;; esac
+    case $a in bench) BENCH=1 ;; variants) VARIANTS=1 BUILD_VARIANTS=1 ;; build-variants) BUILD_VARIANTS=1 ;; check) CHECK=1 ;;
+        racecheck) RACE=1 ;; varlen) DIAG=1 ;; python) PYTHON=1 ;; esac
 done
 nvidia-smi -L
 
 # a command-line NVCCFLAGS drops the Makefile's CUDA_DEFINES: the defines go inside it
 [ $BENCH = 1 ] && (lab_build build-mma "" NVCCFLAGS="$FLAGS -DWA_BWD_WIDE_MMA" build-mma/winattn) &
-[ $DIAG = 1 ] && (lab_build build-vl "" NVCCFLAGS="$FLAGS -DWA_BWD_WIDE_VARLEN -DWA_LAB_WAIT_TIMEOUT" build-vl/winattn) &
-lab_build build "" NVCCFLAGS="$FLAGS" build/winattn build/tests/test_nonfinite $([ $PYTHON = 1 ] && echo lib)
+[ $DIAG = 1 ] && (lab_build build-vl "" NVCCFLAGS="$FLAGS -DWA_LAB_WAIT_TIMEOUT" build-vl/winattn) &
+[ $RACE = 1 ] && (lab_build build-dss "" NVCCFLAGS="$FLAGS -DWA_LAB_DS_SYNC" build-dss/winattn) &
+[ $RACE = 1 ] && nvcc -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -o "$OUT/racecheck_exchange" dev/cuda/racecheck_exchange.cu &
+lab_build build "" NVCCFLAGS="$FLAGS" build/winattn build/tests/test_nonfinite lib
 wait
 row "builds" "$(($(date +%s) - t0)) s"
-if [ $VARIANTS = 1 ]; then
+if [ $BUILD_VARIANTS = 1 ]; then # while the GPU runs what follows
     (lab_build build-h1 "" NVCCFLAGS="$FLAGS -DWA_DKDV512_HALVES=1" build-h1/winattn) &
     (lab_build build-bn16 "" NVCCFLAGS="$FLAGS -DWA_DQ512_BN=16" build-bn16/winattn) &
 fi
@@ -81,7 +88,15 @@ if [ $VARIANTS = 1 ]; then
         bench_row 2 $b
     done
 fi
-
+if [ $RACE = 1 ]; then
+    for f in p pds pds-low pds-sync; do
+        r=$(timeout 60 compute-sanitizer --tool racecheck "$OUT/racecheck_exchange" $f 2>&1 | grep -E 'wrong values|RACECHECK SUMMARY' |
+            sed 's/^=* *//' | tr '\n' ' ')
+        row "racecheck_exchange $f" "$r"
+    done
+    timeout 150 compute-sanitizer --tool racecheck build-dss/winattn parity --device cuda --threads 1 --case 336 >"$OUT/race_dss.txt" 2>&1
+    row "racecheck case 336, dS handshakes on bar.sync" "exit $?, $(grep 'RACECHECK SUMMARY' "$OUT/race_dss.txt" | sed 's/^=* *//')"
+fi
 if [ $CHECK = 1 ]; then
     # the varlen group first: every varlen call on the Hopper forwards goes through release_workspace()
     lab_sweep "varlen group" 120 $W parity --device cuda --group varlen --threads 16
@@ -99,9 +114,18 @@ if [ $CHECK = 1 ]; then
     lab_sweep "full, deterministic" 240 $W parity --device cuda --threads 16 --deterministic
     cp "$OUT/parity_full.txt" "$KEEP/parity-cuda.txt"
     cp "$OUT/parity_full__deterministic.txt" "$KEEP/parity-cuda-deterministic.txt"
-    VL1=$($W parity --list | grep varlen | grep -v ' f32 ' | grep 'D=128' | head -1 | sed 's/^#\([0-9]*\).*/\1/')
-    lab_sanitize memcheck $W 336 $VL1 | while read -r l; do row "memcheck" "$l"; done
-    lab_sanitize racecheck $W 336 | while read -r l; do row "racecheck" "$l"; done
+    VL128=$($W parity --list | grep varlen | grep -v ' f32 ' | grep 'D=128' | head -1 | sed 's/^#\([0-9]*\).*/\1/')
+    VL512=${VL%% *}
+    lab_sanitize memcheck $W 336 $VL512 $VL128 | while read -r l; do row "memcheck" "$l"; done
+    : >"$KEEP/racecheck.txt"
+    for c in 336 $VL512; do
+        timeout 150 compute-sanitizer --tool racecheck --racecheck-report hazard --show-backtrace no --print-limit 5000 $W parity --device cuda \
+            --threads 1 --case $c >"$OUT/race_$c.txt" 2>&1
+        row "racecheck case $c" "exit $?, $(grep 'RACECHECK SUMMARY' "$OUT/race_$c.txt" | sed 's/^=* *//')"
+        { echo "case $c: the first 5000 hazards by (first, second) access, source line"; grep -E '(Write|Read) Thread' "$OUT/race_$c.txt" |
+            sed 's/.*\(Write\|Read\) Thread.*::\([a-z_]*\)<.* in \(.*\)$/\1 \2 \3/' | paste - - | sort | uniq -c; } \
+            >>"$KEEP/racecheck.txt"
+    done
     s=$(date +%s)
     timeout 200 build/tests/test_nonfinite >"$OUT/nonfinite.txt" 2>&1
     grep '^FAIL' "$OUT/nonfinite.txt" | head -3 | cut -c1-200

@@ -944,6 +944,16 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
+/* the signalling end of the dQ kernel's dS handshakes; -DWA_LAB_DS_SYNC (lab: what racecheck makes
+ * of them) waits there too */
+__device__ __forceinline__ void ds_handshake(int id) {
+#ifdef WA_LAB_DS_SYNC
+    named_sync(id, 256);
+#else
+    named_arrive(id, 256);
+#endif
+}
+
 template <typename T, Cap CAP, bool VARLEN>
 __global__ void __launch_bounds__(kThreads, 1)
     dq_wide_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
@@ -1027,7 +1037,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 const uint4 v = xds[kk * 128 + tid];
                 pa[kk][0] = v.x, pa[kk][1] = v.y, pa[kk][2] = v.z, pa[kk][3] = v.w;
             }
-            if (it + 2 < steps) named_arrive(kWideDsFree + buf, 256);
+            if (it + 2 < steps) ds_handshake(kWideDsFree + buf);
         } else {
             mbar_arrive_if(ring.v_empty(st), lane == 0);
             named_sync(kWideReady + buf, 256);
@@ -1037,7 +1047,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             if (it >= 2) named_sync(kWideDsFree + buf, 256);
 #pragma unroll
             for (int kk = 0; kk < BN / 16; kk++) xds[kk * 128 + tid] = make_uint4(pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3]);
-            named_arrive(kWideDsReady + buf, 256);
+            ds_handshake(kWideDsReady + buf);
             mbar_wait(ring.k_full(st), ph); /* K, read below */
         }
         /* dQ += dS K over this warpgroup's 256 columns, K read transposed as V in the forward */
@@ -1174,20 +1184,14 @@ template <typename T> static wa_status by_cap_wide(const kparams &kp, const CUte
     return kp.softcap > 0.0f ? launch_wide<T, Cap::on, false>(kp, m, s) : launch_wide<T, Cap::off, false>(kp, m, s);
 }
 
-/* the D = 512 backward on wgmma, rectangular calls; -DWA_BWD_WIDE_MMA leaves it to version 5's
- * mma.sync kernels (bwd_wide.cu; lab, for comparisons in one build). Varlen calls stay on version
- * 5 until the varlen instances have passed on a GPU: every varlen D = 512 parity case hung in the
- * runs that measured these kernels, version 5's backward too, because the forward never returned
- * (release_workspace called itself, attn_cuda.cu; fixed since); -DWA_BWD_WIDE_VARLEN (lab) takes
- * them, with -DWA_LAB_WAIT_TIMEOUT to see where a wait never ends. */
+/* the D = 512 backward on wgmma, rectangular and varlen calls; -DWA_BWD_WIDE_MMA leaves it to
+ * version 5's mma.sync kernels (bwd_wide.cu; lab, for comparisons in one build) */
 static bool wide_backward_takes(const kparams &kp) {
 #ifdef WA_BWD_WIDE_MMA
     (void)kp;
     return false;
-#elif defined(WA_BWD_WIDE_VARLEN)
-    return kp.D == kWideD;
 #else
-    return kp.D == kWideD && !kp.cu_q;
+    return kp.D == kWideD;
 #endif
 }
 
