@@ -670,7 +670,7 @@ constexpr int kWideD = 512, kWideKeys = 32;
 /* lab: the parts Q and dO are loaded and released in along D (1 or 2), so that the next step's
  * first half can land while this step's second products still read the second */
 #ifndef WA_DKDV512_HALVES
-#define WA_DKDV512_HALVES 2
+#define WA_DKDV512_HALVES 1
 #endif
 constexpr int kQHalves = WA_DKDV512_HALVES;
 static_assert(kQHalves == 1 || kQHalves == 2, "Q and dO whole or in halves");
