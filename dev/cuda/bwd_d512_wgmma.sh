@@ -6,17 +6,18 @@
 #            "head dim 512" parity group, then every other f16/bf16 D = 512 case alone (each under
 #            a timeout); `winattn bench --device cuda` at (c) 8K / 16K causal and at D = 512 with a
 #            1024 window at 16K (docs/cuda.md's shapes), each build in turn, twice;
-#   variants the lab builds h1 (-DWA_DKDV512_HALVES=1: Q and dO loaded and released whole) and
+#   variants the lab builds h2 (-DWA_DKDV512_HALVES=2: Q and dO loaded and released by halves of D,
+#            the default until it measured 4-5 % slower than whole) and
 #            bn16 (-DWA_DQ512_BN=16: the dQ kernel on 16-key tiles in two stages), then their D = 512
 #            parity and bench rows, alternating with this tree's; `build-variants` only builds them
 #            (make leaves them be in a later run on the same machine);
 #   check    this tree only: the varlen group, the D = 512 varlen cases, the whole sweep in both
 #            backward modes (their logs come back), memcheck on a rectangular and a varlen D = 512
-#            case and a varlen D = 128 one, racecheck on the two D = 512 ones (each hazard's pair of
-#            source lines, counted over the first 5000, in racecheck.txt), tests/test_nonfinite (D = 64 to 512 on CUDA);
-#   racecheck racecheck on dev/cuda/racecheck_exchange.cu's four forms of the named-barrier
-#            handshakes the D = 512 kernels use, and on case 336 built with -DWA_LAB_DS_SYNC (the dQ
-#            kernel's dS handshakes on bar.sync at both ends);
+#            case and a varlen D = 128 one, racecheck on the two D = 512 ones (each hazard's pair
+#            of source lines, counted over the first 5000, in racecheck.txt), tests/test_nonfinite
+#            (D = 64 to 512 on CUDA);
+#   racecheck racecheck on dev/cuda/racecheck_exchange.cu's three forms of the named-barrier
+#            handshakes the D = 512 kernels use;
 #   varlen   a lab build whose mbarrier waits give up and say where (-DWA_LAB_WAIT_TIMEOUT): the
 #            D = 512 varlen cases alone, the `varlen` group, and the waits that gave up
 #            (diag_waits.txt), if any;
@@ -41,13 +42,12 @@ nvidia-smi -L
 # a command-line NVCCFLAGS drops the Makefile's CUDA_DEFINES: the defines go inside it
 [ $BENCH = 1 ] && (lab_build build-mma "" NVCCFLAGS="$FLAGS -DWA_BWD_WIDE_MMA" build-mma/winattn) &
 [ $DIAG = 1 ] && (lab_build build-vl "" NVCCFLAGS="$FLAGS -DWA_LAB_WAIT_TIMEOUT" build-vl/winattn) &
-[ $RACE = 1 ] && (lab_build build-dss "" NVCCFLAGS="$FLAGS -DWA_LAB_DS_SYNC" build-dss/winattn) &
 [ $RACE = 1 ] && nvcc -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -o "$OUT/racecheck_exchange" dev/cuda/racecheck_exchange.cu &
 lab_build build "" NVCCFLAGS="$FLAGS" build/winattn build/tests/test_nonfinite lib
 wait
 row "builds" "$(($(date +%s) - t0)) s"
 if [ $BUILD_VARIANTS = 1 ]; then # while the GPU runs what follows
-    (lab_build build-h1 "" NVCCFLAGS="$FLAGS -DWA_DKDV512_HALVES=1" build-h1/winattn) &
+    (lab_build build-h2 "" NVCCFLAGS="$FLAGS -DWA_DKDV512_HALVES=2" build-h2/winattn) &
     (lab_build build-bn16 "" NVCCFLAGS="$FLAGS -DWA_DQ512_BN=16" build-bn16/winattn) &
 fi
 
@@ -80,7 +80,7 @@ fi
 
 if [ $VARIANTS = 1 ]; then
     wait
-    for b in build-h1 build-bn16; do
+    for b in build-h2 build-bn16; do
         [ -x $b/winattn ] || { row "$b" "build failed"; continue; }
         parity_d512 $b/winattn $b
         bench_row 1 $b
@@ -89,22 +89,20 @@ if [ $VARIANTS = 1 ]; then
     done
 fi
 if [ $RACE = 1 ]; then
-    for f in p pds pds-low pds-sync; do
+    for f in p pds pds-low; do
         r=$(timeout 60 compute-sanitizer --tool racecheck "$OUT/racecheck_exchange" $f 2>&1 | grep -E 'wrong values|RACECHECK SUMMARY' |
             sed 's/^=* *//' | tr '\n' ' ')
         row "racecheck_exchange $f" "$r"
     done
-    timeout 150 compute-sanitizer --tool racecheck build-dss/winattn parity --device cuda --threads 1 --case 336 >"$OUT/race_dss.txt" 2>&1
-    row "racecheck case 336, dS handshakes on bar.sync" "exit $?, $(grep 'RACECHECK SUMMARY' "$OUT/race_dss.txt" | sed 's/^=* *//')"
 fi
 if [ $CHECK = 1 ]; then
     # the varlen group first: every varlen call on the Hopper forwards goes through release_workspace()
     lab_sweep "varlen group" 120 $W parity --device cuda --group varlen --threads 16
-    row "parity, D = 512 varlen cases alone (version 5)" "$(LAB_CASE_TIMEOUT=60 lab_parity_each $W "$VL" | tail -1)"
+    row "parity, D = 512 varlen cases alone" "$(LAB_CASE_TIMEOUT=60 lab_parity_each $W "$VL" | tail -1)"
 fi
 if [ $DIAG = 1 ]; then
-    row "parity, D = 512 varlen cases alone (wgmma)" "$(LAB_CASE_TIMEOUT=60 lab_parity_each build-vl/winattn "$VL" | tail -1)"
-    lab_sweep "varlen group (wgmma)" 200 build-vl/winattn parity --device cuda --group varlen --threads 16
+    row "parity, D = 512 varlen cases alone (wait timeouts)" "$(LAB_CASE_TIMEOUT=60 lab_parity_each build-vl/winattn "$VL" | tail -1)"
+    lab_sweep "varlen group (wait timeouts)" 200 build-vl/winattn parity --device cuda --group varlen --threads 16
     cat "$OUT"/p_*.txt "$OUT"/parity_varlen*.txt 2>/dev/null | grep 'gave up' | awk '{print $4, $6, $8, $9, $14}' | sort | uniq -c |
         sort -rn | head -20 >"$KEEP/diag_waits.txt"
     row "waits that gave up (diag_waits.txt)" "$(wc -l <"$KEEP/diag_waits.txt") distinct"

@@ -8,10 +8,9 @@
 //   p        P one way only (barriers 1..4), as dkdv_wide_ws_kernel
 //   pds      P and dS back, barriers 1..4 and 7..10, as dq_wide_ws_kernel
 //   pds-low  the same on barriers 1..8
-//   pds-sync the dS handshakes on bar.sync at both ends (barriers as pds)
 // Build and run on the H200:
 //   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -lineinfo -o /tmp/rc dev/cuda/racecheck_exchange.cu
-//   for f in p pds pds-low pds-sync; do compute-sanitizer --tool racecheck /tmp/rc $f; done
+//   for f in p pds pds-low; do compute-sanitizer --tool racecheck /tmp/rc $f; done
 #include <cstdio>
 #include <cstring>
 
@@ -20,7 +19,7 @@ __device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.ar
 
 struct form {
     int ready, free, ds_ready, ds_free; // the first of each pair of barrier ids (buffer 0; buffer 1 is +1)
-    bool ds, ds_sync;
+    bool ds;
 };
 
 __global__ void exchange(form f, int steps, int *wrong) {
@@ -38,10 +37,7 @@ __global__ void exchange(form f, int steps, int *wrong) {
             if (f.ds) {
                 bar_sync(f.ds_ready + buf, 256);
                 bad += xds[buf][tid] != it * 7 + tid;
-                if (it + 2 < steps) {
-                    if (f.ds_sync) bar_sync(f.ds_free + buf, 256);
-                    else bar_arrive(f.ds_free + buf, 256);
-                }
+                if (it + 2 < steps) bar_arrive(f.ds_free + buf, 256);
             }
         } else {
             bar_sync(f.ready + buf, 256);
@@ -50,8 +46,7 @@ __global__ void exchange(form f, int steps, int *wrong) {
             if (f.ds) {
                 if (it >= 2) bar_sync(f.ds_free + buf, 256);
                 xds[buf][tid] = it * 7 + tid;
-                if (f.ds_sync) bar_sync(f.ds_ready + buf, 256);
-                else bar_arrive(f.ds_ready + buf, 256);
+                bar_arrive(f.ds_ready + buf, 256);
             }
         }
     }
@@ -60,12 +55,11 @@ __global__ void exchange(form f, int steps, int *wrong) {
 
 int main(int argc, char **argv) {
     const char *name = argc > 1 ? argv[1] : "pds";
-    form f{1, 3, 7, 9, true, false};
+    form f{1, 3, 7, 9, true};
     if (!strcmp(name, "p")) f.ds = false;
     else if (!strcmp(name, "pds-low")) f.ds_ready = 5, f.ds_free = 7, f.free = 3;
-    else if (!strcmp(name, "pds-sync")) f.ds_sync = true;
     else if (strcmp(name, "pds")) {
-        fprintf(stderr, "racecheck_exchange: unknown form %s (p, pds, pds-low, pds-sync)\n", name);
+        fprintf(stderr, "racecheck_exchange: unknown form %s (p, pds, pds-low)\n", name);
         return 2;
     }
     int *wrong;

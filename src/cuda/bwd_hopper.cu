@@ -944,16 +944,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-/* the signalling end of the dQ kernel's dS handshakes; -DWA_LAB_DS_SYNC (lab: what racecheck makes
- * of them) waits there too */
-__device__ __forceinline__ void ds_handshake(int id) {
-#ifdef WA_LAB_DS_SYNC
-    named_sync(id, 256);
-#else
-    named_arrive(id, 256);
-#endif
-}
-
 template <typename T, Cap CAP, bool VARLEN>
 __global__ void __launch_bounds__(kThreads, 1)
     dq_wide_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
@@ -1037,7 +1027,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 const uint4 v = xds[kk * 128 + tid];
                 pa[kk][0] = v.x, pa[kk][1] = v.y, pa[kk][2] = v.z, pa[kk][3] = v.w;
             }
-            if (it + 2 < steps) ds_handshake(kWideDsFree + buf);
+            if (it + 2 < steps) named_arrive(kWideDsFree + buf, 256);
         } else {
             mbar_arrive_if(ring.v_empty(st), lane == 0);
             named_sync(kWideReady + buf, 256);
@@ -1047,7 +1037,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             if (it >= 2) named_sync(kWideDsFree + buf, 256);
 #pragma unroll
             for (int kk = 0; kk < BN / 16; kk++) xds[kk * 128 + tid] = make_uint4(pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3]);
-            ds_handshake(kWideDsReady + buf);
+            named_arrive(kWideDsReady + buf, 256);
             mbar_wait(ring.k_full(st), ph); /* K, read below */
         }
         /* dQ += dS K over this warpgroup's 256 columns, K read transposed as V in the forward */
