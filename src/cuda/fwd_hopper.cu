@@ -277,7 +277,11 @@ struct wide_layout {
 };
 static_assert(wide_layout::bytes <= 232448, "the D = 512 forward fits the 227 KB a CTA may have");
 
-template <typename T, Cap CAP, bool VARLEN>
+/* PAIR (lab, -DWA_FWD512_CLUSTER): the CTA is one of a cluster of two on query heads 2c and 2c + 1
+ * of one K/V head at the same query tile, which read the same key tiles under the same masks; the
+ * K and V loads are shared (kv_ring::produce_pair), halving what each tile costs in L2 bandwidth,
+ * the bound of the single-CTA form (docs/cuda.md, Next). */
+template <typename T, Cap CAP, bool VARLEN, bool PAIR = false>
 __global__ void __launch_bounds__(kThreads, 1)
     fwd_wide_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                        const __grid_constant__ CUtensorMap tv, const kparams kp) {
@@ -302,12 +306,26 @@ __global__ void __launch_bounds__(kThreads, 1)
     int64_t kt0, kt1;
     wa_key_tiles_for_rows(&p.win, i0, i0 + m, BN, &kt0, &kt1);
 
-    if (threadIdx.x == 0) ring.init(4 * kConsumers);
-    __syncthreads();
+    /* a stage is released by the consumer warps of this CTA, and with PAIR of the other one too */
+    if (threadIdx.x == 0) ring.init(4 * kConsumers * (PAIR ? 2 : 1));
+    if constexpr (PAIR) cluster_sync(); /* both CTAs' barriers exist before either CTA loads or arrives */
+    else __syncthreads();
 
     if (wg == 0) {
-        produce_forward<BM, BN, DB, VARLEN>(ring, tq, tk, tv, kp, sQ, sK, sV, i0, h, hk, b, kt0, kt1, VARLEN ? p.q_row0 : 0,
-                                    VARLEN ? p.k_row0 : 0);
+        if constexpr (PAIR) {
+            setmaxnreg_dec<kProducerRegs>();
+            if (threadIdx.x == 0 && kt0 < kt1) {
+                const CUtensorMap *mq = seq_map<VARLEN>(tq, kp, 0), *mk = seq_map<VARLEN>(tk, kp, 1), *mv = seq_map<VARLEN>(tv, kp, 2);
+                mbar_expect_tx(ring.once(), BM * DB * 64 * 2);
+                for (int c = 0; c < DB; c++)
+                    tma_load(sQ + c * (BM * 128), mq, ring.once(), c * 64, (int)((VARLEN ? p.q_row0 : 0) + i0), (int)h, (int)b);
+                ring.produce_pair<BN, DB>(mk, mv, sK, sV, kt0, kt1, (int)hk, (int)b, VARLEN ? p.k_row0 : 0, cluster_rank());
+            }
+            cluster_sync(); /* the CTA's shared memory outlives the other CTA's loads into it and arrivals on it */
+        } else {
+            produce_forward<BM, BN, DB, VARLEN>(ring, tq, tk, tv, kp, sQ, sK, sV, i0, h, hk, b, kt0, kt1, VARLEN ? p.q_row0 : 0,
+                                                VARLEN ? p.k_row0 : 0);
+        }
         return;
     }
 
@@ -323,6 +341,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     int64_t ut0, ut1; /* the key tiles the CTA's rows see whole: no mask */
     wa_unmasked_key_tiles(&p.win, i0, i0 + m, BN, &ut0, &ut1);
+    auto release = [&](uint32_t empty) { /* a stage this warp has read */
+        if constexpr (PAIR) {
+            mbar_arrive_cta_if(empty, 0, lane == 0);
+            mbar_arrive_cta_if(empty, 1, lane == 0);
+        } else {
+            mbar_arrive_if(empty, lane == 0);
+        }
+    };
     /* descriptors as in fwd_ws_kernel: one per operand and tile, moved on by constant offsets */
     auto issue_s = [&](float (&s)[BN / 8][4], int st) {
         const uint64_t k_d = gmma_desc(opaque(sK + st * TILE + cw * 4 * (BN * 128))), q_d = gmma_desc(opaque(sQ + cw * 4 * (BM * 128)));
@@ -363,7 +389,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             wg_commit();
             wg_wait<0>();
             reg_fence(s);
-            mbar_arrive_if(ring.k_empty(pst), lane == 0);
+            release(ring.k_empty(pst));
             trade_and_softmax(s, alpha, kt0, 0);
             pack_a<T, BN>(pa, s);
         }
@@ -382,11 +408,11 @@ __global__ void __launch_bounds__(kThreads, 1)
             wg_commit();
             wg_wait<1>();
             reg_fence(s);
-            mbar_arrive_if(ring.k_empty(st), lane == 0);
+            release(ring.k_empty(st));
             trade_and_softmax(s, alpha, kt, it);
             wg_wait<0>();
             reg_fence(acc);
-            mbar_arrive_if(ring.v_empty(pst), lane == 0);
+            release(ring.v_empty(pst));
             rescale<32>(reinterpret_cast<float (&)[32][4]>(acc), alpha);
             pack_a<T, BN>(pa, s);
             pst = st, pph = ph;
@@ -399,9 +425,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         wg_commit();
         wg_wait<0>();
         reg_fence(acc);
-        mbar_arrive_if(ring.v_empty(pst), lane == 0);
+        release(ring.v_empty(pst));
     }
     store_rows<T, 32>(p, reinterpret_cast<const float (&)[32][4]>(acc), row_max, row_sum, rows, b, h, t4, cw * 256);
+    if constexpr (PAIR) cluster_sync(); /* the producer's: no CTA leaves while the other may still arrive on it */
 #endif
 }
 
@@ -444,15 +471,34 @@ template <typename T> static wa_status by_dim(const kparams &kp, const CUtensorM
     });
 }
 
+/* the lab's two-CTA form (-DWA_FWD512_CLUSTER) where query heads pair up on their K/V head */
+#ifdef WA_FWD512_CLUSTER
+constexpr bool kWidePairs = true;
+#else
+constexpr bool kWidePairs = false;
+#endif
+
 template <typename T, Cap CAP, bool VARLEN>
 static wa_status launch_wide(const kparams &kp, const CUtensorMap (&maps)[3], cudaStream_t s) {
-    static volatile unsigned long long done = 0;
-    CUDA_TRY(raise_once(fwd_wide_ws_kernel<T, CAP, VARLEN>, wide_layout::bytes, &done));
+    static volatile unsigned long long done = 0, done_pair = 0;
+    const bool pair = kWidePairs && kp.group % 2 == 0;
+    if (pair) CUDA_TRY(raise_once(fwd_wide_ws_kernel<T, CAP, VARLEN, kWidePairs>, wide_layout::bytes, &done_pair));
+    else CUDA_TRY(raise_once(fwd_wide_ws_kernel<T, CAP, VARLEN>, wide_layout::bytes, &done));
     const wa_status st = write_seq_maps(kp, maps, 3, kKeyMaps, s);
     if (st != WA_OK) return st;
     return over_sequences(kp, [&](const kparams &c, unsigned z) {
         const dim3 grid((unsigned)((kp.Nq + kWideBM - 1) / kWideBM), (unsigned)kp.Hq, z);
-        fwd_wide_ws_kernel<T, CAP, VARLEN><<<grid, kThreads, wide_layout::bytes, s>>>(maps[0], maps[1], maps[2], c);
+        if (pair) { /* clusters of two along the heads: 2c and 2c + 1 read K/V head 2c / group */
+            cudaLaunchAttribute attr[1];
+            attr[0].id = cudaLaunchAttributeClusterDimension;
+            attr[0].val.clusterDim.x = 1, attr[0].val.clusterDim.y = 2, attr[0].val.clusterDim.z = 1;
+            cudaLaunchConfig_t cfg = {};
+            cfg.gridDim = grid, cfg.blockDim = dim3(kThreads), cfg.dynamicSmemBytes = wide_layout::bytes, cfg.stream = s;
+            cfg.attrs = attr, cfg.numAttrs = 1;
+            CUDA_TRY(cudaLaunchKernelEx(&cfg, fwd_wide_ws_kernel<T, CAP, VARLEN, kWidePairs>, maps[0], maps[1], maps[2], c));
+        } else {
+            fwd_wide_ws_kernel<T, CAP, VARLEN><<<grid, kThreads, wide_layout::bytes, s>>>(maps[0], maps[1], maps[2], c);
+        }
         CUDA_TRY(cudaGetLastError());
         return WA_OK;
     });

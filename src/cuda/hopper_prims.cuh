@@ -66,6 +66,37 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap *map, u
         "l"((uint64_t)map), "r"(d), "r"(n), "r"(h), "r"(b), "r"(bar)
         : "memory");
 }
+/* ---- clusters (the lab's two-CTA D = 512 forward, -DWA_FWD512_CLUSTER) ---- */
+
+/* the CTA's rank in its cluster */
+__device__ __forceinline__ uint32_t cluster_rank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+/* every thread of every CTA of the cluster: the writes before it (barrier initialisations
+ * included) are seen by the threads and the async proxy of every CTA after it */
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+/* arrive, when `pred`, on the mbarrier at the same shared offset as `bar` in the cluster's CTA `cta`
+ * (this CTA's own included), releasing this thread's reads of the stage it guards */
+__device__ __forceinline__ void mbar_arrive_cta_if(uint32_t bar, uint32_t cta, bool pred) {
+    asm volatile("{\n.reg .pred p;\n.reg .b32 remote;\nsetp.ne.b32 p, %2, 0;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
+                 "@p mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
+                 "r"(cta), "r"((int)pred)
+                 : "memory");
+}
+/* tma_load's box into the same shared offset of every CTA of the cluster in `mask`, completion
+ * counted on each one's mbarrier at bar's offset */
+__device__ __forceinline__ void tma_load_multicast(uint32_t dst, const CUtensorMap *map, uint32_t bar, int d, int n, int h, int b,
+                                                   uint16_t mask) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, "
+                 "%3, %4, %5}], [%6], %7;\n" ::"r"(dst),
+                 "l"((uint64_t)map), "r"(d), "r"(n), "r"(h), "r"(b), "r"(bar), "h"(mask)
+                 : "memory");
+}
+
 /* global f32 [dst, dst + bytes) += shared [src, src + bytes), element-wise, by the async proxy
  * (bytes a multiple of 16, both ends 16-byte aligned); the shared source must have been written
  * before a fence_proxy_async() and a barrier. Completion is tracked by bulk groups: */
@@ -167,6 +198,28 @@ template <int STAGES> struct kv_ring_of {
             };
             load(V_FIRST);
             load(!V_FIRST);
+        }
+    }
+    /* produce() for a pair of CTAs that read the same key tiles (the lab's two-CTA D = 512
+     * forward): this CTA's producer loads column blocks [rank DB/2, rank DB/2 + DB/2) of each tile
+     * into both CTAs, the other's the rest, so each tile crosses from L2 once. A stage is refilled
+     * once the consumer warps of both CTAs released it (their empty barriers count both: the
+     * consumers arrive on each CTA's); each CTA's full barrier expects the whole tile, both halves
+     * signalling it. */
+    template <int BN, int DB>
+    __device__ void produce_pair(const CUtensorMap *tk, const CUtensorMap *tv, uint32_t sK, uint32_t sV, long long kt0,
+                                 long long kt1, int hk, int b, long long row0, uint32_t rank) const {
+        constexpr uint32_t TILE = BN * DB * 64 * 2;
+        for (long long kt = kt0; kt < kt1; kt++) {
+            const int it = (int)(kt - kt0), st = stage(it);
+            const uint32_t ph = parity(it);
+            for (int is_v = 0; is_v < 2; is_v++) {
+                if (it >= kStages) mbar_wait(is_v ? v_empty(st) : k_empty(st), ph ^ 1u);
+                const uint32_t full = is_v ? v_full(st) : k_full(st), dst = (is_v ? sV : sK) + st * TILE;
+                mbar_expect_tx(full, TILE);
+                for (int c = (int)rank * (DB / 2); c < ((int)rank + 1) * (DB / 2); c++)
+                    tma_load_multicast(dst + c * (BN * 128), is_v ? tv : tk, full, c * 64, (int)(row0 + kt * BN), hk, b, 0b11);
+            }
         }
     }
     /* a consumer warp's turn on key tile `it` when its rows see none of it: wait until it landed
