@@ -29,8 +29,6 @@ LAB_KEEP=1
 unset WINATTN_CUDA
 FLAGS=$LAB_SM90_FLAGS
 lab_summary 58
-TABLE=$KEEP/summary.txt # the summary comes back even when the run is cut short
-: >"$TABLE"
 BENCH=0 VARIANTS=0 BUILD_VARIANTS=0 CHECK=0 RACE=0 DIAG=0 PYTHON=0
 [ $# -eq 0 ] && BENCH=1
 for a in "$@"; do
@@ -64,17 +62,9 @@ parity_d512() { # W TAG: the group, then the other cases alone
 }
 [ $BENCH = 1 ] && parity_d512 $W this
 
-C="--d 512 --hq 32 --hkv 4"
-bench_row() { # ROUND BUILD
-    r=$(timeout 90 $2/winattn bench --device cuda --reps 5 $C --causal --n 8192,16384 | tail -2 |
-        awk -F'|' '{printf "%s: %s / %s  ", $2, $5, $6}')
-    w=$(timeout 60 $2/winattn bench --device cuda --reps 5 $C --sliding-window 1024 --n 16384 | tail -1 |
-        awk -F'|' '{printf "%s / %s", $5, $6}')
-    row "bench $1, $2: fwd / bwd TFLOP/s, causal" "$r| w1024 16K: $w"
-}
 if [ $BENCH = 1 ]; then
     for round in 1 2; do
-        for b in build build-mma; do bench_row $round $b; done
+        for b in build build-mma; do lab_d512_bench $round $b; done
     done
 fi
 
@@ -83,9 +73,9 @@ if [ $VARIANTS = 1 ]; then
     for b in build-h2 build-bn16; do
         [ -x $b/winattn ] || { row "$b" "build failed"; continue; }
         parity_d512 $b/winattn $b
-        bench_row 1 $b
-        bench_row 1 build
-        bench_row 2 $b
+        lab_d512_bench 1 $b
+        lab_d512_bench 1 build
+        lab_d512_bench 2 $b
     done
 fi
 if [ $RACE = 1 ]; then

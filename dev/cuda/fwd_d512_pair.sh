@@ -16,8 +16,6 @@ LAB_KEEP=1
 unset WINATTN_CUDA
 FLAGS=$LAB_SM90_FLAGS
 lab_summary 58
-TABLE=$KEEP/summary.txt # the summary comes back even when the run is cut short
-: >"$TABLE"
 nvidia-smi -L
 
 # a command-line NVCCFLAGS drops the Makefile's CUDA_DEFINES: the defines go inside it
@@ -37,16 +35,8 @@ row "parity, D = 512 f16/bf16 cases alone, pair (timeouts)" "$(tail -1 "$OUT/eac
 grep -h 'gave up' "$OUT"/p_*.txt 2>/dev/null | awk '{print $4, $6, $14}' | sort | uniq -c | sort -rn | head -5
 [ $ok -eq 0 ] || { row "total" "$(($(date +%s) - t0)) s (stopped: the pair form failed)"; exit 1; }
 
-C="--d 512 --hq 32 --hkv 4"
-bench_row() { # ROUND BUILD
-    r=$(timeout 90 $2/winattn bench --device cuda --reps 5 $C --causal --n 8192,16384 | tail -2 |
-        awk -F'|' '{printf "%s: %s / %s  ", $2, $5, $6}')
-    w=$(timeout 60 $2/winattn bench --device cuda --reps 5 $C --sliding-window 1024 --n 16384 | tail -1 |
-        awk -F'|' '{printf "%s / %s", $5, $6}')
-    row "bench $1, $2: fwd / bwd TFLOP/s, causal" "$r| w1024 16K: $w"
-}
 for round in 1 2; do
-    for b in build build-pair; do bench_row $round $b; done
+    for b in build build-pair; do lab_d512_bench $round $b; done
 done
 
 lab_sweep "full, pair" 240 $P parity --device cuda --threads 16

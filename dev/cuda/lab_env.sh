@@ -19,10 +19,11 @@ t0=$(date +%s)
 # the nvcc flags of a Hopper-only lab build (the Makefile's, sm_90a alone: faster to build)
 LAB_SM90_FLAGS="-O3 -lineinfo -Xcompiler -fPIC -Iinclude -std=c++17 -gencode=arch=compute_90a,code=sm_90a"
 
-# lab_summary [WIDTH]: start the script's summary, $OUT/summary.txt (TABLE), empty; then
+# lab_summary [WIDTH]: start the script's summary, $OUT/summary.txt (TABLE; $KEEP/summary.txt
+# under LAB_KEEP, so that it comes back even when the run is cut short), empty; then
 # `row LABEL TEXT` prints a line of it (the label padded to WIDTH, 52 by default) and appends it
 lab_summary() {
-    TABLE=$OUT/summary.txt
+    TABLE=${KEEP:-$OUT}/summary.txt
     LAB_ROW_WIDTH=${1:-52}
     : >"$TABLE"
 }
@@ -37,6 +38,17 @@ lab_build() {
     timeout 400 make -j16 BUILD="$dir" CUDA_DEFINES="$defines" JANSSON_CFLAGS="-I$DEPS/usr/include" \
         JANSSON_LIBS="$DEPS/usr/lib/x86_64-linux-gnu/libjansson.a" "$@" >"$OUT/$dir.txt" 2>&1 ||
         { echo "build of $dir failed:"; tail -20 "$OUT/$dir.txt"; exit 1; }
+}
+
+# lab_d512_bench ROUND BUILD: a summary row of `BUILD/winattn bench --device cuda` at (c) 8K / 16K
+# causal and at D = 512 with a 1024 window at 16K (docs/cuda.md's shapes), forward / backward TFLOP/s
+lab_d512_bench() {
+    d512_shape="--d 512 --hq 32 --hkv 4"
+    r=$(timeout 90 $2/winattn bench --device cuda --reps 5 $d512_shape --causal --n 8192,16384 | tail -2 |
+        awk -F'|' '{printf "%s: %s / %s  ", $2, $5, $6}')
+    w=$(timeout 60 $2/winattn bench --device cuda --reps 5 $d512_shape --sliding-window 1024 --n 16384 | tail -1 |
+        awk -F'|' '{printf "%s / %s", $5, $6}')
+    row "bench $1, $2: fwd / bwd TFLOP/s, causal" "$r| w1024 16K: $w"
 }
 
 # lab_d512_cases W: the f16/bf16 parity cases at D = 512 of the winattn binary W (the ones that
