@@ -16,8 +16,10 @@
 #            case and a varlen D = 128 one, racecheck on the two D = 512 ones (each hazard's pair
 #            of source lines, counted over the first 5000, in racecheck.txt), tests/test_nonfinite
 #            (D = 64 to 512 on CUDA);
-#   racecheck racecheck on dev/cuda/racecheck_exchange.cu's three forms of the named-barrier
-#            handshakes the D = 512 kernels use;
+#   racecheck racecheck on dev/cuda/racecheck_exchange.cu's forms of the handshakes the D = 512
+#            kernels use, and the lab build ds-mbar (-DWA_LAB_DS_MBAR: the dQ kernel's dS handed
+#            back behind mbarriers): its D = 512 parity cases, racecheck on cases 336 and 1016, and
+#            bench rows alternating with this tree's (each hazard's lines in racecheck.txt);
 #   varlen   a lab build whose mbarrier waits give up and say where (-DWA_LAB_WAIT_TIMEOUT): the
 #            D = 512 varlen cases alone, the `varlen` group, and the waits that gave up
 #            (diag_waits.txt), if any;
@@ -40,6 +42,7 @@ nvidia-smi -L
 # a command-line NVCCFLAGS drops the Makefile's CUDA_DEFINES: the defines go inside it
 [ $BENCH = 1 ] && (lab_build build-mma "" NVCCFLAGS="$FLAGS -DWA_BWD_WIDE_MMA" build-mma/winattn) &
 [ $DIAG = 1 ] && (lab_build build-vl "" NVCCFLAGS="$FLAGS -DWA_LAB_WAIT_TIMEOUT" build-vl/winattn) &
+[ $RACE = 1 ] && (lab_build build-dsm "" NVCCFLAGS="$FLAGS -DWA_LAB_DS_MBAR" build-dsm/winattn) &
 [ $RACE = 1 ] && nvcc -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -o "$OUT/racecheck_exchange" dev/cuda/racecheck_exchange.cu &
 lab_build build "" NVCCFLAGS="$FLAGS" build/winattn build/tests/test_nonfinite lib
 wait
@@ -78,12 +81,29 @@ if [ $VARIANTS = 1 ]; then
         lab_d512_bench 2 $b
     done
 fi
+# race_lines NAME CMD...: racecheck on CMD, a summary row, and the hazards' (first, second) access
+# lines, counted over the first 5000, appended to racecheck.txt
+race_lines() {
+    name=$1
+    shift
+    timeout 150 compute-sanitizer --tool racecheck --racecheck-report hazard --show-backtrace no --print-limit 5000 "$@" \
+        >"$OUT/race_one.txt" 2>&1
+    row "racecheck, $name" "exit $?, $(grep -E 'wrong values|RACECHECK SUMMARY' "$OUT/race_one.txt" | sed 's/^=* *//' | tr '\n' ' ')"
+    { echo "$name: the first 5000 hazards by (first, second) access, source line"; grep -E '(Write|Read) Thread' "$OUT/race_one.txt" |
+        sed 's/.*\(Write\|Read\) Thread.* in \([^ ]*\)$/\1 \2/' | paste - - | sort | uniq -c; } >>"$KEEP/racecheck.txt"
+}
+[ $RACE = 1 ] || [ $CHECK = 1 ] && : >"$KEEP/racecheck.txt"
 if [ $RACE = 1 ]; then
-    for f in p pds pds-low; do
-        r=$(timeout 60 compute-sanitizer --tool racecheck "$OUT/racecheck_exchange" $f 2>&1 | grep -E 'wrong values|RACECHECK SUMMARY' |
-            sed 's/^=* *//' | tr '\n' ' ')
-        row "racecheck_exchange $f" "$r"
-    done
+    for f in p pds pds-low pds-mbar mbar; do race_lines "racecheck_exchange $f" "$OUT/racecheck_exchange" $f; done
+    if [ -x build-dsm/winattn ]; then
+        row "parity, D = 512 f16/bf16 cases alone, ds-mbar" "$(LAB_CASE_TIMEOUT=60 lab_parity_each build-dsm/winattn "$(lab_d512_cases $W)" | tail -1)"
+        for c in 336 1016; do race_lines "case $c, ds-mbar" build-dsm/winattn parity --device cuda --threads 1 --case $c; done
+        for round in 1 2; do
+            for b in build build-dsm; do lab_d512_bench $round $b; done
+        done
+    else
+        row "build-dsm" "build failed"
+    fi
 fi
 if [ $CHECK = 1 ]; then
     # the varlen group first: every varlen call on the Hopper forwards goes through release_workspace()
@@ -105,15 +125,7 @@ if [ $CHECK = 1 ]; then
     VL128=$($W parity --list | grep varlen | grep -v ' f32 ' | grep 'D=128' | head -1 | sed 's/^#\([0-9]*\).*/\1/')
     VL512=${VL%% *}
     lab_sanitize memcheck $W 336 $VL512 $VL128 | while read -r l; do row "memcheck" "$l"; done
-    : >"$KEEP/racecheck.txt"
-    for c in 336 $VL512; do
-        timeout 150 compute-sanitizer --tool racecheck --racecheck-report hazard --show-backtrace no --print-limit 5000 $W parity --device cuda \
-            --threads 1 --case $c >"$OUT/race_$c.txt" 2>&1
-        row "racecheck case $c" "exit $?, $(grep 'RACECHECK SUMMARY' "$OUT/race_$c.txt" | sed 's/^=* *//')"
-        { echo "case $c: the first 5000 hazards by (first, second) access, source line"; grep -E '(Write|Read) Thread' "$OUT/race_$c.txt" |
-            sed 's/.*\(Write\|Read\) Thread.*::\([a-z_]*\)<.* in \(.*\)$/\1 \2 \3/' | paste - - | sort | uniq -c; } \
-            >>"$KEEP/racecheck.txt"
-    done
+    for c in 336 $VL512; do race_lines "case $c" $W parity --device cuda --threads 1 --case $c; done
     s=$(date +%s)
     timeout 200 build/tests/test_nonfinite >"$OUT/nonfinite.txt" 2>&1
     grep '^FAIL' "$OUT/nonfinite.txt" | head -3 | cut -c1-200

@@ -699,13 +699,23 @@ struct kv_wide_layout {
 static_assert(kv_wide_layout::bytes <= 232448, "the D = 512 dK/dV kernel fits the 227 KB a CTA may have");
 static_assert(kv_wide_layout::sp % 1024 == 0 && kv_wide_layout::sds % 1024 == 0, "swizzled tiles start 1024-byte aligned");
 
+/* Lab (-DWA_LAB_DS_MBAR): the dQ kernel hands dS back behind mbarriers (a full and an empty one per
+ * buffer, every thread of a warpgroup arriving) instead of named barriers, the form racecheck
+ * follows if its hazards on the named-barrier hand-back are its model's (docs/cuda.md) */
+#ifdef WA_LAB_DS_MBAR
+constexpr bool kDsMbar = true;
+#else
+constexpr bool kDsMbar = false;
+#endif
+
 struct dq_wide_layout {
     static constexpr int BN = kDqWideBN;
     static constexpr uint32_t QT = 64 * kWideD * 2, TILE = BN * kWideD * 2;
     /* Q, dO; the ring's K and V stages; P (f32) and dS (A fragments), two buffers each; barriers */
     static constexpr uint32_t q = 0, dout = QT, k = 2 * QT, v = k + kDqWideStages * TILE, xp = v + kDqWideStages * TILE,
                               xds = xp + 2 * 64 * BN * 4, bars = xds + 2 * 64 * BN * 2;
-    static constexpr size_t bytes = 1024 + bars + 8 * dq_wide_ring::n_bars;
+    static constexpr uint32_t ds_bars = bars + 8 * dq_wide_ring::n_bars; /* kDsMbar: full 0, 1, empty 0, 1 */
+    static constexpr size_t bytes = 1024 + ds_bars + (kDsMbar ? 8 * 4 : 0);
 };
 static_assert(dq_wide_layout::bytes <= 232448, "the D = 512 dQ kernel fits the 227 KB a CTA may have");
 
@@ -970,7 +980,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     wa_key_tiles_for_rows(&p.win, i0, i0 + m, BN, &kt0, &kt1);
     const int steps = (int)max(kt1 - kt0, (int64_t)0);
 
-    if (threadIdx.x == 0) ring.init(8, 4); /* K: both warpgroups' warps; V: the second's */
+    const uint32_t ds_full = base + L::ds_bars, ds_empty = ds_full + 16; /* kDsMbar: + 8 buf */
+    if (threadIdx.x == 0) {
+        ring.init(8, 4); /* K: both warpgroups' warps; V: the second's */
+        if constexpr (kDsMbar) {
+            for (int x = 0; x < 2; x++) mbar_init(ds_full + 8 * x, 128), mbar_init(ds_empty + 8 * x, 128);
+            mbar_init_fence();
+        }
+    }
     __syncthreads();
 
     if (wg == 0) { /* producer: Q and dO once, then the key tiles */
@@ -1021,23 +1038,30 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
             for (int nb = 0; nb < BN / 8; nb++) xp[nb * 128 + tid] = make_float4(pd[nb][0], pd[nb][1], pd[nb][2], pd[nb][3]);
             named_arrive(kWideReady + buf, 256);
-            named_sync(kWideDsReady + buf, 256);
+            if constexpr (kDsMbar) mbar_wait(ds_full + 8 * buf, (it >> 1) & 1);
+            else named_sync(kWideDsReady + buf, 256);
 #pragma unroll
             for (int kk = 0; kk < BN / 16; kk++) {
                 const uint4 v = xds[kk * 128 + tid];
                 pa[kk][0] = v.x, pa[kk][1] = v.y, pa[kk][2] = v.z, pa[kk][3] = v.w;
             }
-            if (it + 2 < steps) named_arrive(kWideDsFree + buf, 256);
+            if constexpr (kDsMbar) mbar_arrive_if(ds_empty + 8 * buf, it + 2 < steps);
+            else if (it + 2 < steps) named_arrive(kWideDsFree + buf, 256);
         } else {
             mbar_arrive_if(ring.v_empty(st), lane == 0);
             named_sync(kWideReady + buf, 256);
             wide_dscores<BN>(p, s, xp, stat, tid);
             if (it + 2 < steps) named_arrive(kWideFree + buf, 256);
             pack_a<T, BN>(pa, s);
-            if (it >= 2) named_sync(kWideDsFree + buf, 256);
+            if constexpr (kDsMbar) {
+                if (it >= 2) mbar_wait(ds_empty + 8 * buf, ((it - 2) >> 1) & 1);
+            } else if (it >= 2) {
+                named_sync(kWideDsFree + buf, 256);
+            }
 #pragma unroll
             for (int kk = 0; kk < BN / 16; kk++) xds[kk * 128 + tid] = make_uint4(pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3]);
-            named_arrive(kWideDsReady + buf, 256);
+            if constexpr (kDsMbar) mbar_arrive_if(ds_full + 8 * buf, true);
+            else named_arrive(kWideDsReady + buf, 256);
             mbar_wait(ring.k_full(st), ph); /* K, read below */
         }
         /* dQ += dS K over this warpgroup's 256 columns, K read transposed as V in the forward */
