@@ -667,8 +667,9 @@ __global__ void __launch_bounds__(kThreads, 1)
  * dP's k steps run in the order prep's δ takes (one chain over all of D), so a one-key window still
  * gives dP − δ = 0 exactly. */
 constexpr int kWideD = 512, kWideKeys = 32;
-/* lab: the parts Q and dO are loaded and released in along D (1 or 2), so that the next step's
- * first half can land while this step's second products still read the second */
+/* the parts Q and dO are loaded and released in along D: 1 (whole), or 2 (lab), so that the next
+ * step's first half can land while this step's second products still read the second; whole
+ * measured 4-5 % faster (dev/cuda/bwd_d512_wgmma.sh variants, docs/cuda.md) */
 #ifndef WA_DKDV512_HALVES
 #define WA_DKDV512_HALVES 1
 #endif

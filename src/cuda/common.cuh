@@ -165,7 +165,7 @@ int hopper_code_loaded(void);
  * 256, strides TMA can express); *taken = 0 leaves the call to mma_forward. Only where t.hopper */
 wa_status hopper_forward(const kparams &kp, wa_dtype dt, cudaStream_t s, int *taken);
 /* the Hopper backward (bwd_hopper.cu) when it applies (version 4 at D = 64, 128, 256; version 5's
- * wgmma kernels at D = 512 for rectangular calls; lse given, strides TMA can express); it needs
+ * wgmma kernels at D = 512; lse given, strides TMA can express); it needs
  * kp.delta and kp.lse2 with B*Hq*nq_pad floats each. *taken = 0 leaves the call to version 2 or
  * 5's mma.sync kernels in mma_backward. Only where t.hopper */
 int hopper_backward_supports(const kparams &kp);
