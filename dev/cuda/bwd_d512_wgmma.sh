@@ -81,23 +81,12 @@ if [ $VARIANTS = 1 ]; then
         lab_d512_bench 2 $b
     done
 fi
-# race_lines NAME CMD...: racecheck on CMD, a summary row, and the hazards' (first, second) access
-# lines, counted over the first 5000, appended to racecheck.txt
-race_lines() {
-    name=$1
-    shift
-    timeout 150 compute-sanitizer --tool racecheck --racecheck-report hazard --show-backtrace no --print-limit 5000 "$@" \
-        >"$OUT/race_one.txt" 2>&1
-    row "racecheck, $name" "exit $?, $(grep -E 'wrong values|RACECHECK SUMMARY' "$OUT/race_one.txt" | sed 's/^=* *//' | tr '\n' ' ')"
-    { echo "$name: the first 5000 hazards by (first, second) access, source line"; grep -E '(Write|Read) Thread' "$OUT/race_one.txt" |
-        sed 's/.*\(Write\|Read\) Thread.* in \([^ ]*\)$/\1 \2/' | paste - - | sort | uniq -c; } >>"$KEEP/racecheck.txt"
-}
 [ $RACE = 1 ] || [ $CHECK = 1 ] && : >"$KEEP/racecheck.txt"
 if [ $RACE = 1 ]; then
-    for f in p pds pds-low pds-mbar mbar; do race_lines "racecheck_exchange $f" "$OUT/racecheck_exchange" $f; done
+    for f in p pds pds-low pds-mbar mbar; do lab_race_lines "racecheck_exchange $f" "$OUT/racecheck_exchange" $f; done
     if [ -x build-dsm/winattn ]; then
         row "parity, D = 512 f16/bf16 cases alone, ds-mbar" "$(LAB_CASE_TIMEOUT=60 lab_parity_each build-dsm/winattn "$(lab_d512_cases $W)" | tail -1)"
-        for c in 336 1016; do race_lines "case $c, ds-mbar" build-dsm/winattn parity --device cuda --threads 1 --case $c; done
+        for c in 336 1016; do lab_race_lines "case $c, ds-mbar" build-dsm/winattn parity --device cuda --threads 1 --case $c; done
         for round in 1 2; do
             for b in build build-dsm; do lab_d512_bench $round $b; done
         done
@@ -125,7 +114,7 @@ if [ $CHECK = 1 ]; then
     VL128=$($W parity --list | grep varlen | grep -v ' f32 ' | grep 'D=128' | head -1 | sed 's/^#\([0-9]*\).*/\1/')
     VL512=${VL%% *}
     lab_sanitize memcheck $W 336 $VL512 $VL128 | while read -r l; do row "memcheck" "$l"; done
-    for c in 336 $VL512; do race_lines "case $c" $W parity --device cuda --threads 1 --case $c; done
+    for c in 336 $VL512; do lab_race_lines "case $c" $W parity --device cuda --threads 1 --case $c; done
     s=$(date +%s)
     timeout 200 build/tests/test_nonfinite >"$OUT/nonfinite.txt" 2>&1
     grep '^FAIL' "$OUT/nonfinite.txt" | head -3 | cut -c1-200

@@ -99,6 +99,18 @@ lab_sanitize() {
     done
 }
 
+# lab_race_lines NAME CMD...: racecheck on CMD (under LAB_KEEP), a summary row, and the hazards'
+# (first, second) access source lines, counted over the first 5000, appended to $KEEP/racecheck.txt
+lab_race_lines() {
+    name=$1
+    shift
+    timeout 150 compute-sanitizer --tool racecheck --racecheck-report hazard --show-backtrace no --print-limit 5000 "$@" \
+        >"$OUT/race_one.txt" 2>&1
+    row "racecheck, $name" "exit $?, $(grep -E 'wrong values|RACECHECK SUMMARY' "$OUT/race_one.txt" | sed 's/^=* *//' | tr '\n' ' ')"
+    { echo "$name: the first 5000 hazards by (first, second) access, source line"; grep -E '(Write|Read) Thread' "$OUT/race_one.txt" |
+        sed 's/.*\(Write\|Read\) Thread.* in \([^ ]*\)$/\1 \2/' | paste - - | sort | uniq -c; } >>"$KEEP/racecheck.txt"
+}
+
 # lab_sweep LABEL LIMIT CMD...: a parity run (CMD is the whole command line, env assignments first)
 # under `timeout LIMIT`; its log in $OUT/parity_LABEL.txt, the first FAIL lines here, and a row with
 # its closing count and seconds through the caller's `row LABEL TEXT`

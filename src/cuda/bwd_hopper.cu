@@ -1054,10 +1054,9 @@ __global__ void __launch_bounds__(kThreads, 1)
             wide_dscores<BN>(p, s, xp, stat, tid);
             if (it + 2 < steps) named_arrive(kWideFree + buf, 256);
             pack_a<T, BN>(pa, s);
-            if constexpr (kDsMbar) {
-                if (it >= 2) mbar_wait(ds_empty + 8 * buf, ((it - 2) >> 1) & 1);
-            } else if (it >= 2) {
-                named_sync(kWideDsFree + buf, 256);
+            if (it >= 2) {
+                if constexpr (kDsMbar) mbar_wait(ds_empty + 8 * buf, ((it - 2) >> 1) & 1);
+                else named_sync(kWideDsFree + buf, 256);
             }
 #pragma unroll
             for (int kk = 0; kk < BN / 16; kk++) xds[kk * 128 + tid] = make_uint4(pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3]);

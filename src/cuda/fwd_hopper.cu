@@ -63,8 +63,9 @@ template <int D> __host__ __device__ constexpr int ws_bn() { return D == 256 ? 6
 /* warpgroup 0 of both forwards: gives its registers back, then one thread loads the Q tile (BM rows,
  * DB column blocks) and K and V of key tiles [kt0, kt1) into the ring, through the launch's maps
  * or (varlen) the sequence's (seq_map: rows past the sequence arrive as zeros); q_row0 and k_row0
- * are a varlen sequence's first rows in the packed tensors (0 otherwise) */
-template <int BM, int BN, int DB, bool VARLEN>
+ * are a varlen sequence's first rows in the packed tensors (0 otherwise). PAIR: K and V shared with
+ * the other CTA of a two-CTA cluster (kv_ring::produce_pair; the lab's D = 512 form) */
+template <int BM, int BN, int DB, bool VARLEN, bool PAIR = false>
 __device__ __forceinline__ void produce_forward(const kv_ring &ring, const CUtensorMap &tq, const CUtensorMap &tk,
                                                 const CUtensorMap &tv, const kparams &kp, uint32_t sQ, uint32_t sK, uint32_t sV,
                                                 long long i0, long long h, long long hk, long long b, int64_t kt0, int64_t kt1,
@@ -74,7 +75,8 @@ __device__ __forceinline__ void produce_forward(const kv_ring &ring, const CUten
         const CUtensorMap *mq = seq_map<VARLEN>(tq, kp, 0), *mk = seq_map<VARLEN>(tk, kp, 1), *mv = seq_map<VARLEN>(tv, kp, 2);
         mbar_expect_tx(ring.once(), BM * DB * 64 * 2);
         for (int c = 0; c < DB; c++) tma_load(sQ + c * (BM * 128), mq, ring.once(), c * 64, (int)(q_row0 + i0), (int)h, (int)b);
-        ring.produce<BN, DB>(mk, mv, sK, sV, kt0, kt1, (int)hk, (int)b, k_row0);
+        if constexpr (PAIR) ring.produce_pair<BN, DB>(mk, mv, sK, sV, kt0, kt1, (int)hk, (int)b, k_row0, cluster_rank());
+        else ring.produce<BN, DB>(mk, mv, sK, sV, kt0, kt1, (int)hk, (int)b, k_row0);
     }
 }
 
@@ -312,20 +314,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     else __syncthreads();
 
     if (wg == 0) {
-        if constexpr (PAIR) {
-            setmaxnreg_dec<kProducerRegs>();
-            if (threadIdx.x == 0 && kt0 < kt1) {
-                const CUtensorMap *mq = seq_map<VARLEN>(tq, kp, 0), *mk = seq_map<VARLEN>(tk, kp, 1), *mv = seq_map<VARLEN>(tv, kp, 2);
-                mbar_expect_tx(ring.once(), BM * DB * 64 * 2);
-                for (int c = 0; c < DB; c++)
-                    tma_load(sQ + c * (BM * 128), mq, ring.once(), c * 64, (int)((VARLEN ? p.q_row0 : 0) + i0), (int)h, (int)b);
-                ring.produce_pair<BN, DB>(mk, mv, sK, sV, kt0, kt1, (int)hk, (int)b, VARLEN ? p.k_row0 : 0, cluster_rank());
-            }
-            cluster_sync(); /* the CTA's shared memory outlives the other CTA's loads into it and arrivals on it */
-        } else {
-            produce_forward<BM, BN, DB, VARLEN>(ring, tq, tk, tv, kp, sQ, sK, sV, i0, h, hk, b, kt0, kt1, VARLEN ? p.q_row0 : 0,
-                                                VARLEN ? p.k_row0 : 0);
-        }
+        produce_forward<BM, BN, DB, VARLEN, PAIR>(ring, tq, tk, tv, kp, sQ, sK, sV, i0, h, hk, b, kt0, kt1, VARLEN ? p.q_row0 : 0,
+                                                  VARLEN ? p.k_row0 : 0);
+        if constexpr (PAIR) cluster_sync(); /* the CTA's shared memory outlives the other CTA's loads into it and arrivals on it */
         return;
     }
 
