@@ -14,27 +14,28 @@
 #   check    this tree only: the varlen group, the D = 512 varlen cases, the whole sweep in both
 #            backward modes (their logs come back), memcheck on a rectangular and a varlen D = 512
 #            case and a varlen D = 128 one, racecheck on the two D = 512 ones (each hazard's pair
-#            of source lines, counted over the first 5000, in racecheck.txt), tests/test_nonfinite
-#            (D = 64 to 512 on CUDA);
+#            of source lines, counted over the first 5000, in racecheck.txt), then nonfinite;
+#   nonfinite tests/test_nonfinite (D = 64 to 512 on CUDA);
 #   racecheck racecheck on dev/cuda/racecheck_exchange.cu's forms of the handshakes the D = 512
 #            kernels use, and the lab build ds-mbar (-DWA_LAB_DS_MBAR: the dQ kernel's dS handed
-#            back behind mbarriers): its D = 512 parity cases, racecheck on cases 336 and 1016, and
-#            bench rows alternating with this tree's (each hazard's lines in racecheck.txt);
+#            back behind mbarriers): its D = 512 parity cases, bench rows alternating with this
+#            tree's, racecheck on cases 336 and 1016 (each hazard's lines in racecheck.txt);
 #   varlen   a lab build whose mbarrier waits give up and say where (-DWA_LAB_WAIT_TIMEOUT): the
 #            D = 512 varlen cases alone, the `varlen` group, and the waits that gave up
 #            (diag_waits.txt), if any;
 #   python   the Python tests on CUDA and dev/cuda/bit_identity.py (this tree's libwinattn.so).
 # From the repository root on the H200 (DEPS as in scripts/cuda_check.sh):
-#   sh dev/cuda/bwd_d512_wgmma.sh [bench] [variants | build-variants] [check] [racecheck] [varlen] [python]
+#   sh dev/cuda/bwd_d512_wgmma.sh [bench] [variants | build-variants] [check] [racecheck] [varlen] [nonfinite] [python]
 LAB_KEEP=1
 . dev/cuda/lab_env.sh
 unset WINATTN_CUDA
 FLAGS=$LAB_SM90_FLAGS
 lab_summary 58
-BENCH=0 VARIANTS=0 BUILD_VARIANTS=0 CHECK=0 RACE=0 DIAG=0 PYTHON=0
+BENCH=0 VARIANTS=0 BUILD_VARIANTS=0 CHECK=0 RACE=0 DIAG=0 NONFINITE=0 PYTHON=0
 [ $# -eq 0 ] && BENCH=1
 for a in "$@"; do
-    case $a in bench) BENCH=1 ;; variants) VARIANTS=1 BUILD_VARIANTS=1 ;; build-variants) BUILD_VARIANTS=1 ;; check) CHECK=1 ;;
+    case $a in bench) BENCH=1 ;; variants) VARIANTS=1 BUILD_VARIANTS=1 ;; build-variants) BUILD_VARIANTS=1 ;; check) CHECK=1 NONFINITE=1 ;;
+        nonfinite) NONFINITE=1 ;;
         racecheck) RACE=1 ;; varlen) DIAG=1 ;; python) PYTHON=1 ;; esac
 done
 nvidia-smi -L
@@ -86,10 +87,10 @@ if [ $RACE = 1 ]; then
     for f in p pds pds-low pds-mbar mbar; do lab_race_lines "racecheck_exchange $f" "$OUT/racecheck_exchange" $f; done
     if [ -x build-dsm/winattn ]; then
         row "parity, D = 512 f16/bf16 cases alone, ds-mbar" "$(LAB_CASE_TIMEOUT=60 lab_parity_each build-dsm/winattn "$(lab_d512_cases $W)" | tail -1)"
-        for c in 336 1016; do lab_race_lines "case $c, ds-mbar" build-dsm/winattn parity --device cuda --threads 1 --case $c; done
         for round in 1 2; do
             for b in build build-dsm; do lab_d512_bench $round $b; done
         done
+        for c in 336 1016; do lab_race_lines "case $c, ds-mbar" build-dsm/winattn parity --device cuda --threads 1 --case $c; done
     else
         row "build-dsm" "build failed"
     fi
@@ -115,6 +116,8 @@ if [ $CHECK = 1 ]; then
     VL512=${VL%% *}
     lab_sanitize memcheck $W 336 $VL512 $VL128 | while read -r l; do row "memcheck" "$l"; done
     for c in 336 $VL512; do lab_race_lines "case $c" $W parity --device cuda --threads 1 --case $c; done
+fi
+if [ $NONFINITE = 1 ]; then
     s=$(date +%s)
     timeout 200 build/tests/test_nonfinite >"$OUT/nonfinite.txt" 2>&1
     grep '^FAIL' "$OUT/nonfinite.txt" | head -3 | cut -c1-200

@@ -8,14 +8,18 @@
 # gave up; if they passed, `winattn bench --device cuda` at (c) 8K / 16K causal and D = 512 with a
 # 1024 window at 16K, this tree and the pair build alternating, twice; then on the pair build the
 # whole sweep, memcheck on cases 336 and 1016 (pairs, rectangular and varlen) and racecheck on 336
-# (each hazard's lines in racecheck.txt). The summary comes back in summary.txt.
+# (each hazard's lines in racecheck.txt). The summary comes back in summary.txt. Modes: `bench`
+# stops after the bench rows, `check` runs only the sweep and the sanitizers on the pair build;
+# neither, both.
 # From the repository root on the H200 (DEPS as in scripts/cuda_check.sh):
-#   DEPS=.devdeps sh dev/cuda/fwd_d512_pair.sh
+#   DEPS=.devdeps sh dev/cuda/fwd_d512_pair.sh [bench | check]
 LAB_KEEP=1
 . dev/cuda/lab_env.sh
 unset WINATTN_CUDA
 FLAGS=$LAB_SM90_FLAGS
 lab_summary 58
+BENCH=1 CHECK=1
+case ${1:-} in bench) CHECK=0 ;; check) BENCH=0 ;; esac
 nvidia-smi -L
 
 # a command-line NVCCFLAGS drops the Makefile's CUDA_DEFINES: the defines go inside it
@@ -27,17 +31,20 @@ wait
 row "builds" "$(($(date +%s) - t0)) s"
 
 P=build-pair/winattn
-s=$(date +%s)
-LAB_CASE_TIMEOUT=60 lab_parity_each build-pair-wt/winattn "$(lab_d512_cases $P)" >"$OUT/each_pair.txt"
-ok=$?
-grep -v passed "$OUT/each_pair.txt" | head -4
-row "parity, D = 512 f16/bf16 cases alone, pair (timeouts)" "$(tail -1 "$OUT/each_pair.txt") ($(($(date +%s) - s)) s)"
-grep -h 'gave up' "$OUT"/p_*.txt 2>/dev/null | awk '{print $4, $6, $14}' | sort | uniq -c | sort -rn | head -5
-[ $ok -eq 0 ] || { row "total" "$(($(date +%s) - t0)) s (stopped: the pair form failed)"; exit 1; }
+if [ $BENCH = 1 ]; then
+    s=$(date +%s)
+    LAB_CASE_TIMEOUT=60 lab_parity_each build-pair-wt/winattn "$(lab_d512_cases $P)" >"$OUT/each_pair.txt"
+    ok=$?
+    grep -v passed "$OUT/each_pair.txt" | head -4
+    row "parity, D = 512 f16/bf16 cases alone, pair (timeouts)" "$(tail -1 "$OUT/each_pair.txt") ($(($(date +%s) - s)) s)"
+    grep -h 'gave up' "$OUT"/p_*.txt 2>/dev/null | awk '{print $4, $6, $14}' | sort | uniq -c | sort -rn | head -5
+    [ $ok -eq 0 ] || { row "total" "$(($(date +%s) - t0)) s (stopped: the pair form failed)"; exit 1; }
 
-for round in 1 2; do
-    for b in build build-pair; do lab_d512_bench $round $b; done
-done
+    for round in 1 2; do
+        for b in build build-pair; do lab_d512_bench $round $b; done
+    done
+fi
+[ $CHECK = 1 ] || { row "total" "$(($(date +%s) - t0)) s"; exit 0; }
 
 lab_sweep "full, pair" 240 $P parity --device cuda --threads 16
 lab_sanitize memcheck $P 336 1016 | while read -r l; do row "memcheck, pair" "$l"; done

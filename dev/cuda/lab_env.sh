@@ -32,9 +32,21 @@ row() { printf "%-${LAB_ROW_WIDTH:-52}s %s\n" "$1" "$2" | tee -a "${TABLE:-/dev/
 # lab_build DIR "DEFINES" TARGET...: make the targets with BUILD=DIR and the nvcc defines (e.g.
 # -DWA_FWD_NO_PINGPONG; the Makefile's CUDA_DEFINES); log in $OUT/DIR.txt; on failure print its
 # tail and exit the script
+# When the tree carries .lab-prebuilt/DIR.tar.xz (dev/cuda/prebuild.sh made it on a CPU machine
+# with the same nvcc), lab_build unpacks it instead of building: the GPU machine's minutes go to
+# the GPU. The archive's DIR/PREBUILT names the flags it was built with; the summary row
+# "prebuilt DIR" shows them. A target missing from the archive falls back to make.
 lab_build() {
     dir=$1 defines=$2
     shift 2
+    if [ -f ".lab-prebuilt/$dir.tar.xz" ] && tar xJf ".lab-prebuilt/$dir.tar.xz"; then
+        missing=0
+        for t in "$@"; do case $t in */*) [ -e "$t" ] || missing=1 ;; esac; done
+        if [ $missing = 0 ]; then
+            row "prebuilt $dir" "$(cat "$dir/PREBUILT" 2>/dev/null)"
+            return 0
+        fi
+    fi
     timeout 400 make -j16 BUILD="$dir" CUDA_DEFINES="$defines" JANSSON_CFLAGS="-I$DEPS/usr/include" \
         JANSSON_LIBS="$DEPS/usr/lib/x86_64-linux-gnu/libjansson.a" "$@" >"$OUT/$dir.txt" 2>&1 ||
         { echo "build of $dir failed:"; tail -20 "$OUT/$dir.txt"; exit 1; }
