@@ -17,9 +17,10 @@
 #            of source lines, counted over the first 5000, in racecheck.txt), then nonfinite;
 #   nonfinite tests/test_nonfinite (D = 64 to 512 on CUDA);
 #   racecheck racecheck on dev/cuda/racecheck_exchange.cu's forms of the handshakes the D = 512
-#            kernels use, and the lab build ds-mbar (-DWA_LAB_DS_MBAR: the dQ kernel's dS handed
-#            back behind mbarriers): its D = 512 parity cases, bench rows alternating with this
-#            tree's, racecheck on cases 336 and 1016 (each hazard's lines in racecheck.txt);
+#            kernels use, and the lab build ds-named (-DWA_LAB_DS_NAMED: the dQ kernel's dS handed
+#            back behind named barriers, the default until racecheck passed the mbarrier form):
+#            its D = 512 parity cases, bench rows alternating with this tree's, racecheck on cases
+#            336 and 1016 (each hazard's lines in racecheck.txt);
 #   varlen   a lab build whose mbarrier waits give up and say where (-DWA_LAB_WAIT_TIMEOUT): the
 #            D = 512 varlen cases alone, the `varlen` group, and the waits that gave up
 #            (diag_waits.txt), if any;
@@ -43,7 +44,7 @@ nvidia-smi -L
 # a command-line NVCCFLAGS drops the Makefile's CUDA_DEFINES: the defines go inside it
 [ $BENCH = 1 ] && (lab_build build-mma "" NVCCFLAGS="$FLAGS -DWA_BWD_WIDE_MMA" build-mma/winattn) &
 [ $DIAG = 1 ] && (lab_build build-vl "" NVCCFLAGS="$FLAGS -DWA_LAB_WAIT_TIMEOUT" build-vl/winattn) &
-[ $RACE = 1 ] && (lab_build build-dsm "" NVCCFLAGS="$FLAGS -DWA_LAB_DS_MBAR" build-dsm/winattn) &
+[ $RACE = 1 ] && (lab_build build-dsn "" NVCCFLAGS="$FLAGS -DWA_LAB_DS_NAMED" build-dsn/winattn) &
 [ $RACE = 1 ] && nvcc -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -o "$OUT/racecheck_exchange" dev/cuda/racecheck_exchange.cu &
 lab_build build "" NVCCFLAGS="$FLAGS" build/winattn build/tests/test_nonfinite lib
 wait
@@ -85,14 +86,14 @@ fi
 [ $RACE = 1 ] || [ $CHECK = 1 ] && : >"$KEEP/racecheck.txt"
 if [ $RACE = 1 ]; then
     for f in p pds pds-low pds-mbar mbar; do lab_race_lines "racecheck_exchange $f" "$OUT/racecheck_exchange" $f; done
-    if [ -x build-dsm/winattn ]; then
-        row "parity, D = 512 f16/bf16 cases alone, ds-mbar" "$(LAB_CASE_TIMEOUT=60 lab_parity_each build-dsm/winattn "$(lab_d512_cases $W)" | tail -1)"
+    if [ -x build-dsn/winattn ]; then
+        row "parity, D = 512 f16/bf16 cases alone, ds-named" "$(LAB_CASE_TIMEOUT=60 lab_parity_each build-dsn/winattn "$(lab_d512_cases $W)" | tail -1)"
         for round in 1 2; do
-            for b in build build-dsm; do lab_d512_bench $round $b; done
+            for b in build build-dsn; do lab_d512_bench $round $b; done
         done
-        for c in 336 1016; do lab_race_lines "case $c, ds-mbar" build-dsm/winattn parity --device cuda --threads 1 --case $c; done
+        for c in 336 1016; do lab_race_lines "case $c, ds-named" build-dsn/winattn parity --device cuda --threads 1 --case $c; done
     else
-        row "build-dsm" "build failed"
+        row "build-dsn" "build failed"
     fi
 fi
 if [ $CHECK = 1 ]; then

@@ -3,8 +3,9 @@
 # dK/dV, dQ) at the write-up's shape, N=8192: duration, tensor-pipe and issue utilisation, and the
 # stall reasons that matter. Needs build/ from bench_parity.sh. Extra arguments go to `winattn bench`;
 # KERNELS overrides the name filter (default: version 4's kernels; "mma" for version 2's).
-# LAUNCHES: how many launches to profile (default 4).
+# LAUNCHES: how many launches to profile (default 4); WINATTN: the binary (default build/winattn).
 OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
 M="gpu__time_duration.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"
 M="$M,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active"
 M="$M,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,launch__registers_per_thread"
@@ -12,7 +13,7 @@ M="$M,lts__t_sectors.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_
 M="$M,sm__cycles_elapsed.avg,smsp__inst_executed.sum"
 M="$M,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
 ncu --clock-control none --csv --page raw --metrics "$M" -k "regex:${KERNELS:-_ws_kernel|prep_kernel}" --launch-count ${LAUNCHES:-4} \
-    build/winattn bench --device cuda --n 8192 --reps 1 "$@" >"$OUT/ncu.csv" 2>"$OUT/ncu.err" || tail -5 "$OUT/ncu.err"
+    ${WINATTN:-build/winattn} bench --device cuda --n 8192 --reps 1 "$@" >"$OUT/ncu.csv" 2>"$OUT/ncu.err" || tail -5 "$OUT/ncu.err"
 python3 - "$OUT/ncu.csv" <<'PY'
 import csv, sys
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 5]

@@ -7,10 +7,11 @@
 // Forms (the first argument):
 //   p         P one way only on named barriers (bar.arrive → bar.sync; barriers 1..4), as
 //             dkdv_wide_ws_kernel
-//   pds       P and dS back on named barriers 1..4 and 7..10, as dq_wide_ws_kernel
+//   pds       P and dS back on named barriers 1..4 and 7..10, as dq_wide_ws_kernel built with
+//             -DWA_LAB_DS_NAMED
 //   pds-low   the same on barriers 1..8
 //   pds-mbar  P on named barriers, dS back on mbarriers (a full and an empty one per buffer, every
-//             thread of a warpgroup arriving), as dq_wide_ws_kernel built with -DWA_LAB_DS_MBAR
+//             thread of a warpgroup arriving), as dq_wide_ws_kernel
 //   mbar      both on mbarriers
 // Build and run on the H200 (dev/cuda/bwd_d512_wgmma.sh racecheck does, with each hazard's lines):
 //   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -lineinfo -o /tmp/rc dev/cuda/racecheck_exchange.cu
