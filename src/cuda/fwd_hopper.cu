@@ -333,12 +333,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     int64_t ut0, ut1; /* the key tiles the CTA's rows see whole: no mask */
     wa_unmasked_key_tiles(&p.win, i0, i0 + m, BN, &ut0, &ut1);
     auto release = [&](uint32_t empty) { /* a stage this warp has read */
-        if constexpr (PAIR) {
-            mbar_arrive_cta_if(empty, 0, lane == 0);
-            mbar_arrive_cta_if(empty, 1, lane == 0);
-        } else {
-            mbar_arrive_if(empty, lane == 0);
-        }
+        mbar_arrive_if(empty, lane == 0);
+        if constexpr (PAIR) mbar_arrive_cta_if(empty, cluster_rank() ^ 1u, lane == 0);
     };
     /* descriptors as in fwd_ws_kernel: one per operand and tile, moved on by constant offsets */
     auto issue_s = [&](float (&s)[BN / 8][4], int st) {

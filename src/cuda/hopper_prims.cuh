@@ -80,10 +80,15 @@ __device__ __forceinline__ void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
 }
 /* arrive, when `pred`, on the mbarrier at the same shared offset as `bar` in the cluster's CTA `cta`
- * (this CTA's own included), releasing this thread's reads of the stage it guards */
+ * (this CTA's own included), releasing this thread's reads of the stage it guards. The default
+ * semantics (release at CTA scope), as CUTLASS's ClusterBarrier arrives: with .release.cluster
+ * ptxas puts a MEMBAR before every arrive, and the two-CTA forward measured 40 % slower than the
+ * single-CTA one, Nsight Compute's top stall reasons `barrier` and `membar` (docs/cuda.md). The
+ * reads released are complete (the wgmma that made them was waited for), and the writer that waits
+ * on the barrier is TMA. */
 __device__ __forceinline__ void mbar_arrive_cta_if(uint32_t bar, uint32_t cta, bool pred) {
     asm volatile("{\n.reg .pred p;\n.reg .b32 remote;\nsetp.ne.b32 p, %2, 0;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
-                 "@p mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
+                 "@p mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
                  "r"(cta), "r"((int)pred)
                  : "memory");
 }
