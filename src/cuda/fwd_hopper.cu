@@ -238,11 +238,11 @@ __global__ void __launch_bounds__(kThreads, 1)
                 wg_wait<0>();
                 reg_fence(acc);
                 mbar_arrive_if(ring.v_empty(pst), lane == 0);
-                rescale<DB * 8>(reinterpret_cast<float (&)[DB * 8][4]>(acc), alpha);
+                rescale_lazy<DB * 8>(reinterpret_cast<float (&)[DB * 8][4]>(acc), alpha);
                 pack_p(s);
             } else {
                 s_and_softmax(s, alpha, kt, st, ph);
-                rescale<DB * 8>(reinterpret_cast<float (&)[DB * 8][4]>(acc), alpha);
+                rescale_lazy<DB * 8>(reinterpret_cast<float (&)[DB * 8][4]>(acc), alpha);
                 pack_p(s);
                 finish_pv(st, ph);
             }
@@ -400,7 +400,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             wg_wait<0>();
             reg_fence(acc);
             release(ring.v_empty(pst));
-            rescale<32>(reinterpret_cast<float (&)[32][4]>(acc), alpha);
+            rescale_lazy<32>(reinterpret_cast<float (&)[32][4]>(acc), alpha);
             pack_a<T, BN>(pa, s);
             pst = st, pph = ph;
         }

@@ -234,7 +234,14 @@ template <Cap CAP, typename F> __device__ __forceinline__ void edge_form(bool ed
  * exp2(score · scale2 − max) is one fused multiply-add, as FlashAttention-3 does, instead of a
  * multiply per score first. Masked scores are −∞ raw, hence −∞ after the multiply-add, 0 after
  * exp2. */
-template <int BN, Cap CAP, bool FOLD, typename Edge>
+/* LAZY (the version-4/5 forwards with -DWA_FWD_LAZY_RESCALE=1, lab): a row's running max moves only
+ * when a tile's scores pass it by more than kLazyLog2 (in log2 units), as FlashAttention 4 does. The
+ * result is the same function (O and the row sum carry the same stale max, which cancels in O / l
+ * and enters lse exactly); P is then at most 2^kLazyLog2, harmless in f32 and in bf16/f16's
+ * exponent range, and alpha is exactly 1 on most tiles, so that rescale_lazy() skips the multiply
+ * of O (128 registers a thread at D = 256 and 512, once per 64 or 32 keys). */
+constexpr float kLazyLog2 = 8.0f;
+template <int BN, Cap CAP, bool FOLD, typename Edge, bool LAZY = false>
 __device__ __forceinline__ void softmax_scores_as(const kparams &p, float (&s)[BN / 8][4], float (&row_max)[2],
                                                   float (&row_sum)[2], float (&alpha)[2], const long long (&rows)[2],
                                                   long long j0, Edge edge_c, int t4, float scale2) {
@@ -259,7 +266,9 @@ __device__ __forceinline__ void softmax_scores_as(const kparams &p, float (&s)[B
         /* the four lanes of a quad hold one row */
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(row_max[r], FOLD ? mx * scale2 : mx);
+        float m_new = fmaxf(row_max[r], FOLD ? mx * scale2 : mx);
+        /* not moved by less than the threshold; -inf - -inf is NaN: a row with nothing visible yet stays -inf */
+        if (LAZY && !(m_new - row_max[r] > kLazyLog2)) m_new = row_max[r];
         const float m_use = m_new == -INFINITY ? 0.0f : m_new; /* a row with nothing visible yet stays 0 */
         alpha[r] = exp2_(row_max[r] - m_use);
         row_max[r] = m_new;
@@ -277,6 +286,10 @@ __device__ __forceinline__ void softmax_scores_as(const kparams &p, float (&s)[B
 
 /* the version-4/5 forwards' step (CAP off or on): the masked form on edge tiles only, folded
  * without a softcap. -DWA_SOFTMAX_NO_FOLD (lab) restores the unfolded form (as at 724b3f4). */
+#ifndef WA_FWD_LAZY_RESCALE
+#define WA_FWD_LAZY_RESCALE 0
+#endif
+constexpr bool kLazyRescale = WA_FWD_LAZY_RESCALE != 0;
 template <int BN, Cap CAP>
 __device__ __forceinline__ void softmax_scores(const kparams &p, float (&s)[BN / 8][4], float (&row_max)[2],
                                                float (&row_sum)[2], float (&alpha)[2], const long long (&rows)[2],
@@ -288,7 +301,7 @@ __device__ __forceinline__ void softmax_scores(const kparams &p, float (&s)[BN /
     constexpr bool fold = CAP == Cap::off;
 #endif
     edge_form<CAP>(edge, [&](auto edge_c) {
-        softmax_scores_as<BN, CAP, fold>(p, s, row_max, row_sum, alpha, rows, j0, edge_c, t4, scale2);
+        softmax_scores_as<BN, CAP, fold, decltype(edge_c), kLazyRescale>(p, s, row_max, row_sum, alpha, rows, j0, edge_c, t4, scale2);
     });
 }
 
@@ -296,6 +309,12 @@ __device__ __forceinline__ void softmax_scores(const kparams &p, float (&s)[BN /
 template <int NA> __device__ __forceinline__ void rescale(float (&acc)[NA][4], const float (&alpha)[2]) {
 #pragma unroll
     for (int i = 0; i < NA; i++) acc[i][0] *= alpha[0], acc[i][1] *= alpha[0], acc[i][2] *= alpha[1], acc[i][3] *= alpha[1];
+}
+
+/* rescale() after softmax_scores, skipped where no row of the warp moved its max (with
+ * kLazyRescale, most tiles); the vote keeps the branch uniform in the warp */
+template <int NA> __device__ __forceinline__ void rescale_lazy(float (&acc)[NA][4], const float (&alpha)[2]) {
+    if (!kLazyRescale || __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) rescale<NA>(acc, alpha);
 }
 
 /* both of the above, for the kernels that rescale at once */
