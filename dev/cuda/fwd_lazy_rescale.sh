@@ -1,0 +1,37 @@
+#!/bin/sh
+# fwd_lazy_rescale.sh — the version-4/5 forwards with lazy rescaling (-DWA_FWD_LAZY_RESCALE=1:
+# softmax_scores_as's LAZY, rescale_lazy in mma_prims.cuh) against this tree's default, on the
+# H200, in one run: the whole parity sweep on the lazy build, then `winattn bench --device cuda
+# --forward-only` at (a) 8K / 32K, (b) 8K / 32K and (c) 8K / 16K causal and with a 1024 window at
+# 16K (docs/cuda.md's shapes), the two builds alternating, twice. The summary comes back in
+# summary.txt. From the repository root on the H200 (DEPS as in scripts/cuda_check.sh):
+#   DEPS=.devdeps sh dev/cuda/fwd_lazy_rescale.sh
+LAB_KEEP=1
+. dev/cuda/lab_env.sh
+unset WINATTN_CUDA
+FLAGS=$LAB_SM90_FLAGS
+lab_summary 40
+nvidia-smi -L
+
+# a command-line NVCCFLAGS drops the Makefile's CUDA_DEFINES: the defines go inside it
+(lab_build build-lazy "" NVCCFLAGS="$FLAGS -DWA_FWD_LAZY_RESCALE=1" build-lazy/winattn) &
+lab_build build "" NVCCFLAGS="$FLAGS" build/winattn
+wait
+[ -x build-lazy/winattn ] || { row "build-lazy" "failed"; exit 1; }
+
+lab_sweep "full, lazy" 240 build-lazy/winattn parity --device cuda --threads 16
+
+# fwd_row ROUND BUILD: forward TFLOP/s at the four shapes
+fwd_row() {
+    w=$2/winattn
+    f() { timeout 90 $w bench --device cuda --reps 5 --forward-only "$@" | awk -F'|' '$2 ~ /[0-9]/ {printf "%s ", $5 + 0}'; }
+    a=$(f --n 8192,32768)
+    bb=$(f --n 8192,32768 --d 128 --hkv 8 --sliding-window 4096)
+    c=$(f --n 8192,16384 --d 512 --hq 32 --hkv 4 --causal)
+    cw=$(f --n 16384 --d 512 --hq 32 --hkv 4 --sliding-window 1024)
+    row "fwd $1, $2" "(a) $a| (b) $bb| (c) $c| (cw) $cw"
+}
+for round in 1 2; do
+    for b in build build-lazy; do fwd_row $round $b; done
+done
+row "total" "$(($(date +%s) - t0)) s"
