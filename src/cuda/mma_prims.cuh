@@ -234,7 +234,7 @@ template <Cap CAP, typename F> __device__ __forceinline__ void edge_form(bool ed
  * exp2(score · scale2 − max) is one fused multiply-add, as FlashAttention-3 does, instead of a
  * multiply per score first. Masked scores are −∞ raw, hence −∞ after the multiply-add, 0 after
  * exp2. */
-/* LAZY (the version-4/5 forwards with -DWA_FWD_LAZY_RESCALE=1, lab): a row's running max moves only
+/* LAZY (the version-4/5 forwards; -DWA_FWD_LAZY_RESCALE=0 builds the eager form): a row's running max moves only
  * when a tile's scores pass it by more than kLazyLog2 (in log2 units), as FlashAttention 4 does. The
  * result is the same function (O and the row sum carry the same stale max, which cancels in O / l
  * and enters lse exactly); P is then at most 2^kLazyLog2, harmless in f32 and in bf16/f16's
@@ -285,9 +285,11 @@ __device__ __forceinline__ void softmax_scores_as(const kparams &p, float (&s)[B
 }
 
 /* the version-4/5 forwards' step (CAP off or on): the masked form on edge tiles only, folded
- * without a softcap. -DWA_SOFTMAX_NO_FOLD (lab) restores the unfolded form (as at 724b3f4). */
+ * without a softcap, with lazy rescaling. -DWA_SOFTMAX_NO_FOLD (lab) restores the unfolded form (as
+ * at 724b3f4); -DWA_FWD_LAZY_RESCALE=0 (lab) the eager rescale, measured 4-11 % slower at D = 256
+ * and 512 and within 2 % at D = 128 (dev/cuda/fwd_lazy_rescale.sh, docs/cuda.md). */
 #ifndef WA_FWD_LAZY_RESCALE
-#define WA_FWD_LAZY_RESCALE 0
+#define WA_FWD_LAZY_RESCALE 1
 #endif
 constexpr bool kLazyRescale = WA_FWD_LAZY_RESCALE != 0;
 template <int BN, Cap CAP>
