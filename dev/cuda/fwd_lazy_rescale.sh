@@ -21,17 +21,7 @@ wait
 
 lab_sweep "full, lazy" 240 build-lazy/winattn parity --device cuda --threads 16
 
-# fwd_row ROUND BUILD: forward TFLOP/s at the four shapes
-fwd_row() {
-    w=$2/winattn
-    f() { timeout 90 $w bench --device cuda --reps 5 --forward-only "$@" | awk -F'|' '$2 ~ /[0-9]/ {printf "%s ", $5 + 0}'; }
-    a=$(f --n 8192,32768)
-    bb=$(f --n 8192,32768 --d 128 --hkv 8 --sliding-window 4096)
-    c=$(f --n 8192,16384 --d 512 --hq 32 --hkv 4 --causal)
-    cw=$(f --n 16384 --d 512 --hq 32 --hkv 4 --sliding-window 1024)
-    row "fwd $1, $2" "(a) $a| (b) $bb| (c) $c| (cw) $cw"
-}
 for round in 1 2; do
-    for b in build-eager build-lazy; do fwd_row $round $b; done
+    for b in build-eager build-lazy; do lab_fwd_row $round $b; done
 done
 row "total" "$(($(date +%s) - t0)) s"

@@ -279,6 +279,17 @@ struct wide_layout {
 };
 static_assert(wide_layout::bytes <= 232448, "the D = 512 forward fits the 227 KB a CTA may have");
 
+/* Lab (-DWA_FWD512_QREG=N, N = 4, 8, 12 or 16): each consumer keeps the first N of its 16 k steps
+ * of Q as A fragments in registers (4 a thread per step, loaded once by ldmatrix) and forms those
+ * steps of S with the register-A wgmma, instead of reading that part of Q from shared memory on
+ * every key tile: Q is 64 of the about 220 KB of shared-memory traffic per tile, which Nsight
+ * Compute's stalls point at (docs/cuda.md, Next). All 16 (64 registers) spill 32-80 bytes. */
+#ifndef WA_FWD512_QREG
+#define WA_FWD512_QREG 0
+#endif
+constexpr int kWideQRegSteps = WA_FWD512_QREG;
+static_assert(kWideQRegSteps >= 0 && kWideQRegSteps <= kWideD / 32, "a consumer has D / 32 k steps of Q");
+
 /* PAIR (lab, -DWA_FWD512_CLUSTER): the CTA is one of a cluster of two on query heads 2c and 2c + 1
  * of one K/V head at the same query tile, which read the same key tiles under the same masks; the
  * K and V loads are shared (kv_ring::produce_pair), halving what each tile costs in L2 bandwidth,
@@ -329,6 +340,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     zero_frags(acc);
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
     uint32_t pa[BN / 16][4];
+    uint32_t qa[kWideQRegSteps > 0 ? kWideQRegSteps : 1][4]; /* the first kWideQRegSteps of this warpgroup's k steps of Q */
 
     int64_t ut0, ut1; /* the key tiles the CTA's rows see whole: no mask */
     wa_unmasked_key_tiles(&p.win, i0, i0 + m, BN, &ut0, &ut1);
@@ -341,8 +353,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint64_t k_d = gmma_desc(opaque(sK + st * TILE + cw * 4 * (BN * 128))), q_d = gmma_desc(opaque(sQ + cw * 4 * (BM * 128)));
 #pragma unroll
         for (int kx = 0; kx < KH; kx++)
-            wgmma_ss<T, BN>(s, desc_at(q_d, (kx >> 2) * (BM * 128) + (kx & 3) * 32), desc_at(k_d, (kx >> 2) * (BN * 128) + (kx & 3) * 32),
-                            kx > 0);
+            if (kx < kWideQRegSteps)
+                wgmma_rs<T, BN>(s, qa[kx < kWideQRegSteps ? kx : 0], desc_at(k_d, (kx >> 2) * (BN * 128) + (kx & 3) * 32), kx > 0);
+            else
+                wgmma_ss<T, BN>(s, desc_at(q_d, (kx >> 2) * (BM * 128) + (kx & 3) * 32), desc_at(k_d, (kx >> 2) * (BN * 128) + (kx & 3) * 32),
+                                kx > 0);
     };
     auto issue_pv = [&](int st) {
         const uint64_t v_d = gmma_desc_mn(opaque(sV + st * TILE + cw * 4 * (BN * 128)), BN * 128);
@@ -366,6 +381,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     if (kt0 < kt1) {
         mbar_wait(ring.once(), 0);
+        if constexpr (kWideQRegSteps > 0) {
+#pragma unroll
+            for (int kx = 0; kx < kWideQRegSteps; kx++) ldsm_x4(qa[kx], sQ + blk_off<BM>(w4 * 16 + (lane & 15), (cw * KH + kx) * 2 + (lane >> 4)));
+            reg_fence(qa);
+        }
         int pst = kv_ring::stage(0);
         uint32_t pph = kv_ring::parity(0);
         { /* the first tile: nothing to overlap with, O is zero */
