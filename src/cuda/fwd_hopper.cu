@@ -279,7 +279,7 @@ struct wide_layout {
 };
 static_assert(wide_layout::bytes <= 232448, "the D = 512 forward fits the 227 KB a CTA may have");
 
-/* Lab (-DWA_FWD512_QREG=N, N = 4, 8, 12 or 16): each consumer keeps the first N of its 16 k steps
+/* Lab (-DWA_FWD512_QREG=N, 1 <= N <= 16): each consumer keeps the first N of its 16 k steps
  * of Q as A fragments in registers (4 a thread per step, loaded once by ldmatrix) and forms those
  * steps of S with the register-A wgmma, instead of reading that part of Q from shared memory on
  * every key tile: Q is 64 of the about 220 KB of shared-memory traffic per tile, which Nsight

@@ -223,6 +223,9 @@ template <Cap CAP, typename F> __device__ __forceinline__ void edge_form(bool ed
     f(edge_at_run_time{edge});
 }
 
+/* lazy rescaling's threshold, in log2 units (softmax_scores_as's LAZY) */
+constexpr float kLazyLog2 = 8.0f;
+
 /* One key tile of the online softmax on a thread's fragment, shared by every forward kernel: s
  * holds the raw scores of its two rows (rows[0], rows[1]; columns j0 + nb*8 + 2*t4 + {0,1}) and
  * becomes exp2(score - new max); the running max and sum are updated, and alpha[r] is the factor
@@ -233,14 +236,13 @@ template <Cap CAP, typename F> __device__ __forceinline__ void edge_form(bool ed
  * taken over the raw scores (a positive factor keeps their order, rounding included) and
  * exp2(score · scale2 − max) is one fused multiply-add, as FlashAttention-3 does, instead of a
  * multiply per score first. Masked scores are −∞ raw, hence −∞ after the multiply-add, 0 after
- * exp2. */
-/* LAZY (the version-4/5 forwards; -DWA_FWD_LAZY_RESCALE=0 builds the eager form): a row's running max moves only
- * when a tile's scores pass it by more than kLazyLog2 (in log2 units), as FlashAttention 4 does. The
- * result is the same function (O and the row sum carry the same stale max, which cancels in O / l
- * and enters lse exactly); P is then at most 2^kLazyLog2, harmless in f32 and in bf16/f16's
- * exponent range, and alpha is exactly 1 on most tiles, so that rescale_lazy() skips the multiply
- * of O (128 registers a thread at D = 256 and 512, once per 64 or 32 keys). */
-constexpr float kLazyLog2 = 8.0f;
+ * exp2.
+ * LAZY (the version-4/5 forwards unless -DWA_FWD_LAZY_RESCALE=0): a row's running max moves only
+ * when a tile's scores pass it by more than kLazyLog2, as FlashAttention 4 does. The result is the
+ * same function (O and the row sum carry the same stale max, which cancels in O / l and enters lse
+ * exactly); P is then at most 2^kLazyLog2, harmless in f32 and in bf16/f16's exponent range, and
+ * alpha is exactly 1 on most tiles, so that rescale_lazy() skips the multiply of O (128 registers
+ * a thread at D = 256 and 512, once per 64 or 32 keys). */
 template <int BN, Cap CAP, bool FOLD, typename Edge, bool LAZY = false>
 __device__ __forceinline__ void softmax_scores_as(const kparams &p, float (&s)[BN / 8][4], float (&row_max)[2],
                                                   float (&row_sum)[2], float (&alpha)[2], const long long (&rows)[2],
