@@ -289,7 +289,7 @@ __device__ __forceinline__ void softmax_scores_as(const kparams &p, float (&s)[B
 /* the version-4/5 forwards' step (CAP off or on): the masked form on edge tiles only, folded
  * without a softcap, with lazy rescaling. -DWA_SOFTMAX_NO_FOLD (lab) restores the unfolded form (as
  * at 724b3f4); -DWA_FWD_LAZY_RESCALE=0 (lab) the eager rescale, measured 4-11 % slower at D = 256
- * and 512 and within 2 % at D = 128 (dev/cuda/fwd_lazy_rescale.sh, docs/cuda.md). */
+ * and 512 and within 2 % at D = 128 (docs/cuda.md, *Tried and measured*). */
 #ifndef WA_FWD_LAZY_RESCALE
 #define WA_FWD_LAZY_RESCALE 1
 #endif

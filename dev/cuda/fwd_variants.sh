@@ -1,0 +1,38 @@
+#!/bin/sh
+# fwd_variants.sh — compile-time variants of the forwards against this tree's default, on the H200,
+# in one run: each variant built (sm_90a only, in parallel with the default), the whole parity
+# sweep on each, then `winattn bench --device cuda --forward-only` at docs/cuda.md's shapes
+# (lab_fwd_row: (a), (b), (c) and D = 512 with a 1024 window), the default and the variants
+# alternating, twice. The summary comes back in summary.txt.
+# From the repository root on the H200 (DEPS as in scripts/cuda_check.sh):
+#   DEPS=.devdeps sh dev/cuda/fwd_variants.sh NAME "DEFINES" [NAME "DEFINES" ...]
+# e.g. eager "-DWA_FWD_LAZY_RESCALE=0" (the forwards before lazy rescaling), or
+#      qreg8 "-DWA_FWD512_QREG=8" qreg12 "-DWA_FWD512_QREG=12" (the D = 512 forward with part of Q
+#      in registers; 12 spills 8-32 bytes in some instances)
+# Each variant builds into build-NAME.
+[ $# -ge 2 ] && [ $(($# % 2)) -eq 0 ] || { echo "usage: sh dev/cuda/fwd_variants.sh NAME \"DEFINES\" [NAME \"DEFINES\" ...]"; exit 2; }
+LAB_KEEP=1
+. dev/cuda/lab_env.sh
+unset WINATTN_CUDA
+FLAGS=$LAB_SM90_FLAGS
+lab_summary 40
+nvidia-smi -L
+
+# a command-line NVCCFLAGS drops the Makefile's CUDA_DEFINES: the defines go inside it
+BUILDS=build
+while [ $# -ge 2 ]; do
+    (lab_build "build-$1" "" NVCCFLAGS="$FLAGS $2" "build-$1/winattn") &
+    BUILDS="$BUILDS build-$1"
+    shift 2
+done
+lab_build build "" NVCCFLAGS="$FLAGS" build/winattn
+wait
+
+for b in $BUILDS; do
+    [ -x $b/winattn ] || { row "$b" "build failed"; continue; }
+    [ $b = build ] || lab_sweep "full, $b" 240 $b/winattn parity --device cuda --threads 16
+done
+for round in 1 2; do
+    for b in $BUILDS; do [ -x $b/winattn ] && lab_fwd_row $round $b; done
+done
+row "total" "$(($(date +%s) - t0)) s"
