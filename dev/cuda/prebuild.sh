@@ -3,7 +3,7 @@
 # lab_build (lab_env.sh) unpacks it instead of building. From the repository root:
 #   sh dev/cuda/prebuild.sh DIR "NVCC DEFINES" DIR/TARGET...
 #   e.g. sh dev/cuda/prebuild.sh build-pair "-DWA_FWD512_CLUSTER" build-pair/winattn
-# then carry .lab-prebuilt (ignored by git) with the device call. The build is made afresh in
+# then carry .lab-prebuilt (ignored by git) to the GPU machine. The build is made afresh in
 # .lab-prebuilt/DIR.tree (make does not track flags, so an old tree could hold other defines), sm_90a
 # only (the lab scripts' LAB_SM90_FLAGS), links Debian's libjansson statically from .devdeps
 # (scripts/cuda_check.sh says how to unpack it) and leaves OpenBLAS out (HAVE_CBLAS empty: the GPU
