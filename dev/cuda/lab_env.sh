@@ -66,13 +66,18 @@ lab_d512_bench() {
 # lab_fwd_row ROUND BUILD: a summary row of `BUILD/winattn bench --device cuda --forward-only`, forward
 # TFLOP/s at (a) 8K / 32K, (b) 8K / 32K, (c) 8K / 16K causal and D = 512 with a 1024 window at 16K
 lab_fwd_row() {
-    fwd_tflops() { timeout 90 $w bench --device cuda --reps 5 --forward-only "$@" | awk -F'|' '$2 ~ /[0-9]/ {printf "%s ", $5 + 0}'; }
     w=$2/winattn
-    a=$(fwd_tflops --n 8192,32768)
-    bb=$(fwd_tflops --n 8192,32768 --d 128 --hkv 8 --sliding-window 4096)
-    c=$(fwd_tflops --n 8192,16384 --d 512 --hq 32 --hkv 4 --causal)
-    cw=$(fwd_tflops --n 16384 --d 512 --hq 32 --hkv 4 --sliding-window 1024)
+    a=$(lab_fwd_tflops $w --n 8192,32768)
+    bb=$(lab_fwd_tflops $w --n 8192,32768 --d 128 --hkv 8 --sliding-window 4096)
+    c=$(lab_fwd_tflops $w --n 8192,16384 --d 512 --hq 32 --hkv 4 --causal)
+    cw=$(lab_fwd_tflops $w --n 16384 --d 512 --hq 32 --hkv 4 --sliding-window 1024)
     row "fwd $1, $2" "(a) $a| (b) $bb| (c) $c| (cw) $cw"
+}
+# lab_fwd_tflops W BENCH_ARGS...: the forward TFLOP/s column of `W bench --device cuda --forward-only`, one value a length
+lab_fwd_tflops() {
+    w=$1
+    shift
+    timeout 90 $w bench --device cuda --reps 5 --forward-only "$@" | awk -F'|' '$2 ~ /[0-9]/ {printf "%s ", $5 + 0}'
 }
 
 # lab_d512_cases W: the f16/bf16 parity cases at D = 512 of the winattn binary W (the ones that

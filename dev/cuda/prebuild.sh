@@ -9,16 +9,17 @@
 # (scripts/cuda_check.sh says how to unpack it) and leaves OpenBLAS out (HAVE_CBLAS empty: the GPU
 # machine has none), so the binaries need only libc, libm and libstdc++ there; a libc older than
 # the GPU machine's (Debian 12's 2.36 against Ubuntu 24.04's 2.39) keeps them loadable.
+[ $# -ge 3 ] || { echo "usage: sh dev/cuda/prebuild.sh DIR \"NVCC DEFINES\" DIR/TARGET..."; exit 2; }
 set -e
 dir=$1 defines=$2
 shift 2
-DEPS=$(pwd)/${DEPS:-.devdeps}
+. dev/cuda/lab_env.sh # LAB_SM90_FLAGS, DEPS made absolute
 tree=.lab-prebuilt/$dir.tree
 rm -rf "$tree"
 mkdir -p .lab-prebuilt
 targets=$(for t in "$@"; do echo "$tree/${t#"$dir"/}"; done)
 make -j"$(nproc)" BUILD="$tree" HAVE_CBLAS= \
-    NVCCFLAGS="-O3 -lineinfo -Xcompiler -fPIC -Iinclude -std=c++17 -gencode=arch=compute_90a,code=sm_90a $defines" \
+    NVCCFLAGS="$LAB_SM90_FLAGS $defines" \
     JANSSON_CFLAGS="-I$DEPS/usr/include" JANSSON_LIBS="$DEPS/usr/lib/x86_64-linux-gnu/libjansson.a" $targets >"$tree.log" 2>&1 ||
     { tail -20 "$tree.log"; exit 1; }
 changed=$(git diff --quiet HEAD -- src include tools || echo ' with uncommitted changes')
