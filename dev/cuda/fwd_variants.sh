@@ -1,9 +1,9 @@
 #!/bin/sh
 # fwd_variants.sh — compile-time variants of the forwards against this tree's default, on the H200,
-# in one run: each variant built (sm_90a only, in parallel with the default), the whole parity
-# sweep on each, then `winattn bench --device cuda --forward-only` at docs/cuda.md's shapes
-# (lab_fwd_row: (a), (b), (c) and D = 512 with a 1024 window), the default and the variants
-# alternating, twice. The summary comes back in summary.txt.
+# in one run: each variant built (sm_90a only, in parallel with the default), then
+# `winattn bench --device cuda --forward-only` at docs/cuda.md's shapes (lab_fwd_row: (a), (b), (c)
+# and D = 512 with a 1024 window), the default and the variants alternating, twice, then the whole
+# parity sweep on each variant. The summary comes back in summary.txt.
 # From the repository root on the H200 (DEPS as in scripts/cuda_check.sh):
 #   DEPS=.devdeps sh dev/cuda/fwd_variants.sh NAME "DEFINES" [NAME "DEFINES" ...]
 # e.g. eager "-DWA_FWD_LAZY_RESCALE=0" (the forwards before lazy rescaling), or
@@ -28,11 +28,12 @@ done
 lab_build build "" NVCCFLAGS="$FLAGS" build/winattn
 wait
 
+# the timings first: a run cut short by its time limit still brings them back
+for round in 1 2; do
+    for b in $BUILDS; do [ -x $b/winattn ] && lab_fwd_row $round $b; done
+done
 for b in $BUILDS; do
     [ -x $b/winattn ] || { row "$b" "build failed"; continue; }
     [ $b = build ] || lab_sweep "full, $b" 240 $b/winattn parity --device cuda --threads 16
-done
-for round in 1 2; do
-    for b in $BUILDS; do [ -x $b/winattn ] && lab_fwd_row $round $b; done
 done
 row "total" "$(($(date +%s) - t0)) s"
