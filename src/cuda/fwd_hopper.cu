@@ -279,13 +279,15 @@ struct wide_layout {
 };
 static_assert(wide_layout::bytes <= 232448, "the D = 512 forward fits the 227 KB a CTA may have");
 
-/* Lab (-DWA_FWD512_QREG=N, 1 <= N <= 16): each consumer keeps the first N of its 16 k steps
- * of Q as A fragments in registers (4 a thread per step, loaded once by ldmatrix) and forms those
- * steps of S with the register-A wgmma, instead of reading that part of Q from shared memory on
- * every key tile: Q is 64 of the about 220 KB of shared-memory traffic per tile, which Nsight
- * Compute's stalls point at (docs/cuda.md, Next). All 16 (64 registers) spill 32-80 bytes. */
+/* Each consumer keeps the first WA_FWD512_QREG (N, 0 <= N <= 16) of its 16 k steps of Q as A
+ * fragments in registers (4 a thread per step, loaded once by ldmatrix) and forms those steps of S
+ * with the register-A wgmma, instead of reading that part of Q from shared memory on every key
+ * tile: Q is 64 of the about 220 KB of shared-memory traffic per tile, where Nsight Compute's
+ * stalls pointed (docs/cuda.md). N = 14 (56 registers) is the fastest measured: 10-13 % over
+ * N = 0 at (c), against 5 % for 8 and 9-10 % for 12; all 16 spill and run 13-17 % slower than 0
+ * (`dev/cuda/fwd_variants.sh`, docs/cuda.md). -DWA_FWD512_QREG=0 builds the all-shared form. */
 #ifndef WA_FWD512_QREG
-#define WA_FWD512_QREG 0
+#define WA_FWD512_QREG 14
 #endif
 constexpr int kWideQRegSteps = WA_FWD512_QREG;
 static_assert(kWideQRegSteps >= 0 && kWideQRegSteps <= kWideD / 32, "a consumer has D / 32 k steps of Q");
