@@ -285,7 +285,8 @@ static_assert(wide_layout::bytes <= 232448, "the D = 512 forward fits the 227 KB
  * tile: Q is 64 of the about 220 KB of shared-memory traffic per tile, where Nsight Compute's
  * stalls pointed (docs/cuda.md). N = 14 (56 registers) is the fastest measured: 10-13 % over
  * N = 0 at (c), against 5 % for 8 and 9-10 % for 12; all 16 spill and run 13-17 % slower than 0
- * (`dev/cuda/fwd_variants.sh`, docs/cuda.md). -DWA_FWD512_QREG=0 builds the all-shared form. */
+ * (`dev/cuda/fwd_variants.sh`, docs/cuda.md). ptxas at 14: no spills, 40-60 bytes with a softcap.
+ * -DWA_FWD512_QREG=0 builds the all-shared form. */
 #ifndef WA_FWD512_QREG
 #define WA_FWD512_QREG 14
 #endif
