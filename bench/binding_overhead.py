@@ -6,12 +6,16 @@ shapes so small that the kernels cost next to nothing. Run from the repository r
     python3 bench/binding_overhead.py --device cuda [--calls 50] [--peers-dir /tmp/winattn-peers]
 Needs torch.
 
-CPU: the mean time of a forward and of a backward call after a warm-up.
+CPU: the time of a forward + backward (the fastest of five batches) through autograd on winattn's
+eager path and on its ops, through the C library with ready arguments (the kernels and the
+library's own host work: what the rows above pay beyond it is the binding's), and through SDPA.
 
 CUDA (1x2x128x64 bf16, window (63, 0)): per forward + backward, in microseconds,
   host      the wall time of the calls alone: each call timed on the host, the GPU drained between
             batches so that a full launch queue never blocks a call; for winattn through autograd
-            (attention + torch.autograd.grad), through the custom ops directly (no autograd), and
+            (attention + torch.autograd.grad: the eager path, an autograd.Function calling the
+            library), through autograd on the ops (torch.ops.winattn.forward, what torch.compile
+            traces), through the custom ops directly (no autograd), and
             through the C library's wa_forward / wa_backward called with ready arguments (the
             library's own host path: checks, tensor maps, launches);
   gpu       the kernels alone: the same forward + backward captured in a CUDA graph, replayed,
@@ -39,22 +43,71 @@ import winattn.torch as wt  # noqa: E402
 
 
 def cpu(calls):
+    """per forward + backward on CPU tensors (the kernels take a few microseconds at this size):
+    the fastest of five batches of `calls`, for the eager path, the ops' path and SDPA"""
+    torch.set_num_threads(1)  # the kernels on one thread: no pool wake-ups in the figures
     q = torch.randn(1, 2, 16, 64, dtype=torch.bfloat16, requires_grad=True)
     k = torch.randn(1, 1, 16, 64, dtype=torch.bfloat16, requires_grad=True)
     v = torch.randn(1, 1, 16, 64, dtype=torch.bfloat16, requires_grad=True)
     do = torch.randn(1, 2, 16, 64, dtype=torch.bfloat16)
-    for _ in range(20):
-        o = wt.attention(q, k, v, window=(7, 0))
-        torch.autograd.grad(o, (q, k, v), do)
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        o = wt.attention(q, k, v, window=(7, 0))
-    t1 = time.perf_counter()
-    for _ in range(calls):
-        torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
-    t2 = time.perf_counter()
-    print("binding overhead (CPU, 1x2x16x64 bf16, %d calls): forward %.0f us, backward %.0f us per call"
-          % (calls, (t1 - t0) / calls * 1e6, (t2 - t1) / calls * 1e6))
+    print("binding overhead (CPU, 1x2x16x64 bf16, window (7, 0), best of 5 x %d calls): us per forward + backward"
+          % calls)
+    win, scale = (7, 0), 64 ** -0.5
+    paths = autograd_steps(q, k, v, do, win, scale, cuda=False)
+    paths.insert(2, ("winattn, C library (the kernels)", c_library_step(q, k, v, do, win, scale)))
+    for name, step in paths:
+        for _ in range(20):
+            step()
+        best = float("inf")
+        for _ in range(5):
+            t = time.perf_counter()
+            for _ in range(calls):
+                step()
+            best = min(best, (time.perf_counter() - t) / calls * 1e6)
+        print("  %-40s %6.1f" % (name, best))
+
+
+def c_library_step(q, k, v, do, win, scale):
+    """a forward + backward through the C library's wa_forward / wa_backward with ready arguments:
+    tensors, descriptor and context made once (the library's own host path: checks, tensor maps,
+    launches, and on the CPU the kernels)"""
+    from winattn import _lib
+
+    o0, lse0 = torch.ops.winattn.forward(q, k, v, win[0], win[1], scale, 0.0, True)
+    grads0 = [torch.empty_like(x) for x in (q, k, v)]
+    ta = [wt._wa(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (o0, "o"), (lse0, "lse"), (do, "do"),
+                                  (grads0[0], "dq"), (grads0[1], "dk"), (grads0[2], "dv"))]
+    refs = [ctypes.byref(x) for x in ta]
+    d = ctypes.byref(wt._desc(win[0], win[1], scale, 0.0))
+    ctx = wt._context_for(q, True)
+
+    # the structs hold only the addresses of o0, lse0 and the gradients: the step keeps them alive
+    def c_step(_buffers=(o0, lse0, grads0)):
+        ctx.call(_lib.lib.wa_forward, d, refs[0], refs[1], refs[2], refs[3], refs[4])
+        ctx.call(_lib.lib.wa_backward, d, *refs)
+
+    return c_step
+
+
+def autograd_steps(q, k, v, do, win, scale, cuda):
+    """a forward + backward through autograd: [(name, step)] for winattn's eager path (what
+    attention() takes outside torch.compile), its ops (what torch.compile traces) and SDPA"""
+
+    def eager_step():
+        o = wt.attention(q, k, v, window=win, deterministic=True)
+        return torch.autograd.grad(o, (q, k, v), do)
+
+    def ops_autograd_step():
+        o, lse = torch.ops.winattn.forward(q, k, v, win[0], win[1], scale, 0.0, True)
+        return torch.autograd.grad(o, (q, k, v), do)
+
+    def sdpa_step():
+        o = sdpa_flash(q, k, v) if cuda else torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=True, enable_gqa=True)
+        return torch.autograd.grad(o, (q, k, v), do)
+
+    return [("winattn, autograd", eager_step), ("winattn, autograd through the ops", ops_autograd_step),
+            ("sdpa flash (causal)" if cuda else "sdpa (causal)", sdpa_step)]
 
 
 def host_us(step, calls, batch=10):
@@ -136,38 +189,17 @@ def steps(q, k, v, do, peers_dir, with_c_library=True):
     """the timed paths, each a forward + backward: [(name, step, whether its kernels can be captured
     in a CUDA graph)]; the C-library row's context is bound to the stream it was made on, so that
     row takes the custom ops' kernel time (the same kernels)"""
-    from winattn import _lib
-
     win, scale = WIN, SCALE
-
-    def autograd_step():
-        o = wt.attention(q, k, v, window=win, deterministic=True)
-        return torch.autograd.grad(o, (q, k, v), do)
+    (_, eager_step), (_, ops_autograd_step), (_, sdpa_step) = autograd_steps(q, k, v, do, win, scale, cuda=True)
 
     def ops_step():
         o, lse = torch.ops.winattn.forward(q, k, v, win[0], win[1], scale, 0.0, True)
         return torch.ops.winattn.backward(q, k, v, o, lse, do, win[0], win[1], scale, 0.0, True)
 
-    def sdpa_step():
-        return torch.autograd.grad(sdpa_flash(q, k, v), (q, k, v), do)
-
-    out = [("winattn, autograd", autograd_step, True), ("winattn, custom ops", ops_step, True)]
+    out = [("winattn, autograd", eager_step, True), ("winattn, autograd through the ops", ops_autograd_step, True),
+           ("winattn, custom ops", ops_step, True)]
     if with_c_library:
-        # the C library with ready arguments: tensors, descriptor and context made once
-        o0, lse0 = torch.ops.winattn.forward(q, k, v, win[0], win[1], scale, 0.0, True)
-        grads0 = [torch.empty_like(x) for x in (q, k, v)]
-        ta = [wt._wa(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (o0, "o"), (lse0, "lse"), (do, "do"),
-                                      (grads0[0], "dq"), (grads0[1], "dk"), (grads0[2], "dv"))]
-        refs = [ctypes.byref(x) for x in ta]
-        d = ctypes.byref(wt._desc(win[0], win[1], scale, 0.0))
-        ctx = wt._context_for(q, True)
-
-        # the structs hold only the addresses of o0, lse0 and the gradients: the step keeps them alive
-        def c_step(_buffers=(o0, lse0, grads0)):
-            ctx.call(_lib.lib.wa_forward, d, refs[0], refs[1], refs[2], refs[3], refs[4])
-            ctx.call(_lib.lib.wa_backward, d, *refs)
-
-        out.append(("winattn, C library", c_step, False))
+        out.append(("winattn, C library", c_library_step(q, k, v, do, win, scale), False))
     out.append(("sdpa flash (causal)", sdpa_step, True))
     if peers_dir:
         from peer_wheels import add_to_path

@@ -398,6 +398,40 @@ def run_torch():
         report(torch.equal(o1, o2) and q.grad is not None,
                "torch release_workspace(): contexts closed, the next calls make them again")
 
+    @case("torch eager path")
+    def _():
+        # attention() called eagerly on plain tensors takes an autograd.Function that calls the
+        # library directly; the ops (what torch.compile traces) must give the same bits
+        q, k, v = small_qkv()
+        do = torch.randn(1, 4, 33, 16)
+        o = wt.attention(q, k, v, window=(7, 0))
+        eager = [o] + list(torch.autograd.grad(o, (q, k, v), do))
+        o2, _ = torch.ops.winattn.forward(q, k, v, 7, 0, 0.0, 0.0, False)
+        ops = [o2] + list(torch.autograd.grad(o2, (q, k, v), do))
+        report(type(o.grad_fn).__name__ != type(o2.grad_fn).__name__ and
+               all(torch.equal(a, b) for a, b in zip(eager, ops)),
+               "torch eager path (%s) and autograd through the ops (%s): o, dq, dk, dv bit-identical"
+               % (type(o.grad_fn).__name__, type(o2.grad_fn).__name__))
+        with torch.no_grad():
+            o3 = wt.attention(q, k, v, window=(7, 0))
+        report(o3.grad_fn is None and torch.equal(o3, o), "torch eager path under no_grad: no graph, same o")
+
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class Seen(TorchDispatchMode):
+            def __init__(self):
+                super().__init__()
+                self.ops = set()
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                self.ops.add(str(func))
+                return func(*args, **(kwargs or {}))
+
+        with Seen() as seen:
+            o4 = wt.attention(q, k, v, window=(7, 0))
+        report("winattn.forward.default" in seen.ops and torch.equal(o4, o),
+               "torch under a dispatch mode: attention() goes through the op, which the mode sees")
+
     @case("torch opcheck")
     def _():
         q, k, v = small_qkv()

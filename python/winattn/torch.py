@@ -12,6 +12,7 @@ takes packed batches of sequences of different lengths in flash_attn_varlen_func
 argument order: q [Tq, Hq, D], k and v [Tk, Hkv, D], int32 offsets on the tensors' device.
 """
 import ctypes
+import struct
 import threading
 
 import torch
@@ -29,14 +30,24 @@ _contexts = {}  # one per CPU, or per (GPU, stream, deterministic): the library'
 _contexts_lock = threading.Lock()
 
 
+# the current stream's handle as an int: torch's own raw accessor (what its compiled code calls) when
+# it has one, a fifth of the cost of building a torch.cuda.Stream object each call
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def _context_for(t, deterministic=False):
-    if t.device.type == "cpu":
+    device = t.device
+    if device.type == "cpu":
         key = ("cpu",)
-    elif t.device.type == "cuda":
-        stream = torch.cuda.current_stream(t.device).cuda_stream
-        key = ("cuda", t.device.index, stream, deterministic)
+    elif device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        stream = _raw_stream(index) if _raw_stream else torch.cuda.current_stream(device).cuda_stream
+        key = ("cuda", index, stream, deterministic)
     else:
-        raise ValueError("winattn: tensors on %s are not supported (cpu or cuda)" % t.device)
+        raise ValueError("winattn: tensors on %s are not supported (cpu or cuda)" % device)
+    c = _contexts.get(key)  # the common case without the lock (a dict read is atomic)
+    if c is not None:
+        return c
     with _contexts_lock:
         if key not in _contexts:
             if key[0] == "cpu":
@@ -65,18 +76,23 @@ def release_workspace():
         c.close()
 
 
-_I64x4 = ctypes.c_int64 * 4
+# wa_tensor's bytes (data, dtype, device, shape[4], stride[4]) packed in one call and copied into the
+# struct: a third of the host time of filling its fields and arrays one by one, and this runs 14
+# times a forward + backward
+_WA_TENSOR = struct.Struct("@Pii4q4q")
+assert _WA_TENSOR.size == ctypes.sizeof(Tensor), "struct wa_tensor's layout"
+_pack_tensor, _tensor_from_bytes = _WA_TENSOR.pack, Tensor.from_buffer_copy
 
 
 def _wa(t, name):
     dt = _DTYPES.get(t.dtype)
     if dt is None:
         raise TypeError("winattn: %s has dtype %s; float32, float16 or bfloat16 are supported" % (name, t.dtype))
-    device = WA_DEVICE_CPU if t.device.type == "cpu" else WA_DEVICE_CUDA
+    device = WA_DEVICE_CUDA if t.is_cuda else WA_DEVICE_CPU  # the call then refuses devices other than these (_context_for)
     if t.dim() == 4:
-        return Tensor(t.data_ptr(), dt, device, _I64x4(*t.shape), _I64x4(*t.stride()))
+        return _tensor_from_bytes(_pack_tensor(t.data_ptr(), dt, device, *t.shape, *t.stride()))
     if t.dim() == 3:  # lse [B, H, N]
-        return Tensor(t.data_ptr(), WA_F32, device, _I64x4(*t.shape, 1), _I64x4(*t.stride(), 1))
+        return _tensor_from_bytes(_pack_tensor(t.data_ptr(), WA_F32, device, *t.shape, 1, *t.stride(), 1))
     raise ValueError("winattn: %s must be [B, H, N, D], got shape %s" % (name, tuple(t.shape)))
 
 
@@ -165,6 +181,49 @@ def _backward(ctx, do, dlse):
 torch.library.register_autograd("winattn::forward", _backward, setup_context=_setup_context, lib=_LIB)
 
 
+# ---- the eager path ----
+# Called eagerly on plain tensors, attention() skips the dispatcher: an autograd.Function calls the
+# same kernels (_forward_kernel, _backward_kernel) directly. Through the ops, autograd costs two
+# trips from the dispatcher into Python per call plus register_autograd's wrapper, about twice the
+# host time of this path (bench/binding_overhead.py, docs/gpu-peers.md). The ops stay the path
+# whenever something must see them: torch.compile's tracing, tensor subclasses (FakeTensor,
+# DTensor), dispatch or function modes (FlopCounterMode, `with torch.device(...)`), and torch.func
+# transforms; the kernels and so the results are the same either way.
+
+def _is_plain_eager(*tensors):
+    """True when nothing but autograd needs to see the call: not tracing, no modes, no transforms,
+    plain tensors"""
+    return (not torch.compiler.is_compiling() and not _modes_active() and
+            all(type(t) is torch.Tensor for t in tensors))
+
+
+if all(hasattr(torch._C, f) for f in ("_len_torch_dispatch_stack", "_len_torch_function_stack",
+                                        "_are_functorch_transforms_active")):
+    def _modes_active():
+        return bool(torch._C._len_torch_dispatch_stack() or torch._C._len_torch_function_stack() or
+                    torch._C._are_functorch_transforms_active())
+else:  # a torch without these probes: always through the ops
+    def _modes_active():
+        return True
+
+
+# forward(ctx, ...) rather than a separate setup_context: with one, Function.apply binds its arguments
+# through inspect.signature on every call (a fifth of this path's host time)
+class _Attention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = _forward_kernel(*inputs)
+        _setup_context(ctx, inputs, output)
+        return output
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, do, dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = _backward_kernel(q, k, v, o, lse, do, *ctx.params)
+        return dq, dk, dv, None, None, None, None, None
+
+
 def attention(q, k, v, window=(-1, -1), causal=False, scale=None, softcap=0.0, return_lse=False,
               deterministic=False):
     """Exact attention with a (left, right) window; differentiable in q, k and v. On CUDA the
@@ -177,7 +236,13 @@ def attention(q, k, v, window=(-1, -1), causal=False, scale=None, softcap=0.0, r
     if not (q.device == k.device == v.device):
         raise ValueError("winattn: q, k, v are on different devices (%s, %s, %s)" % (q.device, k.device, v.device))
     left, right, scale, softcap = _lib.window_args(window, causal, scale, softcap)
-    o, lse = _forward(q, k, v, left, right, scale, softcap, bool(deterministic))
+    args = (q, k, v, left, right, scale, softcap, bool(deterministic))
+    if not _is_plain_eager(q, k, v):
+        o, lse = _forward(*args)
+    elif torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        o, lse = _Attention.apply(*args)
+    else:
+        o, lse = _forward_kernel(*args)
     return (o, lse) if return_lse else o
 
 
@@ -282,6 +347,22 @@ torch.library.register_autograd("winattn::forward_varlen", _backward_varlen, set
                                 lib=_LIB)
 
 
+class _AttentionVarlen(torch.autograd.Function):
+    """the eager path of attention_varlen (see _Attention)"""
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = _forward_varlen_kernel(*inputs)
+        _setup_context_varlen(ctx, inputs, output)
+        return output
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, do, dlse):
+        q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
+        dq, dk, dv = _backward_varlen_kernel(q, k, v, o, lse, do, cu_q, cu_k, *ctx.params)
+        return (dq, dk, dv) + (None,) * 9
+
+
 def _max_seqlen_arg(x, name):
     if isinstance(x, torch.Tensor):  # reading it would be a device sync (and break CUDA graph capture)
         raise TypeError("winattn: %s must be a Python int, not a tensor (flash_attn_varlen_func takes an int too)"
@@ -328,6 +409,11 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     max_q = _max_seqlen_arg(max_seqlen_q, "max_seqlen_q")
     max_k = _max_seqlen_arg(max_seqlen_k, "max_seqlen_k")
     left, right, scale, softcap = _lib.window_args(window, causal, scale, softcap)
-    o, lse = _forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, left, right, scale, softcap,
-                             bool(deterministic))
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, left, right, scale, softcap, bool(deterministic))
+    if not _is_plain_eager(q, k, v, cu_seqlens_q, cu_seqlens_k):
+        o, lse = _forward_varlen(*args)
+    elif torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        o, lse = _AttentionVarlen.apply(*args)
+    else:
+        o, lse = _forward_varlen_kernel(*args)
     return (o, lse) if return_lse else o
