@@ -305,18 +305,25 @@ def cuda(calls, peers_dir, profile):
             print("%s, %s: FAILED: %s" % (system, which, error_line(r.stderr + r.stdout)[:240]))
             ok = ok and which == "graph-after-eager"  # a diagnostic: not held against the binding
     if profile:
-        import cProfile
-        import pstats
-
-        autograd_step = systems[0][1]
-        pr = cProfile.Profile()
-        pr.enable()
-        for _ in range(200):
-            autograd_step()
-        pr.disable()
-        torch.cuda.synchronize()
-        pstats.Stats(pr).sort_stats("tottime").print_stats(18)
+        profile_steps(systems[0][1])
     return ok
+
+
+def profile_steps(step, calls=200):
+    """cProfile of `calls` calls of step() after a warm-up, the functions by own time"""
+    import cProfile
+    import pstats
+
+    for _ in range(20):
+        step()
+    torch.cuda.synchronize()
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(calls):
+        step()
+    pr.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(pr).sort_stats("tottime").print_stats(18)
 
 
 def kernel_time(name, peers_dir):
@@ -334,6 +341,7 @@ def main():
     ap.add_argument("--calls", type=int, default=None, help="timed calls (200 on the CPU, 50 on CUDA)")
     ap.add_argument("--peers-dir", help="where bench/peer_wheels.py installed flash-attn-4 (CUDA only)")
     ap.add_argument("--profile", action="store_true", help="CUDA: cProfile of 200 autograd steps, by own time")
+    ap.add_argument("--profile-only", action="store_true", help="CUDA: that profile alone, without the table and checks")
     ap.add_argument("--check", choices=["graph", "graph-after-eager", "compile"], help=argparse.SUPPRESS)
     ap.add_argument("--check-system", choices=["winattn", "sdpa"], default="winattn", help=argparse.SUPPRESS)
     ap.add_argument("--kernel-time", help=argparse.SUPPRESS)  # one row's graph replay, in a child process
@@ -349,6 +357,10 @@ def main():
             sys.exit(0 if check(a.check, a.capture_mode, a.check_system) else 1)
         if a.kernel_time:
             kernel_time(a.kernel_time, a.peers_dir)
+            return
+        if a.profile_only:
+            q, k, v, do = cuda_inputs()
+            profile_steps(autograd_steps(q, k, v, do, WIN, SCALE, cuda=True)[0][1])
             return
         sys.exit(0 if cuda(calls, a.peers_dir, a.profile) else 1)
     cpu(calls)

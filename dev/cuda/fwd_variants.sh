@@ -7,8 +7,8 @@
 # From the repository root on the H200 (DEPS as in scripts/cuda_check.sh):
 #   DEPS=.devdeps sh dev/cuda/fwd_variants.sh NAME "DEFINES" [NAME "DEFINES" ...]
 # e.g. eager "-DWA_FWD_LAZY_RESCALE=0" (the forwards before lazy rescaling), or
-#      qreg8 "-DWA_FWD512_QREG=8" qreg12 "-DWA_FWD512_QREG=12" (the D = 512 forward with part of Q
-#      in registers; 12 spills 8-32 bytes in some instances)
+#      qreg0 "-DWA_FWD512_QREG=0" (the D = 512 forward with all of Q read from shared memory;
+#      the default holds 14 of its 16 k steps in registers)
 # Each variant builds into build-NAME.
 [ $# -ge 2 ] && [ $(($# % 2)) -eq 0 ] || { echo "usage: sh dev/cuda/fwd_variants.sh NAME \"DEFINES\" [NAME \"DEFINES\" ...]"; exit 2; }
 LAB_KEEP=1

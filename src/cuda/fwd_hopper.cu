@@ -283,8 +283,8 @@ static_assert(wide_layout::bytes <= 232448, "the D = 512 forward fits the 227 KB
  * fragments in registers (4 a thread per step, loaded once by ldmatrix) and forms those steps of S
  * with the register-A wgmma, instead of reading that part of Q from shared memory on every key
  * tile: Q is 64 of the about 220 KB of shared-memory traffic per tile, where Nsight Compute's
- * stalls pointed (docs/cuda.md). N = 14 (56 registers) is the fastest measured: 10-13 % over
- * N = 0 at (c), against 5 % for 8 and 9-10 % for 12; all 16 spill and run 13-17 % slower than 0
+ * stalls pointed (docs/cuda.md). N = 14 (56 registers) is the fastest measured: 10-15 % over
+ * N = 0 at (c), against 3-6 % for 8 and 5-10 % for 12; all 16 spill and run 13-18 % slower than 0
  * (`dev/cuda/fwd_variants.sh`, docs/cuda.md). ptxas at 14: no spills, 40-60 bytes with a softcap.
  * -DWA_FWD512_QREG=0 builds the all-shared form. */
 #ifndef WA_FWD512_QREG
