@@ -207,21 +207,30 @@ else:  # a torch without these probes: always through the ops
         return True
 
 
-# forward(ctx, ...) rather than a separate setup_context: with one, Function.apply binds its arguments
-# through inspect.signature on every call (a fifth of this path's host time)
-class _Attention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, *inputs):
-        output = _forward_kernel(*inputs)
-        _setup_context(ctx, inputs, output)
-        return output
+def _eager_function(name, forward_kernel, setup_context, backward_kernel, n_inputs):
+    """an autograd.Function that calls forward_kernel and, for the gradients of q, k and v,
+    backward_kernel(q, k, v, o, lse, do, *saved offsets, *params) directly (setup_context saves
+    q, k, v, o, lse and any offsets, and the parameters as ctx.params)"""
+    class EagerFunction(torch.autograd.Function):
+        # forward(ctx, ...) rather than a separate setup_context: with one, Function.apply binds its
+        # arguments through inspect.signature on every call (a fifth of this path's host time)
+        @staticmethod
+        def forward(ctx, *inputs):
+            output = forward_kernel(*inputs)
+            setup_context(ctx, inputs, output)
+            return output
 
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, do, dlse):
-        q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _backward_kernel(q, k, v, o, lse, do, *ctx.params)
-        return dq, dk, dv, None, None, None, None, None
+        @staticmethod
+        @torch.autograd.function.once_differentiable
+        def backward(ctx, do, dlse):
+            q, k, v, o, lse, *offsets = ctx.saved_tensors
+            return tuple(backward_kernel(q, k, v, o, lse, do, *offsets, *ctx.params)) + (None,) * (n_inputs - 3)
+
+    EagerFunction.__name__ = EagerFunction.__qualname__ = name
+    return EagerFunction
+
+
+_Attention = _eager_function("_Attention", _forward_kernel, _setup_context, _backward_kernel, 8)
 
 
 def attention(q, k, v, window=(-1, -1), causal=False, scale=None, softcap=0.0, return_lse=False,
@@ -347,20 +356,8 @@ torch.library.register_autograd("winattn::forward_varlen", _backward_varlen, set
                                 lib=_LIB)
 
 
-class _AttentionVarlen(torch.autograd.Function):
-    """the eager path of attention_varlen (see _Attention)"""
-    @staticmethod
-    def forward(ctx, *inputs):
-        output = _forward_varlen_kernel(*inputs)
-        _setup_context_varlen(ctx, inputs, output)
-        return output
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, do, dlse):
-        q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
-        dq, dk, dv = _backward_varlen_kernel(q, k, v, o, lse, do, cu_q, cu_k, *ctx.params)
-        return (dq, dk, dv) + (None,) * 9
+_AttentionVarlen = _eager_function("_AttentionVarlen", _forward_varlen_kernel, _setup_context_varlen,
+                                   _backward_varlen_kernel, 12)
 
 
 def _max_seqlen_arg(x, name):
