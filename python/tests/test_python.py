@@ -431,6 +431,10 @@ def run_torch():
             o4 = wt.attention(q, k, v, window=(7, 0))
         report("winattn.forward.default" in seen.ops and torch.equal(o4, o),
                "torch under a dispatch mode: attention() goes through the op, which the mode sees")
+        qm, km, vm = (t.detach().to("meta").requires_grad_() for t in (q, k, v))
+        om = wt.attention(qm, km, vm, window=(7, 0))
+        report(om.device.type == "meta" and om.shape == q.shape and om.grad_fn is not None,
+               "torch meta tensors: attention() gives the output's shape through the op's fake kernel")
 
     @case("torch opcheck")
     def _():

@@ -88,7 +88,7 @@ def _wa(t, name):
     dt = _DTYPES.get(t.dtype)
     if dt is None:
         raise TypeError("winattn: %s has dtype %s; float32, float16 or bfloat16 are supported" % (name, t.dtype))
-    device = WA_DEVICE_CUDA if t.is_cuda else WA_DEVICE_CPU  # the call then refuses devices other than these (_context_for)
+    device = WA_DEVICE_CUDA if t.is_cuda else WA_DEVICE_CPU  # _context_for refuses other devices
     if t.dim() == 4:
         return _tensor_from_bytes(_pack_tensor(t.data_ptr(), dt, device, *t.shape, *t.stride()))
     if t.dim() == 3:  # lse [B, H, N]
@@ -192,9 +192,10 @@ torch.library.register_autograd("winattn::forward", _backward, setup_context=_se
 
 def _is_plain_eager(*tensors):
     """True when nothing but autograd needs to see the call: not tracing, no modes, no transforms,
-    plain tensors"""
+    plain tensors on the CPU or a GPU (meta tensors take the ops, whose fake kernels give their
+    shapes); the tensors are on one device (the callers check)"""
     return (not torch.compiler.is_compiling() and not _modes_active() and
-            all(type(t) is torch.Tensor for t in tensors))
+            all(type(t) is torch.Tensor for t in tensors) and (tensors[0].is_cuda or tensors[0].is_cpu))
 
 
 if all(hasattr(torch._C, f) for f in ("_len_torch_dispatch_stack", "_len_torch_function_stack",
