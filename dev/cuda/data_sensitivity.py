@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""data_sensitivity.py — does the input data change a kernel's speed? winattn.torch.attention at
-(c) (D = 512, Hq 32, Hkv 4, causal, bf16) timed on the same shapes with the data `winattn bench`
-fills (uniform in [-2, 2)) and with what bench/gpu_peers.py feeds (torch.randn), alternating, with
-the SM clock and board power sampled by nvidia-smi while each is timed. Asks whether the 10 %
-between `winattn bench` and the PyTorch harness at (c) (docs/gpu-peers.md) is the data (through
-power and clocks) or the path. From the repository root on the GPU machine, after a build:
-    python3 dev/cuda/data_sensitivity.py [--n 8192,16384] [--rounds 2]
+"""data_sensitivity.py — is the gap between `winattn bench` and the PyTorch harness at (c) (D = 512,
+Hq 32, Hkv 4, causal, bf16: 488-503 TFLOP/s forward against 428-457, docs/gpu-peers.md) the data,
+the clocks or the path? Per length, alternating, with the SM clock and board power sampled by
+nvidia-smi during each: `build/winattn bench --forward-only` (short bursts, uniform data in
+[-2, 2)); then winattn.torch.attention called back to back for --seconds with that data and with
+torch.randn (what bench/gpu_peers.py feeds), forward alone and forward + backward. (binding_gap.py
+put 3 % of (b)'s gap on the data, with clocks at 1845-1980 MHz under the 700 W limit.) From the
+repository root on the GPU machine, after a build:
+    python3 dev/cuda/data_sensitivity.py [--n 8192,16384] [--rounds 2] [--seconds 4]
 """
 import argparse
 import os
@@ -21,11 +23,43 @@ import torch  # noqa: E402
 import winattn.torch as wt  # noqa: E402
 
 
+def smi_sampler():
+    return subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
+                             "-lms", "50"], stdout=subprocess.PIPE, text=True)
+
+
+def smi_medians(smi):
+    """(median SM clock MHz, median power W) of what the sampler printed, once stopped"""
+    smi.terminate()
+    rows = []
+    for line in smi.communicate()[0].splitlines():
+        try:
+            clock, power = (float(x) for x in line.split(","))
+            rows.append((clock, power))
+        except ValueError:
+            pass
+    rows = rows[2:] or rows  # the first samples may predate the load
+    med = lambda xs: sorted(xs)[len(xs) // 2] if xs else float("nan")  # noqa: E731
+    return med([r[0] for r in rows]), med([r[1] for r in rows])
+
+
+def sampled_bench(n):
+    """`winattn bench --forward-only` at (c) and length n: (TFLOP/s, SM MHz, W)"""
+    smi = smi_sampler()
+    try:
+        out = subprocess.run([os.path.join(ROOT, "build", "winattn"), "bench", "--device", "cuda", "--reps", "5",
+                              "--forward-only", "--d", "512", "--hq", "32", "--hkv", "4", "--causal", "--n", str(n)],
+                             capture_output=True, text=True, timeout=120).stdout
+    finally:
+        clock, power = smi_medians(smi)
+    cols = [c.strip() for c in out.strip().splitlines()[-1].split("|")] if out.strip() else []
+    return (float(cols[4]) if len(cols) > 4 else float("nan")), clock, power
+
+
 def sampled(fn, seconds):
     """fn() called back to back for about `seconds`, nvidia-smi sampling every 50 ms meanwhile:
     (ms per call, median SM clock MHz, median power W)"""
-    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
-                            "-lms", "50"], stdout=subprocess.PIPE, text=True)
+    smi = smi_sampler()
     try:
         fn()
         torch.cuda.synchronize()
@@ -41,17 +75,8 @@ def sampled(fn, seconds):
         torch.cuda.synchronize()
         ms = a.elapsed_time(b) / calls
     finally:
-        smi.terminate()
-    rows = []
-    for line in smi.communicate()[0].splitlines():
-        try:
-            clock, power = (float(x) for x in line.split(","))
-            rows.append((clock, power))
-        except ValueError:
-            pass
-    rows = rows[2:] or rows  # the first samples may predate the load
-    med = lambda xs: sorted(xs)[len(xs) // 2] if xs else float("nan")  # noqa: E731
-    return ms, med([r[0] for r in rows]), med([r[1] for r in rows])
+        clock, power = smi_medians(smi)
+    return ms, clock, power
 
 
 def main():
@@ -74,6 +99,9 @@ def main():
                 return (torch.rand(1, h, n, d, device="cuda", generator=g) * 4 - 2).to(torch.bfloat16)
             data[name] = [make(hq).requires_grad_(), make(hkv).requires_grad_(), make(hkv).requires_grad_(), make(hq)]
         for r in range(a.rounds):
+            tf, clk, w = sampled_bench(n)
+            print("| %d | winattn bench (uniform, bursts) | %d | %.1f | %.0f | %.0f | - | - | - |" % (n, r + 1, tf, clk, w),
+                  flush=True)
             for name, (q, k, v, do) in data.items():
                 def fwd():
                     with torch.no_grad():
