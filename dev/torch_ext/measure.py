@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""measure.py — what the Python layer of winattn.torch costs per call, against the same forward and
+backward as a C++ autograd function (attention_ext.cpp, a lab prototype). Builds the extension with
+the C++ compiler and this Python's torch (C++20, as torch 2.15's headers need; about 35 s), checks
+that o, dq, dk, dv match winattn.torch.attention bit for bit, then times a forward + backward on
+CPU tensors (1x2x16x64 bf16, window (7, 0), one thread; the fastest of seven batches) through:
+winattn.torch.attention (the eager path), the extension, and the C library with ready arguments
+(bench/binding_overhead.py's row: the kernels and the library's own host work). From the
+repository root after `make lib`, with torch installed:
+    python3 dev/torch_ext/measure.py [--calls 2000]
+"""
+import argparse
+import os
+import subprocess
+import sys
+import sysconfig
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+OUT = os.path.join(ROOT, "build", "torch_ext")
+sys.path.insert(0, os.path.join(ROOT, "python"))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+os.environ.setdefault("WINATTN_LIBRARY", os.path.join(ROOT, "build", "libwinattn.so"))
+
+import torch  # noqa: E402
+from torch.utils.cpp_extension import include_paths, library_paths  # noqa: E402
+
+
+def build():
+    """compile attention_ext.cpp into build/torch_ext (the library found there by its soname)"""
+    os.makedirs(OUT, exist_ok=True)
+    soname = os.path.join(OUT, "libwinattn.so.0")
+    if not os.path.lexists(soname):
+        os.symlink(os.path.join("..", "libwinattn.so"), soname)
+    target = os.path.join(OUT, "attention_ext" + sysconfig.get_config_var("EXT_SUFFIX"))
+    torch_lib = library_paths()[0]
+    cmd = (["c++", "-O2", "-shared", "-fPIC", "-std=c++20", "-DTORCH_EXTENSION_NAME=attention_ext",
+            "-I" + os.path.join(ROOT, "include"), "-I" + sysconfig.get_paths()["include"]] +
+           ["-I" + p for p in include_paths()] +
+           [os.path.join(os.path.dirname(os.path.abspath(__file__)), "attention_ext.cpp"), "-o", target,
+            "-L" + torch_lib, "-ltorch", "-ltorch_cpu", "-lc10", "-ltorch_python", "-Wl,-rpath," + torch_lib,
+            "-L" + OUT, "-l:libwinattn.so.0", "-Wl,-rpath,$ORIGIN"])
+    t = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit("measure.py: the extension did not build:\n" + "\n".join(r.stderr.splitlines()[-15:]))
+    print("built %s in %.0f s" % (os.path.relpath(target, ROOT), time.perf_counter() - t))
+    sys.path.insert(0, OUT)
+
+
+def best_us(step, calls):
+    for _ in range(100):
+        step()
+    best = float("inf")
+    for _ in range(7):
+        t = time.perf_counter()
+        for _ in range(calls):
+            step()
+        best = min(best, (time.perf_counter() - t) / calls * 1e6)
+    return best
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--calls", type=int, default=2000)
+    a = ap.parse_args()
+    build()
+    import attention_ext
+    import winattn.torch as wt
+    from binding_overhead import c_library_step
+
+    torch.set_num_threads(1)  # the Python path's CPU context then has one thread, as the extension's
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, h, 16, 64, generator=g).bfloat16().requires_grad_() for h in (2, 1, 1))
+    do = torch.randn(1, 2, 16, 64, generator=g).bfloat16()
+    win, scale = (7, 0), 64 ** -0.5
+
+    def eager():
+        o = wt.attention(q, k, v, window=win, scale=scale)
+        return [o.detach()] + list(torch.autograd.grad(o, (q, k, v), do))
+
+    def ext():
+        o = attention_ext.attention(q, k, v, win[0], win[1], scale, 0.0)
+        return [o.detach()] + list(torch.autograd.grad(o, (q, k, v), do))
+
+    same = all(torch.equal(x, y) for x, y in zip(eager(), ext()))
+    print("o, dq, dk, dv of the extension and winattn.torch.attention: %s" % ("bit-identical" if same else "DIFFERENT"))
+    rows = [("winattn.torch.attention (eager path)", eager), ("the C++ autograd function", ext),
+            ("the C library, arguments ready", c_library_step(q, k, v, do, win, scale))]
+    print("| path | us per forward + backward |\n|---|---|")
+    for name, step in rows:
+        print("| %s | %.1f |" % (name, best_us(step, a.calls)), flush=True)
+    sys.exit(0 if same else 1)
+
+
+if __name__ == "__main__":
+    main()
