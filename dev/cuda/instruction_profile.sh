@@ -38,15 +38,6 @@ echo "== checks at $(($(date +%s) - t0)) s; Nsight Compute"
 
 S="--device cuda --n 8192 --reps 1 --d 128 --hkv 8 --sliding-window 4096"
 for k in fwd_ws_kernel dkdv_ws_kernel; do
-    short=$(echo $k | sed 's/_ws_kernel//')
-    timeout 150 ncu --clock-control none --section SourceCounters --section WarpStateStats --section SpeedOfLight \
-        --import-source no -k "regex:$k" --launch-count 1 -o "/tmp/prof_$short" -f build/winattn bench $S \
-        >"$OUT/ncu_$short.log" 2>&1 || tail -3 "$OUT/ncu_$short.log"
-    ncu -i "/tmp/prof_$short.ncu-rep" --page source --csv --print-source sass >"$OUT/src_$short.csv" 2>"$OUT/src_$short.err" ||
-        head -3 "$OUT/src_$short.err"
-    gzip -c "$OUT/src_$short.csv" >"$KEEP/src_$short.csv.gz"
-    ncu -i "/tmp/prof_$short.ncu-rep" --page details >"$KEEP/details_$short.txt" 2>&1
-    grep -E "Duration|Tensor|Stall|stall|Issue|Warp Cycles" "$KEEP/details_$short.txt" | head -20
-    wc -c "$OUT/src_$short.csv"
+    lab_source_profile "$(echo $k | sed 's/_ws_kernel//')" "$k" build/winattn $S
 done
 echo "total $(($(date +%s) - t0)) s"

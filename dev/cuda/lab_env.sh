@@ -153,3 +153,21 @@ lab_sweep() {
     grep '^FAIL' "$log" | head -5
     row "parity, $label" "$(tail -1 "$log" | grep -E 'passed|failed' || echo "no summary, exit $rc") ($(($(date +%s) - s)) s)"
 }
+
+# lab_source_profile NAME KERNEL_REGEX W BENCH_ARGS...: Nsight Compute with source counters (warp-stall
+# sampling per SASS instruction) on the first launch of the kernels matching KERNEL_REGEX in
+# `W bench BENCH_ARGS`; the source page as $KEEP/src_NAME.csv.gz and the details page as
+# $KEEP/details_NAME.txt (under LAB_KEEP), the details' headline lines printed
+lab_source_profile() {
+    name=$1 kernel=$2 w=$3
+    shift 3
+    timeout 150 ncu --clock-control none --section SourceCounters --section WarpStateStats --section SpeedOfLight \
+        --import-source no -k "regex:$kernel" --launch-count 1 -o "/tmp/prof_$name" -f "$w" bench "$@" \
+        >"$OUT/ncu_$name.log" 2>&1 || tail -3 "$OUT/ncu_$name.log"
+    ncu -i "/tmp/prof_$name.ncu-rep" --page source --csv --print-source sass >"$OUT/src_$name.csv" 2>"$OUT/src_$name.err" ||
+        head -3 "$OUT/src_$name.err"
+    gzip -c "$OUT/src_$name.csv" >"$KEEP/src_$name.csv.gz"
+    ncu -i "/tmp/prof_$name.ncu-rep" --page details >"$KEEP/details_$name.txt" 2>&1
+    grep -E "Duration|Tensor|Stall|stall|Issue|Warp Cycles" "$KEEP/details_$name.txt" | head -20
+    wc -c "$OUT/src_$name.csv"
+}

@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""source_stalls.py — the SASS instructions where a kernel's warps stall most, from the source page
+Nsight Compute exports (`ncu -i REPORT --page source --csv --print-source sass`, as
+lab_source_profile in lab_env.sh writes it, gzipped or not):
+    python3 dev/cuda/source_stalls.py src_NAME.csv.gz [--top 25]
+Prints the instructions by warp-stall samples (all samples), each with its share of the kernel's
+samples and, where the export has per-reason columns (headers naming a stall reason), its three
+largest reasons; then the samples summed by opcode. Columns are found by name, so that exports
+of other Nsight Compute versions read the same."""
+import argparse
+import collections
+import csv
+import gzip
+import io
+import sys
+
+
+def number(text):
+    try:
+        return float(str(text).replace(",", ""))
+    except ValueError:
+        return 0.0
+
+
+def read_rows(path):
+    raw = gzip.open(path, "rt") if path.endswith(".gz") else open(path)
+    with raw:
+        lines = [line for line in raw if line.strip() and not line.startswith("==")]  # ncu's own notices
+    rows = list(csv.reader(io.StringIO("".join(lines))))
+    if not rows:
+        sys.exit("source_stalls.py: %s has no rows" % path)
+    return rows[0], rows[1:]
+
+
+def column(header, *needles, required=True):
+    """the first column whose name contains every needle (case-insensitive)"""
+    for i, name in enumerate(header):
+        if all(n.lower() in name.lower() for n in needles):
+            return i
+    if required:
+        sys.exit("source_stalls.py: no column named like %s among: %s" % (" ".join(needles), ", ".join(header)))
+    return None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("csv")
+    ap.add_argument("--top", type=int, default=25)
+    a = ap.parse_args()
+    header, rows = read_rows(a.csv)
+    samples = column(header, "warp stall sampling", "all")
+    source = column(header, "source")
+    address = column(header, "address", required=False)
+    reasons = [i for i, name in enumerate(header)
+               if i not in (samples, column(header, "warp stall sampling", "not", required=False))
+               and ("stall" in name.lower() or name.lower().startswith("smsp__pcsamp"))]
+    rows = [r for r in rows if len(r) > max(samples, source)]
+    total = sum(number(r[samples]) for r in rows) or 1.0
+    print("%d instructions, %.0f warp-stall samples" % (len(rows), total))
+    print("| share | samples | address | instruction | largest reasons |\n|---|---|---|---|---|")
+    for r in sorted(rows, key=lambda r: -number(r[samples]))[:a.top]:
+        top = sorted(((number(r[i]), header[i]) for i in reasons if i < len(r) and number(r[i]) > 0), reverse=True)[:3]
+        print("| %.1f %% | %.0f | %s | `%s` | %s |" % (
+            100 * number(r[samples]) / total, number(r[samples]), r[address] if address is not None else "-",
+            r[source].strip()[:70], ", ".join("%s %.0f" % (n, v) for v, n in top) or "-"))
+    by_op = collections.Counter()
+    for r in rows:
+        op = r[source].strip().split()
+        op = [t for t in op if not t.startswith("@")]  # a predicate is not the opcode
+        by_op[op[0].split(".")[0] if op else "?"] += number(r[samples])
+    print("\nby opcode: " + ", ".join("%s %.1f %%" % (op, 100 * n / total) for op, n in by_op.most_common(12)))
+
+
+if __name__ == "__main__":
+    main()
