@@ -56,15 +56,21 @@ def cpu(calls):
     paths = autograd_steps(q, k, v, do, win, scale, cuda=False)
     paths.insert(2, ("winattn, C library (the kernels)", c_library_step(q, k, v, do, win, scale)))
     for name, step in paths:
-        for _ in range(20):
+        print("  %-40s %6.1f" % (name, best_us(step, calls)))
+
+
+def best_us(step, calls, batches=5, warmup=20):
+    """microseconds per step() on the host: the fastest of `batches` batches of `calls` calls, after
+    `warmup` calls (for steps whose work ends with the call: CPU tensors)"""
+    for _ in range(warmup):
+        step()
+    best = float("inf")
+    for _ in range(batches):
+        t = time.perf_counter()
+        for _ in range(calls):
             step()
-        best = float("inf")
-        for _ in range(5):
-            t = time.perf_counter()
-            for _ in range(calls):
-                step()
-            best = min(best, (time.perf_counter() - t) / calls * 1e6)
-        print("  %-40s %6.1f" % (name, best))
+        best = min(best, (time.perf_counter() - t) / calls * 1e6)
+    return best
 
 
 def c_library_step(q, k, v, do, win, scale):

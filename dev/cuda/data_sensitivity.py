@@ -79,16 +79,29 @@ def sampled(fn, seconds):
     return ms, clock, power
 
 
+def lengths(text):
+    """--n: positive sequence lengths, comma-separated"""
+    try:
+        ns = [int(x) for x in text.split(",")]
+    except ValueError:
+        ns = []
+    if not ns or min(ns) < 1:
+        raise argparse.ArgumentTypeError("%r is not a comma-separated list of positive lengths" % text)
+    return ns
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--n", default="8192,16384")
+    ap.add_argument("--n", default="8192,16384", type=lengths, help="lengths, comma-separated")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--seconds", type=float, default=4.0, help="per measurement")
     a = ap.parse_args()
     hq, hkv, d = 32, 4, 512
     print("| N | data | round | fwd TFLOP/s | SM MHz | W | fwd+bwd TFLOP/s | SM MHz | W |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for n in (int(x) for x in a.n.split(",")):
+    if a.rounds < 1 or a.seconds <= 0:
+        ap.error("--rounds must be at least 1 and --seconds positive")
+    for n in a.n:
         flops_f = 4.0 * hq * d * (n * (n + 1) // 2)
         g = torch.Generator(device="cuda").manual_seed(0)
         data = {}

@@ -32,7 +32,7 @@ def ss(n, tname, tstr, form="kk"):
 
 RS_FORMS = {
     "m": ("wgmma_rs_t", "1"),  # B MN-major (read transposed): O += P V, dQ += dS K
-    "k": ("wgmma_rs", "0"),    # B K-major: S = Q Kᵀ with Q in registers (the D = 512 forward's lab form)
+    "k": ("wgmma_rs", "0"),    # B K-major: S = Q Kᵀ with Q in registers (the D = 512 forward)
 }
 
 

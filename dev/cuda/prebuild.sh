@@ -26,5 +26,4 @@ changed=$(git diff --quiet HEAD -- src include tools || echo ' with uncommitted 
 echo "$defines (sm_90a, nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'), at $(git rev-parse --short HEAD)$changed)" >"$tree/PREBUILT"
 tar cJf ".lab-prebuilt/$dir.tar.xz" --transform "s,^$tree,$dir," "$tree/PREBUILT" $targets
 rm -rf "$tree"
-mkdir -p .lab-prebuilt
 ls -l ".lab-prebuilt/$dir.tar.xz"

@@ -23,7 +23,10 @@ def number(text):
 
 
 def read_rows(path):
-    raw = gzip.open(path, "rt") if path.endswith(".gz") else open(path)
+    try:
+        raw = gzip.open(path, "rt") if path.endswith(".gz") else open(path)
+    except OSError as e:
+        sys.exit("source_stalls.py: cannot read %s: %s" % (path, e.strerror))
     with raw:
         lines = [line for line in raw if line.strip() and not line.startswith("==")]  # ncu's own notices
     rows = list(csv.reader(io.StringIO("".join(lines))))

@@ -55,27 +55,21 @@ def build():
     sys.path.insert(0, OUT)
 
 
-def best_us(step, calls):
-    for _ in range(100):
-        step()
-    best = float("inf")
-    for _ in range(7):
-        t = time.perf_counter()
-        for _ in range(calls):
-            step()
-        best = min(best, (time.perf_counter() - t) / calls * 1e6)
-    return best
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--calls", type=int, default=None, help="timed calls (2000 a batch on the CPU, 200 on CUDA)")
     a = ap.parse_args()
+    if a.calls is not None and a.calls < 1:
+        sys.exit("measure.py: --calls must be at least 1")
+    if a.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("measure.py: --device cuda needs a CUDA device, and torch sees none")
+    if not os.path.exists(os.path.join(ROOT, "build", "libwinattn.so")):
+        sys.exit("measure.py: build/libwinattn.so not found; run `make lib` first")
     build()
     import attention_ext
     import winattn.torch as wt
-    from binding_overhead import c_library_step, cuda_inputs, host_us
+    from binding_overhead import best_us, c_library_step, cuda_inputs, host_us
 
     if a.device == "cuda":
         q, k, v, do = cuda_inputs()
@@ -104,7 +98,7 @@ def main():
             ("the C library, arguments ready", c_library_step(q, k, v, do, win, scale))]
     print("| path | us per forward + backward%s |\n|---|---|" % (" (host)" if a.device == "cuda" else ""))
     for name, step in rows:
-        us = host_us(step, calls) if a.device == "cuda" else best_us(step, calls)
+        us = host_us(step, calls) if a.device == "cuda" else best_us(step, calls, batches=7, warmup=100)
         print("| %s | %.1f |" % (name, us), flush=True)
     sys.exit(0 if same else 1)
 

@@ -234,6 +234,17 @@ def _eager_function(name, forward_kernel, setup_context, backward_kernel, n_inpu
 _Attention = _eager_function("_Attention", _forward_kernel, _setup_context, _backward_kernel, 8)
 
 
+def _run(op, eager_function, forward_kernel, tensors, *params):
+    """a forward (tensors, then params) on the path it needs: the registered op when something
+    must see it, the eager autograd.Function when q, k or v want gradients, the kernel otherwise"""
+    if not _is_plain_eager(*tensors):
+        return op(*tensors, *params)
+    q, k, v = tensors[:3]
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return eager_function.apply(*tensors, *params)
+    return forward_kernel(*tensors, *params)
+
+
 def attention(q, k, v, window=(-1, -1), causal=False, scale=None, softcap=0.0, return_lse=False,
               deterministic=False):
     """Exact attention with a (left, right) window; differentiable in q, k and v. On CUDA the
@@ -246,13 +257,7 @@ def attention(q, k, v, window=(-1, -1), causal=False, scale=None, softcap=0.0, r
     if not (q.device == k.device == v.device):
         raise ValueError("winattn: q, k, v are on different devices (%s, %s, %s)" % (q.device, k.device, v.device))
     left, right, scale, softcap = _lib.window_args(window, causal, scale, softcap)
-    args = (q, k, v, left, right, scale, softcap, bool(deterministic))
-    if not _is_plain_eager(q, k, v):
-        o, lse = _forward(*args)
-    elif torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        o, lse = _Attention.apply(*args)
-    else:
-        o, lse = _forward_kernel(*args)
+    o, lse = _run(_forward, _Attention, _forward_kernel, (q, k, v), left, right, scale, softcap, bool(deterministic))
     return (o, lse) if return_lse else o
 
 
@@ -407,11 +412,6 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     max_q = _max_seqlen_arg(max_seqlen_q, "max_seqlen_q")
     max_k = _max_seqlen_arg(max_seqlen_k, "max_seqlen_k")
     left, right, scale, softcap = _lib.window_args(window, causal, scale, softcap)
-    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, left, right, scale, softcap, bool(deterministic))
-    if not _is_plain_eager(q, k, v, cu_seqlens_q, cu_seqlens_k):
-        o, lse = _forward_varlen(*args)
-    elif torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        o, lse = _AttentionVarlen.apply(*args)
-    else:
-        o, lse = _forward_varlen_kernel(*args)
+    o, lse = _run(_forward_varlen, _AttentionVarlen, _forward_varlen_kernel, (q, k, v, cu_seqlens_q, cu_seqlens_k),
+                  max_q, max_k, left, right, scale, softcap, bool(deterministic))
     return (o, lse) if return_lse else o
