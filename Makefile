@@ -127,7 +127,7 @@ STATIC   := $(BUILD)/libwinattn.a
 SHARED   := $(BUILD)/libwinattn.so
 SONAME   := libwinattn.so.0
 
-.PHONY: all lib tests test test-long sanitize install uninstall clean help fuzz demo tile-gemm no-jansson
+.PHONY: all lib tests test test-long sanitize install uninstall clean help fuzz demo tile-gemm no-jansson torch-ext
 # keep intermediate objects (and keep make quiet after the test summary)
 .SECONDARY:
 all: lib $(BUILD)/winattn $(TESTS)
@@ -233,6 +233,12 @@ SAN_CFLAGS ?= -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-s
 sanitize:
 	$(MAKE) BUILD=$(SAN_BUILD) NO_CUDA=1 CFLAGS="$(SAN_CFLAGS)" all
 
+# winattn.torch's C++ eager path (python/winattn/_torch_ext.cpp) for the torch that $(PYTHON)
+# imports, into $(BUILD)/torch_ext/torch-VERSION/; winattn.torch takes it when it is there.
+PYTHON ?= python3
+torch-ext: lib
+	$(PYTHON) python/build_torch_ext.py --build $(BUILD)
+
 # The trainer demo: corpus, a small random Gemma 4, a short LoRA run with held-out loss.
 demo: all
 	@sh train/demo.sh $(BUILD)
@@ -273,6 +279,7 @@ help:
 	@echo "                (sh scripts/deps.sh --extra installs what they need; CI runs it)"
 	@echo "make test-long  the full parity sweep and the full memory probe"
 	@echo "make tile-gemm  winattn's tile micro-kernels vs OpenBLAS sgemm/sbgemm (x86 + OpenBLAS)"
+	@echo "make torch-ext  winattn.torch's C++ eager path for the installed torch (PYTHON=python3)"
 	@echo "make demo       corpus + small random Gemma 4 + a short LoRA run through winattn (a few minutes)"
 	@echo "make install    PREFIX=$(PREFIX): header, libwinattn.{a,so}, winattn, pkg-config file"
 	@echo "make fuzz       libFuzzer target for the safetensors reader"

@@ -7,14 +7,14 @@ shapes so small that the kernels cost next to nothing. Run from the repository r
 Needs torch.
 
 CPU: the time of a forward + backward (the fastest of five batches) through autograd on winattn's
-eager path and on its ops, through the C library with ready arguments (the kernels and the
+eager path (the C++ one when `make torch-ext` built it, and then the Python one beside it) and on its ops, through the C library with ready arguments (the kernels and the
 library's own host work: what the rows above pay beyond it is the binding's), and through SDPA.
 
 CUDA (1x2x128x64 bf16, window (63, 0)): per forward + backward, in microseconds,
   host      the wall time of the calls alone: each call timed on the host, the GPU drained between
             batches so that a full launch queue never blocks a call; for winattn through autograd
-            (attention + torch.autograd.grad: the eager path, an autograd.Function calling the
-            library), through autograd on the ops (torch.ops.winattn.forward, what torch.compile
+            (attention + torch.autograd.grad: the eager path, C++ and Python autograd functions
+            calling the library), through autograd on the ops (torch.ops.winattn.forward, what torch.compile
             traces), through the custom ops directly (no autograd), and
             through the C library's wa_forward / wa_backward called with ready arguments (the
             library's own host path: checks, tensor maps, launches);
@@ -54,7 +54,7 @@ def cpu(calls):
           % calls)
     win, scale = (7, 0), 64 ** -0.5
     paths = autograd_steps(q, k, v, do, win, scale, cuda=False)
-    paths.insert(2, ("winattn, C library (the kernels)", c_library_step(q, k, v, do, win, scale)))
+    paths.insert(len(paths) - 1, ("winattn, C library (the kernels)", c_library_step(q, k, v, do, win, scale)))
     for name, step in paths:
         print("  %-40s %6.1f" % (name, best_us(step, calls)))
 
@@ -112,8 +112,18 @@ def autograd_steps(q, k, v, do, win, scale, cuda):
             q, k, v, is_causal=True, enable_gqa=True)
         return torch.autograd.grad(o, (q, k, v), do)
 
-    return [("winattn, autograd", eager_step), ("winattn, autograd through the ops", ops_autograd_step),
-            ("sdpa flash (causal)" if cuda else "sdpa (causal)", sdpa_step)]
+    def python_path_step():  # the Python eager path even where the C++ one is built
+        ext, wt._ext = wt._ext, None
+        try:
+            return eager_step()
+        finally:
+            wt._ext = ext
+
+    rows = [("winattn, autograd (%s path)" % wt.eager_path(), eager_step)]
+    if wt.eager_path() != "Python":
+        rows.append(("winattn, autograd (Python path)", python_path_step))
+    return rows + [("winattn, autograd through the ops", ops_autograd_step),
+                   ("sdpa flash (causal)" if cuda else "sdpa (causal)", sdpa_step)]
 
 
 def host_us(step, calls, batch=10):
@@ -196,17 +206,16 @@ def steps(q, k, v, do, peers_dir, with_c_library=True):
     in a CUDA graph)]; the C-library row's context is bound to the stream it was made on, so that
     row takes the custom ops' kernel time (the same kernels)"""
     win, scale = WIN, SCALE
-    (_, eager_step), (_, ops_autograd_step), (_, sdpa_step) = autograd_steps(q, k, v, do, win, scale, cuda=True)
+    *winattn_rows, sdpa_row = autograd_steps(q, k, v, do, win, scale, cuda=True)
 
     def ops_step():
         o, lse = torch.ops.winattn.forward(q, k, v, win[0], win[1], scale, 0.0, True)
         return torch.ops.winattn.backward(q, k, v, o, lse, do, win[0], win[1], scale, 0.0, True)
 
-    out = [("winattn, autograd", eager_step, True), ("winattn, autograd through the ops", ops_autograd_step, True),
-           ("winattn, custom ops", ops_step, True)]
+    out = [(name, step, True) for name, step in winattn_rows] + [("winattn, custom ops", ops_step, True)]
     if with_c_library:
         out.append(("winattn, C library", c_library_step(q, k, v, do, win, scale), False))
-    out.append(("sdpa flash (causal)", sdpa_step, True))
+    out.append(sdpa_row + (True,))
     if peers_dir:
         from peer_wheels import add_to_path
 

@@ -34,9 +34,24 @@ run "test_train" "$BUILD/tests/test_train" train/fixtures
 run "test_train_cuda" "$BUILD/tests/test_train_cuda" train/fixtures
 run "test_cli" sh tests/test_cli.sh "$BUILD"
 run "test_install" sh tests/test_install.sh "$BUILD"
+# winattn.torch's C++ eager path (`make torch-ext`), built for the torch installed, when there is one:
+# the Python tests then take it, and check it against the Python path (a build that is there must load)
+torch_ext() {
+    python3 python/build_torch_ext.py --build "$1"
+    case $? in
+    0) echo "1 passed, 0 failed"; torch_ext_required=1 ;;
+    2) echo "SKIP torch C++ path: a prerequisite is missing (above)"; echo "0 passed, 0 failed" ;;
+    *) echo "0 passed, 1 failed" ;;
+    esac
+}
+torch_ext_required=
+if python3 -c "import torch" >/dev/null 2>&1; then
+    run "torch C++ path build" torch_ext "$BUILD"
+fi
 if python3 -c "import numpy" >/dev/null 2>&1; then
     for t in python/tests/test_*.py; do   # each SKIPs what needs torch, transformers or mlx when absent
-        run "python $(basename "$t" .py)" env WINATTN_LIBRARY="$BUILD/libwinattn.so" PYTHONPATH=python python3 "$t"
+        run "python $(basename "$t" .py)" env WINATTN_LIBRARY="$BUILD/libwinattn.so" PYTHONPATH=python \
+            WINATTN_TORCH_EXT_REQUIRED=$torch_ext_required python3 "$t"
     done
 else
     echo "SKIP python: numpy is not installed (pip install numpy ml_dtypes; torch, transformers, mlx, mlx-lm optional)"

@@ -7,7 +7,8 @@ the GPU's busy time per call (the sum of those), its span (first kernel's start 
 end) and the delay from the call's start on the host to its first kernel. Then the same shape's
 `build/winattn bench` backward beside it. What it answers: whether the gap between the C bench and
 the harness is in the kernels themselves (longer durations: data, clocks), in work the binding adds
-(extra kernels) or in idle time (host, launch gaps).
+(extra kernels) or in idle time (host, launch gaps). Before the profiled runs, the same backward
+timed with CUDA events exactly as bench/gpu_peers.py does, for comparison with its tables.
 From the repository root on the GPU machine, after a build:
     python3 dev/cuda/kernel_timeline.py [--cases b:32768,cw:16384] [--calls 6]
 Cases are bench/gpu_peers.py's shapes (a, b, c, cw) at a length.
@@ -138,6 +139,12 @@ def main():
         step = lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)  # noqa: E731
         print("## (%s) %dK: Hq %d, Hkv %d, D %d, %s" % (label, n // 1024, hq, hkv, d,
                                                       "causal" if window is None else "window %d" % window))
+        # first as bench/gpu_peers.py times it, with CUDA events and no profiler attached
+        sys.path.insert(0, os.path.join(ROOT, "bench"))
+        from gpu_peers import timed
+
+        print("CUDA events, as bench/gpu_peers.py: per call %.3f ms, steady %.3f ms (medians of 5)"
+              % (timed(step, 5) * 1e3, timed(step, 5, 10) * 1e3))
         for mode, per_timing, calls in (("per call", 1, args.calls), ("steady", 10, 10 * ((args.calls + 9) // 10))):
             kernels, rows = profile(step, calls, per_timing, torch)
             if not rows:

@@ -5,7 +5,8 @@ lab_source_profile in lab_env.sh writes it, gzipped or not):
     python3 dev/cuda/source_stalls.py src_NAME.csv.gz [--top 25]
 Prints the instructions by warp-stall samples (all samples), each with its share of the kernel's
 samples and, where the export has per-reason columns (headers naming a stall reason), its three
-largest reasons; then the samples summed by opcode. Columns are found by name, so that exports
+largest reasons; then the instructions with excess shared-memory wavefronts (bank conflicts), where
+the export has that column; then the samples summed by opcode. Columns are found by name, so that exports
 of other Nsight Compute versions read the same."""
 import argparse
 import collections
@@ -30,6 +31,11 @@ def read_rows(path):
     with raw:
         lines = [line for line in raw if line.strip() and not line.startswith("==")]  # ncu's own notices
     rows = list(csv.reader(io.StringIO("".join(lines))))
+    # the header is the first row naming the sampling column; rows before it (the kernel's name,
+    # in recent versions) are a preamble
+    for i, row in enumerate(rows):
+        if any("warp stall sampling" in name.lower() for name in row):
+            return row, rows[i + 1:]
     if not rows:
         sys.exit("source_stalls.py: %s has no rows" % path)
     return rows[0], rows[1:]
@@ -56,7 +62,8 @@ def main():
     address = column(header, "address", required=False)
     reasons = [i for i, name in enumerate(header)
                if i not in (samples, column(header, "warp stall sampling", "not", required=False))
-               and ("stall" in name.lower() or name.lower().startswith("smsp__pcsamp"))]
+               and ("stall" in name.lower() or name.lower().startswith("smsp__pcsamp"))
+               and "not issued" not in name.lower()]
     rows = [r for r in rows if len(r) > max(samples, source)]
     total = sum(number(r[samples]) for r in rows) or 1.0
     print("%d instructions, %.0f warp-stall samples" % (len(rows), total))
@@ -66,6 +73,17 @@ def main():
         print("| %.1f %% | %.0f | %s | `%s` | %s |" % (
             100 * number(r[samples]) / total, number(r[samples]), r[address] if address is not None else "-",
             r[source].strip()[:70], ", ".join("%s %.0f" % (n, v) for v, n in top) or "-"))
+    excess = column(header, "wavefronts shared excessive", required=False)
+    if excess is not None:
+        conflicted = sorted((r for r in rows if number(r[excess]) > 0), key=lambda r: -number(r[excess]))
+        all_excess = sum(number(r[excess]) for r in conflicted) or 1.0
+        print("\nshared-memory bank conflicts: %.0f excess wavefronts in %d instructions"
+              % (sum(number(r[excess]) for r in conflicted), len(conflicted)))
+        if conflicted:
+            print("| share | excess wavefronts | address | instruction |\n|---|---|---|---|")
+        for r in conflicted[:min(a.top, 12)]:
+            print("| %.1f %% | %.0f | %s | `%s` |" % (100 * number(r[excess]) / all_excess, number(r[excess]),
+                                                   r[address] if address is not None else "-", r[source].strip()[:70]))
     by_op = collections.Counter()
     for r in rows:
         op = r[source].strip().split()

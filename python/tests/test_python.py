@@ -460,6 +460,7 @@ def run_torch():
         expect_error("torch scale 1e300", lambda: wt.attention(x, x, x, scale=1e300), ValueError, "float32")
 
     run_torch_varlen(torch, wt)
+    run_torch_cpp_path(torch, wt)
 
     if torch.cuda.is_available():
         q = torch.randn(1, 4, 70, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -539,6 +540,134 @@ def run_torch():
                "torch CUDA: torch.compile(mode=\"reduce-overhead\") forward + backward bit-identical to eager")
     else:
         skip("torch CUDA", "no CUDA device")
+
+
+def run_torch_cpp_path(torch, wt):
+    """The C++ eager path (winattn/_torch_ext.cpp, `make torch-ext`) against the Python one, which
+    it replaces when built: the same kernels with the same arguments, so o, lse and the gradients
+    must agree bit for bit, and errors must read the same."""
+    if wt._ext is None:
+        if os.environ.get("WINATTN_TORCH_EXT_REQUIRED"):  # tests/run_tests.sh built it: it must load
+            report(False, "torch C++ path loads", "winattn.torch did not load the module built for torch %s"
+                   % torch.__version__)
+        else:
+            skip("torch C++ path", "not built for torch %s (make torch-ext)" % torch.__version__)
+        return
+    ext = wt._ext
+
+    def both(fn):
+        """fn() through the C++ path, then through the Python path"""
+        got = fn()
+        wt._ext = None
+        try:
+            return got, fn()
+        finally:
+            wt._ext = ext
+
+    def same(a, b):
+        return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+
+    g = torch.Generator().manual_seed(5)
+
+    def attention_and_grads(shapes, dtype, layout, window, softcap, deterministic, grad):
+        (B, Hq, Hkv, Nq, Nk, D) = shapes
+        q, k, v, do = (torch.randn(B, h, n, D, generator=g).to(dtype) for h, n in ((Hq, Nq), (Hkv, Nk), (Hkv, Nk),
+                                                                                   (Hq, Nq)))
+        if layout == "bnhd":  # [B, N, H, D] memory seen as [B, H, N, D]: strided, unit head-dim stride
+            q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+        elif layout == "d-strided":  # no unit head-dim stride: both paths copy it first
+            q = q.transpose(2, 3).contiguous().transpose(2, 3)
+
+        def run():
+            qq, kk, vv = (t.detach().clone().requires_grad_(grad) for t in (q, k, v))
+            o, lse = wt.attention(qq, kk, vv, window=window, softcap=softcap, return_lse=True,
+                                  deterministic=deterministic)
+            if not grad:
+                return [o, lse]
+            return [o, lse] + list(torch.autograd.grad(o, (qq, kk, vv), do))
+        return run
+
+    for shapes, dtype, layout, window, softcap, det, grad in [
+            ((1, 4, 2, 70, 70, 32), torch.float32, "bhnd", (15, 0), 0.0, False, True),
+            ((2, 8, 1, 33, 90, 64), torch.bfloat16, "bnhd", (-1, 0), 0.0, True, True),
+            ((1, 2, 2, 64, 64, 16), torch.float16, "bhnd", (4, 4), 5.0, False, True),
+            ((1, 4, 4, 40, 40, 128), torch.bfloat16, "d-strided", (-1, -1), 0.0, False, True),
+            ((1, 4, 2, 50, 50, 32), torch.float32, "bhnd", (7, 0), 0.0, False, False)]:
+        name = ("torch C++ path = Python path: B=%d Hq=%d Hkv=%d Nq=%d Nk=%d D=%d %s %s win=%s cap=%g det=%s %s"
+                % (shapes + (str(dtype).replace("torch.", ""), layout, window, softcap, det,
+                             "o, lse, dq, dk, dv" if grad else "o, lse without grad")))
+        cpp, py = both(attention_and_grads(shapes, dtype, layout, window, softcap, det, grad))
+        report(same(cpp, py), name)
+
+    q, k, v = (torch.randn(1, h, 33, 16, requires_grad=True) for h in (4, 2, 2))
+    o = wt.attention(q, k, v, window=(7, 0))
+    report(type(o.grad_fn).__name__ == "CppFunction" and wt.eager_path() == "C++",
+           "torch C++ path: attention() takes it (grad_fn %s, eager_path() %s)" % (type(o.grad_fn).__name__,
+                                                                                   wt.eager_path()))
+    with torch.no_grad():
+        o2 = wt.attention(q, k, v, window=(7, 0))
+    report(o2.grad_fn is None and torch.equal(o2, o), "torch C++ path under no_grad: no graph, same o")
+
+    if winattn._lib.HAS_VARLEN:
+        lq, lk = [9, 0, 20, 1, 33], [12, 3, 20, 1, 40]
+        cu_q, cu_k = (torch.tensor([0] + list(np.cumsum(x)), dtype=torch.int32) for x in (lq, lk))
+        qv, dov = (torch.randn(sum(lq), 4, 32, generator=g).bfloat16() for _ in range(2))
+        kv, vv = (torch.randn(sum(lk), 2, 32, generator=g).bfloat16() for _ in range(2))
+
+        def varlen():
+            qq, kk, vvv = (t.clone().requires_grad_() for t in (qv, kv, vv))
+            o, lse = wt.attention_varlen(qq, kk, vvv, cu_q, cu_k, max(lq), max(lk), window=(9, 0), return_lse=True)
+            return [o, lse] + list(torch.autograd.grad(o, (qq, kk, vvv), dov))
+
+        cpp, py = both(varlen)
+        report(same(cpp, py), "torch C++ path = Python path: varlen bf16 GQA lens q %s k %s win=(9,0): o, lse, dq, dk, "
+               "dv" % (lq, lk))
+
+    @case("torch C++ path errors")
+    def _():
+        x = torch.zeros(1, 2, 8, 4, dtype=torch.float64)
+        expect_error("torch C++ path float64 input", lambda: wt.attention(x, x, x), TypeError, "dtype torch.float64")
+        x = torch.zeros(2, 8, 4)
+        expect_error("torch C++ path 3-d q", lambda: wt.attention(x, x, x), ValueError, "[B, H, N, D]")
+        expect_error("torch C++ path Hq % Hkv != 0 (the library's check)",
+                     lambda: wt.attention(torch.zeros(1, 3, 8, 4), torch.zeros(1, 2, 8, 4), torch.zeros(1, 2, 8, 4)),
+                     winattn.WinattnError, "bad shape")
+        if winattn._lib.HAS_VARLEN:
+            expect_error("torch C++ path varlen offsets past T (the library's check)",
+                         lambda: wt.attention_varlen(qv, kv, vv, cu_q + 1, cu_k, max(lq) + 1, max(lk)),
+                         winattn.WinattnError, "cu_seqlens_q")
+        qq = torch.randn(1, 2, 8, 4, requires_grad=True)
+        o = wt.attention(qq, qq, qq, window=(3, 0))
+        expect_error("torch C++ path double backward",
+                     lambda: torch.autograd.grad(torch.autograd.grad(o.sum(), qq, create_graph=True)[0].sum(), qq),
+                     RuntimeError, "not differentiable")
+
+    @case("torch C++ path threads and release_workspace")
+    def _():
+        import threading
+
+        q, k, v = (torch.randn(1, h, 300, 64, generator=g, requires_grad=True) for h in (4, 2, 2))
+        want = [wt.attention(q, k, v, window=(31, 0))]
+        want += list(torch.autograd.grad(want[0], (q, k, v), torch.ones_like(want[0])))
+        results, errors = [], []
+
+        def worker():
+            try:
+                for _ in range(20):
+                    o = wt.attention(q, k, v, window=(31, 0))
+                    results.append([o] + list(torch.autograd.grad(o, (q, k, v), torch.ones_like(o))))
+                    wt.release_workspace()  # contexts dropped while other threads may be inside a call
+            except Exception as e:  # reported below
+                errors.append(repr(e))
+
+        threads = [threading.Thread(target=worker) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        report(not errors and len(results) == 80 and all(same(r, want) for r in results),
+               "torch C++ path: 4 threads x 20 calls with release_workspace() between, all bit-identical",
+               "; ".join(errors[:2]))
 
 
 def run_torch_varlen(torch, wt):

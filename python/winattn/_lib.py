@@ -51,7 +51,8 @@ def _find_library():
                       "or set WINATTN_LIBRARY")
 
 
-lib = ctypes.CDLL(_find_library())
+path = _find_library()  # the library loaded, where winattn.torch also looks for its C++ module
+lib = ctypes.CDLL(path)
 P = ctypes.POINTER
 lib.wa_context_create.argtypes = [P(ContextParams), P(ctypes.c_void_p)]
 lib.wa_context_create.restype = ctypes.c_int

@@ -12,8 +12,12 @@ takes packed batches of sequences of different lengths in flash_attn_varlen_func
 argument order: q [Tq, Hq, D], k and v [Tk, Hkv, D], int32 offsets on the tensors' device.
 """
 import ctypes
+import glob
+import os
 import struct
+import sysconfig
 import threading
+import warnings
 
 import torch
 
@@ -22,8 +26,9 @@ if not hasattr(torch.library, "custom_op"):  # ImportError, so that callers trea
 
 from . import _lib  # noqa: E402
 from ._lib import WA_BF16, WA_DEVICE_CPU, WA_DEVICE_CUDA, WA_F16, WA_F32, Context, Tensor, lib  # noqa: E402
+from ._lib import STATUS_NAMES, WinattnError  # noqa: E402
 
-__all__ = ["attention", "attention_varlen", "release_workspace"]
+__all__ = ["attention", "attention_varlen", "release_workspace", "eager_path"]
 
 _DTYPES = {torch.float32: WA_F32, torch.float16: WA_F16, torch.bfloat16: WA_BF16}
 _contexts = {}  # one per CPU, or per (GPU, stream, deterministic): the library's contexts
@@ -74,6 +79,8 @@ def release_workspace():
         _contexts.clear()
     for c in contexts:
         c.close()
+    if _ext is not None:
+        _ext.release_workspace()
 
 
 # wa_tensor's bytes (data, dtype, device, shape[4], stride[4]) packed in one call and copied into the
@@ -181,6 +188,64 @@ def _backward(ctx, do, dlse):
 torch.library.register_autograd("winattn::forward", _backward, setup_context=_setup_context, lib=_LIB)
 
 
+# ---- the C++ eager path ----
+# python/winattn/_torch_ext.cpp: the eager path's autograd functions in C++, less than half its host
+# time per call (docs/gpu-peers.md). Optional: built by `make torch-ext` for the torch it runs with,
+# into BUILD/torch_ext/torch-VERSION/ beside the library, and used only when it was built for the
+# torch running now; otherwise the Python eager path below does the same work. WINATTN_TORCH_EXT=0
+# turns it off; WINATTN_TORCH_EXT=PATH names the module file (then failing to load it is an error).
+
+_EXT_FILE = "_torch_ext" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so")
+
+
+def _load_ext():
+    setting = os.environ.get("WINATTN_TORCH_EXT", "")
+    if setting == "0":
+        return None
+    if setting:
+        path = setting
+    else:
+        homes = [os.path.dirname(os.path.abspath(__file__)), os.path.dirname(os.path.abspath(_lib.path))]
+        found = [os.path.join(h, "torch_ext", "torch-" + torch.__version__, _EXT_FILE) for h in homes]
+        found = [f for f in found if os.path.exists(f)]
+        if not found:
+            others = sorted(set(os.path.basename(os.path.dirname(f)) for h in homes
+                                for f in glob.glob(os.path.join(h, "torch_ext", "torch-*", _EXT_FILE))))
+            if others:
+                warnings.warn("winattn: the C++ path was built for %s, not torch %s; `make torch-ext` builds it "
+                              "for this one. Using the Python path." % (", ".join(others), torch.__version__))
+            return None
+        path = found[0]
+    import importlib.machinery
+    import importlib.util
+    try:
+        spec = importlib.util.spec_from_file_location(
+            __package__ + "._torch_ext", path, loader=importlib.machinery.ExtensionFileLoader(__package__ + "._torch_ext",
+                                                                                              path))
+        ext = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(ext)
+        if ext.torch_version != torch.__version__:
+            raise ImportError("built for torch %s, running %s" % (ext.torch_version, torch.__version__))
+        names = ["wa_context_create", "wa_context_destroy", "wa_forward", "wa_backward", "wa_last_error"]
+        names += ["wa_forward_varlen", "wa_backward_varlen"] if _lib.HAS_VARLEN else []
+        ext.bind({n: ctypes.cast(getattr(lib, n), ctypes.c_void_p).value for n in names}, WinattnError,
+                 STATUS_NAMES)
+    except (ImportError, OSError) as e:
+        if setting:
+            raise ImportError("winattn: WINATTN_TORCH_EXT=%s: %s" % (setting, e)) from None
+        warnings.warn("winattn: %s does not load (%s); using the Python path" % (path, e))
+        return None
+    return ext
+
+
+_ext = _load_ext()
+
+
+def eager_path():
+    """"C++" when eager calls take the C++ autograd functions (`make torch-ext`), else "Python"."""
+    return "C++" if _ext is not None else "Python"
+
+
 # ---- the eager path ----
 # Called eagerly on plain tensors, attention() skips the dispatcher: an autograd.Function calls the
 # same kernels (_forward_kernel, _backward_kernel) directly. Through the ops, autograd costs two
@@ -234,11 +299,15 @@ def _eager_function(name, forward_kernel, setup_context, backward_kernel, n_inpu
 _Attention = _eager_function("_Attention", _forward_kernel, _setup_context, _backward_kernel, 8)
 
 
-def _run(op, eager_function, forward_kernel, tensors, *params):
+def _run(op, eager_function, forward_kernel, ext_name, tensors, *params):
     """a forward (tensors, then params) on the path it needs: the registered op when something
-    must see it, the eager autograd.Function when q, k or v want gradients, the kernel otherwise"""
+    must see it; else the C++ module's function ext_name when it is loaded; else the eager
+    autograd.Function when q, k or v want gradients, the kernel otherwise"""
     if not _is_plain_eager(*tensors):
         return op(*tensors, *params)
+    ext = _ext
+    if ext is not None:
+        return getattr(ext, ext_name)(*tensors, *params)
     q, k, v = tensors[:3]
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return eager_function.apply(*tensors, *params)
@@ -257,7 +326,8 @@ def attention(q, k, v, window=(-1, -1), causal=False, scale=None, softcap=0.0, r
     if not (q.device == k.device == v.device):
         raise ValueError("winattn: q, k, v are on different devices (%s, %s, %s)" % (q.device, k.device, v.device))
     left, right, scale, softcap = _lib.window_args(window, causal, scale, softcap)
-    o, lse = _run(_forward, _Attention, _forward_kernel, (q, k, v), left, right, scale, softcap, bool(deterministic))
+    o, lse = _run(_forward, _Attention, _forward_kernel, "attention", (q, k, v), left, right, scale, softcap,
+                  bool(deterministic))
     return (o, lse) if return_lse else o
 
 
@@ -412,6 +482,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     max_q = _max_seqlen_arg(max_seqlen_q, "max_seqlen_q")
     max_k = _max_seqlen_arg(max_seqlen_k, "max_seqlen_k")
     left, right, scale, softcap = _lib.window_args(window, causal, scale, softcap)
-    o, lse = _run(_forward_varlen, _AttentionVarlen, _forward_varlen_kernel, (q, k, v, cu_seqlens_q, cu_seqlens_k),
+    o, lse = _run(_forward_varlen, _AttentionVarlen, _forward_varlen_kernel, "attention_varlen",
+                  (q, k, v, cu_seqlens_q, cu_seqlens_k),
                   max_q, max_k, left, right, scale, softcap, bool(deterministic))
     return (o, lse) if return_lse else o

@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""build_torch_ext.py — builds winattn.torch's C++ eager path (winattn/_torch_ext.cpp) against the
+torch this Python imports, into BUILD/torch_ext/torch-VERSION/, where winattn.torch finds it next
+to the library it loads (a module is tied to the torch it was built with, so each torch version
+has a folder of its own). `make torch-ext` runs it; by hand, from the repository root:
+    python3 python/build_torch_ext.py [--build build] [--quiet]
+Needs a C++20 compiler (CXX, default c++), Python's headers and torch; about 30 s. The library
+itself is not linked (winattn.torch hands the module its entry points), so the module is the same
+for CPU-only and CUDA builds of torch. On failure a one-line reason and exit status 1, or 2 when
+a prerequisite (torch, the compiler, Python's headers) is missing."""
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+SOURCE = os.path.join(HERE, "winattn", "_torch_ext.cpp")
+
+
+def fail(message, status=1):
+    print("build_torch_ext.py: " + message, file=sys.stderr)
+    sys.exit(status)
+
+
+def missing(message):
+    """a prerequisite is absent (exit status 2, which `make test` reports as a skip, not a failure)"""
+    fail(message, 2)
+
+
+def module_dir(build, torch_version):
+    """where the module for this torch lives under a build folder (winattn.torch looks there)"""
+    return os.path.join(build, "torch_ext", "torch-" + torch_version)
+
+
+def command(torch, target):
+    cxx = os.environ.get("CXX", "c++")
+    if shutil.which(cxx) is None:
+        missing("no C++ compiler (%s); install g++ (Debian: build-essential) or set CXX" % cxx)
+    python_include = sysconfig.get_paths()["include"]
+    if not os.path.exists(os.path.join(python_include, "Python.h")):
+        missing("Python's headers are missing (%s/Python.h); install them (Debian: python3-dev)" % python_include)
+    # torch's headers and libraries as torch.utils.cpp_extension finds them (without importing it,
+    # which warns on a machine without CUDA)
+    torch_home = os.path.dirname(os.path.abspath(torch.__file__))
+    torch_include = os.path.join(torch_home, "include")
+    torch_lib = os.path.join(torch_home, "lib")
+    # the flags torch's own extension builder passes: its C++ ABI and pybind11's, so that the module
+    # and torch agree on std::string and on pybind11's internals
+    defines = ["-DTORCH_EXTENSION_NAME=_torch_ext", "-DTORCH_API_INCLUDE_EXTENSION_H",
+               '-DWA_TORCH_VERSION="%s"' % torch.__version__,
+               "-D_GLIBCXX_USE_CXX11_ABI=%d" % int(torch._C._GLIBCXX_USE_CXX11_ABI)]
+    for name in ("COMPILER_TYPE", "STDLIB", "BUILD_ABI"):
+        value = getattr(torch._C, "_PYBIND11_" + name, None)
+        if value is not None:
+            defines.append('-DPYBIND11_%s="%s"' % (name, value))
+    return ([cxx, "-O2", "-shared", "-fPIC", "-std=c++20", "-fvisibility=hidden", "-w"] + defines +
+            ["-I" + os.path.join(ROOT, "include"), "-I" + python_include] +
+            ["-I" + torch_include, "-I" + os.path.join(torch_include, "torch", "csrc", "api", "include")] +
+            [SOURCE, "-o", target, "-L" + torch_lib, "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python",
+             "-Wl,-rpath," + torch_lib])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"), help="the build folder (default: build)")
+    ap.add_argument("--quiet", action="store_true", help="print nothing on success")
+    a = ap.parse_args()
+    try:
+        import torch
+    except ImportError as e:
+        missing("torch is not importable (%s)" % e)
+    out = module_dir(a.build, torch.__version__)
+    target = os.path.join(out, "_torch_ext" + sysconfig.get_config_var("EXT_SUFFIX"))
+    os.makedirs(out, exist_ok=True)
+    # compiled beside its place and renamed into it: a failed or interrupted build leaves no module
+    fd, partial = tempfile.mkstemp(prefix=".partial-", suffix=".so", dir=out)
+    os.close(fd)
+    try:
+        t = time.perf_counter()
+        r = subprocess.run(command(torch, partial), capture_output=True, text=True)
+        if r.returncode != 0:
+            errors = [line for line in r.stderr.splitlines() if "error" in line] or r.stderr.splitlines()
+            fail("compiling %s failed: %s" % (os.path.relpath(SOURCE, ROOT), (errors or ["(no output)"])[0]))
+        os.replace(partial, target)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
+    if not a.quiet:
+        print("built %s for torch %s in %.0f s" % (os.path.relpath(target), torch.__version__, time.perf_counter() - t))
+
+
+if __name__ == "__main__":
+    main()
