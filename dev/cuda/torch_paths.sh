@@ -7,7 +7,7 @@
 #   python/tests/test_python.py on CUDA, the module required              -> python_tests.txt
 #   bench/binding_overhead.py --device cuda: host time per path, graph and compile identity
 #                                                                         -> binding_overhead.txt
-#   bench/gpu_peers.py --systems winattn at (b), C++ path then Python path (WINATTN_TORCH_EXT=0)
+#   bench/gpu_peers.py --systems winattn at (b) and (cw), then (b) on the Python path (WINATTN_TORCH_EXT=0)
 #                                                                         -> peers_b.txt
 #   dev/cuda/kernel_timeline.py at (b) 32K (event-timed and profiled)      -> timeline_b.txt
 LAB_KEEP=1
@@ -26,7 +26,7 @@ step() {
 }
 step python_tests.txt env PYTHONPATH=python WINATTN_TORCH_EXT_REQUIRED=1 python3 python/tests/test_python.py
 step binding_overhead.txt python3 bench/binding_overhead.py --device cuda --calls 200
-step peers_b.txt python3 bench/gpu_peers.py --systems winattn --shapes b --reps 3
+step peers_b.txt python3 bench/gpu_peers.py --systems winattn --shapes b,cw --reps 3
 echo "-- the Python path (WINATTN_TORCH_EXT=0)" >>"$KEEP/peers_b.txt"
 step peers_b.txt env WINATTN_TORCH_EXT=0 python3 bench/gpu_peers.py --systems winattn --shapes b --reps 3
 step timeline_b.txt python3 dev/cuda/kernel_timeline.py --cases b:32768
