@@ -31,8 +31,12 @@ Shapes (the issue's): (a) B=1, Hq=32, Hkv=16, D=256, sliding window 1024, N = 8K
 (cw) as (c) with a window of 1024, N = 16K.
 
 TFLOP/s counts visible (query, key) pairs of the mask each system computes (DESIGN.md section 5:
-forward 4*D*pairs per query head, backward 2.5x forward). Each time is the median of --reps runs
-after two warm-ups, timed with CUDA events, two ways: one call per event pair with a synchronise
+forward 4*D*pairs per query head, backward 2.5x forward). The systems of a shape are set up together,
+warmed up (two calls each), then timed in --reps rounds of one timing each, the order rotating
+every round: the GPU runs hotter and, under its 700 W limit, at lower clocks after a system's
+sustained calls, so timing one system after another favoured whichever ran first (FA4's steady
+backward at (b) 32K: 540 TFLOP/s first, 490 after winattn, in one run). Each time is the median
+of its rounds, timed with CUDA events, two ways: one call per event pair with a synchronise
 after it ("per call": the GPU also waits for the host's work before the first kernel, Python and
 launch overhead included), and 10 calls back to back per event pair ("steady": as in a training
 step, where the host runs ahead of the GPU; taken as the per-call time where one call takes 0.1 s
@@ -72,21 +76,24 @@ def pairs(n, window):
     return n * w - w * (w - 1) // 2
 
 
+def time_once(fn, calls=1):
+    """seconds per call of `calls` back-to-back calls of fn, between one pair of CUDA events"""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(calls):
+        fn()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) / 1e3 / calls
+
+
 def timed(fn, reps, calls=1):
-    """median seconds per call over reps timings of `calls` back-to-back calls each"""
+    """median seconds per call over reps timings of `calls` back-to-back calls each, after two
+    warm-up calls (one system alone; main() interleaves the systems instead)"""
     for _ in range(2):
         fn()
     torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(calls):
-            fn()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b) / 1e3 / calls)
-    return statistics.median(ts)
+    return statistics.median(time_once(fn, calls) for _ in range(reps))
 
 
 def make_system(name, n, hq, hkv, d, window):
@@ -147,45 +154,107 @@ def make_system(name, n, hq, hkv, d, window):
     raise ValueError(name)
 
 
-def measure(name, n, hq, hkv, d, window, reps, ref=None):
-    """Times one system; ref: the first system's o, dq, dk, dv at this shape ([B, H, N, D]), to which
-    this one's are compared (max |difference| over max |ref value|, the largest of the four), or an
-    empty list that this call fills."""
-    torch.manual_seed(0)
-    attn, note, extra, layout = make_system(name, n, hq, hkv, d, window)
-    g = torch.Generator(device="cuda").manual_seed(1)
+class Trial:
+    """one system set up at one shape: its inputs, a forward output to differentiate, and the
+    timings main() collects into it"""
 
-    def randn(h):  # the same values in either layout; contiguous in the system's own
-        x = torch.randn(1, h, n, d, device="cuda", dtype=torch.bfloat16, generator=g)
-        return x.transpose(1, 2).contiguous() if layout == "bnhd" else x
+    def __init__(self, name, n, hq, hkv, d, window):
+        torch.manual_seed(0)
+        self.name, self.n, self.hq, self.d, self.window = name, n, hq, d, window
+        self.attn, self.note, self.extra, self.layout = make_system(name, n, hq, hkv, d, window)
+        g = torch.Generator(device="cuda").manual_seed(1)
 
-    q, k, v = randn(hq).requires_grad_(), randn(hkv).requires_grad_(), randn(hkv).requires_grad_()
-    do = randn(hq)
-    with torch.no_grad():
-        fwd = timed(lambda: attn(q, k, v), reps)
-        fwd_steady = timed(lambda: attn(q, k, v), reps, 10) if fwd < 0.1 else fwd
-    o = attn(q, k, v)
-    bwd = timed(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True), reps)
-    bwd_steady = timed(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True), reps, 10) if bwd < 0.1 else bwd
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    grads = torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - base + extra
-    outs = [x.transpose(1, 2) if layout == "bnhd" else x for x in [o.detach()] + list(grads)]
-    agree = None
-    if ref is not None and not ref:
-        ref.extend(x.clone() for x in outs)
-    elif ref:
-        agree = max(((x.float() - r.float()).abs().max() / r.float().abs().max()).item() for x, r in zip(outs, ref))
-    del grads, o, outs
-    npairs = pairs(n, None if name == "sdpa-flash" else window)
-    flops = 4.0 * d * npairs * hq
-    return {"fwd_s": fwd, "bwd_s": bwd, "fwd_tflops": flops / fwd / 1e12, "bwd_tflops": 2.5 * flops / bwd / 1e12,
-            "fwd_steady_s": fwd_steady, "bwd_steady_s": bwd_steady, "fwd_steady_tflops": flops / fwd_steady / 1e12,
-            "bwd_steady_tflops": 2.5 * flops / bwd_steady / 1e12, "bwd_peak_gb": peak / 1e9, "note": note,
-            "max_rel_diff_vs_first": agree}
+        def randn(h):  # the same values in either layout; contiguous in the system's own
+            x = torch.randn(1, h, n, d, device="cuda", dtype=torch.bfloat16, generator=g)
+            return x.transpose(1, 2).contiguous() if self.layout == "bnhd" else x
+
+        self.q, self.k, self.v = randn(hq).requires_grad_(), randn(hkv).requires_grad_(), randn(hkv).requires_grad_()
+        self.do = randn(hq)
+        self.o = self.attn(self.q, self.k, self.v)
+        self.times = {"fwd_s": [], "fwd_steady_s": [], "bwd_s": [], "bwd_steady_s": []}
+
+    def fwd(self):
+        with torch.no_grad():
+            return self.attn(self.q, self.k, self.v)
+
+    def bwd(self):
+        return torch.autograd.grad(self.o, (self.q, self.k, self.v), self.do, retain_graph=True)
+
+    def warm_up(self):
+        for _ in range(2):
+            self.fwd()
+            self.bwd()
+        torch.cuda.synchronize()
+
+    def time_one_rep(self):
+        """one timing of each: a call per event pair, then 10 back to back (that one skipped, and
+        the single call's time taken, where a call lasts 0.1 s or more)"""
+        for key, fn in (("fwd", self.fwd), ("bwd", self.bwd)):
+            once = time_once(fn)
+            self.times[key + "_s"].append(once)
+            self.times[key + "_steady_s"].append(time_once(fn, 10) if once < 0.1 else once)
+
+    def result(self, ref=None):
+        """the medians, the backward's peak memory and the outputs' agreement with ref (the first
+        system's o, dq, dk, dv at this shape, [B, H, N, D]; an empty list is filled instead)"""
+        r = {key: statistics.median(ts) for key, ts in self.times.items()}
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        grads = self.bwd()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base + self.extra
+        outs = [x.transpose(1, 2) if self.layout == "bnhd" else x for x in [self.o.detach()] + list(grads)]
+        agree = None
+        if ref is not None and not ref:
+            ref.extend(x.clone() for x in outs)
+        elif ref:
+            agree = max(((x.float() - r_.float()).abs().max() / r_.float().abs().max()).item()
+                        for x, r_ in zip(outs, ref))
+        del grads, outs
+        npairs = pairs(self.n, None if self.name == "sdpa-flash" else self.window)
+        flops = 4.0 * self.d * npairs * self.hq
+        r.update({"fwd_tflops": flops / r["fwd_s"] / 1e12, "bwd_tflops": 2.5 * flops / r["bwd_s"] / 1e12,
+                  "fwd_steady_tflops": flops / r["fwd_steady_s"] / 1e12,
+                  "bwd_steady_tflops": 2.5 * flops / r["bwd_steady_s"] / 1e12, "bwd_peak_gb": peak / 1e9,
+                  "note": self.note, "max_rel_diff_vs_first": agree})
+        return r
+
+
+def measure_shape(names, n, hq, hkv, d, window, reps):
+    """every system in names at one shape, interleaved: set up all, warm all up, then reps rounds
+    that time each system once, the order rotating every round, so that no system always runs in
+    the heat (and lower clocks, under the 700 W limit) the one before it left. Returns
+    ([(name, result or {"error": ...})] in the order of names, the name whose outputs the others'
+    were compared with)"""
+    trials, out = [], {}
+    for name in names:
+        try:
+            t = Trial(name, n, hq, hkv, d, window)
+            t.warm_up()
+            trials.append(t)
+        except Exception as e:  # a peer that cannot run this shape says why in the table
+            out[name] = {"error": short_error(e)}
+    for rep in range(reps if trials else 0):
+        for t in trials[rep % len(trials):] + trials[:rep % len(trials)]:
+            if t.name in out:
+                continue
+            try:
+                t.time_one_rep()
+            except Exception as e:
+                out[t.name] = {"error": short_error(e)}
+    ref, ref_name = [], None  # the first system with outputs gives the reference
+    for t in trials:
+        if t.name in out:
+            continue
+        try:
+            out[t.name] = t.result(ref if t.name != "sdpa-flash" else None)
+            ref_name = ref_name or (t.name if ref else None)
+        except Exception as e:
+            out[t.name] = {"error": short_error(e)}
+    del trials
+    torch.cuda.empty_cache()
+    return [(name, out[name]) for name in names if name in out], ref_name
 
 
 def short_error(e):
@@ -220,16 +289,11 @@ def main():
         if label not in args.shapes.split(","):
             continue
         for n in lens[:1] if args.quick else lens:
-            base, ref, ref_name = None, [], None
-            for name in args.systems.split(","):
-                if name == "winattn-det" and d > 256:
-                    continue  # D = 512: version 5's backward is deterministic either way
-                try:
-                    r = measure(name, n, hq, hkv, d, window, args.reps, ref if name != "sdpa-flash" else None)
-                    ref_name = ref_name or (name if ref else None)
-                except Exception as e:  # a peer that cannot run this shape says why in the table
-                    r = {"error": short_error(e)}
-                torch.cuda.empty_cache()
+            # D = 512: version 5's backward is deterministic either way, so no winattn-det row
+            names = [name for name in args.systems.split(",") if not (name == "winattn-det" and d > 256)]
+            rows, ref_name = measure_shape(names, n, hq, hkv, d, window, args.reps)
+            base = next((r for name, r in rows if name == args.baseline and "error" not in r), None)
+            for name, r in rows:
                 r.update({"shape": label, "n": n, "system": name, "Hq": hq, "Hkv": hkv, "D": d,
                           "window": window if window else "causal"})
                 results.append(r)
@@ -241,8 +305,6 @@ def main():
                     print("| %s | %d | %s | - | - | - | - | - | - | - | - | %s |" % (label, n, name, r["error"].replace("|", "/")),
                           flush=True)
                     continue
-                if name == args.baseline:
-                    base = r
                 ratio = "%.2f / %.2f" % (base["fwd_s"] / r["fwd_s"], base["bwd_s"] / r["bwd_s"]) if base else "-"
                 steady = "%.2f / %.2f" % (base["fwd_steady_s"] / r["fwd_steady_s"], base["bwd_steady_s"] / r["bwd_steady_s"]) if base else "-"
                 if r["max_rel_diff_vs_first"] is not None:

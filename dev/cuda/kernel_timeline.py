@@ -10,8 +10,9 @@ the harness is in the kernels themselves (longer durations: data, clocks), in wo
 (extra kernels) or in idle time (host, launch gaps). Before the profiled runs, the same backward
 timed with CUDA events exactly as bench/gpu_peers.py does, for comparison with its tables.
 From the repository root on the GPU machine, after a build:
-    python3 dev/cuda/kernel_timeline.py [--cases b:32768,cw:16384] [--calls 6]
-Cases are bench/gpu_peers.py's shapes (a, b, c, cw) at a length.
+    python3 dev/cuda/kernel_timeline.py [--cases b:32768,cw:16384] [--calls 6] [--after-fa4 /tmp/winattn-peers]
+Cases are bench/gpu_peers.py's shapes (a, b, c, cw) at a length. --after-fa4 runs FlashAttention 4 at
+the shape first, as bench/gpu_peers.py does, to see what that changes for winattn's calls after it.
 """
 import argparse
 import json
@@ -117,6 +118,8 @@ def short(name, width=70):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cases", type=cases, default=cases("b:32768,cw:16384"))
+    ap.add_argument("--after-fa4", metavar="PEERS_DIR", help="first run FlashAttention 4's forward and backward at "
+                    "each case's shape, as bench/gpu_peers.py does before winattn (installed by bench/peer_wheels.py)")
     ap.add_argument("--calls", type=int, default=6, help="calls profiled per mode (a multiple of 10 in steady mode is "
                                                          "rounded up)")
     args = ap.parse_args()
@@ -135,6 +138,16 @@ def main():
         q, k, v = randn(hq).requires_grad_(), randn(hkv).requires_grad_(), randn(hkv).requires_grad_()
         do = randn(hq)
         win = (n - 1 if window is None else window - 1, 0)
+        if args.after_fa4:
+            sys.path.insert(0, os.path.join(ROOT, "bench"))
+            from gpu_peers import measure_shape
+            from peer_wheels import add_to_path
+
+            add_to_path(args.after_fa4, "kernel_timeline")
+            r = measure_shape(["fa4"], n, hq, hkv, d, window, 3)[0][0][1]
+            print("FlashAttention 4 first, as in bench/gpu_peers.py: bwd %.3f ms per call, %.3f steady"
+                  % (r["bwd_s"] * 1e3, r["bwd_steady_s"] * 1e3))
+            torch.cuda.empty_cache()
         o = wt.attention(q, k, v, window=win)
         step = lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)  # noqa: E731
         print("## (%s) %dK: Hq %d, Hkv %d, D %d, %s" % (label, n // 1024, hq, hkv, d,
