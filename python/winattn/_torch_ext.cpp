@@ -193,6 +193,26 @@ void refuse_double_backward() {
                                              "(create_graph=True through winattn.torch.attention)");
 }
 
+/* The backward both functions share: the saved q, k, v, o, lse (first in the saved list) and the
+ * incoming dO as the library's views (view_of; lse_of for lse), dQ, dK, dV allocated, then
+ * call(context, descriptor, saved, the six inputs, the three gradients) on the context of the
+ * forward's determinism; returns {dq, dk, dv}. */
+template <typename ViewOf, typename LseOf, typename Call>
+tensor_list run_backward(AutogradContext *ctx, const tensor_list &grads, ViewOf view_of, LseOf lse_of, Call call) {
+    refuse_double_backward();
+    const Params p = Params::load(ctx);
+    const tensor_list saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2];
+    const at::Tensor d_o = unit_stride(grads[0]);
+    at::Tensor dq = empty_like_contiguous(q), dk = empty_like_contiguous(k), dv = empty_like_contiguous(v);
+    const wa_tensor t[6] = {view_of(q, "q"), view_of(k, "k"), view_of(v, "v"), view_of(saved[3], "o"), lse_of(saved[4]),
+                            view_of(d_o, "do")};
+    wa_tensor g[3] = {view_of(dq, "dq"), view_of(dk, "dk"), view_of(dv, "dv")};
+    const wa_attn_desc d = p.desc();
+    on_context(q, p.deterministic, [&](wa_context *c) { return call(c, d, saved, t, g); });
+    return {dq, dk, dv};
+}
+
 struct Attention : torch::autograd::Function<Attention> {
     static tensor_list forward(AutogradContext *ctx, const at::Tensor &q_in, const at::Tensor &k_in,
                                const at::Tensor &v_in, int64_t left, int64_t right, double scale, double softcap,
@@ -212,19 +232,12 @@ struct Attention : torch::autograd::Function<Attention> {
     }
 
     static tensor_list backward(AutogradContext *ctx, tensor_list grads) {
-        refuse_double_backward();
-        const Params p = Params::load(ctx);
-        const auto saved = ctx->get_saved_variables();
-        const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &o = saved[3], &lse = saved[4];
-        const at::Tensor d_o = unit_stride(grads[0]);
-        at::Tensor dq = empty_like_contiguous(q), dk = empty_like_contiguous(k), dv = empty_like_contiguous(v);
-        const wa_tensor t[6] = {view(q, "q"), view(k, "k"), view(v, "v"), view(o, "o"), view_lse(lse), view(d_o, "do")};
-        wa_tensor g[3] = {view(dq, "dq"), view(dk, "dk"), view(dv, "dv")};
-        const wa_attn_desc d = p.desc();
-        on_context(q, p.deterministic, [&](wa_context *c) {
+        tensor_list out = run_backward(ctx, grads, view, view_lse, [](wa_context *c, const wa_attn_desc &d, const tensor_list &,
+                                                                      const wa_tensor *t, wa_tensor *g) {
             return wa.backward(c, &d, &t[0], &t[1], &t[2], &t[3], &t[4], &t[5], &g[0], &g[1], &g[2]);
         });
-        return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+        out.resize(8); /* no gradients for the parameters */
+        return out;
     }
 };
 
@@ -255,22 +268,15 @@ struct AttentionVarlen : torch::autograd::Function<AttentionVarlen> {
     }
 
     static tensor_list backward(AutogradContext *ctx, tensor_list grads) {
-        refuse_double_backward();
-        const Params p = Params::load(ctx);
-        const auto saved = ctx->get_saved_variables();
-        const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &o = saved[3], &lse = saved[4];
-        const at::Tensor d_o = unit_stride(grads[0]);
-        at::Tensor dq = empty_like_contiguous(q), dk = empty_like_contiguous(k), dv = empty_like_contiguous(v);
-        const wa_tensor t[6] = {view_thd(q, "q"), view_thd(k, "k"), view_thd(v, "v"),
-                                view_thd(o, "o"), view_thd(lse, "lse"), view_thd(d_o, "do")};
-        wa_tensor g[3] = {view_thd(dq, "dq"), view_thd(dk, "dk"), view_thd(dv, "dv")};
-        const wa_attn_desc d = p.desc();
-        const wa_varlen s = seqs(saved[5], saved[6], ctx->saved_data["max_q"].toInt(), ctx->saved_data["max_k"].toInt());
-        on_context(q, p.deterministic, [&](wa_context *c) {
+        const auto thd_lse = [](const at::Tensor &lse) { return view_thd(lse, "lse"); };
+        const int64_t max_q = ctx->saved_data["max_q"].toInt(), max_k = ctx->saved_data["max_k"].toInt();
+        tensor_list out = run_backward(ctx, grads, view_thd, thd_lse, [=](wa_context *c, const wa_attn_desc &d,
+                                                                           const tensor_list &saved, const wa_tensor *t,
+                                                                           wa_tensor *g) {
+            const wa_varlen s = seqs(saved[5], saved[6], max_q, max_k);
             return wa.backward_varlen(c, &d, &s, &t[0], &t[1], &t[2], &t[3], &t[4], &t[5], &g[0], &g[1], &g[2]);
         });
-        tensor_list out = {dq, dk, dv};
-        out.resize(12);
+        out.resize(12); /* no gradients for the offsets and parameters */
         return out;
     }
 };
