@@ -9,7 +9,8 @@
 # e.g. eager "-DWA_FWD_LAZY_RESCALE=0" (the forwards before lazy rescaling), or
 #      qreg0 "-DWA_FWD512_QREG=0" (the D = 512 forward with all of Q read from shared memory;
 #      the default holds 14 of its 16 k steps in registers)
-# Each variant builds into build-NAME.
+# Each variant builds into build-NAME. ROWS=d512 times the D = 512 shapes alone (lab_fwd512_row), for
+# variants of that kernel.
 [ $# -ge 2 ] && [ $(($# % 2)) -eq 0 ] || { echo "usage: sh dev/cuda/fwd_variants.sh NAME \"DEFINES\" [NAME \"DEFINES\" ...]"; exit 2; }
 LAB_KEEP=1
 . dev/cuda/lab_env.sh
@@ -30,7 +31,7 @@ wait
 
 # the timings first: a run cut short by its time limit still brings them back
 for round in 1 2; do
-    for b in $BUILDS; do [ -x $b/winattn ] && lab_fwd_row $round $b; done
+    for b in $BUILDS; do [ -x $b/winattn ] && { [ "$ROWS" = d512 ] && lab_fwd512_row $round $b || lab_fwd_row $round $b; }; done
 done
 for b in $BUILDS; do
     [ -x $b/winattn ] || { row "$b" "build failed"; continue; }

@@ -73,6 +73,14 @@ lab_fwd_row() {
     cw=$(lab_fwd_tflops $w --n 16384 --d 512 --hq 32 --hkv 4 --sliding-window 1024)
     row "fwd $1, $2" "(a) $a| (b) $bb| (c) $c| (cw) $cw"
 }
+# lab_fwd512_row ROUND BUILD: lab_fwd_row's D = 512 columns alone ((c) 8K / 16K causal, D = 512 with
+# a 1024 window at 16K), for variants of that kernel only
+lab_fwd512_row() {
+    w=$2/winattn
+    c=$(lab_fwd_tflops $w --n 8192,16384 --d 512 --hq 32 --hkv 4 --causal)
+    cw=$(lab_fwd_tflops $w --n 16384 --d 512 --hq 32 --hkv 4 --sliding-window 1024)
+    row "fwd $1, $2" "(c) $c| (cw) $cw"
+}
 # lab_fwd_tflops W BENCH_ARGS...: the forward TFLOP/s column of `W bench --device cuda --forward-only`, one value a length
 lab_fwd_tflops() {
     w=$1

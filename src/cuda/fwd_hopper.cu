@@ -293,6 +293,22 @@ static_assert(wide_layout::bytes <= 232448, "the D = 512 forward fits the 227 KB
 constexpr int kWideQRegSteps = WA_FWD512_QREG;
 static_assert(kWideQRegSteps >= 0 && kWideQRegSteps <= kWideD / 32, "a consumer has D / 32 k steps of Q");
 
+/* Lab (-DWA_FWD512_SPLIT_EXP=1): the two consumers share the softmax's exponentials instead of both
+ * computing all 32 columns of the summed S: both still mask and take the row maxima over the whole
+ * tile (so both keep the same running max and alpha), but each exponentiates and sums only its
+ * half of the columns (16: half the MUFU work and the adds), packs that half of P and trades it
+ * through shared memory; O += P V is issued in two k steps, its own half before the next tile's
+ * S exchange and the other's half after it (the same named barrier carries both, so there is one
+ * more barrier per CTA, for the last tile), and the partial row sums are added once at the end.
+ * The P halves live in the consumer's first column block of Q, dead once Q's first k steps are in
+ * registers. */
+#ifndef WA_FWD512_SPLIT_EXP
+#define WA_FWD512_SPLIT_EXP 0
+#endif
+constexpr bool kWideSplitExp = WA_FWD512_SPLIT_EXP != 0;
+static_assert(!kWideSplitExp || kWideQRegSteps >= 4, "the P halves are traded through Q's first column block, dead "
+                                                     "only once its four k steps are in registers");
+
 /* PAIR (lab, -DWA_FWD512_CLUSTER): the CTA is one of a cluster of two on query heads 2c and 2c + 1
  * of one K/V head at the same query tile, which read the same key tiles under the same masks; the
  * K and V loads are shared (kv_ring::produce_pair), halving what each tile costs in L2 bandwidth,
@@ -367,8 +383,25 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) wide_mn_product<T, 256>(acc, pa[kk], desc_at(v_d, kk * (16 * 128)));
     };
-    /* S of tile `it` (stage st) once its k steps are done: own half + the other warpgroup's, then the softmax step */
-    auto trade_and_softmax = [&](float (&s)[BN / 8][4], float (&alpha)[2], long long kt, int it) {
+    /* split exponentials: O += P V over the 16 keys of k step kk (0 or 1) only, with that half of P in a */
+    auto issue_pv_half = [&](int st, const uint32_t (&a)[4], int kk) {
+        const uint64_t v_d = gmma_desc_mn(opaque(sV + st * TILE + cw * 4 * (BN * 128)), BN * 128);
+        wide_mn_product<T, 256>(acc, a, desc_at(v_d, kk * (16 * 128)));
+    };
+    /* split exponentials: the P halves (as A fragments, 16 bytes a thread) by tile parity and the
+     * final row sums, in each consumer's first column block of Q (8 KB, dead once in registers) */
+    uint4 *p_mine = (uint4 *)(smem + (base - smem_u32(smem)) + L::q + cw * 4 * (BM * 128));
+    const uint4 *p_other = (const uint4 *)(smem + (base - smem_u32(smem)) + L::q + (cw ^ 1) * 4 * (BM * 128));
+    auto publish_p = [&](float (&s)[BN / 8][4], int it) { /* this consumer's half of P: pa[0], and for the other */
+        pack_a<T, BN / 2>(reinterpret_cast<uint32_t (&)[1][4]>(pa[0]), reinterpret_cast<const float (&)[BN / 16][4]>(s));
+        p_mine[(it & 1) * 128 + tid] = make_uint4(pa[0][0], pa[0][1], pa[0][2], pa[0][3]);
+    };
+    auto take_other_p = [&](int it) { /* the other consumer's half of tile it's P, after a barrier both passed */
+        const uint4 v = p_other[(it & 1) * 128 + tid];
+        pa[1][0] = v.x, pa[1][1] = v.y, pa[1][2] = v.z, pa[1][3] = v.w;
+    };
+    /* S of tile `it` (stage st) once its k steps are done: own half + the other warpgroup's */
+    auto trade = [&](float (&s)[BN / 8][4], int it) {
         float *mine = xch + ((it & 1) * kConsumers + cw) * (BM * BN), *other = xch + ((it & 1) * kConsumers + (cw ^ 1)) * (BM * BN);
 #pragma unroll
         for (int i = 0; i < BN / 8; i++)
@@ -379,7 +412,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int i = 0; i < BN / 8; i++)
 #pragma unroll
             for (int e = 0; e < 4; e++) s[i][e] += other[(i * 4 + e) * 128 + tid];
-        softmax_scores<BN, CAP>(p, s, row_max, row_sum, alpha, rows, kt * BN, !(kt >= ut0 && kt < ut1), t4, scale2);
+    };
+    auto softmax = [&](float (&s)[BN / 8][4], float (&alpha)[2], long long kt) {
+        softmax_scores<BN, CAP, kWideSplitExp>(p, s, row_max, row_sum, alpha, rows, kt * BN, !(kt >= ut0 && kt < ut1), t4,
+                                               scale2, cw);
+    };
+    auto trade_and_softmax = [&](float (&s)[BN / 8][4], float (&alpha)[2], long long kt, int it) {
+        trade(s, it);
+        softmax(s, alpha, kt);
     };
 
     if (kt0 < kt1) {
@@ -401,7 +441,8 @@ __global__ void __launch_bounds__(kThreads, 1)
             reg_fence(s);
             release(ring.k_empty(pst));
             trade_and_softmax(s, alpha, kt0, 0);
-            pack_a<T, BN>(pa, s);
+            if constexpr (kWideSplitExp) publish_p(s, 0);
+            else pack_a<T, BN>(pa, s);
         }
         for (long long kt = kt0 + 1; kt < kt1; kt++) {
             const int it = (int)(kt - kt0), st = kv_ring::stage(it);
@@ -414,24 +455,49 @@ __global__ void __launch_bounds__(kThreads, 1)
             wg_fence();
             issue_s(s, st);
             wg_commit();
-            issue_pv(pst);
+            if constexpr (kWideSplitExp) issue_pv_half(pst, pa[0], cw); /* the last tile's P, own half */
+            else issue_pv(pst);
             wg_commit();
             wg_wait<1>();
             reg_fence(s);
             release(ring.k_empty(st));
-            trade_and_softmax(s, alpha, kt, it);
+            if constexpr (kWideSplitExp) {
+                trade(s, it); /* its barrier also says the other's half of the last tile's P is there */
+                take_other_p(it - 1);
+                reg_fence(pa);
+                wg_fence();
+                issue_pv_half(pst, pa[1], cw ^ 1);
+                wg_commit();
+                softmax(s, alpha, kt);
+            } else {
+                trade_and_softmax(s, alpha, kt, it);
+            }
             wg_wait<0>();
             reg_fence(acc);
             release(ring.v_empty(pst));
             rescale_lazy<32>(reinterpret_cast<float (&)[32][4]>(acc), alpha);
-            pack_a<T, BN>(pa, s);
+            if constexpr (kWideSplitExp) publish_p(s, it);
+            else pack_a<T, BN>(pa, s);
             pst = st, pph = ph;
+        }
+        if constexpr (kWideSplitExp) { /* the other's half of the last tile's P, and the row sums of both halves */
+            float *sums = (float *)(p_mine + 2 * 128);
+            sums[tid] = row_sum[0], sums[128 + tid] = row_sum[1];
+            named_sync(kTradeBar, 256);
+            take_other_p((int)(kt1 - 1 - kt0));
+            const float *other_sums = (const float *)(p_other + 2 * 128);
+            row_sum[0] += other_sums[tid], row_sum[1] += other_sums[128 + tid];
         }
         mbar_wait(ring.v_full(pst), pph); /* the last tile's O += P V */
         reg_fence(pa);
         reg_fence(acc);
         wg_fence();
-        issue_pv(pst);
+        if constexpr (kWideSplitExp) {
+            issue_pv_half(pst, pa[0], cw);
+            issue_pv_half(pst, pa[1], cw ^ 1);
+        } else {
+            issue_pv(pst);
+        }
         wg_commit();
         wg_wait<0>();
         reg_fence(acc);

@@ -243,10 +243,10 @@ constexpr float kLazyLog2 = 8.0f;
  * exactly); P is then at most 2^kLazyLog2, harmless in f32 and in bf16/f16's exponent range, and
  * alpha is exactly 1 on most tiles, so that rescale_lazy() skips the multiply of O (128 registers
  * a thread at D = 256 and 512, once per 64 or 32 keys). */
-template <int BN, Cap CAP, bool FOLD, typename Edge, bool LAZY = false>
+template <int BN, Cap CAP, bool FOLD, typename Edge, bool LAZY = false, bool SPLIT = false>
 __device__ __forceinline__ void softmax_scores_as(const kparams &p, float (&s)[BN / 8][4], float (&row_max)[2],
                                                   float (&row_sum)[2], float (&alpha)[2], const long long (&rows)[2],
-                                                  long long j0, Edge edge_c, int t4, float scale2) {
+                                                  long long j0, Edge edge_c, int t4, float scale2, int half = 0) {
     const bool edge = edge_c;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -275,11 +275,16 @@ __device__ __forceinline__ void softmax_scores_as(const kparams &p, float (&s)[B
         alpha[r] = exp2_(row_max[r] - m_use);
         row_max[r] = m_new;
         row_sum[r] *= alpha[r];
+        /* SPLIT: only the columns of `half` (0 or 1) of the tile, into s[0 .. BN / 16): the D = 512
+         * forward's consumers share the exponentials (WA_FWD512_SPLIT_EXP); the select keeps
+         * the register indices compile-time */
+        constexpr int NB = SPLIT ? BN / 16 : BN / 8;
 #pragma unroll
-        for (int nb = 0; nb < BN / 8; nb++)
+        for (int nb = 0; nb < NB; nb++)
 #pragma unroll
             for (int e = 2 * r; e < 2 * r + 2; e++) {
-                const float pv = exp2_(FOLD ? fmaf(s[nb][e], scale2, -m_use) : s[nb][e] - m_use);
+                const float x = SPLIT ? (half ? s[nb + NB][e] : s[nb][e]) : s[nb][e];
+                const float pv = exp2_(FOLD ? fmaf(x, scale2, -m_use) : x - m_use);
                 s[nb][e] = pv;
                 row_sum[r] += pv;
             }
@@ -294,10 +299,10 @@ __device__ __forceinline__ void softmax_scores_as(const kparams &p, float (&s)[B
 #define WA_FWD_LAZY_RESCALE 1
 #endif
 constexpr bool kLazyRescale = WA_FWD_LAZY_RESCALE != 0;
-template <int BN, Cap CAP>
+template <int BN, Cap CAP, bool SPLIT = false>
 __device__ __forceinline__ void softmax_scores(const kparams &p, float (&s)[BN / 8][4], float (&row_max)[2],
                                                float (&row_sum)[2], float (&alpha)[2], const long long (&rows)[2],
-                                               long long j0, bool edge, int t4, float scale2) {
+                                               long long j0, bool edge, int t4, float scale2, int half = 0) {
     static_assert(CAP != Cap::per_call, "versions 2 and 3 call softmax_step");
 #ifdef WA_SOFTMAX_NO_FOLD
     constexpr bool fold = false;
@@ -305,7 +310,8 @@ __device__ __forceinline__ void softmax_scores(const kparams &p, float (&s)[BN /
     constexpr bool fold = CAP == Cap::off;
 #endif
     edge_form<CAP>(edge, [&](auto edge_c) {
-        softmax_scores_as<BN, CAP, fold, decltype(edge_c), kLazyRescale>(p, s, row_max, row_sum, alpha, rows, j0, edge_c, t4, scale2);
+        softmax_scores_as<BN, CAP, fold, decltype(edge_c), kLazyRescale, SPLIT>(p, s, row_max, row_sum, alpha, rows, j0, edge_c,
+                                                                                t4, scale2, half);
     });
 }
 
