@@ -266,9 +266,11 @@ __global__ void __launch_bounds__(kThreads, 1)
  * steps (m64n32k16 from shared memory), the two trade their partial S through shared memory behind
  * a named barrier (double-buffered by tile parity, so one barrier per tile suffices: a warpgroup
  * that passed tile t's barrier knows the other finished reading tile t - 1's buffer) and add own +
- * other (the same bits in both), both run the same online softmax, and each accumulates O for its
- * 256 columns (m64n256k16 with P from registers: 128 registers a thread). O += P V of the last tile
- * is issued behind S of this one and runs while the halves are traded and the softmax runs. Key
+ * other (the same bits in both), both take the same row maxima but each computes the exponentials
+ * of half the tile's columns and they trade those halves of P (WA_FWD512_SPLIT_EXP, below), and
+ * each accumulates O for its 256 columns (m64n256k16 with P from registers: 128 registers a
+ * thread). O += P V of the last tile is issued behind S of this one and runs while the halves are
+ * traded and the softmax runs. Key
  * tiles of 32: Q (64 KB), two stages of K and V (128 KB) and the exchange buffers (32 KB) take
  * 225 KB. The mma.sync form (attn_mma.cu, fwd_split) stays the fallback. */
 constexpr int kWideD = 512, kWideBM = 64, kWideBN = 32, kTradeBar = 3;
@@ -293,17 +295,19 @@ static_assert(wide_layout::bytes <= 232448, "the D = 512 forward fits the 227 KB
 constexpr int kWideQRegSteps = WA_FWD512_QREG;
 static_assert(kWideQRegSteps >= 0 && kWideQRegSteps <= kWideD / 32, "a consumer has D / 32 k steps of Q");
 
-/* Lab (-DWA_FWD512_SPLIT_EXP=1): the two consumers share the softmax's exponentials instead of both
- * computing all 32 columns of the summed S: both still mask and take the row maxima over the whole
- * tile (so both keep the same running max and alpha), but each exponentiates and sums only its
- * half of the columns (16: half the MUFU work and the adds), packs that half of P and trades it
- * through shared memory; O += P V is issued in two k steps, its own half before the next tile's
- * S exchange and the other's half after it (the same named barrier carries both, so there is one
- * more barrier per CTA, for the last tile), and the partial row sums are added once at the end.
- * The P halves live in the consumer's first column block of Q, dead once Q's first k steps are in
- * registers. */
+/* The two consumers share the softmax's exponentials instead of both computing all 32 columns of
+ * the summed S: both still mask and take the row maxima over the whole tile (so both keep the same
+ * running max and alpha), but each exponentiates and sums only its half of the columns (16: half
+ * the MUFU work and the adds), packs that half of P and trades it through shared memory; O += P V
+ * is issued in two k steps, its own half before the next tile's S exchange and the other's half
+ * after it (the same named barrier carries both, so there is one more barrier per CTA, for the
+ * last tile), and the partial row sums are added once at the end. The P halves live in the
+ * consumer's first column block of Q, dead once Q's first k steps are in registers. Against both
+ * computing every exponential (-DWA_FWD512_SPLIT_EXP=0): (c) 8K / 16K 503-510 / 491-522 TFLOP/s
+ * against 486-489 / 474-476, D = 512 with a 1024 window 409 against 387-391, 200 calls back to
+ * back at 16K 473-474 against 461 (`dev/cuda/fwd_variants.sh`, docs/cuda.md). */
 #ifndef WA_FWD512_SPLIT_EXP
-#define WA_FWD512_SPLIT_EXP 0
+#define WA_FWD512_SPLIT_EXP 1
 #endif
 constexpr bool kWideSplitExp = WA_FWD512_SPLIT_EXP != 0;
 static_assert(!kWideSplitExp || kWideQRegSteps >= 4, "the P halves are traded through Q's first column block, dead "
