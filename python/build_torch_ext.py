@@ -9,7 +9,9 @@ itself is not linked (winattn.torch hands the module its entry points), so the m
 for CPU-only and CUDA builds of torch. On failure a one-line reason and exit status 1, or 2 when
 a prerequisite (torch, the compiler, Python's headers) is missing."""
 import argparse
+import hashlib
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -37,10 +39,20 @@ def module_dir(build, torch_version):
     return os.path.join(build, "torch_ext", "torch-" + torch_version)
 
 
-def command(torch, target):
-    cxx = os.environ.get("CXX", "c++")
-    if shutil.which(cxx) is None:
-        missing("no C++ compiler (%s); install g++ (Debian: build-essential) or set CXX" % cxx)
+def source_hash():
+    """of winattn.h and _torch_ext.cpp, as winattn.torch computes it in a source checkout: a module
+    built from other sources is not loaded there, and an up-to-date one is not built again"""
+    h = hashlib.sha256()
+    for f in (os.path.join(ROOT, "include", "winattn.h"), SOURCE):
+        with open(f, "rb") as fh:
+            h.update(fh.read())
+    return h.hexdigest()[:16]
+
+
+def command(torch, target, digest):
+    cxx = shlex.split(os.environ.get("CXX", "c++"))  # "ccache g++" is a compiler too
+    if not cxx or shutil.which(cxx[0]) is None:
+        missing("no C++ compiler (%s); install g++ (Debian: build-essential) or set CXX" % os.environ.get("CXX", "c++"))
     python_include = sysconfig.get_paths()["include"]
     if not os.path.exists(os.path.join(python_include, "Python.h")):
         missing("Python's headers are missing (%s/Python.h); install them (Debian: python3-dev)" % python_include)
@@ -49,16 +61,18 @@ def command(torch, target):
     torch_home = os.path.dirname(os.path.abspath(torch.__file__))
     torch_include = os.path.join(torch_home, "include")
     torch_lib = os.path.join(torch_home, "lib")
+    if not os.path.exists(os.path.join(torch_include, "torch", "extension.h")):
+        missing("this torch has no C++ headers (%s/torch/extension.h)" % torch_include)
     # the flags torch's own extension builder passes: its C++ ABI and pybind11's, so that the module
     # and torch agree on std::string and on pybind11's internals
     defines = ["-DTORCH_EXTENSION_NAME=_torch_ext", "-DTORCH_API_INCLUDE_EXTENSION_H",
-               '-DWA_TORCH_VERSION="%s"' % torch.__version__,
+               '-DWA_TORCH_VERSION="%s"' % torch.__version__, '-DWA_EXT_SOURCE_HASH="%s"' % digest,
                "-D_GLIBCXX_USE_CXX11_ABI=%d" % int(torch._C._GLIBCXX_USE_CXX11_ABI)]
     for name in ("COMPILER_TYPE", "STDLIB", "BUILD_ABI"):
         value = getattr(torch._C, "_PYBIND11_" + name, None)
         if value is not None:
             defines.append('-DPYBIND11_%s="%s"' % (name, value))
-    return ([cxx, "-O2", "-shared", "-fPIC", "-std=c++20", "-fvisibility=hidden", "-w"] + defines +
+    return (cxx + ["-O2", "-shared", "-fPIC", "-std=c++20", "-fvisibility=hidden", "-w"] + defines +
             ["-I" + os.path.join(ROOT, "include"), "-I" + python_include] +
             ["-I" + torch_include, "-I" + os.path.join(torch_include, "torch", "csrc", "api", "include")] +
             [SOURCE, "-o", target, "-L" + torch_lib, "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python",
@@ -69,6 +83,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default=os.path.join(ROOT, "build"), help="the build folder (default: build)")
     ap.add_argument("--quiet", action="store_true", help="print nothing on success")
+    ap.add_argument("--force", action="store_true", help="build even when the module is up to date")
     a = ap.parse_args()
     try:
         import torch
@@ -76,17 +91,30 @@ def main():
         missing("torch is not importable (%s)" % e)
     out = module_dir(a.build, torch.__version__)
     target = os.path.join(out, "_torch_ext" + sysconfig.get_config_var("EXT_SUFFIX"))
+    stamp = target + ".source"  # the source hash it was built from
+    digest = source_hash()
+    if not a.force and os.path.exists(target) and os.path.exists(stamp):
+        with open(stamp) as f:
+            if f.read().strip() == digest:
+                if not a.quiet:
+                    print("%s is up to date for torch %s" % (os.path.relpath(target), torch.__version__))
+                return
     os.makedirs(out, exist_ok=True)
     # compiled beside its place and renamed into it: a failed or interrupted build leaves no module
     fd, partial = tempfile.mkstemp(prefix=".partial-", suffix=".so", dir=out)
     os.close(fd)
     try:
         t = time.perf_counter()
-        r = subprocess.run(command(torch, partial), capture_output=True, text=True)
+        r = subprocess.run(command(torch, partial, digest), capture_output=True, text=True)
         if r.returncode != 0:
             errors = [line for line in r.stderr.splitlines() if "error" in line] or r.stderr.splitlines()
             fail("compiling %s failed: %s" % (os.path.relpath(SOURCE, ROOT), (errors or ["(no output)"])[0]))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(partial, 0o755 & ~umask)  # mkstemp made it private; a module is for every user
         os.replace(partial, target)
+        with open(stamp, "w") as f:
+            f.write(digest + "\n")
     finally:
         if os.path.exists(partial):
             os.unlink(partial)

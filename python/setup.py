@@ -24,7 +24,7 @@ class build_with_make(build_py):
         # optional: status 2 means no torch (or no compiler) here, anything else is reported
         status = subprocess.call([sys.executable, os.path.join(HERE, "build_torch_ext.py"), "--build", build_dir])
         if status == 0:
-            for module in glob.glob(os.path.join(build_dir, "torch_ext", "torch-*", "_torch_ext*")):
+            for module in glob.glob(os.path.join(build_dir, "torch_ext", "torch-*", "_torch_ext*.so")):
                 dest = os.path.join(HERE, "winattn", "torch_ext", os.path.basename(os.path.dirname(module)))
                 os.makedirs(dest, exist_ok=True)
                 shutil.copy(module, dest)

@@ -604,9 +604,58 @@ def run_torch_cpp_path(torch, wt):
     report(type(o.grad_fn).__name__ == "CppFunction" and wt.eager_path() == "C++",
            "torch C++ path: attention() takes it (grad_fn %s, eager_path() %s)" % (type(o.grad_fn).__name__,
                                                                                    wt.eager_path()))
-    with torch.no_grad():
-        o2 = wt.attention(q, k, v, window=(7, 0))
-    report(o2.grad_fn is None and torch.equal(o2, o), "torch C++ path under no_grad: no graph, same o")
+
+    def no_grad_call():
+        with torch.no_grad():
+            o = wt.attention(q, k, v, window=(7, 0))
+        return [o, torch.tensor(o.grad_fn is None)]
+
+    report(same(*both(no_grad_call)), "torch C++ path = Python path under no_grad: no graph, the same o")
+
+    def some_grads(wanted):
+        """only the inputs in `wanted` require gradients; o.sum()'s broadcast dO has stride 0"""
+        def run():
+            qq, kk, vv = (t.detach().clone().requires_grad_(n in wanted) for t, n in zip((q, k, v), "qkv"))
+            o = wt.attention(qq, kk, vv, window=(7, 0))
+            ins = [t for t, n in zip((qq, kk, vv), "qkv") if n in wanted]
+            return [o] + list(torch.autograd.grad(o.sum(), ins))
+        return run
+
+    for wanted in ("k", "qv", "v"):
+        report(same(*both(some_grads(wanted))), "torch C++ path = Python path: gradients of %s only, dO broadcast "
+               "(stride 0)" % ", ".join(wanted))
+
+    def penalty(loss_of, backward=False):
+        """create_graph=True through attention (h = q w feeds it), then the gradient of |dL/dw|^2,
+        by autograd.grad for w alone or by backward() into every leaf"""
+        def run():
+            w = torch.randn(16, 16, generator=torch.Generator().manual_seed(1), requires_grad=True)
+            o = wt.attention((q.detach() @ w).contiguous(), k.detach(), v.detach(), window=(7, 0))
+            gw, = torch.autograd.grad(loss_of(o) + (w ** 2).sum(), w, create_graph=True)
+            if backward:
+                (gw * gw).sum().backward()
+                return [w.grad]
+            return [gw.detach()] + list(torch.autograd.grad((gw * gw).sum(), w))
+        return run
+
+    # once_differentiable's rules, which both paths follow: the backward's results are constants to a
+    # second derivative that autograd.grad asks of w alone; backward() into every leaf, which
+    # reaches the backward's own when its dO needs gradients (o * o), raises
+    for name, loss_of in (("o.sum()", lambda o: o.sum()), ("(o * o).sum()", lambda o: (o * o).sum())):
+        report(same(*both(penalty(loss_of))), "torch C++ path = Python path: create_graph=True through attention, "
+               "loss %s, the second derivative for w alone" % name)
+    for path in ("C++", "Python"):
+        ext_now = wt._ext
+        wt._ext = ext if path == "C++" else None
+        try:
+            penalty(lambda o: (o * o).sum(), backward=True)()
+            report(False, "torch %s path: backward() through attention's backward raises" % path, "no error raised")
+        except RuntimeError as e:
+            report("not differentiable" in str(e) or "differentiate twice" in str(e),
+                   "torch %s path: backward() through attention's backward raises" % path,
+                   str(e).splitlines()[0][:90])
+        finally:
+            wt._ext = ext_now
 
     if winattn._lib.HAS_VARLEN:
         lq, lk = [9, 0, 20, 1, 33], [12, 3, 20, 1, 40]
@@ -625,22 +674,62 @@ def run_torch_cpp_path(torch, wt):
 
     @case("torch C++ path errors")
     def _():
-        x = torch.zeros(1, 2, 8, 4, dtype=torch.float64)
-        expect_error("torch C++ path float64 input", lambda: wt.attention(x, x, x), TypeError, "dtype torch.float64")
-        x = torch.zeros(2, 8, 4)
-        expect_error("torch C++ path 3-d q", lambda: wt.attention(x, x, x), ValueError, "[B, H, N, D]")
-        expect_error("torch C++ path Hq % Hkv != 0 (the library's check)",
-                     lambda: wt.attention(torch.zeros(1, 3, 8, 4), torch.zeros(1, 2, 8, 4), torch.zeros(1, 2, 8, 4)),
-                     winattn.WinattnError, "bad shape")
+        x64 = torch.zeros(1, 2, 8, 4, dtype=torch.float64)
+        x3 = torch.zeros(2, 8, 4)
+        mixed = torch.zeros(1, 1, 6, 1), torch.zeros(1, 1, 6, dtype=torch.bfloat16)
+        cases = [("float64 input", lambda: wt.attention(x64, x64, x64), TypeError),
+                 ("3-d q, k, v", lambda: wt.attention(x3, x3, x3), ValueError),
+                 ("3-d k beside a 4-d q", lambda: wt.attention(mixed[0], mixed[1], mixed[1]), ValueError),
+                 ("Hq % Hkv != 0 (the library's check)", lambda: wt.attention(
+                     torch.zeros(1, 3, 8, 4), torch.zeros(1, 2, 8, 4), torch.zeros(1, 2, 8, 4)), winattn.WinattnError)]
         if winattn._lib.HAS_VARLEN:
-            expect_error("torch C++ path varlen offsets past T (the library's check)",
-                         lambda: wt.attention_varlen(qv, kv, vv, cu_q + 1, cu_k, max(lq) + 1, max(lk)),
-                         winattn.WinattnError, "cu_seqlens_q")
-        qq = torch.randn(1, 2, 8, 4, requires_grad=True)
-        o = wt.attention(qq, qq, qq, window=(3, 0))
-        expect_error("torch C++ path double backward",
-                     lambda: torch.autograd.grad(torch.autograd.grad(o.sum(), qq, create_graph=True)[0].sum(), qq),
-                     RuntimeError, "not differentiable")
+            cases.append(("varlen offsets past T (the library's check)", lambda: wt.attention_varlen(
+                qv, kv, vv, cu_q + 1, cu_k, max(lq) + 1, max(lk)), winattn.WinattnError))
+
+        def error_of(call):
+            try:
+                call()
+                return "no error"
+            except Exception as e:  # compared below
+                return "%s: %s" % (type(e).__name__, e)
+
+        for name, call, exc in cases:
+            cpp, py = both(lambda: [error_of(call)])
+            report(cpp == py and cpp[0].startswith(exc.__name__),
+                   "torch C++ path = Python path, error: %s" % name, cpp[0][:100])
+
+    @case("torch C++ path: a failing backward")
+    def _():
+        # the library's wa_backward replaced by one that fails as out of memory (status 7), on both
+        # paths: the error reaches the caller of backward() as WinattnError with the same message
+        import ctypes
+
+        lib = winattn._lib.lib
+        real = lib.wa_backward
+        failing = ctypes.CFUNCTYPE(ctypes.c_int, *([ctypes.c_void_p] * 11))(lambda *args: 7)
+        names = ["wa_context_create", "wa_context_destroy", "wa_forward", "wa_backward", "wa_last_error"]
+        names += ["wa_forward_varlen", "wa_backward_varlen"] if winattn._lib.HAS_VARLEN else []
+        addresses = {n: ctypes.cast(getattr(lib, n), ctypes.c_void_p).value for n in names}
+
+        def failing_backward():
+            qq, kk, vv = (torch.randn(1, h, 20, 16, generator=g, requires_grad=True) for h in (2, 1, 1))
+            o = wt.attention(qq, kk, vv, window=(5, 0))
+            try:
+                o.sum().backward()
+                return ["no error"]
+            except Exception as e:  # compared below
+                return ["%s: %s" % (type(e).__name__, str(e).splitlines()[0])]
+
+        try:
+            ext.bind(dict(addresses, wa_backward=ctypes.cast(failing, ctypes.c_void_p).value), winattn.WinattnError,
+                     winattn._lib.STATUS_NAMES)
+            lib.wa_backward = failing
+            cpp, py = both(failing_backward)
+        finally:
+            lib.wa_backward = real
+            ext.bind(addresses, winattn.WinattnError, winattn._lib.STATUS_NAMES)
+        report(cpp == py and cpp[0].startswith("WinattnError: winattn: out of memory"),
+               "torch C++ path = Python path: a backward the library fails raises WinattnError", cpp[0][:80])
 
     @case("torch C++ path threads and release_workspace")
     def _():

@@ -18,6 +18,8 @@
 
 #include <ATen/Parallel.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/functions/basic_ops.h>
 
 #include <algorithm>
 #include <map>
@@ -186,31 +188,51 @@ struct Params {
     }
 };
 
-/* a second derivative would need the backward's own backward, which winattn does not have; the
- * Python path marks its backward once_differentiable, this says so at once */
-void refuse_double_backward() {
-    TORCH_CHECK(!at::GradMode::is_enabled(), "winattn: attention's backward is not differentiable "
-                                             "(create_graph=True through winattn.torch.attention)");
+/* A failed library call inside the backward, which autograd's engine runs (on its own thread for
+ * GPU tensors) and hands back to the caller: raised there as WinattnError, as the Python path's,
+ * by a Python error persisted across the hand-over (what torch does for Python functions). */
+[[noreturn]] void raise_from_backward(const LibraryError &e) {
+    pybind11::gil_scoped_acquire gil;
+    PyErr_SetString(winattn_error ? winattn_error : PyExc_RuntimeError, e.what());
+    python_error err;
+    err.persist();
+    throw err;
 }
 
-/* The backward both functions share: the saved q, k, v, o, lse (first in the saved list) and the
- * incoming dO as the library's views (view_of; lse_of for lse), dQ, dK, dV allocated, then
- * call(context, descriptor, saved, the six inputs, the three gradients) on the context of the
- * forward's determinism; returns {dq, dk, dv}. */
+/* The backward both functions share: the saved q, k, v (as passed: an in-place change after the
+ * forward is caught by their version counters), o, lse (first in the saved list) and the incoming
+ * dO as the library's views (view_of; lse_of for lse), dQ, dK, dV allocated, then call(context,
+ * descriptor, saved, the six inputs, the three gradients) on the context of the forward's
+ * determinism; returns {dq, dk, dv}. With create_graph and a dO that wants gradients, the results
+ * come out as once_differentiable's do: constants to autograd.grad, an error to a backward() that
+ * reaches them (winattn has no second derivative). */
 template <typename ViewOf, typename LseOf, typename Call>
 tensor_list run_backward(AutogradContext *ctx, const tensor_list &grads, ViewOf view_of, LseOf lse_of, Call call) {
-    refuse_double_backward();
-    const Params p = Params::load(ctx);
-    const tensor_list saved = ctx->get_saved_variables();
-    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2];
-    const at::Tensor d_o = unit_stride(grads[0]);
-    at::Tensor dq = empty_like_contiguous(q), dk = empty_like_contiguous(k), dv = empty_like_contiguous(v);
-    const wa_tensor t[6] = {view_of(q, "q"), view_of(k, "k"), view_of(v, "v"), view_of(saved[3], "o"), lse_of(saved[4]),
-                            view_of(d_o, "do")};
-    wa_tensor g[3] = {view_of(dq, "dq"), view_of(dk, "dk"), view_of(dv, "dv")};
-    const wa_attn_desc d = p.desc();
-    on_context(q, p.deterministic, [&](wa_context *c) { return call(c, d, saved, t, g); });
-    return {dq, dk, dv};
+    const bool graph = at::GradMode::is_enabled() && grads[0].defined() && grads[0].requires_grad();
+    tensor_list out;
+    {
+        const at::NoGradGuard no_graph;
+        const Params p = Params::load(ctx);
+        const tensor_list saved = ctx->get_saved_variables();
+        const at::Tensor q = unit_stride(saved[0]), k = unit_stride(saved[1]), v = unit_stride(saved[2]);
+        const at::Tensor d_o = unit_stride(grads[0]);
+        at::Tensor dq = empty_like_contiguous(q), dk = empty_like_contiguous(k), dv = empty_like_contiguous(v);
+        const wa_tensor t[6] = {view_of(q, "q"), view_of(k, "k"), view_of(v, "v"), view_of(saved[3], "o"), lse_of(saved[4]),
+                                view_of(d_o, "do")};
+        wa_tensor g[3] = {view_of(dq, "dq"), view_of(dk, "dk"), view_of(dv, "dv")};
+        const wa_attn_desc d = p.desc();
+        try {
+            on_context(q, p.deterministic, [&](wa_context *c) { return call(c, d, saved, t, g); });
+        } catch (const LibraryError &e) {
+            raise_from_backward(e);
+        }
+        out = {dq, dk, dv};
+    }
+    if (!graph) return out;
+    for (at::Tensor &x : out) x = x.detach().requires_grad_(true);
+    return torch::autograd::DelayedError("winattn: attention's backward is not differentiable (a second derivative "
+                                         "through winattn.torch.attention)", 3)
+        .apply(std::move(out));
 }
 
 struct Attention : torch::autograd::Function<Attention> {
@@ -225,7 +247,7 @@ struct Attention : torch::autograd::Function<Attention> {
         wa_tensor to = view(o, "o"), tl = view_lse(lse);
         const wa_attn_desc d = p.desc();
         on_context(q, false, [&](wa_context *c) { return wa.forward(c, &d, &tq, &tk, &tv, &to, &tl); });
-        ctx->save_for_backward({q, k, v, o, lse});
+        ctx->save_for_backward({q_in, k_in, v_in, o, lse});
         p.save(ctx);
         ctx->mark_non_differentiable({lse});
         return {o, lse};
@@ -260,7 +282,7 @@ struct AttentionVarlen : torch::autograd::Function<AttentionVarlen> {
         const wa_attn_desc d = p.desc();
         const wa_varlen s = seqs(cu_q, cu_k, max_q, max_k);
         on_context(q, false, [&](wa_context *c) { return wa.forward_varlen(c, &d, &s, &tq, &tk, &tv, &to, &tl); });
-        ctx->save_for_backward({q, k, v, o, lse, cu_q, cu_k});
+        ctx->save_for_backward({q_in, k_in, v_in, o, lse, cu_q_in, cu_k_in});
         p.save(ctx);
         ctx->saved_data["max_q"] = max_q, ctx->saved_data["max_k"] = max_k;
         ctx->mark_non_differentiable({lse});
@@ -273,7 +295,8 @@ struct AttentionVarlen : torch::autograd::Function<AttentionVarlen> {
         tensor_list out = run_backward(ctx, grads, view_thd, thd_lse, [=](wa_context *c, const wa_attn_desc &d,
                                                                            const tensor_list &saved, const wa_tensor *t,
                                                                            wa_tensor *g) {
-            const wa_varlen s = seqs(saved[5], saved[6], max_q, max_k);
+            const at::Tensor cu_q = saved[5].contiguous(), cu_k = saved[6].contiguous();
+            const wa_varlen s = seqs(cu_q, cu_k, max_q, max_k);
             return wa.backward_varlen(c, &d, &s, &t[0], &t[1], &t[2], &t[3], &t[4], &t[5], &g[0], &g[1], &g[2]);
         });
         out.resize(12); /* no gradients for the offsets and parameters */
@@ -292,7 +315,7 @@ std::tuple<at::Tensor, at::Tensor> attention_varlen(const at::Tensor &q, const a
                                                     const at::Tensor &cu_q, const at::Tensor &cu_k, int64_t max_q,
                                                     int64_t max_k, int64_t left, int64_t right, double scale,
                                                     double softcap, bool deterministic) {
-    if (!wa.forward_varlen) throw LibraryError("winattn: this libwinattn has no wa_forward_varlen; rebuild it");
+    if (!wa.forward_varlen) throw LibraryError("winattn: this libwinattn has no wa_forward_varlen"); /* winattn.torch checks first */
     for (const char *name : {"q", "k", "v"}) {
         const at::Tensor &t = name[0] == 'q' ? q : name[0] == 'k' ? k : v;
         if (t.dim() != 3) throw py::value_error(std::string("winattn: ") + name + " must be 3-d [T, H, D], got shape " + shape_text(t));
@@ -338,6 +361,10 @@ void release_workspace() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.doc() = "winattn.torch's eager path in C++ (python/winattn/_torch_ext.cpp); used through winattn.torch";
     m.attr("torch_version") = WA_TORCH_VERSION;
+    m.attr("source_hash") = WA_EXT_SOURCE_HASH; /* of winattn.h and this file, by build_torch_ext.py */
+    /* the sizes of the structs this module was compiled with, which winattn.torch compares with its
+     * ctypes mirror of the library's header before binding */
+    m.attr("layout") = py::make_tuple(sizeof(wa_tensor), sizeof(wa_attn_desc), sizeof(wa_context_params), sizeof(wa_varlen));
     m.def("bind", &bind, "bind the library's entry points (name -> address), WinattnError and the status names");
     m.def("attention", &attention, "(o, lse) of winattn's attention, differentiable in q, k and v");
     m.def("attention_varlen", &attention_varlen, "(o, lse) over a packed batch, differentiable in q, k and v");

@@ -92,15 +92,20 @@ _pack_tensor, _tensor_from_bytes = _WA_TENSOR.pack, Tensor.from_buffer_copy
 
 
 def _wa(t, name):
+    """q, k, v, o, do or a gradient [B, H, N, D] as the library's tensor"""
     dt = _DTYPES.get(t.dtype)
     if dt is None:
         raise TypeError("winattn: %s has dtype %s; float32, float16 or bfloat16 are supported" % (name, t.dtype))
+    if t.dim() != 4:
+        raise ValueError("winattn: %s must be [B, H, N, D], got shape %s" % (name, tuple(t.shape)))
     device = WA_DEVICE_CUDA if t.is_cuda else WA_DEVICE_CPU  # _context_for refuses other devices
-    if t.dim() == 4:
-        return _tensor_from_bytes(_pack_tensor(t.data_ptr(), dt, device, *t.shape, *t.stride()))
-    if t.dim() == 3:  # lse [B, H, N]
-        return _tensor_from_bytes(_pack_tensor(t.data_ptr(), WA_F32, device, *t.shape, 1, *t.stride(), 1))
-    raise ValueError("winattn: %s must be [B, H, N, D], got shape %s" % (name, tuple(t.shape)))
+    return _tensor_from_bytes(_pack_tensor(t.data_ptr(), dt, device, *t.shape, *t.stride()))
+
+
+def _wa_lse(t):
+    """lse, float32 [B, H, N] (made here, never the caller's), as the library's [B, H, N, 1]"""
+    device = WA_DEVICE_CUDA if t.is_cuda else WA_DEVICE_CPU
+    return _tensor_from_bytes(_pack_tensor(t.data_ptr(), WA_F32, device, *t.shape, 1, *t.stride(), 1))
 
 
 def _unit_stride(t):
@@ -133,7 +138,7 @@ def _forward_kernel(q, k, v, left, right, scale, softcap, deterministic):
     q, k, v = _unit_stride(q), _unit_stride(k), _unit_stride(v)
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
-    args = [_wa(q, "q"), _wa(k, "k"), _wa(v, "v"), _wa(o, "o"), _wa(lse, "lse")]
+    args = [_wa(q, "q"), _wa(k, "k"), _wa(v, "v"), _wa(o, "o"), _wa_lse(lse)]
     d = _desc(left, right, scale, softcap)
     _call(q, False, lib.wa_forward, ctypes.byref(d), *[ctypes.byref(a) for a in args])
     return o, lse
@@ -153,7 +158,7 @@ def _backward_kernel(q, k, v, o, lse, do, left, right, scale, softcap, determini
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
-    args = [_wa(q, "q"), _wa(k, "k"), _wa(v, "v"), _wa(o, "o"), _wa(lse, "lse"), _wa(do, "do"), _wa(dq, "dq"),
+    args = [_wa(q, "q"), _wa(k, "k"), _wa(v, "v"), _wa(o, "o"), _wa_lse(lse), _wa(do, "do"), _wa(dq, "dq"),
             _wa(dk, "dk"), _wa(dv, "dv")]
     d = _desc(left, right, scale, softcap)
     _call(q, deterministic, lib.wa_backward, ctypes.byref(d), *[ctypes.byref(a) for a in args])
@@ -198,6 +203,22 @@ torch.library.register_autograd("winattn::forward", _backward, setup_context=_se
 _EXT_FILE = "_torch_ext" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so")
 
 
+def _source_hash():
+    """build_torch_ext.py's hash of winattn.h and _torch_ext.cpp, where this is a source checkout
+    (None in an installed package, which has no header)"""
+    import hashlib
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    files = [os.path.join(here, "..", "..", "include", "winattn.h"), os.path.join(here, "_torch_ext.cpp")]
+    if not all(os.path.exists(f) for f in files):
+        return None
+    h = hashlib.sha256()
+    for f in files:
+        with open(f, "rb") as fh:
+            h.update(fh.read())
+    return h.hexdigest()[:16]
+
+
 def _load_ext():
     setting = os.environ.get("WINATTN_TORCH_EXT", "")
     if setting == "0":
@@ -205,7 +226,8 @@ def _load_ext():
     if setting:
         path = setting
     else:
-        homes = [os.path.dirname(os.path.abspath(__file__)), os.path.dirname(os.path.abspath(_lib.path))]
+        # beside the library loaded first (a build folder's fresh module before an installed copy)
+        homes = [os.path.dirname(os.path.abspath(_lib.path)), os.path.dirname(os.path.abspath(__file__))]
         found = [os.path.join(h, "torch_ext", "torch-" + torch.__version__, _EXT_FILE) for h in homes]
         found = [f for f in found if os.path.exists(f)]
         if not found:
@@ -226,11 +248,19 @@ def _load_ext():
         spec.loader.exec_module(ext)
         if ext.torch_version != torch.__version__:
             raise ImportError("built for torch %s, running %s" % (ext.torch_version, torch.__version__))
+        layout = tuple(ctypes.sizeof(c) for c in (Tensor, _lib.AttnDesc, _lib.ContextParams, _lib.Varlen))
+        if tuple(ext.layout) != layout:
+            raise ImportError("built against another winattn.h (struct sizes %s, the library's %s); `make torch-ext` "
+                              "rebuilds it" % (tuple(ext.layout), layout))
+        source = _source_hash()
+        if source is not None and ext.source_hash != source:
+            raise ImportError("built from other sources than this checkout's winattn.h and _torch_ext.cpp; "
+                              "`make torch-ext` rebuilds it")
         names = ["wa_context_create", "wa_context_destroy", "wa_forward", "wa_backward", "wa_last_error"]
         names += ["wa_forward_varlen", "wa_backward_varlen"] if _lib.HAS_VARLEN else []
         ext.bind({n: ctypes.cast(getattr(lib, n), ctypes.c_void_p).value for n in names}, WinattnError,
                  STATUS_NAMES)
-    except (ImportError, OSError) as e:
+    except Exception as e:  # anything: the Python path does the same work
         if setting:
             raise ImportError("winattn: WINATTN_TORCH_EXT=%s: %s" % (setting, e)) from None
         warnings.warn("winattn: %s does not load (%s); using the Python path" % (path, e))
@@ -482,6 +512,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     max_q = _max_seqlen_arg(max_seqlen_q, "max_seqlen_q")
     max_k = _max_seqlen_arg(max_seqlen_k, "max_seqlen_k")
     left, right, scale, softcap = _lib.window_args(window, causal, scale, softcap)
+    _lib.require_varlen()
     o, lse = _run(_forward_varlen, _AttentionVarlen, _forward_varlen_kernel, "attention_varlen",
                   (q, k, v, cu_seqlens_q, cu_seqlens_k),
                   max_q, max_k, left, right, scale, softcap, bool(deterministic))
