@@ -8,8 +8,6 @@
 #                        C bench, at (b) 32K, (cw) 16K and (c) 8K             -> timeline.txt
 #   data_sensitivity.py  bench bursts against sustained calls, uniform against randn data, with
 #                        the SM clock and power                               -> data_sensitivity.txt
-#   torch_ext/measure.py the C++ autograd function against the eager path, host time on CUDA
-#                                                                             -> torch_ext.txt
 #   binding_overhead.py --profile-only: where the eager path's host time goes -> binding_profile.txt
 LAB_KEEP=1
 . dev/cuda/lab_env.sh
@@ -24,7 +22,6 @@ step() {
     row "$log" "exit $?, $(($(date +%s) - s)) s"
 }
 step timeline.txt python3 dev/cuda/kernel_timeline.py --cases b:32768,cw:16384,c:8192
-step torch_ext.txt python3 dev/torch_ext/measure.py --device cuda
 step binding_profile.txt python3 bench/binding_overhead.py --device cuda --profile-only
 step data_sensitivity.txt python3 dev/cuda/data_sensitivity.py --n 8192,16384
 echo "total $(($(date +%s) - t0)) s"
