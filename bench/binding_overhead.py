@@ -81,8 +81,9 @@ def c_library_step(q, k, v, do, win, scale):
 
     o0, lse0 = torch.ops.winattn.forward(q, k, v, win[0], win[1], scale, 0.0, True)
     grads0 = [torch.empty_like(x) for x in (q, k, v)]
-    ta = [wt._wa(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (o0, "o"), (lse0, "lse"), (do, "do"),
+    ta = [wt._wa(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (o0, "o"), (do, "do"),
                                   (grads0[0], "dq"), (grads0[1], "dk"), (grads0[2], "dv"))]
+    ta.insert(4, wt._wa_lse(lse0))
     refs = [ctypes.byref(x) for x in ta]
     d = ctypes.byref(wt._desc(win[0], win[1], scale, 0.0))
     ctx = wt._context_for(q, True)
