@@ -362,6 +362,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     float acc[4][8][4];
     zero_frags(acc);
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+    /* P as the A operand of O += P V, a k step (16 keys) each; with the split exponentials pa[0]
+     * holds this consumer's half of the columns (k step cw) and pa[1] the other's (k step cw ^ 1) */
     uint32_t pa[BN / 16][4];
     uint32_t qa[kWideQRegSteps > 0 ? kWideQRegSteps : 1][4]; /* the first kWideQRegSteps of this warpgroup's k steps of Q */
 
