@@ -7,8 +7,9 @@ shapes so small that the kernels cost next to nothing. Run from the repository r
 Needs torch.
 
 CPU: the time of a forward + backward (the fastest of five batches) through autograd on winattn's
-eager path (the C++ one when `make torch-ext` built it, and then the Python one beside it) and on its ops, through the C library with ready arguments (the kernels and the
-library's own host work: what the rows above pay beyond it is the binding's), and through SDPA.
+eager path (the C++ one when `make torch-ext` built it, and then the Python one beside it) and on
+its ops, through the C library with ready arguments (the kernels and the library's own host work:
+what the rows above pay beyond it is the binding's), and through SDPA.
 
 CUDA (1x2x128x64 bf16, window (63, 0)): per forward + backward, in microseconds,
   host      the wall time of the calls alone: each call timed on the host, the GPU drained between
@@ -81,9 +82,7 @@ def c_library_step(q, k, v, do, win, scale):
 
     o0, lse0 = torch.ops.winattn.forward(q, k, v, win[0], win[1], scale, 0.0, True)
     grads0 = [torch.empty_like(x) for x in (q, k, v)]
-    ta = [wt._wa(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (o0, "o"), (do, "do"),
-                                  (grads0[0], "dq"), (grads0[1], "dk"), (grads0[2], "dv"))]
-    ta.insert(4, wt._wa_lse(lse0))
+    ta = wt._backward_args(q, k, v, o0, lse0, do, *grads0)
     refs = [ctypes.byref(x) for x in ta]
     d = ctypes.byref(wt._desc(win[0], win[1], scale, 0.0))
     ctx = wt._context_for(q, True)

@@ -9,7 +9,7 @@ itself is not linked (winattn.torch hands the module its entry points), so the m
 for CPU-only and CUDA builds of torch. On failure a one-line reason and exit status 1, or 2 when
 a prerequisite (torch, the compiler, Python's headers) is missing."""
 import argparse
-import hashlib
+import importlib.util
 import os
 import shlex
 import shutil
@@ -34,19 +34,13 @@ def missing(message):
     fail(message, 2)
 
 
-def module_dir(build, torch_version):
-    """where the module for this torch lives under a build folder (winattn.torch looks there)"""
-    return os.path.join(build, "torch_ext", "torch-" + torch_version)
-
-
-def source_hash():
-    """of winattn.h and _torch_ext.cpp, as winattn.torch computes it in a source checkout: a module
-    built from other sources is not loaded there, and an up-to-date one is not built again"""
-    h = hashlib.sha256()
-    for f in (os.path.join(ROOT, "include", "winattn.h"), SOURCE):
-        with open(f, "rb") as fh:
-            h.update(fh.read())
-    return h.hexdigest()[:16]
+def ext_files():
+    """winattn/_ext_files.py, loaded by its path: where winattn.torch looks for the module and the
+    source hash it checks, without importing the package (which loads the library)"""
+    spec = importlib.util.spec_from_file_location("_winattn_ext_files", os.path.join(HERE, "winattn", "_ext_files.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def command(torch, target, digest):
@@ -89,10 +83,11 @@ def main():
         import torch
     except ImportError as e:
         missing("torch is not importable (%s)" % e)
-    out = module_dir(a.build, torch.__version__)
-    target = os.path.join(out, "_torch_ext" + sysconfig.get_config_var("EXT_SUFFIX"))
+    files = ext_files()
+    target = files.module_path(a.build, torch.__version__)
+    out = os.path.dirname(target)
     stamp = target + ".source"  # the source hash it was built from
-    digest = source_hash()
+    digest = files.source_hash()
     if not a.force and os.path.exists(target) and os.path.exists(stamp):
         with open(stamp) as f:
             if f.read().strip() == digest:

@@ -21,7 +21,6 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/functions/basic_ops.h>
 
-#include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -150,20 +149,18 @@ wa_tensor view_lse(const at::Tensor &lse) {
     return w;
 }
 
-/* packed [T, H, D] as the varlen [1, H, T, D] (the batch of one is never stepped over); lse [H, T] as [1, H, T, 1] */
+/* packed [T, H, D] (3-d: winattn.torch checks) as the varlen [1, H, T, D]; the batch of one is never
+ * stepped over */
 wa_tensor view_thd(const at::Tensor &t, const char *name) {
-    wa_tensor w{};
-    w.data = t.data_ptr();
-    w.device = wa_device_for(t);
-    if (t.dim() == 2) {
-        w.dtype = WA_F32;
-        const int64_t shape[4] = {1, t.size(0), t.size(1), 1}, stride[4] = {0, t.stride(0), t.stride(1), 1};
-        std::copy(shape, shape + 4, w.shape), std::copy(stride, stride + 4, w.stride);
-    } else {
-        w.dtype = dtype_of(t, name);
-        const int64_t shape[4] = {1, t.size(1), t.size(0), t.size(2)}, stride[4] = {0, t.stride(1), t.stride(0), 1};
-        std::copy(shape, shape + 4, w.shape), std::copy(stride, stride + 4, w.stride);
-    }
+    wa_tensor w{t.data_ptr(), dtype_of(t, name), wa_device_for(t), {1, t.size(1), t.size(0), t.size(2)},
+                {0, t.stride(1), t.stride(0), 1}};
+    return w;
+}
+
+/* the varlen lse, f32 [H, T], as [1, H, T, 1] */
+wa_tensor view_thd_lse(const at::Tensor &lse) {
+    wa_tensor w{lse.data_ptr(), WA_F32, wa_device_for(lse), {1, lse.size(0), lse.size(1), 1},
+                {0, lse.stride(0), lse.stride(1), 1}};
     return w;
 }
 
@@ -278,7 +275,7 @@ struct AttentionVarlen : torch::autograd::Function<AttentionVarlen> {
         at::Tensor o = empty_like_contiguous(q);
         at::Tensor lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(at::kFloat));
         const wa_tensor tq = view_thd(q, "q"), tk = view_thd(k, "k"), tv = view_thd(v, "v");
-        wa_tensor to = view_thd(o, "o"), tl = view_thd(lse, "lse");
+        wa_tensor to = view_thd(o, "o"), tl = view_thd_lse(lse);
         const wa_attn_desc d = p.desc();
         const wa_varlen s = seqs(cu_q, cu_k, max_q, max_k);
         on_context(q, false, [&](wa_context *c) { return wa.forward_varlen(c, &d, &s, &tq, &tk, &tv, &to, &tl); });
@@ -290,15 +287,14 @@ struct AttentionVarlen : torch::autograd::Function<AttentionVarlen> {
     }
 
     static tensor_list backward(AutogradContext *ctx, tensor_list grads) {
-        const auto thd_lse = [](const at::Tensor &lse) { return view_thd(lse, "lse"); };
         const int64_t max_q = ctx->saved_data["max_q"].toInt(), max_k = ctx->saved_data["max_k"].toInt();
-        tensor_list out = run_backward(ctx, grads, view_thd, thd_lse, [=](wa_context *c, const wa_attn_desc &d,
-                                                                           const tensor_list &saved, const wa_tensor *t,
-                                                                           wa_tensor *g) {
+        const auto call = [=](wa_context *c, const wa_attn_desc &d, const tensor_list &saved, const wa_tensor *t,
+                              wa_tensor *g) {
             const at::Tensor cu_q = saved[5].contiguous(), cu_k = saved[6].contiguous();
             const wa_varlen s = seqs(cu_q, cu_k, max_q, max_k);
             return wa.backward_varlen(c, &d, &s, &t[0], &t[1], &t[2], &t[3], &t[4], &t[5], &g[0], &g[1], &g[2]);
-        });
+        };
+        tensor_list out = run_backward(ctx, grads, view_thd, view_thd_lse, call);
         out.resize(12); /* no gradients for the offsets and parameters */
         return out;
     }
@@ -315,11 +311,8 @@ std::tuple<at::Tensor, at::Tensor> attention_varlen(const at::Tensor &q, const a
                                                     const at::Tensor &cu_q, const at::Tensor &cu_k, int64_t max_q,
                                                     int64_t max_k, int64_t left, int64_t right, double scale,
                                                     double softcap, bool deterministic) {
-    if (!wa.forward_varlen) throw LibraryError("winattn: this libwinattn has no wa_forward_varlen"); /* winattn.torch checks first */
-    for (const char *name : {"q", "k", "v"}) {
-        const at::Tensor &t = name[0] == 'q' ? q : name[0] == 'k' ? k : v;
-        if (t.dim() != 3) throw py::value_error(std::string("winattn: ") + name + " must be 3-d [T, H, D], got shape " + shape_text(t));
-    }
+    /* winattn.torch has checked the library's varlen entry points and the tensors' dimensions */
+    if (!wa.forward_varlen) throw LibraryError("winattn: this libwinattn has no wa_forward_varlen");
     auto r = AttentionVarlen::apply(q, k, v, cu_q, cu_k, max_q, max_k, left, right, scale, softcap, deterministic);
     return {r[0], r[1]};
 }

@@ -362,16 +362,14 @@ def _wait(works):
 # ---- the library's calls, writing into slices of outputs made here ----
 
 def _forward_into(q, k, v, o, lse, left, right, scale, softcap):
-    args = [_wt._wa(q, "q"), _wt._wa(k, "k"), _wt._wa(v, "v"), _wt._wa(o, "o"), _wt._wa_lse(lse)]
+    args = _wt._forward_args(q, k, v, o, lse)
     d = _wt._desc(left, right, scale, softcap)
     _wt._call(q, False, _lib.lib.wa_forward, ctypes.byref(d), *[ctypes.byref(a) for a in args])
 
 
 def _backward_into(q, k, v, o, lse, do, dq, dk, dv, left, right, scale, softcap, deterministic):
     """Overwrites dq, dk, dv (views) with the call's gradients."""
-    named = ((q, "q"), (k, "k"), (v, "v"), (o, "o"), (do, "do"), (dq, "dq"), (dk, "dk"), (dv, "dv"))
-    args = [_wt._wa(t, name) for t, name in named]
-    args.insert(4, _wt._wa_lse(lse))
+    args = _wt._backward_args(q, k, v, o, lse, do, dq, dk, dv)
     d = _wt._desc(left, right, scale, softcap)
     _wt._call(q, deterministic, _lib.lib.wa_backward, ctypes.byref(d), *[ctypes.byref(a) for a in args])
 

@@ -15,7 +15,6 @@ import ctypes
 import glob
 import os
 import struct
-import sysconfig
 import threading
 import warnings
 
@@ -27,6 +26,7 @@ if not hasattr(torch.library, "custom_op"):  # ImportError, so that callers trea
 from . import _lib  # noqa: E402
 from ._lib import WA_BF16, WA_DEVICE_CPU, WA_DEVICE_CUDA, WA_F16, WA_F32, Context, Tensor, lib  # noqa: E402
 from ._lib import STATUS_NAMES, WinattnError  # noqa: E402
+from ._ext_files import module_path as _ext_module_path, source_hash as _ext_source_hash  # noqa: E402
 
 __all__ = ["attention", "attention_varlen", "release_workspace", "eager_path"]
 
@@ -108,6 +108,16 @@ def _wa_lse(t):
     return _tensor_from_bytes(_pack_tensor(t.data_ptr(), WA_F32, device, *t.shape, 1, *t.stride(), 1))
 
 
+def _forward_args(q, k, v, o, lse):
+    """wa_forward's tensors, in its order, as the library's"""
+    return [_wa(q, "q"), _wa(k, "k"), _wa(v, "v"), _wa(o, "o"), _wa_lse(lse)]
+
+
+def _backward_args(q, k, v, o, lse, do, dq, dk, dv):
+    """wa_backward's tensors, in its order, as the library's"""
+    return _forward_args(q, k, v, o, lse) + [_wa(do, "do"), _wa(dq, "dq"), _wa(dk, "dk"), _wa(dv, "dv")]
+
+
 def _unit_stride(t):
     return t if t.stride(-1) == 1 else t.contiguous()
 
@@ -138,7 +148,7 @@ def _forward_kernel(q, k, v, left, right, scale, softcap, deterministic):
     q, k, v = _unit_stride(q), _unit_stride(k), _unit_stride(v)
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
-    args = [_wa(q, "q"), _wa(k, "k"), _wa(v, "v"), _wa(o, "o"), _wa_lse(lse)]
+    args = _forward_args(q, k, v, o, lse)
     d = _desc(left, right, scale, softcap)
     _call(q, False, lib.wa_forward, ctypes.byref(d), *[ctypes.byref(a) for a in args])
     return o, lse
@@ -158,8 +168,7 @@ def _backward_kernel(q, k, v, o, lse, do, left, right, scale, softcap, determini
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
-    args = [_wa(q, "q"), _wa(k, "k"), _wa(v, "v"), _wa(o, "o"), _wa_lse(lse), _wa(do, "do"), _wa(dq, "dq"),
-            _wa(dk, "dk"), _wa(dv, "dv")]
+    args = _backward_args(q, k, v, o, lse, do, dq, dk, dv)
     d = _desc(left, right, scale, softcap)
     _call(q, deterministic, lib.wa_backward, ctypes.byref(d), *[ctypes.byref(a) for a in args])
     return dq, dk, dv
@@ -200,25 +209,6 @@ torch.library.register_autograd("winattn::forward", _backward, setup_context=_se
 # torch running now; otherwise the Python eager path below does the same work. WINATTN_TORCH_EXT=0
 # turns it off; WINATTN_TORCH_EXT=PATH names the module file (then failing to load it is an error).
 
-_EXT_FILE = "_torch_ext" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so")
-
-
-def _source_hash():
-    """build_torch_ext.py's hash of winattn.h and _torch_ext.cpp, where this is a source checkout
-    (None in an installed package, which has no header)"""
-    import hashlib
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    files = [os.path.join(here, "..", "..", "include", "winattn.h"), os.path.join(here, "_torch_ext.cpp")]
-    if not all(os.path.exists(f) for f in files):
-        return None
-    h = hashlib.sha256()
-    for f in files:
-        with open(f, "rb") as fh:
-            h.update(fh.read())
-    return h.hexdigest()[:16]
-
-
 def _load_ext():
     setting = os.environ.get("WINATTN_TORCH_EXT", "")
     if setting == "0":
@@ -228,11 +218,10 @@ def _load_ext():
     else:
         # beside the library loaded first (a build folder's fresh module before an installed copy)
         homes = [os.path.dirname(os.path.abspath(_lib.path)), os.path.dirname(os.path.abspath(__file__))]
-        found = [os.path.join(h, "torch_ext", "torch-" + torch.__version__, _EXT_FILE) for h in homes]
-        found = [f for f in found if os.path.exists(f)]
+        found = [f for f in (_ext_module_path(h, torch.__version__) for h in homes) if os.path.exists(f)]
         if not found:
             others = sorted(set(os.path.basename(os.path.dirname(f)) for h in homes
-                                for f in glob.glob(os.path.join(h, "torch_ext", "torch-*", _EXT_FILE))))
+                                for f in glob.glob(_ext_module_path(h, "*"))))
             if others:
                 warnings.warn("winattn: the C++ path was built for %s, not torch %s; `make torch-ext` builds it "
                               "for this one. Using the Python path." % (", ".join(others), torch.__version__))
@@ -252,7 +241,7 @@ def _load_ext():
         if tuple(ext.layout) != layout:
             raise ImportError("built against another winattn.h (struct sizes %s, the library's %s); `make torch-ext` "
                               "rebuilds it" % (tuple(ext.layout), layout))
-        source = _source_hash()
+        source = _ext_source_hash()
         if source is not None and ext.source_hash != source:
             raise ImportError("built from other sources than this checkout's winattn.h and _torch_ext.cpp; "
                               "`make torch-ext` rebuilds it")
