@@ -287,7 +287,8 @@ static_assert(wide_layout::bytes <= 232448, "the D = 512 forward fits the 227 KB
  * tile: Q is 64 of the about 220 KB of shared-memory traffic per tile, where Nsight Compute's
  * stalls pointed (docs/cuda.md). N = 14 (56 registers) is the fastest measured: 10-15 % over
  * N = 0 at (c), against 3-6 % for 8 and 5-10 % for 12; all 16 spill and run 13-18 % slower than 0
- * (`dev/cuda/fwd_variants.sh`, docs/cuda.md). ptxas at 14: no spills, 40-60 bytes with a softcap.
+ * (`dev/cuda/fwd_variants.sh`, docs/cuda.md). ptxas at 14: no spills, 40-60 bytes with a softcap
+ * (24 with the split exponentials below).
  * -DWA_FWD512_QREG=0 builds the all-shared form. */
 #ifndef WA_FWD512_QREG
 #define WA_FWD512_QREG 14
@@ -384,15 +385,15 @@ __global__ void __launch_bounds__(kThreads, 1)
                 wgmma_ss<T, BN>(s, desc_at(q_d, (kx >> 2) * (BM * 128) + (kx & 3) * 32), desc_at(k_d, (kx >> 2) * (BN * 128) + (kx & 3) * 32),
                                 kx > 0);
     };
+    auto v_desc = [&](int st) { return gmma_desc_mn(opaque(sV + st * TILE + cw * 4 * (BN * 128)), BN * 128); };
     auto issue_pv = [&](int st) {
-        const uint64_t v_d = gmma_desc_mn(opaque(sV + st * TILE + cw * 4 * (BN * 128)), BN * 128);
+        const uint64_t v_d = v_desc(st);
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) wide_mn_product<T, 256>(acc, pa[kk], desc_at(v_d, kk * (16 * 128)));
     };
     /* split exponentials: O += P V over the 16 keys of k step kk (0 or 1) only, with that half of P in a */
     auto issue_pv_half = [&](int st, const uint32_t (&a)[4], int kk) {
-        const uint64_t v_d = gmma_desc_mn(opaque(sV + st * TILE + cw * 4 * (BN * 128)), BN * 128);
-        wide_mn_product<T, 256>(acc, a, desc_at(v_d, kk * (16 * 128)));
+        wide_mn_product<T, 256>(acc, a, desc_at(v_desc(st), kk * (16 * 128)));
     };
     /* split exponentials: the P halves (as A fragments, 16 bytes a thread) by tile parity and the
      * final row sums, in each consumer's first column block of Q (8 KB, dead once in registers) */
