@@ -35,7 +35,8 @@ forward 4*D*pairs per query head, backward 2.5x forward). The systems of a shape
 warmed up (two calls each), then timed in --reps rounds of one timing each, the order rotating
 every round: the GPU runs hotter and, under its 700 W limit, at lower clocks after a system's
 sustained calls, so timing one system after another favoured whichever ran first (FA4's steady
-backward at (b) 32K: 540 TFLOP/s first, 490 after winattn, in one run). Each time is the median
+backward at (b) 32K: 540 TFLOP/s timed first, 490 timed after winattn, in two runs of the same
+kernels, one in each order; docs/gpu-peers.md). Each time is the median
 of its rounds, timed with CUDA events, two ways: one call per event pair with a synchronise
 after it ("per call": the GPU also waits for the host's work before the first kernel, Python and
 launch overhead included), and 10 calls back to back per event pair ("steady": as in a training
