@@ -94,9 +94,12 @@ def main():
                 if not a.quiet:
                     print("%s is up to date for torch %s" % (os.path.relpath(target), torch.__version__))
                 return
-    os.makedirs(out, exist_ok=True)
     # compiled beside its place and renamed into it: a failed or interrupted build leaves no module
-    fd, partial = tempfile.mkstemp(prefix=".partial-", suffix=".so", dir=out)
+    try:
+        os.makedirs(out, exist_ok=True)
+        fd, partial = tempfile.mkstemp(prefix=".partial-", suffix=".so", dir=out)
+    except OSError as e:
+        fail("cannot write in %s: %s" % (out, e.strerror))
     os.close(fd)
     try:
         t = time.perf_counter()
