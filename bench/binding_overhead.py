@@ -9,7 +9,8 @@ Needs torch.
 CPU: the time of a forward + backward (the fastest of five batches) through autograd on winattn's
 eager path (the C++ one when `make torch-ext` built it, and then the Python one beside it) and on
 its ops, through the C library with ready arguments (the kernels and the library's own host work:
-what the rows above pay beyond it is the binding's), and through SDPA.
+what the rows above pay beyond it is the binding's), through SDPA, and for one multiply through
+autograd (the least any op pays there).
 
 CUDA (1x2x128x64 bf16, window (63, 0)): per forward + backward, in microseconds,
   host      the wall time of the calls alone: each call timed on the host, the GPU drained between
@@ -22,8 +23,9 @@ CUDA (1x2x128x64 bf16, window (63, 0)): per forward + backward, in microseconds,
   gpu       the kernels alone: the same forward + backward captured in a CUDA graph, replayed,
             timed with CUDA events;
   excess    host minus gpu: what a step pays beyond the kernels when the host cannot run ahead;
-the same for SDPA's flash backend and (with --peers-dir) FlashAttention 4, as references. Then two
-checks, each printed as identical or not: the forward + backward captured in a CUDA graph and
+the same for SDPA's flash backend, (with --peers-dir) FlashAttention 4, and one multiply through
+autograd (`q * 2`: one native op and one kernel each way, the least any op pays there), as
+references. Then two checks, each printed as identical or not: the forward + backward captured in a CUDA graph and
 replayed gives the eager call's o, dq, dk, dv bit for bit (deterministic=True), and so does
 torch.compile(mode="reduce-overhead") of a function calling winattn.torch.attention (each capture
 in a process of its own; exit status 1 if either check fails). --profile adds a cProfile of the
@@ -55,7 +57,7 @@ def cpu(calls):
           % calls)
     win, scale = (7, 0), 64 ** -0.5
     paths = autograd_steps(q, k, v, do, win, scale, cuda=False)
-    paths.insert(len(paths) - 1, ("winattn, C library (the kernels)", c_library_step(q, k, v, do, win, scale)))
+    paths.insert(len(paths) - 2, ("winattn, C library (the kernels)", c_library_step(q, k, v, do, win, scale)))
     for name, step in paths:
         print("  %-40s %6.1f" % (name, best_us(step, calls)))
 
@@ -119,10 +121,14 @@ def autograd_steps(q, k, v, do, win, scale, cuda):
         finally:
             wt._ext = ext
 
+    def floor_step():  # the least any op pays through autograd: one native op, one kernel each way
+        return torch.autograd.grad(q * 2.0, (q,), do)
+
     rows = [("winattn, autograd (%s path)" % wt.eager_path(), eager_step)]
     if wt.eager_path() != "Python":
         rows.append(("winattn, autograd (Python path)", python_path_step))
     return rows + [("winattn, autograd through the ops", ops_autograd_step),
+                   ("torch: q * 2 through autograd (the floor)", floor_step),
                    ("sdpa flash (causal)" if cuda else "sdpa (causal)", sdpa_step)]
 
 
@@ -206,7 +212,7 @@ def steps(q, k, v, do, peers_dir, with_c_library=True):
     in a CUDA graph)]; the C-library row's context is bound to the stream it was made on, so that
     row takes the custom ops' kernel time (the same kernels)"""
     win, scale = WIN, SCALE
-    *winattn_rows, sdpa_row = autograd_steps(q, k, v, do, win, scale, cuda=True)
+    *winattn_rows, floor_row, sdpa_row = autograd_steps(q, k, v, do, win, scale, cuda=True)
 
     def ops_step():
         o, lse = torch.ops.winattn.forward(q, k, v, win[0], win[1], scale, 0.0, True)
@@ -215,7 +221,7 @@ def steps(q, k, v, do, peers_dir, with_c_library=True):
     out = [(name, step, True) for name, step in winattn_rows] + [("winattn, custom ops", ops_step, True)]
     if with_c_library:
         out.append(("winattn, C library", c_library_step(q, k, v, do, win, scale), False))
-    out.append(sdpa_row + (True,))
+    out += [sdpa_row + (True,), floor_row + (True,)]
     if peers_dir:
         from peer_wheels import add_to_path
 

@@ -178,6 +178,18 @@ constexpr bool kBwdPingpong = true;
 constexpr bool kBwdPingpong = false;
 #endif
 
+/* Lab (-DWA_BWD_STEP_OVERLAP=1): by rows, each warpgroup overlaps its own products with its
+ * softmax work inside a step, as FlashAttention 4's SM90 backward orders them: Sᵀ and dPᵀ in two
+ * commit groups, so Pᵀ is formed while dPᵀ still runs; dV += Pᵀ dO issued as soon as Pᵀ is packed,
+ * so dSᵀ is formed while it runs; in the fused form dQ issued before dK += dSᵀ Q, so the step's dQ
+ * share is staged and its reduce-add issued while dK runs. The products and their operands are
+ * the same, so the results are bit-identical to the form below. */
+#ifndef WA_BWD_STEP_OVERLAP
+#define WA_BWD_STEP_OVERLAP 0
+#endif
+constexpr bool kBwdStepOverlap = WA_BWD_STEP_OVERLAP != 0;
+static_assert(!(kBwdStepOverlap && kBwdPingpong), "WA_BWD_STEP_OVERLAP orders the products within a warpgroup; pingpong across them");
+
 template <typename T, int D, Cap CAP, bool FUSE, bool VARLEN>
 __global__ void __launch_bounds__(kThreads, 1)
     dkdv_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
@@ -394,7 +406,66 @@ __global__ void __launch_bounds__(kThreads, 1)
 
         float s[8][4], pd[8][4];
         uint32_t pa[4][4];
-        if constexpr (BY_ROWS) {
+        if constexpr (BY_ROWS && kBwdStepOverlap) {
+            /* Sᵀ | dPᵀ | dV += Pᵀ dO | [fused: dQ = dS K] | dK += dSᵀ Q, each its own commit group,
+             * each waited for only where its result is needed */
+            float dp[8][4];
+            wg_fence();
+            tile_product(s, opaque(sK), q_s);
+            wg_commit();
+            tile_product(dp, opaque(sV), do_s);
+            wg_commit();
+            publish_stats();
+            wg_wait<1>(); /* Sᵀ */
+            reg_fence(s);
+            probs(s, pd, lse2, i0, edge);
+            pack_a<T, 64>(pa, s);
+            reg_fence(pa);
+            fence_acc();
+            wg_fence();
+            const uint64_t do_d = gmma_desc_mn(do_s, 64 * 128), q_d = gmma_desc_mn(q_s, 64 * 128);
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) wide_mn_product<T, D>(acc, pa[kk], desc_at(do_d, kk * (16 * 128)));
+            wg_commit();
+            wg_wait<1>(); /* dPᵀ; dV still runs */
+            reg_fence(dp);
+#pragma unroll
+            for (int nb = 0; nb < 8; nb++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int c = nb * 8 + 2 * t4 + (e & 1);
+                    s[nb][e] = pd[nb][e] * (dp[nb][e] - delta[c]) * p.scale; /* dSᵀ */
+                }
+            uint32_t pb[4][4];
+            pack_a<T, 64>(pb, s);
+            if constexpr (FUSE) {
+                static_assert(!FUSE || dq_split_columns<D>() || D == 64, "one dQ block per warpgroup and step");
+                write_ds(pb, n & 1);
+                float dq[8][4];
+                dq_product(dq, n & 1, dq_split_columns<D>() ? cw : 0); /* its own commit group */
+                reg_fence(pb);
+                wg_fence();
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++) wide_mn_product<T, D>(acc2, pb[kk], desc_at(q_d, kk * (16 * 128)));
+                wg_commit();
+                wg_wait<1>(); /* dV and dQ; dK still runs */
+                reg_fence(dq);
+                reg_fence(pa);
+                const long long tile = (b * p.Hq + hk * p.group + n / nqt) * (p.nq_pad / 64) + i0 / 64;
+                if constexpr (VARLEN) add_dq_rows(dq, hk * p.group + n / nqt, i0, dq_split_columns<D>() ? cw : 0);
+                else add_dq(dq, tile, dq_split_columns<D>() ? cw : 0);
+            } else {
+                reg_fence(pb);
+                wg_fence();
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++) wide_mn_product<T, D>(acc2, pb[kk], desc_at(q_d, kk * (16 * 128)));
+                wg_commit();
+            }
+            wg_wait<0>();
+            reg_fence(pa);
+            reg_fence(pb);
+            fence_acc();
+        } else if constexpr (BY_ROWS) {
             /* Sᵀ and dPᵀ, then dV += Pᵀ dO and dK += dSᵀ Q, all for this warpgroup's keys */
             float dp[8][4];
             turns.begin();

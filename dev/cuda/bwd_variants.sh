@@ -1,0 +1,59 @@
+#!/bin/sh
+# bwd_variants.sh — compile-time variants of the D ≤ 128 backward against this tree's default, on
+# the H200, in one run: each variant built (sm_90a only, in parallel with the default; a carried
+# .lab-prebuilt/build-NAME.tar.xz from dev/cuda/prebuild.sh is used instead), then
+# `winattn bench --device cuda` backward TFLOP/s at (b) 8K / 32K, D = 64 with a 1024 window at 16K
+# and causal D = 128 at 8K, in the default (fused) and the deterministic mode, the builds
+# alternating, twice; then on each variant the whole parity sweep in both modes and
+# compute-sanitizer memcheck and racecheck on D = 64 / 128 cases (309, 314, 1004 varlen, 730
+# softcap; 309 also deterministic). The summary comes back in summary.txt.
+# From the repository root on the H200 (DEPS as in scripts/cuda_check.sh):
+#   DEPS=.devdeps sh dev/cuda/bwd_variants.sh NAME "DEFINES" [NAME "DEFINES" ...]
+# e.g. overlap "-DWA_BWD_STEP_OVERLAP=1" (bwd_hopper.cu: each warpgroup's products in their own
+# commit groups, waited for only where their results are needed)
+[ $# -ge 2 ] && [ $(($# % 2)) -eq 0 ] || { echo "usage: sh dev/cuda/bwd_variants.sh NAME \"DEFINES\" [NAME \"DEFINES\" ...]"; exit 2; }
+LAB_KEEP=1
+. dev/cuda/lab_env.sh
+unset WINATTN_CUDA
+FLAGS=$LAB_SM90_FLAGS
+lab_summary 44
+nvidia-smi -L
+
+BUILDS=build
+while [ $# -ge 2 ]; do
+    (lab_build "build-$1" "" NVCCFLAGS="$FLAGS $2" "build-$1/winattn") &
+    BUILDS="$BUILDS build-$1"
+    shift 2
+done
+lab_build build "" NVCCFLAGS="$FLAGS" build/winattn
+wait
+
+# bwd_tflops W BENCH_ARGS...: the backward TFLOP/s column of `W bench --device cuda`, one value a length
+bwd_tflops() {
+    w=$1
+    shift
+    timeout 90 $w bench --device cuda --reps 5 "$@" | awk -F'|' '$2 ~ /[0-9]/ {printf "%s ", $6 + 0}'
+}
+bwd_row() {
+    w=$3/winattn
+    bb=$(bwd_tflops $w $2 --n 8192,32768 --d 128 --hkv 8 --sliding-window 4096)
+    d64=$(bwd_tflops $w $2 --n 16384 --d 64 --hkv 8 --sliding-window 1024)
+    c128=$(bwd_tflops $w $2 --n 8192 --d 128 --hkv 8 --causal)
+    row "bwd $1 ${2:-fused}, $3" "(b) $bb| D64 w1024 16K $d64| D128 causal 8K $c128"
+}
+
+# the timings first: a run cut short by its time limit still brings them back
+for round in 1 2; do
+    for mode in "" --deterministic; do
+        for b in $BUILDS; do [ -x $b/winattn ] && bwd_row $round "$mode" $b; done
+    done
+done
+for b in $BUILDS; do
+    [ -x $b/winattn ] || { row "$b" "build failed"; continue; }
+    [ $b = build ] && continue
+    lab_sweep "full, $b" 240 $b/winattn parity --device cuda --threads 16
+    lab_sweep "full deterministic, $b" 240 $b/winattn parity --device cuda --threads 16 --deterministic
+    lab_sanitize memcheck $b/winattn 309 314 1004 730 309:--deterministic | while read -r l; do row "$b" "$l"; done
+    lab_sanitize racecheck $b/winattn 309 314 730 309:--deterministic | while read -r l; do row "$b" "$l"; done
+done
+row "total" "$(($(date +%s) - t0)) s"
