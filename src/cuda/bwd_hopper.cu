@@ -178,17 +178,30 @@ constexpr bool kBwdPingpong = true;
 constexpr bool kBwdPingpong = false;
 #endif
 
-/* Lab (-DWA_BWD_STEP_OVERLAP=1): by rows, each warpgroup overlaps its own products with its
- * softmax work inside a step, as FlashAttention 4's SM90 backward orders them: Sᵀ and dPᵀ in two
- * commit groups, so Pᵀ is formed while dPᵀ still runs; dV += Pᵀ dO issued as soon as Pᵀ is packed,
- * so dSᵀ is formed while it runs; in the fused form dQ issued before dK += dSᵀ Q, so the step's dQ
- * share is staged and its reduce-add issued while dK runs. The products and their operands are
- * the same, so the results are bit-identical to the form below. */
+/* Step overlap (by rows): each warpgroup overlaps its own products with its element-wise work
+ * inside a step, with its products split into commit groups as FlashAttention 4's SM90 backward
+ * splits them (it issues dV later, once dSᵀ is written): Sᵀ and dPᵀ in two commit groups, so Pᵀ is formed while dPᵀ still runs; dV += Pᵀ dO issued as soon as Pᵀ is packed,
+ * so dSᵀ is formed while it runs; in the fused form dQ = dS K issued before dK += dSᵀ Q, so the
+ * step's dQ share is staged and its reduce-add issued while dK runs. The products and their
+ * operands are the same as without, so are the results, bit for bit. WA_BWD_STEP_OVERLAP:
+ *   1 (the default): the fused kernel at D = 128 only, where it measured faster ((b) +2-9 %,
+ *     causal D = 128 +1 %, dev/cuda/bwd_variants.sh, docs/cuda.md);
+ *   2 (lab): every by-rows kernel; slower at D = 64 (-7 %) and in the deterministic form at D = 128
+ *     (-3 % at (b) 8K), so those keep the order below;
+ *   0: none (nor with the lab's pingpong, which orders the products across the warpgroups).
+ * -DWA_BWD_OVERLAP_DK_FIRST (lab) issues dK before dQ (dK runs while the warpgroup waits for the
+ * other's dSᵀ; the staging of dQ then runs under nothing). */
 #ifndef WA_BWD_STEP_OVERLAP
-#define WA_BWD_STEP_OVERLAP 0
+#define WA_BWD_STEP_OVERLAP 1
 #endif
-constexpr bool kBwdStepOverlap = WA_BWD_STEP_OVERLAP != 0;
-static_assert(!(kBwdStepOverlap && kBwdPingpong), "WA_BWD_STEP_OVERLAP orders the products within a warpgroup; pingpong across them");
+template <int D, bool FUSE> __host__ __device__ constexpr bool step_overlap() {
+    return !kBwdPingpong && (WA_BWD_STEP_OVERLAP == 2 || (WA_BWD_STEP_OVERLAP == 1 && FUSE && D == 128));
+}
+#ifdef WA_BWD_OVERLAP_DK_FIRST
+constexpr bool kOverlapDkFirst = true;
+#else
+constexpr bool kOverlapDkFirst = false;
+#endif
 
 template <typename T, int D, Cap CAP, bool FUSE, bool VARLEN>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -406,7 +419,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
         float s[8][4], pd[8][4];
         uint32_t pa[4][4];
-        if constexpr (BY_ROWS && kBwdStepOverlap) {
+        if constexpr (BY_ROWS && step_overlap<D, FUSE>()) {
             /* Sᵀ | dPᵀ | dV += Pᵀ dO | [fused: dQ = dS K] | dK += dSᵀ Q, each its own commit group,
              * each waited for only where its result is needed */
             float dp[8][4];
@@ -441,14 +454,19 @@ __global__ void __launch_bounds__(kThreads, 1)
             if constexpr (FUSE) {
                 static_assert(!FUSE || dq_split_columns<D>() || D == 64, "one dQ block per warpgroup and step");
                 write_ds(pb, n & 1);
-                float dq[8][4];
-                dq_product(dq, n & 1, dq_split_columns<D>() ? cw : 0); /* its own commit group */
-                reg_fence(pb);
-                wg_fence();
+                auto dk_product = [&]() {
+                    reg_fence(pb);
+                    wg_fence();
 #pragma unroll
-                for (int kk = 0; kk < 4; kk++) wide_mn_product<T, D>(acc2, pb[kk], desc_at(q_d, kk * (16 * 128)));
-                wg_commit();
-                wg_wait<1>(); /* dV and dQ; dK still runs */
+                    for (int kk = 0; kk < 4; kk++) wide_mn_product<T, D>(acc2, pb[kk], desc_at(q_d, kk * (16 * 128)));
+                    wg_commit();
+                };
+                float dq[8][4];
+                if (kOverlapDkFirst) dk_product();
+                dq_product(dq, n & 1, dq_split_columns<D>() ? cw : 0); /* its own commit group */
+                if (!kOverlapDkFirst) dk_product();
+                if (kOverlapDkFirst) wg_wait<0>();
+                else wg_wait<1>(); /* dV and dQ; dK still runs */
                 reg_fence(dq);
                 reg_fence(pa);
                 const long long tile = (b * p.Hq + hk * p.group + n / nqt) * (p.nq_pad / 64) + i0 / 64;
