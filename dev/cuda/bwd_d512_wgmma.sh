@@ -13,8 +13,9 @@
 #            (make leaves them be in a later run on the same machine);
 #   check    this tree only: the varlen group, the D = 512 varlen cases, the whole sweep in both
 #            backward modes (their logs come back), memcheck on a rectangular and a varlen D = 512
-#            case and a varlen D = 128 one, racecheck on the two D = 512 ones (each hazard's pair
-#            of source lines, counted over the first 5000, in racecheck.txt), then nonfinite;
+#            case, a varlen D = 128 one and case 309 (D = 128, the fused dK/dV kernel), racecheck on
+#            the two D = 512 ones and 309 (each hazard's pair of source lines, counted over the
+#            first 5000, in racecheck.txt), then nonfinite;
 #   nonfinite tests/test_nonfinite (D = 64 to 512 on CUDA);
 #   racecheck racecheck on dev/cuda/racecheck_exchange.cu's forms of the handshakes the D = 512
 #            kernels use, and the lab build ds-named (-DWA_LAB_DS_NAMED: the dQ kernel's dS handed
@@ -115,8 +116,8 @@ if [ $CHECK = 1 ]; then
     cp "$OUT/parity_full__deterministic.txt" "$KEEP/parity-cuda-deterministic.txt"
     VL128=$($W parity --list | grep varlen | grep -v ' f32 ' | grep 'D=128' | head -1 | sed 's/^#\([0-9]*\).*/\1/')
     VL512=${VL%% *}
-    lab_sanitize memcheck $W 336 $VL512 $VL128 | while read -r l; do row "memcheck" "$l"; done
-    for c in 336 $VL512; do lab_race_lines "case $c" $W parity --device cuda --threads 1 --case $c; done
+    lab_sanitize memcheck $W 336 $VL512 $VL128 309 | while read -r l; do row "memcheck" "$l"; done
+    for c in 336 $VL512 309; do lab_race_lines "case $c" $W parity --device cuda --threads 1 --case $c; done
 fi
 if [ $NONFINITE = 1 ]; then
     s=$(date +%s)

@@ -9,8 +9,10 @@
 # softcap; 309 also deterministic). The summary comes back in summary.txt.
 # From the repository root on the H200 (DEPS as in scripts/cuda_check.sh):
 #   DEPS=.devdeps sh dev/cuda/bwd_variants.sh NAME "DEFINES" [NAME "DEFINES" ...]
-# e.g. overlap "-DWA_BWD_STEP_OVERLAP=1" (bwd_hopper.cu: each warpgroup's products in their own
-# commit groups, waited for only where their results are needed)
+# e.g. overlap2 "-DWA_BWD_STEP_OVERLAP=2" (bwd_hopper.cu: the step overlap in every by-rows kernel),
+#      old "-DWA_BWD_STEP_OVERLAP=0" (none: the order before it).
+# CHECK="build build-NAME ..." names the builds that get the parity sweeps and the sanitizers
+# (every variant, not the default, unless set).
 [ $# -ge 2 ] && [ $(($# % 2)) -eq 0 ] || { echo "usage: sh dev/cuda/bwd_variants.sh NAME \"DEFINES\" [NAME \"DEFINES\" ...]"; exit 2; }
 LAB_KEEP=1
 . dev/cuda/lab_env.sh
@@ -50,7 +52,7 @@ for round in 1 2; do
 done
 for b in $BUILDS; do
     [ -x $b/winattn ] || { row "$b" "build failed"; continue; }
-    [ $b = build ] && continue
+    if [ -n "$CHECK" ]; then case " $CHECK " in *" $b "*) ;; *) continue ;; esac; elif [ $b = build ]; then continue; fi
     lab_sweep "full, $b" 240 $b/winattn parity --device cuda --threads 16
     lab_sweep "full deterministic, $b" 240 $b/winattn parity --device cuda --threads 16 --deterministic
     lab_sanitize memcheck $b/winattn 309 314 1004 730 309:--deterministic | while read -r l; do row "$b" "$l"; done
