@@ -2,8 +2,8 @@
 # bwd_variants.sh — compile-time variants of the D ≤ 128 backward against this tree's default, on
 # the H200, in one run: each variant built (sm_90a only, in parallel with the default; a carried
 # .lab-prebuilt/build-NAME.tar.xz from dev/cuda/prebuild.sh is used instead), then
-# `winattn bench --device cuda` backward TFLOP/s at (b) 8K / 32K, D = 64 with a 1024 window at 16K
-# and causal D = 128 at 8K, in the default (fused) and the deterministic mode, the builds
+# `winattn bench --device cuda` backward TFLOP/s at (b) 8K / 32K, D = 64 with a 1024 window at 16K,
+# causal D = 128 at 8K, (a) 8K / 32K and (c) 8K, in the default (fused) and the deterministic mode, the builds
 # alternating, twice; then on each variant the whole parity sweep in both modes and
 # compute-sanitizer memcheck and racecheck on D = 64 / 128 cases (309, 314, 1004 varlen, 730
 # softcap; 309 also deterministic). The summary comes back in summary.txt.
@@ -41,7 +41,9 @@ bwd_row() {
     bb=$(bwd_tflops $w $2 --n 8192,32768 --d 128 --hkv 8 --sliding-window 4096)
     d64=$(bwd_tflops $w $2 --n 16384 --d 64 --hkv 8 --sliding-window 1024)
     c128=$(bwd_tflops $w $2 --n 8192 --d 128 --hkv 8 --causal)
-    row "bwd $1 ${2:-fused}, $3" "(b) $bb| D64 w1024 16K $d64| D128 causal 8K $c128"
+    a=$(bwd_tflops $w $2 --n 8192,32768)
+    c=$(bwd_tflops $w $2 --n 8192 --d 512 --hq 32 --hkv 4 --causal)
+    row "bwd $1 ${2:-fused}, $3" "(b) $bb| D64 w1024 16K $d64| D128 causal 8K $c128| (a) $a| (c) 8K $c"
 }
 
 # the timings first: a run cut short by its time limit still brings them back

@@ -203,6 +203,18 @@ constexpr bool kOverlapDkFirst = true;
 constexpr bool kOverlapDkFirst = false;
 #endif
 
+/* The order the dK/dV CTAs start in (the grid is key tiles × kv heads). Across heads (the
+ * default): the first key tiles of every head first, so that under a causal mask the longest CTAs
+ * start first. Head-major (lab, -DWA_DKDV_HEAD_MAJOR=1 for dkdv_ws_kernel, =2 for the D = 512 one
+ * too): a head's key tiles one after another, so that the CTAs running together are neighbouring
+ * key tiles of one or two heads, whose query tiles (Q and dO loads, dQ reduce-adds) are the same
+ * ones while they are in L2; across heads, 132 CTAs at (b) span 16 key tiles of all 8 heads, and
+ * each dQ tile's contributions come in two waves, the second after L2 has evicted it. */
+#ifndef WA_DKDV_HEAD_MAJOR
+#define WA_DKDV_HEAD_MAJOR 0
+#endif
+constexpr bool kDkdvAcrossHeads = WA_DKDV_HEAD_MAJOR == 0, kDkdvWideAcrossHeads = WA_DKDV_HEAD_MAJOR < 2;
+
 template <typename T, int D, Cap CAP, bool FUSE, bool VARLEN>
 __global__ void __launch_bounds__(kThreads, 1)
     dkdv_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
@@ -223,7 +235,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto empty = [&](int s) { return bar + 8 * (2 + 2 * s); };
 
     const int wg = threadIdx.x >> 7, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const cta_tile at = heaviest_first<true>(false); /* the first key tiles first: under a causal mask they are the longest */
+    const cta_tile at = heaviest_first<kDkdvAcrossHeads>(false); /* the first key tiles first: under a causal mask they are the longest */
     const seq_view<T, VARLEN> sv(kp);
     const kparams &p = sv.p;
     const long long hk = at.head, b = sv.b(), j0 = at.tile * KEYS;
@@ -902,7 +914,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto do_empty = [&](int x) { return bar + 8 * (1 + 3 * kQHalves + x); };
 
     const int wg = threadIdx.x >> 7, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const cta_tile at = heaviest_first<true>(false); /* the first key tiles first: under a causal mask they are the longest */
+    const cta_tile at = heaviest_first<kDkdvWideAcrossHeads>(false); /* the first key tiles first: under a causal mask they are the longest */
     const seq_view<T, VARLEN> sv(kp);
     const kparams &p = sv.p;
     const long long hk = at.head, b = sv.b(), j0 = at.tile * KEYS;
