@@ -184,8 +184,9 @@ constexpr bool kBwdPingpong = false;
  * so dSᵀ is formed while it runs; in the fused form dQ = dS K issued before dK += dSᵀ Q, so the
  * step's dQ share is staged and its reduce-add issued while dK runs. The products and their
  * operands are the same as without, so are the results, bit for bit. WA_BWD_STEP_OVERLAP:
- *   1 (the default): the fused kernel at D = 128 only, where it measured faster ((b) +2-9 %,
- *     causal D = 128 +1 %, dev/cuda/bwd_variants.sh, docs/cuda.md);
+ *   1 (the default): the fused kernel at D = 128 only, where it measured faster (two runs of
+ *     dev/cuda/bwd_variants.sh, docs/cuda.md: (b) 8K +1-3 %, 32K -3 to +9 % (+2 % on average),
+ *     causal D = 128 +1-2 %);
  *   2 (lab): every by-rows kernel; slower at D = 64 (-7 %) and in the deterministic form at D = 128
  *     (-3 % at (b) 8K), so those keep the order below;
  *   0: none (nor with the lab's pingpong, which orders the products across the warpgroups).
@@ -207,9 +208,12 @@ constexpr bool kOverlapDkFirst = false;
  * default): the first key tiles of every head first, so that under a causal mask the longest CTAs
  * start first. Head-major (lab, -DWA_DKDV_HEAD_MAJOR=1 for dkdv_ws_kernel, =2 for the D = 512 one
  * too): a head's key tiles one after another, so that the CTAs running together are neighbouring
- * key tiles of one or two heads, whose query tiles (Q and dO loads, dQ reduce-adds) are the same
- * ones while they are in L2; across heads, 132 CTAs at (b) span 16 key tiles of all 8 heads, and
- * each dQ tile's contributions come in two waves, the second after L2 has evicted it. */
+ * key tiles of one or two heads, whose query tiles (Q and dO loads, dQ reduce-adds) stay in L2
+ * while all of them pass; across heads, the 132 CTAs at (b) span 16 key tiles of all 8 heads and
+ * each dQ tile's contributions come in two waves. Measured (dev/cuda/bwd_variants.sh, docs/cuda.md):
+ * head-major cuts the fused (b) 8K kernel's DRAM bytes from 1.44 GB to 0.47 GB (the minimum) and
+ * still takes 12.5 % more cycles ((b) 8K backward 442-446 TFLOP/s against 496-499, causal D = 128
+ * 429-432 against 511-512); at D = 512 +0-2 %, within the runs' spread. Not kept. */
 #ifndef WA_DKDV_HEAD_MAJOR
 #define WA_DKDV_HEAD_MAJOR 0
 #endif
