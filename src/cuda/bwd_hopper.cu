@@ -180,10 +180,13 @@ constexpr bool kBwdPingpong = false;
 
 /* Step overlap (by rows): each warpgroup overlaps its own products with its element-wise work
  * inside a step, with its products split into commit groups as FlashAttention 4's SM90 backward
- * splits them (it issues dV later, once dSᵀ is written): Sᵀ and dPᵀ in two commit groups, so Pᵀ is formed while dPᵀ still runs; dV += Pᵀ dO issued as soon as Pᵀ is packed,
- * so dSᵀ is formed while it runs; in the fused form dQ = dS K issued before dK += dSᵀ Q, so the
- * step's dQ share is staged and its reduce-add issued while dK runs. The products and their
- * operands are the same as without, so are the results, bit for bit. WA_BWD_STEP_OVERLAP:
+ * splits them (it issues dV later, once dSᵀ is written): Sᵀ and dPᵀ in two commit groups, so Pᵀ
+ * is formed while dPᵀ still runs; dV += Pᵀ dO issued as soon as Pᵀ is packed, so dSᵀ is formed
+ * while it runs; in the fused form dQ = dS K issued before dK += dSᵀ Q, so the step's dQ share is
+ * staged and its reduce-add issued while dK runs. The products and their operands are the same
+ * as without, so are the results, bit for bit. The dS arithmetic and the dV and dK issue are
+ * written out here and in the form below rather than shared: a shared lambda changed the SASS of
+ * both forms (same sizes, other schedules), and these are the measured ones. WA_BWD_STEP_OVERLAP:
  *   1 (the default): the fused kernel at D = 128 only, where it measured faster (two runs of
  *     dev/cuda/bwd_variants.sh, docs/cuda.md: (b) 8K +1-3 %, 32K -3 to +9 % (+2 % on average),
  *     causal D = 128 +1-2 %);
@@ -468,7 +471,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             uint32_t pb[4][4];
             pack_a<T, 64>(pb, s);
             if constexpr (FUSE) {
-                static_assert(!FUSE || dq_split_columns<D>() || D == 64, "one dQ block per warpgroup and step");
+                static_assert(dq_split_columns<D>() || D == 64, "one dQ block per warpgroup and step");
                 write_ds(pb, n & 1);
                 auto dk_product = [&]() {
                     reg_fence(pb);
