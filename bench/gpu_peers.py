@@ -281,7 +281,13 @@ def main():
         from peer_wheels import add_to_path
 
         add_to_path(args.peers_dir, "gpu_peers")
-    print("gpu_peers: %s, torch %s, %s" % (torch.cuda.get_device_name(), torch.__version__, time.strftime("%Y-%m-%d")))
+    eager = None
+    if any(name.startswith("winattn") for name in args.systems.split(",")):
+        import winattn.torch as wt
+
+        eager = wt.eager_path()  # which autograd path winattn's rows take (the kernels are the same)
+    print("gpu_peers: %s, torch %s, %s%s" % (torch.cuda.get_device_name(), torch.__version__, time.strftime("%Y-%m-%d"),
+                                            ", winattn.torch's eager path: %s" % eager if eager else ""))
     print("| shape | N | system | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s | steady fwd / bwd TFLOP/s "
           "| bwd peak above inputs GB | fwd / bwd vs %s | steady vs %s | note |" % (args.baseline, args.baseline))
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -300,8 +306,8 @@ def main():
                 results.append(r)
                 if args.json:  # after every row: a run stopped by a time limit keeps what it measured
                     with open(args.json, "w") as f:
-                        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": results}, f,
-                                  indent=1)
+                        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                   "winattn_eager_path": eager, "rows": results}, f, indent=1)
                 if "error" in r:
                     print("| %s | %d | %s | - | - | - | - | - | - | - | - | %s |" % (label, n, name, r["error"].replace("|", "/")),
                           flush=True)
