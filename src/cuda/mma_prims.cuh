@@ -243,6 +243,17 @@ constexpr float kLazyLog2 = 8.0f;
  * exactly); P is then at most 2^kLazyLog2, harmless in f32 and in bf16/f16's exponent range, and
  * alpha is exactly 1 on most tiles, so that rescale_lazy() skips the multiply of O (128 registers
  * a thread at D = 256 and 512, once per 64 or 32 keys). */
+/* Lab (-DWA_SOFTMAX_TREE=1): each row's max over four partial maxima instead of one chain of
+ * BN / 4 dependent FMNMX, the same value (max is exact in any order) in a quarter of the chain;
+ * =2 also sums the row's exponentials in four partial sums (other rounding, within the parity
+ * bounds). FlashAttention 4's SM90 softmax takes its row max over four partial maxima. Against
+ * the forwards' `wait` stall (fixed-latency dependencies: 2.22 warps per issued instruction at (a)
+ * against FA4's 1.12, dev/cuda/peer_profile.sh); compile-checked, not yet run on the GPU. */
+#ifndef WA_SOFTMAX_TREE
+#define WA_SOFTMAX_TREE 0
+#endif
+constexpr int kSoftmaxTree = WA_SOFTMAX_TREE;
+
 template <int BN, Cap CAP, bool FOLD, typename Edge, bool LAZY = false, bool SPLIT = false>
 __device__ __forceinline__ void softmax_scores_as(const kparams &p, float (&s)[BN / 8][4], float (&row_max)[2],
                                                   float (&row_sum)[2], float (&alpha)[2], const long long (&rows)[2],
@@ -253,6 +264,7 @@ __device__ __forceinline__ void softmax_scores_as(const kparams &p, float (&s)[B
         int lo = 0, hi = BN - 1;
         if (edge) visible_cols<BN>(p, rows[r], j0, lo, hi);
         float mx = -INFINITY;
+        float part[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}; /* WA_SOFTMAX_TREE */
 #pragma unroll
         for (int nb = 0; nb < BN / 8; nb++)
 #pragma unroll
@@ -263,8 +275,14 @@ __device__ __forceinline__ void softmax_scores_as(const kparams &p, float (&s)[B
                     if (c < lo || c > hi) x = -INFINITY;
                 }
                 s[nb][e] = x;
-                mx = fmaxf(mx, x);
+                if constexpr (kSoftmaxTree > 0) {
+                    float &m = part[(2 * nb + (e & 1)) & 3];
+                    m = fmaxf(m, x);
+                } else {
+                    mx = fmaxf(mx, x);
+                }
             }
+        if constexpr (kSoftmaxTree > 0) mx = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
         /* the four lanes of a quad hold one row */
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
@@ -279,6 +297,7 @@ __device__ __forceinline__ void softmax_scores_as(const kparams &p, float (&s)[B
          * forward's consumers share the exponentials (WA_FWD512_SPLIT_EXP); the select keeps
          * the register indices compile-time */
         constexpr int NB = SPLIT ? BN / 16 : BN / 8;
+        float sums[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* WA_SOFTMAX_TREE=2 */
 #pragma unroll
         for (int nb = 0; nb < NB; nb++)
 #pragma unroll
@@ -286,8 +305,10 @@ __device__ __forceinline__ void softmax_scores_as(const kparams &p, float (&s)[B
                 const float x = SPLIT ? (half ? s[nb + NB][e] : s[nb][e]) : s[nb][e];
                 const float pv = exp2_(FOLD ? fmaf(x, scale2, -m_use) : x - m_use);
                 s[nb][e] = pv;
-                row_sum[r] += pv;
+                if constexpr (kSoftmaxTree > 1) sums[(2 * nb + (e & 1)) & 3] += pv;
+                else row_sum[r] += pv;
             }
+        if constexpr (kSoftmaxTree > 1) row_sum[r] += (sums[0] + sums[1]) + (sums[2] + sums[3]);
     }
 }
 
