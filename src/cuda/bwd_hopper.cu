@@ -222,6 +222,18 @@ constexpr bool kOverlapDkFirst = false;
 #endif
 constexpr bool kDkdvAcrossHeads = WA_DKDV_HEAD_MAJOR == 0, kDkdvWideAcrossHeads = WA_DKDV_HEAD_MAJOR < 2;
 
+/* Which query head of the group and which of its query tiles step n = head · nqt + tile of a
+ * dK/dV CTA (dkdv_ws_kernel) takes: n / nqt and n % nqt (the default), or (lab,
+ * -DWA_BWD_STEP_COUNTERS) two counters moved on at the end of each step, which spare the signed
+ * 32-bit division the compiler expands into about 40 instructions a step (dev/cuda/sass_mix.py).
+ * The default's SASS is byte-identical with the lab form's code in place; the lab form is
+ * compile-checked and counted, not yet run on the GPU. */
+#ifdef WA_BWD_STEP_COUNTERS
+constexpr bool kStepCounters = true;
+#else
+constexpr bool kStepCounters = false;
+#endif
+
 template <typename T, int D, Cap CAP, bool FUSE, bool VARLEN>
 __global__ void __launch_bounds__(kThreads, 1)
     dkdv_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
@@ -271,16 +283,19 @@ __global__ void __launch_bounds__(kThreads, 1)
                 tma_load(sK + c * (KEYS * 128), mk, kv_full, c * 64, (int)(k_row0 + j0), (int)hk, (int)b);
                 tma_load(sV + c * (KEYS * 128), mv, kv_full, c * 64, (int)(k_row0 + j0), (int)hk, (int)b);
             }
+            int step_head = 0, step_tile = 0; /* WA_BWD_STEP_COUNTERS */
             for (int n = 0; n < steps; n++) {
                 const int st = n & 1;
                 const uint32_t ph = (uint32_t)(n >> 1) & 1u;
-                const long long h = hk * p.group + n / nqt, i0 = (qt0 + n % nqt) * 64;
+                const long long h = hk * p.group + (kStepCounters ? step_head : n / nqt),
+                                i0 = (qt0 + (kStepCounters ? step_tile : n % nqt)) * 64;
                 if (n >= 2) mbar_wait(empty(st), ph ^ 1u);
                 mbar_expect_tx(full(st), 2 * QT);
                 for (int c = 0; c < DB; c++) {
                     tma_load(sQ + st * QT + c * (64 * 128), mq, full(st), c * 64, (int)(q_row0 + i0), (int)h, (int)b);
                     tma_load(sdO + st * QT + c * (64 * 128), mdo, full(st), c * 64, (int)(q_row0 + i0), (int)h, (int)b);
                 }
+                if (kStepCounters && ++step_tile == nqt) step_tile = 0, step_head++;
             }
         }
         return;
@@ -403,10 +418,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (nk == KEYS) wa_unmasked_query_tiles(&p.win, j0, j0 + nk, 64, &uq0, &uq1);
 
     if (steps > 0) mbar_wait(kv_full, 0);
+    int step_head = 0, step_tile = 0; /* WA_BWD_STEP_COUNTERS */
     for (int n = 0; n < steps; n++) {
         const int st = n & 1, buf = n & 1;
         const uint32_t ph = (uint32_t)(n >> 1) & 1u;
-        const long long qt = qt0 + n % nqt, i0 = qt * 64;
+        const long long qt = qt0 + (kStepCounters ? step_tile : n % nqt), i0 = qt * 64;
         const bool edge = !(qt >= uq0 && qt < uq1);
         const uint32_t q_s = opaque(sQ + st * QT), do_s = opaque(sdO + st * QT);
         /* lse2 and δ of the step's 64 queries: each thread of the warpgroup fetches one value before
@@ -415,8 +431,8 @@ __global__ void __launch_bounds__(kThreads, 1)
          * meet a slow warp's reads). Reading them where used (from L1) measured 5-12 % slower at
          * D <= 128; fetching them by TMA beside Q was 0-5 % faster, but racecheck cannot see the
          * mbarrier order an async-proxy write before plain shared loads (dev/cuda/README.md). */
-        const long long at = VARLEN ? ws_head<true>(p, b, hk * p.group + n / nqt, 0) + i0
-                                    : (b * p.Hq + hk * p.group + n / nqt) * p.nq_pad + i0;
+        const long long at = VARLEN ? ws_head<true>(p, b, hk * p.group + (kStepCounters ? step_head : n / nqt), 0) + i0
+                                    : (b * p.Hq + hk * p.group + (kStepCounters ? step_head : n / nqt)) * p.nq_pad + i0;
         float *wstats = (float *)(aligned + L::stats + (cw * 2 + (n & 1)) * L::STATS);
         const float *lse2 = wstats, *delta = BY_ROWS ? wstats + 64 : wstats;
         const bool fetcher = BY_ROWS || tid < 64;
@@ -488,8 +504,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                 else wg_wait<1>(); /* dV and dQ; dK still runs */
                 reg_fence(dq);
                 reg_fence(pa);
-                const long long tile = (b * p.Hq + hk * p.group + n / nqt) * (p.nq_pad / 64) + i0 / 64;
-                if constexpr (VARLEN) add_dq_rows(dq, hk * p.group + n / nqt, i0, dq_split_columns<D>() ? cw : 0);
+                const long long tile = (b * p.Hq + hk * p.group + (kStepCounters ? step_head : n / nqt)) * (p.nq_pad / 64) + i0 / 64;
+                if constexpr (VARLEN) add_dq_rows(dq, hk * p.group + (kStepCounters ? step_head : n / nqt), i0, dq_split_columns<D>() ? cw : 0);
                 else add_dq(dq, tile, dq_split_columns<D>() ? cw : 0);
             } else {
                 reg_fence(pb);
@@ -541,7 +557,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             wg_commit();
             turns.end();
             if constexpr (FUSE) {
-                const long long tile = (b * p.Hq + hk * p.group + n / nqt) * (p.nq_pad / 64) + i0 / 64;
+                const long long tile = (b * p.Hq + hk * p.group + (kStepCounters ? step_head : n / nqt)) * (p.nq_pad / 64) + i0 / 64;
                 /* split columns: this warpgroup's block; own keys: every block in turn */
                 constexpr int BLOCKS = dq_split_columns<D>() ? 1 : DB;
 #pragma unroll
@@ -552,7 +568,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                     wg_wait<0>();
                     if (c == 0) fence_acc();
                     reg_fence(dq);
-                    if constexpr (VARLEN) add_dq_rows(dq, hk * p.group + n / nqt, i0, cb);
+                    if constexpr (VARLEN) add_dq_rows(dq, hk * p.group + (kStepCounters ? step_head : n / nqt), i0, cb);
                     else add_dq(dq, tile, cb);
                 }
             } else {
@@ -600,6 +616,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             fence_acc();
         }
         mbar_arrive_if(empty(st), lane == 0);
+        if (kStepCounters && ++step_tile == nqt) step_tile = 0, step_head++;
     }
     if (FUSE && tid == 0) bulk_wait<0>(); /* the reduce-adds are done before the CTA's shared memory goes */
     if constexpr (BY_ROWS) {
