@@ -17,32 +17,18 @@
 LAB_KEEP=1
 . dev/cuda/lab_env.sh
 unset WINATTN_CUDA
-FLAGS=$LAB_SM90_FLAGS
 lab_summary 44
 nvidia-smi -L
 
-BUILDS=build
-while [ $# -ge 2 ]; do
-    (lab_build "build-$1" "" NVCCFLAGS="$FLAGS $2" "build-$1/winattn") &
-    BUILDS="$BUILDS build-$1"
-    shift 2
-done
-lab_build build "" NVCCFLAGS="$FLAGS" build/winattn
-wait
+lab_build_variants "$@"
 
-# bwd_tflops W BENCH_ARGS...: the backward TFLOP/s column of `W bench --device cuda`, one value a length
-bwd_tflops() {
-    w=$1
-    shift
-    timeout 90 $w bench --device cuda --reps 5 "$@" | awk -F'|' '$2 ~ /[0-9]/ {printf "%s ", $6 + 0}'
-}
 bwd_row() {
     w=$3/winattn
-    bb=$(bwd_tflops $w $2 --n 8192,32768 --d 128 --hkv 8 --sliding-window 4096)
-    d64=$(bwd_tflops $w $2 --n 16384 --d 64 --hkv 8 --sliding-window 1024)
-    c128=$(bwd_tflops $w $2 --n 8192 --d 128 --hkv 8 --causal)
-    a=$(bwd_tflops $w $2 --n 8192,32768)
-    c=$(bwd_tflops $w $2 --n 8192 --d 512 --hq 32 --hkv 4 --causal)
+    bb=$(lab_tflops 6 $w $2 --n 8192,32768 --d 128 --hkv 8 --sliding-window 4096)
+    d64=$(lab_tflops 6 $w $2 --n 16384 --d 64 --hkv 8 --sliding-window 1024)
+    c128=$(lab_tflops 6 $w $2 --n 8192 --d 128 --hkv 8 --causal)
+    a=$(lab_tflops 6 $w $2 --n 8192,32768)
+    c=$(lab_tflops 6 $w $2 --n 8192 --d 512 --hq 32 --hkv 4 --causal)
     row "bwd $1 ${2:-fused}, $3" "(b) $bb| D64 w1024 16K $d64| D128 causal 8K $c128| (a) $a| (c) 8K $c"
 }
 

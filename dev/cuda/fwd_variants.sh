@@ -15,19 +15,10 @@
 LAB_KEEP=1
 . dev/cuda/lab_env.sh
 unset WINATTN_CUDA
-FLAGS=$LAB_SM90_FLAGS
 lab_summary 40
 nvidia-smi -L
 
-# a command-line NVCCFLAGS drops the Makefile's CUDA_DEFINES: the defines go inside it
-BUILDS=build
-while [ $# -ge 2 ]; do
-    (lab_build "build-$1" "" NVCCFLAGS="$FLAGS $2" "build-$1/winattn") &
-    BUILDS="$BUILDS build-$1"
-    shift 2
-done
-lab_build build "" NVCCFLAGS="$FLAGS" build/winattn
-wait
+lab_build_variants "$@"
 
 # the timings first: a run cut short by its time limit still brings them back
 for round in 1 2; do

@@ -52,6 +52,20 @@ lab_build() {
         { echo "build of $dir failed:"; tail -20 "$OUT/$dir.txt"; exit 1; }
 }
 
+# lab_build_variants NAME "DEFINES" ...: this tree's default into build/ and each variant, with its
+# nvcc defines, into build-NAME/ (winattn only, sm_90a, in parallel; a command-line NVCCFLAGS drops
+# the Makefile's CUDA_DEFINES, so the defines go inside it); BUILDS lists the folders, default first
+lab_build_variants() {
+    BUILDS=build
+    while [ $# -ge 2 ]; do
+        (lab_build "build-$1" "" NVCCFLAGS="$LAB_SM90_FLAGS $2" "build-$1/winattn") &
+        BUILDS="$BUILDS build-$1"
+        shift 2
+    done
+    lab_build build "" NVCCFLAGS="$LAB_SM90_FLAGS" build/winattn
+    wait
+}
+
 # lab_d512_bench ROUND BUILD: a summary row of `BUILD/winattn bench --device cuda` at (c) 8K / 16K
 # causal and at D = 512 with a 1024 window at 16K (docs/cuda.md's shapes), forward / backward TFLOP/s
 lab_d512_bench() {
@@ -81,11 +95,18 @@ lab_fwd512_row() {
     cw=$(lab_fwd_tflops $w --n 16384 --d 512 --hq 32 --hkv 4 --sliding-window 1024)
     row "fwd $1, $2" "(c) $c| (cw) $cw"
 }
-# lab_fwd_tflops W BENCH_ARGS...: the forward TFLOP/s column of `W bench --device cuda --forward-only`, one value a length
+# lab_tflops COLUMN W BENCH_ARGS...: one TFLOP/s column of `W bench --device cuda` (5: forward, 6:
+# backward), one value a length
+lab_tflops() {
+    col=$1 w=$2
+    shift 2
+    timeout 90 $w bench --device cuda --reps 5 "$@" | awk -F'|' -v c="$col" '$2 ~ /[0-9]/ {printf "%s ", $c + 0}'
+}
+# lab_fwd_tflops W BENCH_ARGS...: the forward TFLOP/s of `W bench --device cuda --forward-only`
 lab_fwd_tflops() {
     w=$1
     shift
-    timeout 90 $w bench --device cuda --reps 5 --forward-only "$@" | awk -F'|' '$2 ~ /[0-9]/ {printf "%s ", $5 + 0}'
+    lab_tflops 5 $w --forward-only "$@"
 }
 
 # lab_d512_cases W: the f16/bf16 parity cases at D = 512 of the winattn binary W (the ones that
