@@ -419,6 +419,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     if (steps > 0) mbar_wait(kv_full, 0);
     int step_head = 0, step_tile = 0; /* WA_BWD_STEP_COUNTERS */
+    /* the query head (of the group) of step n */
+    auto head_of = [&](int n) { return kStepCounters ? step_head : n / nqt; };
     for (int n = 0; n < steps; n++) {
         const int st = n & 1, buf = n & 1;
         const uint32_t ph = (uint32_t)(n >> 1) & 1u;
@@ -431,8 +433,8 @@ __global__ void __launch_bounds__(kThreads, 1)
          * meet a slow warp's reads). Reading them where used (from L1) measured 5-12 % slower at
          * D <= 128; fetching them by TMA beside Q was 0-5 % faster, but racecheck cannot see the
          * mbarrier order an async-proxy write before plain shared loads (dev/cuda/README.md). */
-        const long long at = VARLEN ? ws_head<true>(p, b, hk * p.group + (kStepCounters ? step_head : n / nqt), 0) + i0
-                                    : (b * p.Hq + hk * p.group + (kStepCounters ? step_head : n / nqt)) * p.nq_pad + i0;
+        const long long at = VARLEN ? ws_head<true>(p, b, hk * p.group + head_of(n), 0) + i0
+                                    : (b * p.Hq + hk * p.group + head_of(n)) * p.nq_pad + i0;
         float *wstats = (float *)(aligned + L::stats + (cw * 2 + (n & 1)) * L::STATS);
         const float *lse2 = wstats, *delta = BY_ROWS ? wstats + 64 : wstats;
         const bool fetcher = BY_ROWS || tid < 64;
@@ -504,8 +506,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                 else wg_wait<1>(); /* dV and dQ; dK still runs */
                 reg_fence(dq);
                 reg_fence(pa);
-                const long long tile = (b * p.Hq + hk * p.group + (kStepCounters ? step_head : n / nqt)) * (p.nq_pad / 64) + i0 / 64;
-                if constexpr (VARLEN) add_dq_rows(dq, hk * p.group + (kStepCounters ? step_head : n / nqt), i0, dq_split_columns<D>() ? cw : 0);
+                const long long tile = (b * p.Hq + hk * p.group + head_of(n)) * (p.nq_pad / 64) + i0 / 64;
+                if constexpr (VARLEN) add_dq_rows(dq, hk * p.group + head_of(n), i0, dq_split_columns<D>() ? cw : 0);
                 else add_dq(dq, tile, dq_split_columns<D>() ? cw : 0);
             } else {
                 reg_fence(pb);
@@ -557,7 +559,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             wg_commit();
             turns.end();
             if constexpr (FUSE) {
-                const long long tile = (b * p.Hq + hk * p.group + (kStepCounters ? step_head : n / nqt)) * (p.nq_pad / 64) + i0 / 64;
+                const long long tile = (b * p.Hq + hk * p.group + head_of(n)) * (p.nq_pad / 64) + i0 / 64;
                 /* split columns: this warpgroup's block; own keys: every block in turn */
                 constexpr int BLOCKS = dq_split_columns<D>() ? 1 : DB;
 #pragma unroll
@@ -568,7 +570,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                     wg_wait<0>();
                     if (c == 0) fence_acc();
                     reg_fence(dq);
-                    if constexpr (VARLEN) add_dq_rows(dq, hk * p.group + (kStepCounters ? step_head : n / nqt), i0, cb);
+                    if constexpr (VARLEN) add_dq_rows(dq, hk * p.group + head_of(n), i0, cb);
                     else add_dq(dq, tile, cb);
                 }
             } else {
