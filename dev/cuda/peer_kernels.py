@@ -37,7 +37,10 @@ def main():
     _, hq, hkv, d, window, _ = shape[0]
     trials = []
     for name in a.systems.split(","):
-        t = gpu_peers.Trial(name, a.n, hq, hkv, d, window)
+        try:
+            t = gpu_peers.Trial(name, a.n, hq, hkv, d, window)
+        except Exception as e:  # an unknown system, or a peer that cannot run this shape
+            sys.exit("peer_kernels: %s at (%s) %d: %s" % (name, a.shape, a.n, gpu_peers.short_error(e)))
         t.warm_up()
         trials.append(t)
     for t in trials:

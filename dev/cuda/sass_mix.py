@@ -43,6 +43,8 @@ def kind_of(op):
 
 def find_nvdisasm():
     if os.environ.get("NVDISASM"):
+        if not os.access(os.environ["NVDISASM"], os.X_OK):
+            sys.exit("sass_mix: NVDISASM=%s: no such program" % os.environ["NVDISASM"])
         return os.environ["NVDISASM"]
     found = shutil.which("nvdisasm")
     if found:
@@ -61,7 +63,10 @@ def kernel_sass(source, defines, kernel, nvdisasm, workdir):
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode:
         sys.exit("sass_mix: nvcc failed:\n" + r.stderr[-2000:])
-    text = subprocess.run([nvdisasm, "-c", cubin], capture_output=True, text=True, check=True).stdout
+    r = subprocess.run([nvdisasm, "-c", cubin], capture_output=True, text=True)
+    if r.returncode:
+        sys.exit("sass_mix: nvdisasm could not read %s's cubin: %s" % (source, (r.stderr.strip().splitlines() or ["?"])[-1]))
+    text = r.stdout
     sections = re.split(r"\n(?=\.text\.)", text)
     names = [s.split(":", 1)[0][len(".text."):] for s in sections if s.startswith(".text.")]
     demangled = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True).stdout
@@ -133,6 +138,10 @@ def main():
     ap.add_argument("--defines", default="", help="nvcc defines of the build to count")
     ap.add_argument("--against", help="the defines of a second build, counted beside it")
     a = ap.parse_args()
+    if not os.path.isfile(a.source):
+        sys.exit("sass_mix: --source %s: no such file" % a.source)
+    if not shutil.which("nvcc"):
+        sys.exit("sass_mix: no nvcc on PATH")
     nvdisasm = find_nvdisasm()
     with tempfile.TemporaryDirectory() as wd:
         name, lines = kernel_sass(a.source, a.defines, a.kernel, nvdisasm, wd)
@@ -141,12 +150,11 @@ def main():
         if a.against is None:
             return
         second = report(a.against or "default", *parse(kernel_sass(a.source, a.against, a.kernel, nvdisasm, wd)[1]))
-    for part in ("main",):
-        if part in first and part in second:
-            (k1, o1, n1), (k2, o2, n2) = first[part], second[part]
-            print("== main loop, second minus first: %+d instructions" % (n2 - n1))
-            print("    " + ", ".join("%s %+d" % (k, k2[k] - k1[k]) for k in sorted(set(k1) | set(k2)) if k2[k] != k1[k]))
-            print("    " + ", ".join("%s %+d" % (o, o2[o] - o1[o]) for o in sorted(set(o1) | set(o2)) if o2[o] != o1[o]))
+    if "main" in first and "main" in second:
+        (k1, o1, n1), (k2, o2, n2) = first["main"], second["main"]
+        print("== main loop, second minus first: %+d instructions" % (n2 - n1))
+        print("    " + ", ".join("%s %+d" % (k, k2[k] - k1[k]) for k in sorted(set(k1) | set(k2)) if k2[k] != k1[k]))
+        print("    " + ", ".join("%s %+d" % (o, o2[o] - o1[o]) for o in sorted(set(o1) | set(o2)) if o2[o] != o1[o]))
 
 
 if __name__ == "__main__":
