@@ -10,7 +10,8 @@
 #      qreg0 "-DWA_FWD512_QREG=0" (the D = 512 forward with all of Q read from shared memory;
 #      the default holds 14 of its 16 k steps in registers)
 # Each variant builds into build-NAME. ROWS=d512 times the D = 512 shapes alone (lab_fwd512_row), for
-# variants of that kernel.
+# variants of that kernel. CHECK="build build-NAME ..." names the builds that get the parity sweep
+# (every variant, not the default, unless set; CHECK=none: timings only).
 [ $# -ge 2 ] && [ $(($# % 2)) -eq 0 ] || { echo "usage: sh dev/cuda/fwd_variants.sh NAME \"DEFINES\" [NAME \"DEFINES\" ...]"; exit 2; }
 LAB_KEEP=1
 . dev/cuda/lab_env.sh
@@ -26,6 +27,7 @@ for round in 1 2; do
 done
 for b in $BUILDS; do
     [ -x $b/winattn ] || { row "$b" "build failed"; continue; }
-    [ $b = build ] || lab_sweep "full, $b" 240 $b/winattn parity --device cuda --threads 16
+    if [ -n "$CHECK" ]; then case " $CHECK " in *" $b "*) ;; *) continue ;; esac; elif [ $b = build ]; then continue; fi
+    lab_sweep "full, $b" 240 $b/winattn parity --device cuda --threads 16
 done
 row "total" "$(($(date +%s) - t0)) s"

@@ -222,17 +222,13 @@ constexpr bool kOverlapDkFirst = false;
 #endif
 constexpr bool kDkdvAcrossHeads = WA_DKDV_HEAD_MAJOR == 0, kDkdvWideAcrossHeads = WA_DKDV_HEAD_MAJOR < 2;
 
-/* Which query head of the group and which of its query tiles step n = head · nqt + tile of a
- * dK/dV CTA (dkdv_ws_kernel) takes: n / nqt and n % nqt (the default), or (lab,
- * -DWA_BWD_STEP_COUNTERS) two counters moved on at the end of each step, which spare the signed
- * 32-bit division the compiler expands into about 40 instructions a step (dev/cuda/sass_mix.py).
- * The default's SASS is byte-identical with the lab form's code in place; the lab form is
- * compile-checked and counted, not yet run on the GPU. */
-#ifdef WA_BWD_STEP_COUNTERS
-constexpr bool kStepCounters = true;
-#else
-constexpr bool kStepCounters = false;
-#endif
+/* The softmax scale in the by-rows dK/dV kernels (D <= 128), as FlashAttention 3 and 4 place it:
+ * dSᵀ is formed without it, and dK = scale · Σ dSᵀ Q once at the end, dQ = scale · Σ dS K in the
+ * kernel that rounds the fused form's accumulator (dq_convert_kernel, convert_dq_rows), instead
+ * of a multiply on every element of dSᵀ (32 a step per thread). dS is rounded to the dtype
+ * before the scale rather than after (1/√D is not a power of two): the same sums, other
+ * roundings. Measured with the step counters: D = 64 +3 %, D = 128 within the runs' spread
+ * (docs/cuda.md). The by-output kernels (D = 256) keep the scale in dS. */
 
 template <typename T, int D, Cap CAP, bool FUSE, bool VARLEN>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -283,19 +279,18 @@ __global__ void __launch_bounds__(kThreads, 1)
                 tma_load(sK + c * (KEYS * 128), mk, kv_full, c * 64, (int)(k_row0 + j0), (int)hk, (int)b);
                 tma_load(sV + c * (KEYS * 128), mv, kv_full, c * 64, (int)(k_row0 + j0), (int)hk, (int)b);
             }
-            int step_head = 0, step_tile = 0; /* WA_BWD_STEP_COUNTERS */
+            int step_head = 0, step_tile = 0; /* the query head of the group and its tile, of step n */
             for (int n = 0; n < steps; n++) {
                 const int st = n & 1;
                 const uint32_t ph = (uint32_t)(n >> 1) & 1u;
-                const long long h = hk * p.group + (kStepCounters ? step_head : n / nqt),
-                                i0 = (qt0 + (kStepCounters ? step_tile : n % nqt)) * 64;
+                const long long h = hk * p.group + step_head, i0 = (qt0 + step_tile) * 64;
                 if (n >= 2) mbar_wait(empty(st), ph ^ 1u);
                 mbar_expect_tx(full(st), 2 * QT);
                 for (int c = 0; c < DB; c++) {
                     tma_load(sQ + st * QT + c * (64 * 128), mq, full(st), c * 64, (int)(q_row0 + i0), (int)h, (int)b);
                     tma_load(sdO + st * QT + c * (64 * 128), mdo, full(st), c * 64, (int)(q_row0 + i0), (int)h, (int)b);
                 }
-                if (kStepCounters && ++step_tile == nqt) step_tile = 0, step_head++;
+                if (++step_tile == nqt) step_tile = 0, step_head++;
             }
         }
         return;
@@ -418,13 +413,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (nk == KEYS) wa_unmasked_query_tiles(&p.win, j0, j0 + nk, 64, &uq0, &uq1);
 
     if (steps > 0) mbar_wait(kv_full, 0);
-    int step_head = 0, step_tile = 0; /* WA_BWD_STEP_COUNTERS */
-    /* the query head (of the group) of step n */
-    auto head_of = [&](int n) { return kStepCounters ? step_head : n / nqt; };
+    /* step n = head · nqt + tile takes the group's query head n / nqt and its tile n % nqt, kept in
+     * two counters moved on at the end of each step: the signed 32-bit division costs about 40
+     * instructions a step (dev/cuda/sass_mix.py), and the counters measured 2-4 % faster at D = 64
+     * and 128 (docs/cuda.md, *Tried and measured*) */
+    int step_head = 0, step_tile = 0;
     for (int n = 0; n < steps; n++) {
         const int st = n & 1, buf = n & 1;
         const uint32_t ph = (uint32_t)(n >> 1) & 1u;
-        const long long qt = qt0 + (kStepCounters ? step_tile : n % nqt), i0 = qt * 64;
+        const long long qt = qt0 + step_tile, i0 = qt * 64;
         const bool edge = !(qt >= uq0 && qt < uq1);
         const uint32_t q_s = opaque(sQ + st * QT), do_s = opaque(sdO + st * QT);
         /* lse2 and δ of the step's 64 queries: each thread of the warpgroup fetches one value before
@@ -433,8 +430,8 @@ __global__ void __launch_bounds__(kThreads, 1)
          * meet a slow warp's reads). Reading them where used (from L1) measured 5-12 % slower at
          * D <= 128; fetching them by TMA beside Q was 0-5 % faster, but racecheck cannot see the
          * mbarrier order an async-proxy write before plain shared loads (dev/cuda/README.md). */
-        const long long at = VARLEN ? ws_head<true>(p, b, hk * p.group + head_of(n), 0) + i0
-                                    : (b * p.Hq + hk * p.group + head_of(n)) * p.nq_pad + i0;
+        const long long at = VARLEN ? ws_head<true>(p, b, hk * p.group + step_head, 0) + i0
+                                    : (b * p.Hq + hk * p.group + step_head) * p.nq_pad + i0;
         float *wstats = (float *)(aligned + L::stats + (cw * 2 + (n & 1)) * L::STATS);
         const float *lse2 = wstats, *delta = BY_ROWS ? wstats + 64 : wstats;
         const bool fetcher = BY_ROWS || tid < 64;
@@ -484,7 +481,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int c = nb * 8 + 2 * t4 + (e & 1);
-                    s[nb][e] = pd[nb][e] * (dp[nb][e] - delta[c]) * p.scale; /* dSᵀ */
+                    s[nb][e] = pd[nb][e] * (dp[nb][e] - delta[c]); /* dSᵀ / scale */
                 }
             uint32_t pb[4][4];
             pack_a<T, 64>(pb, s);
@@ -506,8 +503,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                 else wg_wait<1>(); /* dV and dQ; dK still runs */
                 reg_fence(dq);
                 reg_fence(pa);
-                const long long tile = (b * p.Hq + hk * p.group + head_of(n)) * (p.nq_pad / 64) + i0 / 64;
-                if constexpr (VARLEN) add_dq_rows(dq, hk * p.group + head_of(n), i0, dq_split_columns<D>() ? cw : 0);
+                const long long tile = (b * p.Hq + hk * p.group + step_head) * (p.nq_pad / 64) + i0 / 64;
+                if constexpr (VARLEN) add_dq_rows(dq, hk * p.group + step_head, i0, dq_split_columns<D>() ? cw : 0);
                 else add_dq(dq, tile, dq_split_columns<D>() ? cw : 0);
             } else {
                 reg_fence(pb);
@@ -540,7 +537,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int c = nb * 8 + 2 * t4 + (e & 1);
-                    s[nb][e] = pd[nb][e] * (dp[nb][e] - delta[c]) * p.scale; /* dSᵀ */
+                    s[nb][e] = pd[nb][e] * (dp[nb][e] - delta[c]); /* dSᵀ / scale */
                 }
             uint32_t pb[4][4];
             pack_a<T, 64>(pb, s);
@@ -559,7 +556,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             wg_commit();
             turns.end();
             if constexpr (FUSE) {
-                const long long tile = (b * p.Hq + hk * p.group + head_of(n)) * (p.nq_pad / 64) + i0 / 64;
+                const long long tile = (b * p.Hq + hk * p.group + step_head) * (p.nq_pad / 64) + i0 / 64;
                 /* split columns: this warpgroup's block; own keys: every block in turn */
                 constexpr int BLOCKS = dq_split_columns<D>() ? 1 : DB;
 #pragma unroll
@@ -570,7 +567,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                     wg_wait<0>();
                     if (c == 0) fence_acc();
                     reg_fence(dq);
-                    if constexpr (VARLEN) add_dq_rows(dq, hk * p.group + head_of(n), i0, cb);
+                    if constexpr (VARLEN) add_dq_rows(dq, hk * p.group + step_head, i0, cb);
                     else add_dq(dq, tile, cb);
                 }
             } else {
@@ -618,11 +615,17 @@ __global__ void __launch_bounds__(kThreads, 1)
             fence_acc();
         }
         mbar_arrive_if(empty(st), lane == 0);
-        if (kStepCounters && ++step_tile == nqt) step_tile = 0, step_head++;
+        if (++step_tile == nqt) step_tile = 0, step_head++;
     }
     if (FUSE && tid == 0) bulk_wait<0>(); /* the reduce-adds are done before the CTA's shared memory goes */
     if constexpr (BY_ROWS) {
         store_frag_rows<T, DB * 8>(p.dv, reinterpret_cast<const float (&)[DB * 8][4]>(acc), keys, p.Nk, b, hk, t4);
+#pragma unroll
+        for (int c = 0; c < DB; c++) /* dK = scale · Σ dSᵀ Q: the scale left out of dSᵀ */
+#pragma unroll
+            for (int nb = 0; nb < 8; nb++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc2[c][nb][e] *= p.scale;
         store_frag_rows<T, DB * 8>(p.dk, reinterpret_cast<const float (&)[DB * 8][4]>(acc2), keys, p.Nk, b, hk, t4);
     } else {
         store_frag_rows<T, DB * 8>(cw == 0 ? p.dv : p.dk, reinterpret_cast<const float (&)[DB * 8][4]>(acc), keys, p.Nk, b, hk, t4);
@@ -1229,7 +1232,8 @@ template <typename T, int D> __global__ void __launch_bounds__(128) dq_convert_k
 #pragma unroll
     for (int i = 0; i < DB * 8; i++) {
         const float4 v = acc[i * 128 + tid];
-        frag[i][0] = v.x, frag[i][1] = v.y, frag[i][2] = v.z, frag[i][3] = v.w;
+        /* dQ = scale · Σ dS K: the dK/dV kernel left the scale out of dS */
+        frag[i][0] = v.x * p.scale, frag[i][1] = v.y * p.scale, frag[i][2] = v.z * p.scale, frag[i][3] = v.w * p.scale;
     }
     const long long rows[2] = {i0 + w4 * 16 + g, i0 + w4 * 16 + g + 8};
     store_frag_rows<T, DB * 8>(p.dq, frag, rows, p.Nq, b, h, t4);
@@ -1271,7 +1275,7 @@ static wa_status launch_all(const kparams &kp, const CUtensorMap (&m)[8], cudaSt
                 return WA_OK;
             });
             if (st != WA_OK || !VARLEN) return st;
-            return convert_dq_rows<T>(kp, s);
+            return convert_dq_rows<T, true>(kp, s); /* with the scale left out of dS */
         }
     }
     kparams dkp = kp;

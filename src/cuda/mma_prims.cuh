@@ -243,17 +243,6 @@ constexpr float kLazyLog2 = 8.0f;
  * exactly); P is then at most 2^kLazyLog2, harmless in f32 and in bf16/f16's exponent range, and
  * alpha is exactly 1 on most tiles, so that rescale_lazy() skips the multiply of O (128 registers
  * a thread at D = 256 and 512, once per 64 or 32 keys). */
-/* Lab (-DWA_SOFTMAX_TREE=1): each row's max over four partial maxima instead of one chain of
- * BN / 4 dependent FMNMX, the same value (max is exact in any order) in a quarter of the chain;
- * =2 also sums the row's exponentials in four partial sums (other rounding, within the parity
- * bounds). FlashAttention 4's SM90 softmax takes its row max over four partial maxima. Against
- * the forwards' `wait` stall (fixed-latency dependencies: 2.22 warps per issued instruction at (a)
- * against FA4's 1.12, dev/cuda/peer_profile.sh); compile-checked, not yet run on the GPU. */
-#ifndef WA_SOFTMAX_TREE
-#define WA_SOFTMAX_TREE 0
-#endif
-constexpr int kSoftmaxTree = WA_SOFTMAX_TREE;
-
 template <int BN, Cap CAP, bool FOLD, typename Edge, bool LAZY = false, bool SPLIT = false>
 __device__ __forceinline__ void softmax_scores_as(const kparams &p, float (&s)[BN / 8][4], float (&row_max)[2],
                                                   float (&row_sum)[2], float (&alpha)[2], const long long (&rows)[2],
@@ -264,7 +253,6 @@ __device__ __forceinline__ void softmax_scores_as(const kparams &p, float (&s)[B
         int lo = 0, hi = BN - 1;
         if (edge) visible_cols<BN>(p, rows[r], j0, lo, hi);
         float mx = -INFINITY;
-        float part[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}; /* WA_SOFTMAX_TREE */
 #pragma unroll
         for (int nb = 0; nb < BN / 8; nb++)
 #pragma unroll
@@ -275,14 +263,8 @@ __device__ __forceinline__ void softmax_scores_as(const kparams &p, float (&s)[B
                     if (c < lo || c > hi) x = -INFINITY;
                 }
                 s[nb][e] = x;
-                if constexpr (kSoftmaxTree > 0) {
-                    float &m = part[(2 * nb + (e & 1)) & 3];
-                    m = fmaxf(m, x);
-                } else {
-                    mx = fmaxf(mx, x);
-                }
+                mx = fmaxf(mx, x);
             }
-        if constexpr (kSoftmaxTree > 0) mx = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
         /* the four lanes of a quad hold one row */
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
@@ -297,7 +279,6 @@ __device__ __forceinline__ void softmax_scores_as(const kparams &p, float (&s)[B
          * forward's consumers share the exponentials (WA_FWD512_SPLIT_EXP); the select keeps
          * the register indices compile-time */
         constexpr int NB = SPLIT ? BN / 16 : BN / 8;
-        float sums[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* WA_SOFTMAX_TREE=2 */
 #pragma unroll
         for (int nb = 0; nb < NB; nb++)
 #pragma unroll
@@ -305,10 +286,8 @@ __device__ __forceinline__ void softmax_scores_as(const kparams &p, float (&s)[B
                 const float x = SPLIT ? (half ? s[nb + NB][e] : s[nb][e]) : s[nb][e];
                 const float pv = exp2_(FOLD ? fmaf(x, scale2, -m_use) : x - m_use);
                 s[nb][e] = pv;
-                if constexpr (kSoftmaxTree > 1) sums[(2 * nb + (e & 1)) & 3] += pv;
-                else row_sum[r] += pv;
+                row_sum[r] += pv;
             }
-        if constexpr (kSoftmaxTree > 1) row_sum[r] += (sums[0] + sums[1]) + (sums[2] + sums[3]);
     }
 }
 
@@ -518,13 +497,15 @@ __device__ __forceinline__ void grads_of(const kparams &p, float sacc, float dpa
 
 /* dq = the f32 accumulator [B, Hq, Nq, D] rounded to the dtype (the atomic-dQ option of versions 2
  * and 5; version 4 keeps its accumulator in fragment order and has its own). A varlen call's
- * accumulator is [Hq, Tq, D] (every kernel's): it runs with B = 1, Nq = Tq (varlen_rows below). */
-template <typename T> __global__ void dq_rows_convert_kernel(kparams p) {
+ * accumulator is [Hq, Tq, D] (every kernel's): it runs with B = 1, Nq = Tq (varlen_rows below).
+ * SCALED: times the softmax scale, which the kernel that added into it left out of dS. */
+template <typename T, bool SCALED> __global__ void dq_rows_convert_kernel(kparams p) {
     const long long total = p.B * p.Hq * p.Nq * (p.D / 2);
     for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total; e += (long long)gridDim.x * blockDim.x) {
         const long long pair = e % (p.D / 2), row = e / (p.D / 2), i = row % p.Nq, bh = row / p.Nq;
         const float2 v = *(const float2 *)(p.dq_acc + row * p.D + 2 * pair);
-        *(uint32_t *)(row_of<T>(p.dq, bh / p.Hq, bh % p.Hq, i) + 2 * pair) = pack2<T>(v.x, v.y);
+        const float f = SCALED ? p.scale : 1.0f;
+        *(uint32_t *)(row_of<T>(p.dq, bh / p.Hq, bh % p.Hq, i) + 2 * pair) = pack2<T>(v.x * f, v.y * f);
     }
 }
 
@@ -586,8 +567,10 @@ static wa_status zero_dq_rows(const kparams &kp, cudaStream_t s) {
     CUDA_TRY(cudaMemsetAsync(kp.dq_acc, 0, (size_t)(c.B * c.Hq * c.Nq * c.D) * sizeof(float), s));
     return WA_OK;
 }
-template <typename T> static wa_status convert_dq_rows(const kparams &kp, cudaStream_t s) {
-    dq_rows_convert_kernel<T><<<1024, 256, 0, s>>>(kp.cu_q ? varlen_rows(kp) : kp);
+/* SCALED: the accumulator holds Σ dS K without the softmax scale, which the rounding applies
+ * (bwd_hopper.cu's by-rows kernels) */
+template <typename T, bool SCALED = false> static wa_status convert_dq_rows(const kparams &kp, cudaStream_t s) {
+    dq_rows_convert_kernel<T, SCALED><<<1024, 256, 0, s>>>(kp.cu_q ? varlen_rows(kp) : kp);
     CUDA_TRY(cudaGetLastError());
     return WA_OK;
 }
