@@ -25,7 +25,8 @@
 #   varlen   a lab build whose mbarrier waits give up and say where (-DWA_LAB_WAIT_TIMEOUT): the
 #            D = 512 varlen cases alone, the `varlen` group, and the waits that gave up
 #            (diag_waits.txt), if any;
-#   python   the Python tests on CUDA and dev/cuda/bit_identity.py (this tree's libwinattn.so).
+#   python   the Python tests on CUDA, winattn.torch's C++ path built for the machine's torch
+#            first, and dev/cuda/bit_identity.py (this tree's libwinattn.so).
 # From the repository root on the H200 (DEPS as in scripts/cuda_check.sh):
 #   sh dev/cuda/bwd_d512_wgmma.sh [bench] [variants | build-variants] [check] [racecheck] [varlen] [nonfinite] [python]
 LAB_KEEP=1
@@ -127,8 +128,12 @@ if [ $NONFINITE = 1 ]; then
 fi
 if [ $PYTHON = 1 ]; then
     s=$(date +%s)
+    # winattn.torch's C++ eager path for this machine's torch (without it its tests are one skip)
+    timeout 240 python3 python/build_torch_ext.py --build build --quiet >"$OUT/torch_ext.txt" 2>&1 ||
+        row "torch C++ path" "not built: $(tail -1 "$OUT/torch_ext.txt" | cut -c1-120)"
     WINATTN_LIBRARY=build/libwinattn.so PYTHONPATH=python timeout 150 python3 python/tests/test_python.py >"$OUT/python.txt" 2>&1
     grep -E '^FAIL' "$OUT/python.txt" | head -3 | cut -c1-200
+    grep -E '^SKIP' "$OUT/python.txt" | head -3 | cut -c1-120 | while read -r l; do row "python" "$l"; done
     row "python tests on CUDA" "$(tail -1 "$OUT/python.txt") ($(($(date +%s) - s)) s)"
     timeout 120 python3 dev/cuda/bit_identity.py >"$OUT/bit_identity.txt" 2>&1
     cat "$OUT/bit_identity.txt" | tail -8 | while read -r l; do row "bit identity" "$l"; done
