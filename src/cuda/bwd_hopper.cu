@@ -163,8 +163,26 @@ template <int D, bool FUSE> struct kv_layout {
 };
 /* named barriers (by output): Pᵀ of buffer b ready (1 + b), buffer b free again (3 + b); a
  * consumer warpgroup's stats written (5 + its index); fused: the step's dSᵀ written (7, both
- * warpgroups, or 7 + its index), a warpgroup's dQ share staged (9 + its index) */
-constexpr int kReady = 1, kFree = 3, kStats = 5, kDsWritten = 7, kDqStaged = 9, kTurn = 13;
+ * warpgroups, or 7 + its index), a warpgroup's dQ share staged (9 + its index), its staging
+ * buffer read by the reduce-add (11 + its index, dq_writer below) */
+constexpr int kReady = 1, kFree = 3, kStats = 5, kDsWritten = 7, kDqStaged = 9, kDqFree = 11, kTurn = 13;
+
+/* Who issues the fused form's dQ reduce-adds (rectangular calls; varlen ones add from registers):
+ * as FlashAttention 3 and 4 do, warp 1 + w of the producer warpgroup for consumer warpgroup w.
+ * The consumers store their share to shared memory, fence and only arrive at a named barrier
+ * (kDqStaged); the writer waits there, issues the bulk reduce-add, waits for its read of the
+ * buffer and hands the buffer back (kDqFree). Before (WA_BWD_DQ_WRITER=0 builds it), thread 0 of
+ * each consumer warpgroup issued it after a barrier of the whole warpgroup, where 3.6 % of the
+ * (b) kernel's stall samples sat, 5.8 % more on the fence before it. Measured: (b) backward
+ * +6-8 % at 8K, causal D = 128 +6 %, D = 64 within 1 % (docs/cuda.md). */
+#ifndef WA_BWD_DQ_WRITER
+#define WA_BWD_DQ_WRITER 1
+#endif
+constexpr bool kDqWriter = WA_BWD_DQ_WRITER != 0;
+/* (one share per warpgroup and step: dQ's columns split between the warpgroups, or D = 64) */
+template <int D, bool FUSE, bool VARLEN> __host__ __device__ constexpr bool dq_writer() {
+    return kDqWriter && FUSE && !VARLEN && (dq_split_columns<D>() || D == 64);
+}
 
 /* Lab (-DWA_BWD_PINGPONG): by rows, the two consumer warpgroups take turns to issue each batch
  * of products (Sᵀ and dPᵀ; dV and dK), as the forward's pingpong (fwd_hopper.cu), named barriers
@@ -292,6 +310,25 @@ __global__ void __launch_bounds__(kThreads, 1)
                 }
                 if (++step_tile == nqt) step_tile = 0, step_head++;
             }
+        } else if (dq_writer<D, FUSE, VARLEN>() && (warp == 1 || warp == 2) && steps > 0) {
+            /* the dQ writer of consumer warpgroup w = warp - 1: each step's staged share into its
+             * query tile of the accumulator (add_dq's order) */
+            const int w = warp - 1, cb = dq_split_columns<D>() ? w : 0;
+            const uint32_t stage = base + L::dq_stage + w * L::DQ_STAGE;
+            int step_head = 0, step_tile = 0;
+            for (int n = 0; n < steps; n++) {
+                named_sync(kDqStaged + w, 160);
+                if (lane == 0) {
+                    const long long tile = (b * p.Hq + hk * p.group + step_head) * (p.nq_pad / 64) + qt0 + step_tile;
+                    bulk_reduce_add_f32(p.dq_acc + (tile * DB + cb) * 4096, stage, 64 * 64 * 4);
+                    bulk_commit();
+                    bulk_wait_read<0>();
+                }
+                __syncwarp();
+                if (n + 1 < steps) named_arrive(kDqFree + w, 160);
+                if (++step_tile == nqt) step_tile = 0, step_head++;
+            }
+            if (lane == 0) bulk_wait<0>(); /* the reduce-adds are done before the CTA's shared memory goes */
         }
         return;
     }
@@ -364,7 +401,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         constexpr bool SPLIT = dq_split_columns<D>();
         constexpr int KEY_STEPS = SPLIT ? KEYS / 16 : 4;
         const int key0 = SPLIT ? 0 : cw * 64;
-        if (tid == 0) bulk_wait_read<0>();
+        if (!dq_writer<D, FUSE, VARLEN>() && tid == 0) bulk_wait_read<0>();
         if (SPLIT) named_sync(kDsWritten, 256);
         else named_sync(kDsWritten + cw, 128);
         const uint32_t a_s = opaque(base + L::ds + buf * L::DS + key0 * 128), b_s = opaque(sK + cb * (KEYS * 128) + key0 * 128);
@@ -378,11 +415,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     /* fused: dq (64 queries × 64 columns) into shared memory in fragment order, then one thread
      * adds it to query tile `tile` (of B·Hq·nq_pad/64) of the accumulator; dq_convert_kernel knows
      * the order */
-    auto add_dq = [&](const float (&dq)[8][4], long long tile, int cb) {
+    auto add_dq = [&](const float (&dq)[8][4], long long tile, int cb, bool first) {
         float4 *stage = (float4 *)(aligned + L::dq_stage + cw * L::DQ_STAGE);
+        if (dq_writer<D, FUSE, VARLEN>() && !first) named_sync(kDqFree + cw, 160); /* the writer has read the last share */
 #pragma unroll
         for (int nb = 0; nb < 8; nb++) stage[nb * 128 + tid] = make_float4(dq[nb][0], dq[nb][1], dq[nb][2], dq[nb][3]);
         fence_proxy_async();
+        if (dq_writer<D, FUSE, VARLEN>()) {
+            named_arrive(kDqStaged + cw, 160); /* the writer issues the reduce-add */
+            return;
+        }
         named_sync(kDqStaged + cw, 128);
         if (tid == 0) {
             bulk_reduce_add_f32(p.dq_acc + (tile * DB + cb) * 4096, smem_u32(stage), 64 * 64 * 4);
@@ -505,7 +547,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 reg_fence(pa);
                 const long long tile = (b * p.Hq + hk * p.group + step_head) * (p.nq_pad / 64) + i0 / 64;
                 if constexpr (VARLEN) add_dq_rows(dq, hk * p.group + step_head, i0, dq_split_columns<D>() ? cw : 0);
-                else add_dq(dq, tile, dq_split_columns<D>() ? cw : 0);
+                else add_dq(dq, tile, dq_split_columns<D>() ? cw : 0, n == 0);
             } else {
                 reg_fence(pb);
                 wg_fence();
@@ -568,7 +610,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                     if (c == 0) fence_acc();
                     reg_fence(dq);
                     if constexpr (VARLEN) add_dq_rows(dq, hk * p.group + step_head, i0, cb);
-                    else add_dq(dq, tile, cb);
+                    else add_dq(dq, tile, cb, n == 0 && c == 0);
                 }
             } else {
                 wg_wait<0>();
@@ -617,7 +659,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_arrive_if(empty(st), lane == 0);
         if (++step_tile == nqt) step_tile = 0, step_head++;
     }
-    if (FUSE && tid == 0) bulk_wait<0>(); /* the reduce-adds are done before the CTA's shared memory goes */
+    if (FUSE && !dq_writer<D, FUSE, VARLEN>() && tid == 0) bulk_wait<0>(); /* the reduce-adds are done before the CTA's shared memory goes */
     if constexpr (BY_ROWS) {
         store_frag_rows<T, DB * 8>(p.dv, reinterpret_cast<const float (&)[DB * 8][4]>(acc), keys, p.Nk, b, hk, t4);
 #pragma unroll
