@@ -86,6 +86,63 @@ template <int D> struct ws_layout {
     static constexpr size_t bytes = 1024 + bars + 8 * kv_ring::n_bars; /* 1024: alignment slack for the swizzle */
 };
 
+/* The epilogue's stores of O. The default: each thread stores its fragments, 4 bytes at a time
+ * (store_rows: per warp and instruction 8 rows × 16 bytes). Lab (-DWA_FWD_STAGED_O): each
+ * warpgroup writes O into its own rows of the Q tile (free once its last product is done), in the
+ * tile's 128-byte swizzle, by stmatrix (conflict-free: the eight rows of a tile land in eight
+ * different chunks), and each warp then copies its 16 rows out 16 bytes a lane, whole rows per
+ * instruction. At D = 256 that is 16 stmatrix, 16 loads and 16 stores of 16 bytes against 64
+ * stores of 4 bytes, each of which touches eight rows' sectors. Against the (a) forward's 5.5 % of
+ * stall samples on its stores (lg throttle, docs/cuda.md); where O is not 16-byte aligned the
+ * default's stores stay. Compile-checked; not yet run on the GPU. */
+#ifdef WA_FWD_STAGED_O
+constexpr bool kStagedO = true;
+#else
+constexpr bool kStagedO = false;
+#endif
+constexpr int kEpilogueBar = 4; /* + the consumer warpgroup's index: its rows of Q are free */
+
+/* kStagedO's epilogue for one consumer warpgroup: O = acc / row sum and lse as store_rows, O
+ * through rows row0 .. row0 + 63 of the Q tile `tile` (column blocks of BM rows) into rows r0 .. of
+ * head (b, h); every wgmma of the warpgroup is complete */
+template <typename T, int D, int BM>
+__device__ __forceinline__ void store_rows_staged(const kparams &p, const float (&acc)[D / 8][4], const float (&row_max)[2],
+                                                  const float (&row_sum)[2], long long r0, long long b, long long h,
+                                                  unsigned char *tile, int row0, int w4, int lane) {
+    const int g = lane >> 2, t4 = lane & 3;
+    float inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const long long row = r0 + w4 * 16 + g + 8 * r;
+        float l = row_sum[r];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const bool sees = row < p.Nq && wa_row_sees_keys(&p.win, row); /* as store_rows */
+        inv[r] = sees ? 1.0f / l : 0.0f;
+        if (p.lse.data && t4 == 0 && row < p.Nq) *row_of<float>(p.lse, b, h, row) = sees ? row_max[r] * kLn2 + logf(l) : -INFINITY;
+    }
+    /* two 8-column fragments at a time, one stmatrix: tiles (rows 0-7 | 8-15) × (columns of
+     * fragment i | i + 1); lane l gives row l % 8 (+ 8 for tiles 1, 3) of chunk i (+ 1 for 2, 3) */
+    const uint32_t tile_s = smem_u32(tile);
+    const int m_row = row0 + w4 * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, m_chunk = lane >> 4;
+#pragma unroll
+    for (int i = 0; i < D / 8; i += 2) {
+        const uint32_t r[4] = {pack2<T>(acc[i][0] * inv[0], acc[i][1] * inv[0]), pack2<T>(acc[i][2] * inv[1], acc[i][3] * inv[1]),
+                               pack2<T>(acc[i + 1][0] * inv[0], acc[i + 1][1] * inv[0]),
+                               pack2<T>(acc[i + 1][2] * inv[1], acc[i + 1][3] * inv[1])};
+        stsm_x4(tile_s + blk_off<BM>(m_row, i + m_chunk), r);
+    }
+    __syncwarp(); /* the warp reads back only its own 16 rows */
+    constexpr int CHUNKS = D / 8, ROWS = 32 / CHUNKS; /* 16-byte chunks a row; rows an instruction */
+    const int c = lane % CHUNKS;
+#pragma unroll
+    for (int k = 0; k < 16 / ROWS; k++) {
+        const int lr = w4 * 16 + k * ROWS + lane / CHUNKS;
+        if (r0 + lr < p.Nq)
+            *(uint4 *)(row_of<T>(p.o, b, h, r0 + lr) + c * 8) = *(const uint4 *)(tile + blk_off<BM>(row0 + lr, c));
+    }
+}
+
 template <typename T, int D, bool PIPELINED, Cap CAP, bool VARLEN>
 __global__ void __launch_bounds__(kThreads, 1)
     fwd_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
@@ -256,7 +313,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         turns.end();
     }
 
-    store_rows<T, DB * 8>(p, reinterpret_cast<const float (&)[DB * 8][4]>(acc), row_max, row_sum, rows, b, h, t4);
+    const bool o_vec16 = (((uintptr_t)p.o.data | (uintptr_t)((p.o.s0 | p.o.s1 | p.o.s2) * (long long)sizeof(T))) & 15) == 0;
+    if (kStagedO && o_vec16) {
+        named_sync(kEpilogueBar + cw, 128); /* all the warpgroup's products done: its rows of Q are free */
+        store_rows_staged<T, D, BM>(p, reinterpret_cast<const float (&)[DB * 8][4]>(acc), row_max, row_sum, r0, b, h, smem + (sQ - smem_u32(smem)), cw * 64, w4, lane);
+    } else {
+        store_rows<T, DB * 8>(p, reinterpret_cast<const float (&)[DB * 8][4]>(acc), row_max, row_sum, rows, b, h, t4);
+    }
 #endif
 }
 

@@ -131,6 +131,13 @@ template <int N> __device__ __forceinline__ void setmaxnreg_dec() { asm volatile
 /* named barriers 1..15 between warpgroups: `n` threads in all arrive or wait */
 __device__ __forceinline__ void named_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void named_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+/* four 8 × 8 tiles of 16-bit values from fragments (the layout ldmatrix gives and mma.sync's
+ * accumulators have: r[i] holds row lane / 4, columns 2 (lane % 4) and + 1 of tile i) to shared
+ * memory; lanes 8 i .. 8 i + 7 give the addresses of tile i's eight rows */
+__device__ __forceinline__ void stsm_x4(uint32_t addr, const uint32_t (&r)[4]) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
+}
 
 /* Turn-taking of two consumer warpgroups (FlashAttention-3's "warp scheduler barrier"): named
  * barriers id and id + 1 open warpgroup 0's and 1's turns; begin() waits for this warpgroup's turn,
