@@ -679,6 +679,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 /* key tile: dQ (64 × D f32), S and dP (64 × BN each) in 240 registers; and Q, dO (128 × D) with
  * two stages of K and V in shared memory */
+/* Lab (-DWA_DQ_FOLD_SCALE): the deterministic backward's dQ kernel with the softmax scale out of
+ * dS and dQ scaled once at the end, as the by-rows dK/dV kernels do since 1a45178 (one multiply
+ * less per element of every key tile). Compile-checked; not yet run on the GPU. */
+#ifdef WA_DQ_FOLD_SCALE
+constexpr bool kDqFoldScale = true;
+#else
+constexpr bool kDqFoldScale = false;
+#endif
 template <int D> __host__ __device__ constexpr int dq_bn() { return D == 256 ? 32 : 64; }
 
 template <int D> struct dq_layout {
@@ -795,7 +803,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                         const int c = nb * 8 + 2 * t4 + (e & 1);
                         float pv, dcap;
                         prob_of<CAP>(p, s[nb][e], lse2[r], scale2, pv, dcap);
-                        float ds = pv * (dp[nb][e] - delta[r]) * dcap * p.scale;
+                        float ds = pv * (dp[nb][e] - delta[r]) * dcap * (kDqFoldScale ? 1.0f : p.scale);
                         if (edge && (c < lo || c > hi)) ds = 0.0f;
                         s[nb][e] = ds;
                     }
@@ -815,6 +823,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_arrive_if(ring.k_empty(st), lane == 0);
     }
     for (long long kt = wk1; kt < kt1; kt++) ring.skip((int)(kt - kt0), lane);
+    if (kDqFoldScale)
+#pragma unroll
+        for (int c = 0; c < DB; c++)
+#pragma unroll
+            for (int nb = 0; nb < 8; nb++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc[c][nb][e] *= p.scale;
     store_frag_rows<T, DB * 8>(p.dq, reinterpret_cast<const float (&)[DB * 8][4]>(acc), rows, p.Nq, b, h, t4);
 #endif
 }
