@@ -413,8 +413,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         wg_commit();
     };
     /* fused: dq (64 queries × 64 columns) into shared memory in fragment order, then one thread
-     * adds it to query tile `tile` (of B·Hq·nq_pad/64) of the accumulator; dq_convert_kernel knows
-     * the order */
+     * adds it to query tile `tile` (of B·Hq·nq_pad/64) of the accumulator: this warpgroup's writer
+     * warp (dq_writer; `first`: the CTA's first share, whose buffer nothing read before), or else
+     * its thread 0; dq_convert_kernel knows the order */
     auto add_dq = [&](const float (&dq)[8][4], long long tile, int cb, bool first) {
         float4 *stage = (float4 *)(aligned + L::dq_stage + cw * L::DQ_STAGE);
         if (dq_writer<D, FUSE, VARLEN>() && !first) named_sync(kDqFree + cw, 160); /* the writer has read the last share */
@@ -659,7 +660,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_arrive_if(empty(st), lane == 0);
         if (++step_tile == nqt) step_tile = 0, step_head++;
     }
-    if (FUSE && !dq_writer<D, FUSE, VARLEN>() && tid == 0) bulk_wait<0>(); /* the reduce-adds are done before the CTA's shared memory goes */
+    /* the reduce-adds are done before the CTA's shared memory goes (dq_writer: the writers wait) */
+    if (FUSE && !dq_writer<D, FUSE, VARLEN>() && tid == 0) bulk_wait<0>();
     if constexpr (BY_ROWS) {
         store_frag_rows<T, DB * 8>(p.dv, reinterpret_cast<const float (&)[DB * 8][4]>(acc), keys, p.Nk, b, hk, t4);
 #pragma unroll
