@@ -40,7 +40,7 @@ for round in 1 2; do
 done
 for b in $BUILDS; do
     [ -x $b/winattn ] || { row "$b" "build failed"; continue; }
-    if [ -n "$CHECK" ]; then case " $CHECK " in *" $b "*) ;; *) continue ;; esac; elif [ $b = build ]; then continue; fi
+    lab_checked $b || continue
     lab_sweep "full, $b" 240 $b/winattn parity --device cuda --threads 16
     lab_sweep "full deterministic, $b" 240 $b/winattn parity --device cuda --threads 16 --deterministic
     lab_sanitize memcheck $b/winattn 309 314 1004 730 309:--deterministic | while read -r l; do row "$b" "$l"; done

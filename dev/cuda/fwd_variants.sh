@@ -27,7 +27,7 @@ for round in 1 2; do
 done
 for b in $BUILDS; do
     [ -x $b/winattn ] || { row "$b" "build failed"; continue; }
-    if [ -n "$CHECK" ]; then case " $CHECK " in *" $b "*) ;; *) continue ;; esac; elif [ $b = build ]; then continue; fi
+    lab_checked $b || continue
     lab_sweep "full, $b" 240 $b/winattn parity --device cuda --threads 16
 done
 row "total" "$(($(date +%s) - t0)) s"

@@ -66,6 +66,13 @@ lab_build_variants() {
     wait
 }
 
+# lab_checked BUILD: whether BUILD gets the variant scripts' checks: the builds CHECK names
+# ("build build-NAME ..."; CHECK=none: none), or, CHECK unset, every variant but the default
+lab_checked() {
+    if [ -n "$CHECK" ]; then case " $CHECK " in *" $1 "*) return 0 ;; *) return 1 ;; esac; fi
+    [ "$1" != build ]
+}
+
 # lab_d512_bench ROUND BUILD: a summary row of `BUILD/winattn bench --device cuda` at (c) 8K / 16K
 # causal and at D = 512 with a 1024 window at 16K (docs/cuda.md's shapes), forward / backward TFLOP/s
 lab_d512_bench() {
