@@ -114,12 +114,10 @@ __device__ __forceinline__ void store_rows_staged(const kparams &p, const float 
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const long long row = r0 + w4 * 16 + g + 8 * r;
-        float l = row_sum[r];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const float l = quad_sum(row_sum[r]);
         const bool sees = row < p.Nq && wa_row_sees_keys(&p.win, row); /* as store_rows */
         inv[r] = sees ? 1.0f / l : 0.0f;
-        if (p.lse.data && t4 == 0 && row < p.Nq) *row_of<float>(p.lse, b, h, row) = sees ? row_max[r] * kLn2 + logf(l) : -INFINITY;
+        if (p.lse.data && t4 == 0 && row < p.Nq) *row_of<float>(p.lse, b, h, row) = row_lse(row_max[r], l, sees);
     }
     /* two 8-column fragments at a time, one stmatrix: tiles (rows 0-7 | 8-15) × (columns of
      * fragment i | i + 1); lane l gives row l % 8 (+ 8 for tiles 1, 3) of chunk i (+ 1 for 2, 3) */
@@ -316,7 +314,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const bool o_vec16 = (((uintptr_t)p.o.data | (uintptr_t)((p.o.s0 | p.o.s1 | p.o.s2) * (long long)sizeof(T))) & 15) == 0;
     if (kStagedO && o_vec16) {
         named_sync(kEpilogueBar + cw, 128); /* all the warpgroup's products done: its rows of Q are free */
-        store_rows_staged<T, D, BM>(p, reinterpret_cast<const float (&)[DB * 8][4]>(acc), row_max, row_sum, r0, b, h, smem + (sQ - smem_u32(smem)), cw * 64, w4, lane);
+        store_rows_staged<T, D, BM>(p, reinterpret_cast<const float (&)[DB * 8][4]>(acc), row_max, row_sum, r0, b, h,
+                                    smem + (sQ - smem_u32(smem)), cw * 64, w4, lane);
     } else {
         store_rows<T, DB * 8>(p, reinterpret_cast<const float (&)[DB * 8][4]>(acc), row_max, row_sum, rows, b, h, t4);
     }

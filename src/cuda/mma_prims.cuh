@@ -337,6 +337,14 @@ __device__ __forceinline__ void softmax_step(const kparams &p, float (&s)[BN / 8
     rescale<NA>(acc, alpha);
 }
 
+/* a row's softmax sum over the four threads of its quad (each holds a quarter of its columns) */
+__device__ __forceinline__ float quad_sum(float l) {
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    return l + __shfl_xor_sync(0xffffffffu, l, 2);
+}
+/* a row's lse from its running max (log₂ units) and sum; -inf for a row that sees no key */
+__device__ __forceinline__ float row_lse(float m, float l, bool sees) { return sees ? m * kLn2 + logf(l) : -INFINITY; }
+
 /* The forward's epilogue, shared by both kernels: O = acc / row sum (NA fragments of 8 columns from
  * column col0) and lse (written by the warp that holds column 0), for the thread's two rows. */
 template <typename T, int NA>
@@ -345,9 +353,7 @@ __device__ __forceinline__ void store_rows(const kparams &p, const float (&acc)[
                                            long long h, int t4, int col0 = 0) {
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        float l = row_sum[r];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const float l = quad_sum(row_sum[r]);
         if (rows[r] >= p.Nq) continue;
         /* a row that sees keys divides even when l is 0 or NaN (scores all -inf, a NaN among them):
          * softmax's NaN, as a dense computation gives, not an empty row's 0 */
@@ -358,7 +364,7 @@ __device__ __forceinline__ void store_rows(const kparams &p, const float (&acc)[
         for (int i = 0; i < NA; i++)
             *(uint32_t *)(orow + col0 + i * 8 + 2 * t4) = pack2<T>(acc[i][2 * r] * inv, acc[i][2 * r + 1] * inv);
         if (p.lse.data && t4 == 0 && col0 == 0)
-            *row_of<float>(p.lse, b, h, rows[r]) = sees ? row_max[r] * kLn2 + logf(l) : -INFINITY;
+            *row_of<float>(p.lse, b, h, rows[r]) = row_lse(row_max[r], l, sees);
     }
 }
 
