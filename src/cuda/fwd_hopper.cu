@@ -86,20 +86,17 @@ template <int D> struct ws_layout {
     static constexpr size_t bytes = 1024 + bars + 8 * kv_ring::n_bars; /* 1024: alignment slack for the swizzle */
 };
 
-/* The epilogue's stores of O. The default: each thread stores its fragments, 4 bytes at a time
- * (store_rows: per warp and instruction 8 rows × 16 bytes). Lab (-DWA_FWD_STAGED_O): each
- * warpgroup writes O into its own rows of the Q tile (free once its last product is done), in the
- * tile's 128-byte swizzle, by stmatrix (conflict-free: the eight rows of a tile land in eight
- * different chunks), and each warp then copies its 16 rows out 16 bytes a lane, whole rows per
- * instruction. At D = 256 that is 16 stmatrix, 16 loads and 16 stores of 16 bytes against 64
- * stores of 4 bytes, each of which touches eight rows' sectors. Against the (a) forward's 5.5 % of
- * stall samples on its stores (lg throttle, docs/cuda.md); where O is not 16-byte aligned the
- * default's stores stay. Compile-checked; not yet run on the GPU. */
-#ifdef WA_FWD_STAGED_O
-constexpr bool kStagedO = true;
-#else
-constexpr bool kStagedO = false;
+/* The epilogue's stores of O. Each warpgroup writes O into its own rows of the Q tile (free once its
+ * last product is done), in the tile's 128-byte swizzle, by stmatrix (conflict-free: the eight rows
+ * of a tile land in eight different chunks), and each warp then copies its 16 rows out 16 bytes a
+ * lane, whole rows per instruction. At D = 256 that is 16 stmatrix, 16 loads and 16 stores of 16
+ * bytes against 64 stores of 4 bytes, each of which touches eight rows' sectors, which is what
+ * store_rows does: it stays where O is not 16-byte aligned, and -DWA_FWD_STAGED_O=0 builds it
+ * everywhere. The (a) forward +5-6 %, (b) +1-2 % (docs/cuda.md, *Results*). */
+#ifndef WA_FWD_STAGED_O
+#define WA_FWD_STAGED_O 1
 #endif
+constexpr bool kStagedO = WA_FWD_STAGED_O != 0;
 constexpr int kEpilogueBar = 4; /* + the consumer warpgroup's index: its rows of Q are free */
 
 /* kStagedO's epilogue for one consumer warpgroup: O = acc / row sum and lse as store_rows, O
