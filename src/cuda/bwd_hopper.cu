@@ -267,7 +267,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto full = [&](int s) { return bar + 8 * (1 + 2 * s); };
     auto empty = [&](int s) { return bar + 8 * (2 + 2 * s); };
 
-    const int wg = threadIdx.x >> 7, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int warp = warp_index(), wg = warp >> 2, lane = threadIdx.x & 31;
     const cta_tile at = heaviest_first<kDkdvAcrossHeads>(false); /* the first key tiles first: under a causal mask they are the longest */
     const seq_view<T, VARLEN> sv(kp);
     const kparams &p = sv.p;
@@ -712,7 +712,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t sQ = base + L::q, sdO = base + L::dout, sK = base + L::k, sV = base + L::v;
     const kv_ring ring{base + L::bars};
 
-    const int wg = threadIdx.x >> 7, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int warp = warp_index(), wg = warp >> 2, lane = threadIdx.x & 31;
     const cta_tile at = heaviest_first<false>(true); /* the longest tiles first under causal masks */
     const seq_view<T, VARLEN> sv(kp);
     const kparams &p = sv.p;
@@ -1000,7 +1000,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto do_full = [&](int x) { return bar + 8 * (1 + 2 * kQHalves + x); };
     auto do_empty = [&](int x) { return bar + 8 * (1 + 3 * kQHalves + x); };
 
-    const int wg = threadIdx.x >> 7, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int warp = warp_index(), wg = warp >> 2, lane = threadIdx.x & 31;
     const cta_tile at = heaviest_first<kDkdvWideAcrossHeads>(false); /* the first key tiles first: under a causal mask they are the longest */
     const seq_view<T, VARLEN> sv(kp);
     const kparams &p = sv.p;
@@ -1161,7 +1161,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t sQ = base + L::q, sdO = base + L::dout, sK = base + L::k, sV = base + L::v;
     const dq_wide_ring ring{base + L::bars};
 
-    const int wg = threadIdx.x >> 7, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int warp = warp_index(), wg = warp >> 2, lane = threadIdx.x & 31;
     const cta_tile at = heaviest_first<false>(true); /* the longest tiles first under causal masks */
     const seq_view<T, VARLEN> sv(kp);
     const kparams &p = sv.p;

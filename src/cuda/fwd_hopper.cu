@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t sQ = base + L::q, sK = base + L::k, sV = base + L::v;
     const kv_ring ring{base + L::bars};
 
-    const int wg = threadIdx.x >> 7, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int warp = warp_index(), wg = warp >> 2, lane = threadIdx.x & 31;
     /* the last query tiles first: under a causal mask they are the longest */
     const cta_tile at = heaviest_first<false>(true);
     const seq_view<T, VARLEN> sv(kp);
@@ -392,7 +392,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     float *xch = (float *)(smem + (base - smem_u32(smem)) + L::xch);
     const kv_ring ring{base + L::bars};
 
-    const int wg = threadIdx.x >> 7, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int warp = warp_index(), wg = warp >> 2, lane = threadIdx.x & 31;
     const cta_tile at = heaviest_first<false>(true); /* the longest (causal) tiles first */
     const seq_view<T, VARLEN> sv(kp);
     const kparams &p = sv.p;
@@ -574,6 +574,233 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
+/* Lab (-DWA_FWD512_ASYM=1|2): the D = 512 forward split by role instead of by D, as ffpa-attn's
+ * SM90 kernel splits it. Consumer warpgroup 0 forms S over all of D (m64n64k16 from shared memory,
+ * key tiles of 64), runs the whole softmax, keeps O's columns 0-255 and hands P (bf16, stmatrix)
+ * and the rows' rescale factors to warpgroup 1 through shared memory behind mbarriers (two
+ * buffers); warpgroup 1 only reads them (ldmatrix, the same fragments) and accumulates O's
+ * columns 256-511. No partial S is traded, no mask or maximum is taken twice, and warpgroup 1's
+ * products can run under warpgroup 0's softmax. K and V have one stage each (64 KB a tile); V's
+ * two column halves have their own barriers and are released apart, so the half one warpgroup is
+ * done with is refilled while the other still reads its own; K and V have a producer thread each.
+ * =2: warpgroup 0 also issues S of a tile right behind O += P V of the last (the version-4
+ * forward's overlap), P handed over before that product is waited for. Shared memory: Q, K, V
+ * (192 KB), two P buffers (16 KB), two buffers of factors and the final row statistics (4 KB).
+ * Compile-checked; not yet run on the GPU. */
+#ifndef WA_FWD512_ASYM
+#define WA_FWD512_ASYM 0
+#endif
+constexpr int kWideAsym = WA_FWD512_ASYM, kAsymBN = 64;
+struct asym_layout {
+    static constexpr uint32_t TILE = kAsymBN * kWideD * 2, P = kWideBM * 64 * 2;
+    static constexpr uint32_t q = 0, k = kWideBM * kWideD * 2, v = k + TILE, p = v + TILE, alpha = p + 2 * P, stats = alpha + 2 * 128 * 8,
+                              bars = stats + 128 * 16;
+    /* the mbarriers, 8 bytes apart from `bars` */
+    enum : uint32_t { once, k_full, k_empty, vf_full, vf_empty, vb_full, vb_empty, p_full, p_empty = p_full + 2, n_bars = p_empty + 2 };
+    static constexpr size_t bytes = 1024 + bars + 8 * n_bars;
+};
+static_assert(asym_layout::bytes <= 232448, "the role-split D = 512 forward fits the 227 KB a CTA may have");
+static_assert(asym_layout::q == 0 && asym_layout::k % 1024 == 0 && asym_layout::p % 1024 == 0, "the swizzled tiles start 1024-byte aligned");
+
+template <typename T, Cap CAP, bool VARLEN, int FORM>
+__global__ void __launch_bounds__(kThreads, 1)
+    fwd_wide_asym_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+                         const __grid_constant__ CUtensorMap tv, const kparams kp) {
+#if WA_HOPPER_STUB /* not the sm_90a compilation: never launched (common.cuh) */
+    __trap();
+#else
+    using L = asym_layout;
+    constexpr int D = kWideD, BM = kWideBM, BN = kAsymBN, DB = D / 64, KS = D / 16;
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const uint32_t base = (smem_u32(smem) + 1023u) & ~1023u;
+    unsigned char *aligned = smem + (base - smem_u32(smem));
+    const uint32_t sQ = base + L::q, sK = base + L::k, sV = base + L::v, sP = base + L::p;
+    auto bar = [&](uint32_t i) { return base + L::bars + 8 * i; };
+
+    const int warp = warp_index(), wg = warp >> 2, lane = threadIdx.x & 31;
+    const cta_tile at = heaviest_first<false>(true); /* the longest (causal) tiles first */
+    const seq_view<T, VARLEN> sv(kp);
+    const kparams &p = sv.p;
+    const long long qt = at.tile, h = at.head, b = sv.b(), hk = h / p.group, i0 = qt * BM;
+    if (VARLEN && i0 >= p.Nq) return; /* past this sequence's rows: the whole CTA, before the barriers exist */
+    const int m = (int)min((long long)BM, p.Nq - i0);
+    int64_t kt0, kt1;
+    wa_key_tiles_for_rows(&p.win, i0, i0 + m, BN, &kt0, &kt1);
+
+    if (threadIdx.x == 0) {
+        mbar_init(bar(L::once), 1);
+        mbar_init(bar(L::k_full), 1), mbar_init(bar(L::k_empty), 4); /* K: warpgroup 1's warps (after S) */
+        mbar_init(bar(L::vf_full), 1), mbar_init(bar(L::vf_empty), 4);
+        mbar_init(bar(L::vb_full), 1), mbar_init(bar(L::vb_empty), 4);
+        for (int i = 0; i < 2; i++) mbar_init(bar(L::p_full + i), 128), mbar_init(bar(L::p_empty + i), 128);
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    if (wg == 0) { /* producer: Q and K by one thread, V's halves by another */
+        setmaxnreg_dec<kProducerRegs>();
+        const long long q_row0 = VARLEN ? p.q_row0 : 0, k_row0 = VARLEN ? p.k_row0 : 0;
+        if (kt0 < kt1 && threadIdx.x == 0) {
+            const CUtensorMap *mq = seq_map<VARLEN>(tq, kp, 0), *mk = seq_map<VARLEN>(tk, kp, 1);
+            mbar_expect_tx(bar(L::once), BM * D * 2);
+            for (int c = 0; c < DB; c++) tma_load(sQ + c * (BM * 128), mq, bar(L::once), c * 64, (int)(q_row0 + i0), (int)h, (int)b);
+            for (long long kt = kt0; kt < kt1; kt++) {
+                const int it = (int)(kt - kt0);
+                if (it > 0) mbar_wait(bar(L::k_empty), (uint32_t)(it - 1) & 1u);
+                mbar_expect_tx(bar(L::k_full), L::TILE);
+                for (int c = 0; c < DB; c++) tma_load(sK + c * (BN * 128), mk, bar(L::k_full), c * 64, (int)(k_row0 + kt * BN), (int)hk, (int)b);
+            }
+        } else if (kt0 < kt1 && threadIdx.x == 32) {
+            const CUtensorMap *mv = seq_map<VARLEN>(tv, kp, 2);
+            for (long long kt = kt0; kt < kt1; kt++) {
+                const int it = (int)(kt - kt0);
+                for (int half = 0; half < 2; half++) {
+                    const uint32_t full = bar(half ? L::vb_full : L::vf_full), empty = bar(half ? L::vb_empty : L::vf_empty);
+                    if (it > 0) mbar_wait(empty, (uint32_t)(it - 1) & 1u);
+                    mbar_expect_tx(full, L::TILE / 2);
+                    for (int c = 4 * half; c < 4 * half + 4; c++)
+                        tma_load(sV + c * (BN * 128), mv, full, c * 64, (int)(k_row0 + kt * BN), (int)hk, (int)b);
+                }
+            }
+        }
+        return;
+    }
+
+    setmaxnreg_inc<kConsumerRegs>();
+    const int cw = wg - 1, w4 = warp & 3, g = lane >> 2, t4 = lane & 3, tid = threadIdx.x & 127;
+    const long long rows[2] = {i0 + w4 * 16 + g, i0 + w4 * 16 + g + 8};
+    float acc[4][8][4];
+    zero_frags(acc);
+    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+    float2 *alphas = (float2 *)(aligned + L::alpha);
+    float4 *stats = (float4 *)(aligned + L::stats);
+    /* the fragment rows and 16-byte chunks this lane addresses in stmatrix / ldmatrix: tiles
+     * (rows 0-7 | 8-15) × (columns 0-7 | 8-15) of a k step, as the A fragments hold them */
+    const int f_row = w4 * 16 + (lane & 15), f_chunk = lane >> 4;
+    /* O's columns [256 cw, 256 cw + 256) += P V over the tile's 64 keys (V's half cw) */
+    auto issue_pv = [&](const uint32_t (&pa)[4][4]) {
+        const uint64_t v_d = gmma_desc_mn(opaque(sV + cw * 4 * (BN * 128)), BN * 128);
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) wide_mn_product<T, 256>(acc, pa[kk], desc_at(v_d, kk * (16 * 128)));
+    };
+
+    if (cw == 0) {
+        int64_t ut0, ut1; /* the key tiles the CTA's rows see whole: no mask */
+        wa_unmasked_key_tiles(&p.win, i0, i0 + m, BN, &ut0, &ut1);
+        const float scale2 = p.scale * kLog2e;
+        auto issue_s = [&](float (&s)[BN / 8][4]) {
+            const uint64_t q_d = gmma_desc(opaque(sQ)), k_d = gmma_desc(opaque(sK));
+#pragma unroll
+            for (int kx = 0; kx < KS; kx++)
+                wgmma_ss<T, BN>(s, desc_at(q_d, (kx >> 2) * (BM * 128) + (kx & 3) * 32), desc_at(k_d, (kx >> 2) * (BN * 128) + (kx & 3) * 32),
+                                kx > 0);
+        };
+        /* P of tile `it` and its rows' factors to warpgroup 1 */
+        auto hand_over = [&](const uint32_t (&pa)[4][4], const float (&alpha)[2], int it) {
+            const int slot = it & 1;
+            if (it >= 2) mbar_wait(bar(L::p_empty + slot), (uint32_t)((it >> 1) - 1) & 1u);
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) stsm_x4(sP + slot * L::P + blk_off<BM>(f_row, 2 * kk + f_chunk), pa[kk]);
+            alphas[slot * 128 + tid] = make_float2(alpha[0], alpha[1]);
+            mbar_arrive_if(bar(L::p_full + slot), true);
+        };
+        if (kt0 < kt1) mbar_wait(bar(L::once), 0);
+        uint32_t pa[4][4]; /* FORM 2: P of the last tile, the A operand of its O += P V */
+        for (long long kt = kt0; kt < kt1; kt++) {
+            const int it = (int)(kt - kt0);
+            const uint32_t ph = (uint32_t)it & 1u;
+            float s[BN / 8][4], alpha[2];
+            mbar_wait(bar(L::k_full), ph);
+            if (FORM == 2 && it > 0) {
+                /* S of this tile and O += P V of the last, back to back */
+                mbar_wait(bar(L::vf_full), ph ^ 1u);
+                reg_fence(pa);
+                reg_fence(acc);
+                wg_fence();
+                issue_s(s);
+                wg_commit();
+                issue_pv(pa);
+                wg_commit();
+                wg_wait<1>();
+            } else {
+                wg_fence();
+                issue_s(s);
+                wg_commit();
+                wg_wait<0>();
+            }
+            reg_fence(s);
+            mbar_arrive_if(bar(L::k_empty), lane == 0);
+            softmax_scores<BN, CAP>(p, s, row_max, row_sum, alpha, rows, kt * BN, !(kt >= ut0 && kt < ut1), t4, scale2);
+            uint32_t pn[4][4];
+            pack_a<T, BN>(pn, s);
+            hand_over(pn, alpha, it);
+            if (FORM == 2) {
+                if (it > 0) {
+                    wg_wait<0>();
+                    reg_fence(acc);
+                    mbar_arrive_if(bar(L::vf_empty), lane == 0);
+                }
+                rescale_lazy<32>(reinterpret_cast<float (&)[32][4]>(acc), alpha);
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) pa[kk][e] = pn[kk][e];
+            } else {
+                rescale_lazy<32>(reinterpret_cast<float (&)[32][4]>(acc), alpha);
+                mbar_wait(bar(L::vf_full), ph);
+                reg_fence(pn);
+                reg_fence(acc);
+                wg_fence();
+                issue_pv(pn);
+                wg_commit();
+                wg_wait<0>();
+                reg_fence(acc);
+                mbar_arrive_if(bar(L::vf_empty), lane == 0);
+            }
+        }
+        if (FORM == 2 && kt0 < kt1) { /* the last tile's O += P V */
+            mbar_wait(bar(L::vf_full), (uint32_t)(kt1 - 1 - kt0) & 1u);
+            reg_fence(pa);
+            reg_fence(acc);
+            wg_fence();
+            issue_pv(pa);
+            wg_commit();
+            wg_wait<0>();
+            reg_fence(acc);
+            mbar_arrive_if(bar(L::vf_empty), lane == 0);
+        }
+        /* warpgroup 1 divides its columns by the same row sums (each thread's quarter, as here) */
+        stats[tid] = make_float4(row_max[0], row_max[1], row_sum[0], row_sum[1]);
+        named_sync(kTradeBar, 256);
+    } else {
+        for (long long kt = kt0; kt < kt1; kt++) {
+            const int it = (int)(kt - kt0), slot = it & 1;
+            uint32_t pa[4][4];
+            mbar_wait(bar(L::p_full + slot), (uint32_t)(it >> 1) & 1u);
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) ldsm_x4(pa[kk], sP + slot * L::P + blk_off<BM>(f_row, 2 * kk + f_chunk));
+            const float2 a2 = alphas[slot * 128 + tid];
+            mbar_arrive_if(bar(L::p_empty + slot), true);
+            const float alpha[2] = {a2.x, a2.y};
+            rescale_lazy<32>(reinterpret_cast<float (&)[32][4]>(acc), alpha);
+            mbar_wait(bar(L::vb_full), (uint32_t)it & 1u);
+            reg_fence(pa);
+            reg_fence(acc);
+            wg_fence();
+            issue_pv(pa);
+            wg_commit();
+            wg_wait<0>();
+            reg_fence(acc);
+            mbar_arrive_if(bar(L::vb_empty), lane == 0);
+        }
+        named_sync(kTradeBar, 256);
+        const float4 st = stats[tid];
+        row_max[0] = st.x, row_max[1] = st.y, row_sum[0] = st.z, row_sum[1] = st.w;
+    }
+    store_rows<T, 32>(p, reinterpret_cast<const float (&)[32][4]>(acc), row_max, row_sum, rows, b, h, t4, cw * 256);
+#endif
+}
+
 /* ---- host side ---- */
 
 /* the forwards' maps: Q, K, V (K and V span key rows; write_seq_maps) */
@@ -623,6 +850,18 @@ constexpr bool kWidePairs = false;
 template <typename T, Cap CAP, bool VARLEN>
 static wa_status launch_wide(const kparams &kp, const CUtensorMap (&maps)[3], cudaStream_t s) {
     static volatile unsigned long long done = 0, done_pair = 0;
+    if constexpr (kWideAsym != 0) {
+        constexpr auto kernel = fwd_wide_asym_kernel<T, CAP, VARLEN, kWideAsym>;
+        CUDA_TRY(raise_once(kernel, asym_layout::bytes, &done));
+        const wa_status st = write_seq_maps(kp, maps, 3, kKeyMaps, s);
+        if (st != WA_OK) return st;
+        return over_sequences(kp, [&](const kparams &c, unsigned z) {
+            const dim3 grid((unsigned)((kp.Nq + kWideBM - 1) / kWideBM), (unsigned)kp.Hq, z);
+            kernel<<<grid, kThreads, asym_layout::bytes, s>>>(maps[0], maps[1], maps[2], c);
+            CUDA_TRY(cudaGetLastError());
+            return WA_OK;
+        });
+    }
     const bool pair = kWidePairs && kp.group % 2 == 0;
     if (pair) CUDA_TRY(raise_once(fwd_wide_ws_kernel<T, CAP, VARLEN, kWidePairs>, wide_layout::bytes, &done_pair));
     else CUDA_TRY(raise_once(fwd_wide_ws_kernel<T, CAP, VARLEN>, wide_layout::bytes, &done));
@@ -688,7 +927,7 @@ wa_status hopper_forward(const kparams &kp, wa_dtype dt, cudaStream_t s, int *ta
     *taken = 0;
     if (!hopper_forward_supports(kp)) return WA_OK;
     const int D = (int)kp.D, wide = D == kWideD;
-    const int bm = wide ? kWideBM : kBM, bn = wide ? kWideBN : D == 256 ? ws_bn<256>() : D == 128 ? ws_bn<128>() : ws_bn<64>();
+    const int bm = wide ? kWideBM : kBM, bn = wide ? (kWideAsym ? kAsymBN : kWideBN) : D == 256 ? ws_bn<256>() : D == 128 ? ws_bn<128>() : ws_bn<64>();
     CUtensorMap maps[3];
     const long long nb = map_batch(kp), nq = map_q_rows(kp), nk = map_k_rows(kp);
     if (!tensor_map(&maps[0], kp.q, dt, nb, kp.Hq, nq, D, bm) || !tensor_map(&maps[1], kp.k, dt, nb, kp.Hkv, nk, D, bn) ||
