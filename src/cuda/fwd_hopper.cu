@@ -574,21 +574,23 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-/* Lab (-DWA_FWD512_ASYM=1|2): the D = 512 forward split by role instead of by D, as ffpa-attn's
- * SM90 kernel splits it. Consumer warpgroup 0 forms S over all of D (m64n64k16 from shared memory,
- * key tiles of 64), runs the whole softmax, keeps O's columns 0-255 and hands P (bf16, stmatrix)
- * and the rows' rescale factors to warpgroup 1 through shared memory behind mbarriers (two
- * buffers); warpgroup 1 only reads them (ldmatrix, the same fragments) and accumulates O's
- * columns 256-511. No partial S is traded, no mask or maximum is taken twice, and warpgroup 1's
- * products can run under warpgroup 0's softmax. K and V have one stage each (64 KB a tile); V's
- * two column halves have their own barriers and are released apart, so the half one warpgroup is
- * done with is refilled while the other still reads its own; K and V have a producer thread each.
- * =2: warpgroup 0 also issues S of a tile right behind O += P V of the last (the version-4
- * forward's overlap), P handed over before that product is waited for. Shared memory: Q, K, V
- * (192 KB), two P buffers (16 KB), two buffers of factors and the final row statistics (4 KB).
- * Compile-checked; not yet run on the GPU. */
+/* The D = 512 forward split by role, as ffpa-attn's SM90 kernel splits it (the default;
+ * -DWA_FWD512_ASYM=0 builds the split-D kernel above). Consumer
+ * warpgroup 0 forms S over all of D (m64n64k16 from shared memory, key tiles of 64), runs the
+ * whole softmax, keeps O's columns 0-255 and hands P (bf16, stmatrix) and the rows' rescale
+ * factors to warpgroup 1 through shared memory behind mbarriers (two buffers); warpgroup 1 only
+ * reads them (ldmatrix: the same fragments) and accumulates O's columns 256-511. No partial S is
+ * traded, no mask or maximum is taken twice, and warpgroup 1's products run under warpgroup 0's
+ * softmax. K and V have one stage each (64 KB a tile); V's two column halves have their own
+ * barriers and are released apart, so the half one warpgroup is done with is refilled while the
+ * other still reads its own; K and V have a producer thread each. Shared memory: Q, K, V (192
+ * KB), two P buffers (16 KB), two buffers of factors and the final row statistics (4 KB).
+ * `winattn bench`: (c) 8K / 16K 607-608 / 585-638 TFLOP/s against the split-D kernel's 524-526 /
+ * 502-513, D = 512 with a 1024 window 470-474 against 420-422 (both with WA_WG_UNIFORM); warpgroup
+ * 0 issuing S of a tile behind O += P V of the last, as the version-4 forward does, measured 346-352
+ * (bd6a93b's -DWA_FWD512_ASYM=2; docs/cuda.md). */
 #ifndef WA_FWD512_ASYM
-#define WA_FWD512_ASYM 0
+#define WA_FWD512_ASYM 1
 #endif
 constexpr int kWideAsym = WA_FWD512_ASYM, kAsymBN = 64;
 struct asym_layout {
@@ -602,7 +604,7 @@ struct asym_layout {
 static_assert(asym_layout::bytes <= 232448, "the role-split D = 512 forward fits the 227 KB a CTA may have");
 static_assert(asym_layout::q == 0 && asym_layout::k % 1024 == 0 && asym_layout::p % 1024 == 0, "the swizzled tiles start 1024-byte aligned");
 
-template <typename T, Cap CAP, bool VARLEN, int FORM>
+template <typename T, Cap CAP, bool VARLEN>
 __global__ void __launch_bounds__(kThreads, 1)
     fwd_wide_asym_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                          const __grid_constant__ CUtensorMap tv, const kparams kp) {
@@ -705,61 +707,23 @@ __global__ void __launch_bounds__(kThreads, 1)
             mbar_arrive_if(bar(L::p_full + slot), true);
         };
         if (kt0 < kt1) mbar_wait(bar(L::once), 0);
-        uint32_t pa[4][4]; /* FORM 2: P of the last tile, the A operand of its O += P V */
         for (long long kt = kt0; kt < kt1; kt++) {
             const int it = (int)(kt - kt0);
             const uint32_t ph = (uint32_t)it & 1u;
             float s[BN / 8][4], alpha[2];
             mbar_wait(bar(L::k_full), ph);
-            if (FORM == 2 && it > 0) {
-                /* S of this tile and O += P V of the last, back to back */
-                mbar_wait(bar(L::vf_full), ph ^ 1u);
-                reg_fence(pa);
-                reg_fence(acc);
-                wg_fence();
-                issue_s(s);
-                wg_commit();
-                issue_pv(pa);
-                wg_commit();
-                wg_wait<1>();
-            } else {
-                wg_fence();
-                issue_s(s);
-                wg_commit();
-                wg_wait<0>();
-            }
+            wg_fence();
+            issue_s(s);
+            wg_commit();
+            wg_wait<0>();
             reg_fence(s);
             mbar_arrive_if(bar(L::k_empty), lane == 0);
             softmax_scores<BN, CAP>(p, s, row_max, row_sum, alpha, rows, kt * BN, !(kt >= ut0 && kt < ut1), t4, scale2);
-            uint32_t pn[4][4];
-            pack_a<T, BN>(pn, s);
-            hand_over(pn, alpha, it);
-            if (FORM == 2) {
-                if (it > 0) {
-                    wg_wait<0>();
-                    reg_fence(acc);
-                    mbar_arrive_if(bar(L::vf_empty), lane == 0);
-                }
-                rescale_lazy<32>(reinterpret_cast<float (&)[32][4]>(acc), alpha);
-#pragma unroll
-                for (int kk = 0; kk < 4; kk++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) pa[kk][e] = pn[kk][e];
-            } else {
-                rescale_lazy<32>(reinterpret_cast<float (&)[32][4]>(acc), alpha);
-                mbar_wait(bar(L::vf_full), ph);
-                reg_fence(pn);
-                reg_fence(acc);
-                wg_fence();
-                issue_pv(pn);
-                wg_commit();
-                wg_wait<0>();
-                reg_fence(acc);
-                mbar_arrive_if(bar(L::vf_empty), lane == 0);
-            }
-        }
-        if (FORM == 2 && kt0 < kt1) { /* the last tile's O += P V */
-            mbar_wait(bar(L::vf_full), (uint32_t)(kt1 - 1 - kt0) & 1u);
+            uint32_t pa[4][4];
+            pack_a<T, BN>(pa, s);
+            hand_over(pa, alpha, it);
+            rescale_lazy<32>(reinterpret_cast<float (&)[32][4]>(acc), alpha);
+            mbar_wait(bar(L::vf_full), ph);
             reg_fence(pa);
             reg_fence(acc);
             wg_fence();
@@ -851,7 +815,7 @@ template <typename T, Cap CAP, bool VARLEN>
 static wa_status launch_wide(const kparams &kp, const CUtensorMap (&maps)[3], cudaStream_t s) {
     static volatile unsigned long long done = 0, done_pair = 0;
     if constexpr (kWideAsym != 0) {
-        constexpr auto kernel = fwd_wide_asym_kernel<T, CAP, VARLEN, kWideAsym>;
+        constexpr auto kernel = fwd_wide_asym_kernel<T, CAP, VARLEN>;
         CUDA_TRY(raise_once(kernel, asym_layout::bytes, &done));
         const wa_status st = write_seq_maps(kp, maps, 3, kKeyMaps, s);
         if (st != WA_OK) return st;

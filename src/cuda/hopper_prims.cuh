@@ -128,16 +128,20 @@ __device__ __forceinline__ uint32_t opaque(uint32_t x) {
 }
 template <int N> __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
 template <int N> __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
-/* The warp's index in the CTA, from which the kernels take the warpgroup's (warp / 4). Lab
- * (-DWA_WG_UNIFORM): read through a shuffle from lane 0, so that the compiler knows it is the same
- * in every lane. Derived from threadIdx.x it looks per-thread: whatever the kernels build from the
- * warpgroup index (roles, tile rows, shared-memory offsets, each wgmma descriptor) then lives in
- * ordinary registers and is copied into uniform ones (R2UR) before every wgmma, and branches on it
- * carry divergence checks (BRA.DIV). In the (b) forward's kernel the shuffle takes the R2UR from
- * 176 to 6 and the static instruction count from 4976 to 4032 (nvdisasm). Compile-checked; not
- * yet run on the GPU. */
+/* The warp's index in the CTA, from which the kernels take the warpgroup's (warp / 4), read
+ * through a shuffle from lane 0 so that the compiler knows it is the same in every lane. Derived
+ * from threadIdx.x it looks per-thread: whatever the kernels build from the warpgroup index
+ * (roles, tile rows, shared-memory offsets, each wgmma descriptor) then lives in ordinary
+ * registers and is copied into uniform ones (R2UR) before every wgmma, and branches on it carry
+ * divergence checks (BRA.DIV). In the (b) forward's kernel the shuffle takes the R2UR from 176 to
+ * 6 and the static instruction count from 4976 to 4032 (nvdisasm); `winattn bench` forward +4-6 %
+ * at (a), +4 % at (b), backward +5-7 % at (c), the rest within the runs' spread (docs/cuda.md).
+ * -DWA_WG_UNIFORM=0 builds the form before. */
+#ifndef WA_WG_UNIFORM
+#define WA_WG_UNIFORM 1
+#endif
 __device__ __forceinline__ int warp_index() {
-#ifdef WA_WG_UNIFORM
+#if WA_WG_UNIFORM
     return __shfl_sync(0xffffffffu, (int)(threadIdx.x >> 5), 0);
 #else
     return (int)(threadIdx.x >> 5);
