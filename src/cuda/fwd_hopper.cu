@@ -575,20 +575,20 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 /* The D = 512 forward split by role, as ffpa-attn's SM90 kernel splits it (the default;
- * -DWA_FWD512_ASYM=0 builds the split-D kernel above). Consumer
- * warpgroup 0 forms S over all of D (m64n64k16 from shared memory, key tiles of 64), runs the
- * whole softmax, keeps O's columns 0-255 and hands P (bf16, stmatrix) and the rows' rescale
- * factors to warpgroup 1 through shared memory behind mbarriers (two buffers); warpgroup 1 only
- * reads them (ldmatrix: the same fragments) and accumulates O's columns 256-511. No partial S is
- * traded, no mask or maximum is taken twice, and warpgroup 1's products run under warpgroup 0's
- * softmax. K and V have one stage each (64 KB a tile); V's two column halves have their own
- * barriers and are released apart, so the half one warpgroup is done with is refilled while the
- * other still reads its own; K and V have a producer thread each. Shared memory: Q, K, V (192
- * KB), two P buffers (16 KB), two buffers of factors and the final row statistics (4 KB).
- * `winattn bench`: (c) 8K / 16K 607-608 / 585-638 TFLOP/s against the split-D kernel's 524-526 /
- * 502-513, D = 512 with a 1024 window 470-474 against 420-422 (both with WA_WG_UNIFORM); warpgroup
- * 0 issuing S of a tile behind O += P V of the last, as the version-4 forward does, measured 346-352
- * (bd6a93b's -DWA_FWD512_ASYM=2; docs/cuda.md). */
+ * -DWA_FWD512_ASYM=0 builds the split-D kernel above). Consumer 0 (the CTA's warpgroup 1) forms S
+ * over all of D (m64n64k16 from shared memory, key tiles of 64), runs the whole softmax, keeps
+ * O's columns 0-255 and hands P (bf16, stmatrix) and the rows' rescale factors to consumer 1
+ * through shared memory behind mbarriers (two buffers); consumer 1 only reads them (ldmatrix:
+ * the same fragments) and accumulates O's columns 256-511. No partial S is traded, no mask or
+ * maximum is taken twice, and consumer 1's products run under consumer 0's softmax. K and V have
+ * one stage each (64 KB a tile); V's two column halves have their own barriers and are released
+ * apart, so the half one consumer is done with is refilled while the other still reads its own;
+ * K and V have a producer thread each. Shared memory: Q, K, V (192 KB), two P buffers (16 KB),
+ * two buffers of factors and the final row statistics (4 KB). `winattn bench`: (c) 8K / 16K
+ * 607-608 / 585-638 TFLOP/s against the split-D kernel's 524-526 / 502-513, D = 512 with a 1024
+ * window 470-474 against 420-422 (both with WA_WG_UNIFORM); consumer 0 issuing S of a tile behind
+ * O += P V of the last, as the version-4 forward does, measured 346-352 (bd6a93b's
+ * -DWA_FWD512_ASYM=2; docs/cuda.md). */
 #ifndef WA_FWD512_ASYM
 #define WA_FWD512_ASYM 1
 #endif
@@ -631,7 +631,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     if (threadIdx.x == 0) {
         mbar_init(bar(L::once), 1);
-        mbar_init(bar(L::k_full), 1), mbar_init(bar(L::k_empty), 4); /* K: warpgroup 1's warps (after S) */
+        /* the empty barriers count the warps that read the stage: K and V's first half consumer 0's
+         * (after S, after its O += P V), V's second half consumer 1's; P's buffers every thread
+         * of the consumer that writes (full) or reads (empty) them */
+        mbar_init(bar(L::k_full), 1), mbar_init(bar(L::k_empty), 4);
         mbar_init(bar(L::vf_full), 1), mbar_init(bar(L::vf_empty), 4);
         mbar_init(bar(L::vb_full), 1), mbar_init(bar(L::vb_empty), 4);
         for (int i = 0; i < 2; i++) mbar_init(bar(L::p_full + i), 128), mbar_init(bar(L::p_empty + i), 128);
@@ -697,7 +700,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 wgmma_ss<T, BN>(s, desc_at(q_d, (kx >> 2) * (BM * 128) + (kx & 3) * 32), desc_at(k_d, (kx >> 2) * (BN * 128) + (kx & 3) * 32),
                                 kx > 0);
         };
-        /* P of tile `it` and its rows' factors to warpgroup 1 */
+        /* P of tile `it` and its rows' factors to consumer 1 */
         auto hand_over = [&](const uint32_t (&pa)[4][4], const float (&alpha)[2], int it) {
             const int slot = it & 1;
             if (it >= 2) mbar_wait(bar(L::p_empty + slot), (uint32_t)((it >> 1) - 1) & 1u);
@@ -733,7 +736,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             reg_fence(acc);
             mbar_arrive_if(bar(L::vf_empty), lane == 0);
         }
-        /* warpgroup 1 divides its columns by the same row sums (each thread's quarter, as here) */
+        /* consumer 1 divides its columns by the same row sums (each thread's quarter, as here) */
         stats[tid] = make_float4(row_max[0], row_max[1], row_sum[0], row_sum[1]);
         named_sync(kTradeBar, 256);
     } else {
