@@ -278,6 +278,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     int64_t qt0, qt1;
     wa_query_tiles_for_cols(&p.win, j0, j0 + nk, 64, &qt0, &qt1);
     const int nqt = (int)(qt1 - qt0), steps = nqt * (int)p.group;
+    /* fused: the accumulator's tile (of B·Hq·nq_pad/64, the order of add_dq and dq_convert_kernel)
+     * for query tile qt of the group's query head `head` */
+    auto dq_tile = [&](int head, long long qt) { return (b * p.Hq + hk * p.group + head) * (p.nq_pad / 64) + qt; };
 
     if (threadIdx.x == 0) {
         mbar_init(kv_full, 1);
@@ -319,7 +322,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             for (int n = 0; n < steps; n++) {
                 named_sync(kDqStaged + w, 160);
                 if (lane == 0) {
-                    const long long tile = (b * p.Hq + hk * p.group + step_head) * (p.nq_pad / 64) + qt0 + step_tile;
+                    const long long tile = dq_tile(step_head, qt0 + step_tile);
                     bulk_reduce_add_f32(p.dq_acc + (tile * DB + cb) * 4096, stage, 64 * 64 * 4);
                     bulk_commit();
                     bulk_wait_read<0>();
@@ -546,7 +549,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 else wg_wait<1>(); /* dV and dQ; dK still runs */
                 reg_fence(dq);
                 reg_fence(pa);
-                const long long tile = (b * p.Hq + hk * p.group + step_head) * (p.nq_pad / 64) + i0 / 64;
+                const long long tile = dq_tile(step_head, qt);
                 if constexpr (VARLEN) add_dq_rows(dq, hk * p.group + step_head, i0, dq_split_columns<D>() ? cw : 0);
                 else add_dq(dq, tile, dq_split_columns<D>() ? cw : 0, n == 0);
             } else {
@@ -599,7 +602,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             wg_commit();
             turns.end();
             if constexpr (FUSE) {
-                const long long tile = (b * p.Hq + hk * p.group + step_head) * (p.nq_pad / 64) + i0 / 64;
+                const long long tile = dq_tile(step_head, qt);
                 /* split columns: this warpgroup's block; own keys: every block in turn */
                 constexpr int BLOCKS = dq_split_columns<D>() ? 1 : DB;
 #pragma unroll
@@ -664,12 +667,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (FUSE && !dq_writer<D, FUSE, VARLEN>() && tid == 0) bulk_wait<0>();
     if constexpr (BY_ROWS) {
         store_frag_rows<T, DB * 8>(p.dv, reinterpret_cast<const float (&)[DB * 8][4]>(acc), keys, p.Nk, b, hk, t4);
-#pragma unroll
-        for (int c = 0; c < DB; c++) /* dK = scale · Σ dSᵀ Q: the scale left out of dSᵀ */
-#pragma unroll
-            for (int nb = 0; nb < 8; nb++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) acc2[c][nb][e] *= p.scale;
+        scale_frags(acc2, p.scale); /* dK = scale · Σ dSᵀ Q: the scale left out of dSᵀ */
         store_frag_rows<T, DB * 8>(p.dk, reinterpret_cast<const float (&)[DB * 8][4]>(acc2), keys, p.Nk, b, hk, t4);
     } else {
         store_frag_rows<T, DB * 8>(cw == 0 ? p.dv : p.dk, reinterpret_cast<const float (&)[DB * 8][4]>(acc), keys, p.Nk, b, hk, t4);
@@ -824,13 +822,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_arrive_if(ring.k_empty(st), lane == 0);
     }
     for (long long kt = wk1; kt < kt1; kt++) ring.skip((int)(kt - kt0), lane);
-    if (kDqFoldScale)
-#pragma unroll
-        for (int c = 0; c < DB; c++)
-#pragma unroll
-            for (int nb = 0; nb < 8; nb++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) acc[c][nb][e] *= p.scale;
+    if (kDqFoldScale) scale_frags(acc, p.scale);
     store_frag_rows<T, DB * 8>(p.dq, reinterpret_cast<const float (&)[DB * 8][4]>(acc), rows, p.Nq, b, h, t4);
 #endif
 }

@@ -339,6 +339,7 @@ struct wide_layout {
     static constexpr size_t bytes = 1024 + bars + 8 * kv_ring::n_bars;
 };
 static_assert(wide_layout::bytes <= 232448, "the D = 512 forward fits the 227 KB a CTA may have");
+static_assert(wide_layout::q == 0 && wide_layout::k % 1024 == 0 && wide_layout::v % 1024 == 0, "the swizzled tiles start 1024-byte aligned");
 
 /* Each consumer keeps the first WA_FWD512_QREG (N, 0 <= N <= 16) of its 16 k steps of Q as A
  * fragments in registers (4 a thread per step, loaded once by ldmatrix) and forms those steps of S
@@ -817,26 +818,18 @@ constexpr bool kWidePairs = false;
 template <typename T, Cap CAP, bool VARLEN>
 static wa_status launch_wide(const kparams &kp, const CUtensorMap (&maps)[3], cudaStream_t s) {
     static volatile unsigned long long done = 0, done_pair = 0;
-    if constexpr (kWideAsym != 0) {
-        constexpr auto kernel = fwd_wide_asym_kernel<T, CAP, VARLEN>;
-        CUDA_TRY(raise_once(kernel, asym_layout::bytes, &done));
-        const wa_status st = write_seq_maps(kp, maps, 3, kKeyMaps, s);
-        if (st != WA_OK) return st;
-        return over_sequences(kp, [&](const kparams &c, unsigned z) {
-            const dim3 grid((unsigned)((kp.Nq + kWideBM - 1) / kWideBM), (unsigned)kp.Hq, z);
-            kernel<<<grid, kThreads, asym_layout::bytes, s>>>(maps[0], maps[1], maps[2], c);
-            CUDA_TRY(cudaGetLastError());
-            return WA_OK;
-        });
-    }
-    const bool pair = kWidePairs && kp.group % 2 == 0;
-    if (pair) CUDA_TRY(raise_once(fwd_wide_ws_kernel<T, CAP, VARLEN, kWidePairs>, wide_layout::bytes, &done_pair));
+    /* the split-D kernel (WA_FWD512_ASYM=0) is instantiated only when it is the one launched */
+    const bool pair = kWideAsym == 0 && kWidePairs && kp.group % 2 == 0;
+    if constexpr (kWideAsym != 0) CUDA_TRY(raise_once(fwd_wide_asym_kernel<T, CAP, VARLEN>, asym_layout::bytes, &done));
+    else if (pair) CUDA_TRY(raise_once(fwd_wide_ws_kernel<T, CAP, VARLEN, kWidePairs>, wide_layout::bytes, &done_pair));
     else CUDA_TRY(raise_once(fwd_wide_ws_kernel<T, CAP, VARLEN>, wide_layout::bytes, &done));
     const wa_status st = write_seq_maps(kp, maps, 3, kKeyMaps, s);
     if (st != WA_OK) return st;
     return over_sequences(kp, [&](const kparams &c, unsigned z) {
         const dim3 grid((unsigned)((kp.Nq + kWideBM - 1) / kWideBM), (unsigned)kp.Hq, z);
-        if (pair) { /* clusters of two along the heads: 2c and 2c + 1 read K/V head 2c / group */
+        if constexpr (kWideAsym != 0) {
+            fwd_wide_asym_kernel<T, CAP, VARLEN><<<grid, kThreads, asym_layout::bytes, s>>>(maps[0], maps[1], maps[2], c);
+        } else if (pair) { /* clusters of two along the heads: 2c and 2c + 1 read K/V head 2c / group */
             cudaLaunchAttribute attr[1];
             attr[0].id = cudaLaunchAttributeClusterDimension;
             attr[0].val.clusterDim.x = 1, attr[0].val.clusterDim.y = 2, attr[0].val.clusterDim.z = 1;

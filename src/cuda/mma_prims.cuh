@@ -375,6 +375,16 @@ template <int A, int B> __device__ __forceinline__ void zero_frags(float (&x)[A]
 #pragma unroll
         for (int b = 0; b < B; b++) x[a][b][0] = x[a][b][1] = x[a][b][2] = x[a][b][3] = 0.0f;
 }
+/* an accumulator of blocks of 8-column fragments times f (the softmax scale, which the by-rows dK/dV
+ * kernels and the dQ kernel leave out of dS) */
+template <int A, int B> __device__ __forceinline__ void scale_frags(float (&x)[A][B][4], float f) {
+#pragma unroll
+    for (int a = 0; a < A; a++)
+#pragma unroll
+        for (int b = 0; b < B; b++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) x[a][b][e] *= f;
+}
 
 /* a 16-row × N tile of f32 accumulator fragments (P or dS), rounded to the dtype, as the A
  * operands of N/16 k steps: two adjacent 8-column fragments are one 16-column A fragment */
