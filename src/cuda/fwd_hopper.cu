@@ -99,13 +99,19 @@ template <int D> struct ws_layout {
 constexpr bool kStagedO = WA_FWD_STAGED_O != 0;
 constexpr int kEpilogueBar = 4; /* + the consumer warpgroup's index: its rows of Q are free */
 
+/* whether O's base and strides keep every row 16-byte aligned (the staged epilogue's 16-byte stores) */
+template <typename T> __device__ __forceinline__ bool o_rows_aligned16(const kparams &p) {
+    return (((uintptr_t)p.o.data | (uintptr_t)((p.o.s0 | p.o.s1 | p.o.s2) * (long long)sizeof(T))) & 15) == 0;
+}
+
 /* kStagedO's epilogue for one consumer warpgroup: O = acc / row sum and lse as store_rows, O
  * through rows row0 .. row0 + 63 of the Q tile `tile` (column blocks of BM rows) into rows r0 .. of
- * head (b, h); every wgmma of the warpgroup is complete */
+ * head (b, h), columns col0 .. col0 + D - 1 (lse by the warpgroup that holds column 0); every wgmma
+ * of the warpgroup is complete */
 template <typename T, int D, int BM>
 __device__ __forceinline__ void store_rows_staged(const kparams &p, const float (&acc)[D / 8][4], const float (&row_max)[2],
                                                   const float (&row_sum)[2], long long r0, long long b, long long h,
-                                                  unsigned char *tile, int row0, int w4, int lane) {
+                                                  unsigned char *tile, int row0, int w4, int lane, int col0 = 0) {
     const int g = lane >> 2, t4 = lane & 3;
     float inv[2];
 #pragma unroll
@@ -114,7 +120,7 @@ __device__ __forceinline__ void store_rows_staged(const kparams &p, const float 
         const float l = quad_sum(row_sum[r]);
         const bool sees = row < p.Nq && wa_row_sees_keys(&p.win, row); /* as store_rows */
         inv[r] = sees ? 1.0f / l : 0.0f;
-        if (p.lse.data && t4 == 0 && row < p.Nq) *row_of<float>(p.lse, b, h, row) = row_lse(row_max[r], l, sees);
+        if (p.lse.data && t4 == 0 && col0 == 0 && row < p.Nq) *row_of<float>(p.lse, b, h, row) = row_lse(row_max[r], l, sees);
     }
     /* two 8-column fragments at a time, one stmatrix: tiles (rows 0-7 | 8-15) × (columns of
      * fragment i | i + 1); lane l gives row l % 8 (+ 8 for tiles 1, 3) of chunk i (+ 1 for 2, 3) */
@@ -134,7 +140,7 @@ __device__ __forceinline__ void store_rows_staged(const kparams &p, const float 
     for (int k = 0; k < 16 / ROWS; k++) {
         const int lr = w4 * 16 + k * ROWS + lane / CHUNKS;
         if (r0 + lr < p.Nq)
-            *(uint4 *)(row_of<T>(p.o, b, h, r0 + lr) + c * 8) = *(const uint4 *)(tile + blk_off<BM>(row0 + lr, c));
+            *(uint4 *)(row_of<T>(p.o, b, h, r0 + lr) + col0 + c * 8) = *(const uint4 *)(tile + blk_off<BM>(row0 + lr, c));
     }
 }
 
@@ -308,7 +314,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         turns.end();
     }
 
-    const bool o_vec16 = (((uintptr_t)p.o.data | (uintptr_t)((p.o.s0 | p.o.s1 | p.o.s2) * (long long)sizeof(T))) & 15) == 0;
+    const bool o_vec16 = o_rows_aligned16<T>(p);
     if (kStagedO && o_vec16) {
         named_sync(kEpilogueBar + cw, 128); /* all the warpgroup's products done: its rows of Q are free */
         store_rows_staged<T, D, BM>(p, reinterpret_cast<const float (&)[DB * 8][4]>(acc), row_max, row_sum, r0, b, h,
@@ -594,12 +600,27 @@ __global__ void __launch_bounds__(kThreads, 1)
 #define WA_FWD512_ASYM 1
 #endif
 constexpr int kWideAsym = WA_FWD512_ASYM, kAsymBN = 64;
+/* KHALVES: K loaded and released by halves of D (a full / empty pair each) and consumer 0's S
+ * issued as two commit groups, so that the producer refills K's first half while S still reads
+ * the second. STAGED_O: the epilogue's O through the Q tile (free once the last S is done), as
+ * store_rows_staged does for the version-4 forward, each consumer its column half. Together, in
+ * `winattn bench` against the role split without them in one run: (c) 8K 624-627 TFLOP/s against
+ * 604-609, D = 512 with a 1024 window 496-497 against 468-474 (STAGED_O alone 616-622 and
+ * 496-497, KHALVES alone 609-610 and 473; docs/cuda.md). =0 builds the form without. */
+#ifndef WA_FWD512_KHALVES
+#define WA_FWD512_KHALVES 1
+#endif
+#ifndef WA_FWD512_STAGED_O
+#define WA_FWD512_STAGED_O 1
+#endif
+constexpr bool kAsymKHalves = WA_FWD512_KHALVES != 0, kAsymStagedO = WA_FWD512_STAGED_O != 0;
 struct asym_layout {
     static constexpr uint32_t TILE = kAsymBN * kWideD * 2, P = kWideBM * 64 * 2;
     static constexpr uint32_t q = 0, k = kWideBM * kWideD * 2, v = k + TILE, p = v + TILE, alpha = p + 2 * P, stats = alpha + 2 * 128 * 8,
                               bars = stats + 128 * 16;
     /* the mbarriers, 8 bytes apart from `bars` */
-    enum : uint32_t { once, k_full, k_empty, vf_full, vf_empty, vb_full, vb_empty, p_full, p_empty = p_full + 2, n_bars = p_empty + 2 };
+    enum : uint32_t { once, k_full, k_empty, vf_full, vf_empty, vb_full, vb_empty, p_full, p_empty = p_full + 2, kb_full = p_empty + 2, kb_empty,
+                      n_bars };
     static constexpr size_t bytes = 1024 + bars + 8 * n_bars;
 };
 static_assert(asym_layout::bytes <= 232448, "the role-split D = 512 forward fits the 227 KB a CTA may have");
@@ -636,6 +657,7 @@ __global__ void __launch_bounds__(kThreads, 1)
          * (after S, after its O += P V), V's second half consumer 1's; P's buffers every thread
          * of the consumer that writes (full) or reads (empty) them */
         mbar_init(bar(L::k_full), 1), mbar_init(bar(L::k_empty), 4);
+        if constexpr (kAsymKHalves) mbar_init(bar(L::kb_full), 1), mbar_init(bar(L::kb_empty), 4); /* K's second half */
         mbar_init(bar(L::vf_full), 1), mbar_init(bar(L::vf_empty), 4);
         mbar_init(bar(L::vb_full), 1), mbar_init(bar(L::vb_empty), 4);
         for (int i = 0; i < 2; i++) mbar_init(bar(L::p_full + i), 128), mbar_init(bar(L::p_empty + i), 128);
@@ -652,9 +674,19 @@ __global__ void __launch_bounds__(kThreads, 1)
             for (int c = 0; c < DB; c++) tma_load(sQ + c * (BM * 128), mq, bar(L::once), c * 64, (int)(q_row0 + i0), (int)h, (int)b);
             for (long long kt = kt0; kt < kt1; kt++) {
                 const int it = (int)(kt - kt0);
-                if (it > 0) mbar_wait(bar(L::k_empty), (uint32_t)(it - 1) & 1u);
-                mbar_expect_tx(bar(L::k_full), L::TILE);
-                for (int c = 0; c < DB; c++) tma_load(sK + c * (BN * 128), mk, bar(L::k_full), c * 64, (int)(k_row0 + kt * BN), (int)hk, (int)b);
+                if constexpr (kAsymKHalves) {
+                    for (int half = 0; half < 2; half++) {
+                        const uint32_t full = bar(half ? L::kb_full : L::k_full), empty = bar(half ? L::kb_empty : L::k_empty);
+                        if (it > 0) mbar_wait(empty, (uint32_t)(it - 1) & 1u);
+                        mbar_expect_tx(full, L::TILE / 2);
+                        for (int c = 4 * half; c < 4 * half + 4; c++)
+                            tma_load(sK + c * (BN * 128), mk, full, c * 64, (int)(k_row0 + kt * BN), (int)hk, (int)b);
+                    }
+                } else {
+                    if (it > 0) mbar_wait(bar(L::k_empty), (uint32_t)(it - 1) & 1u);
+                    mbar_expect_tx(bar(L::k_full), L::TILE);
+                    for (int c = 0; c < DB; c++) tma_load(sK + c * (BN * 128), mk, bar(L::k_full), c * 64, (int)(k_row0 + kt * BN), (int)hk, (int)b);
+                }
             }
         } else if (kt0 < kt1 && threadIdx.x == 32) {
             const CUtensorMap *mv = seq_map<VARLEN>(tv, kp, 2);
@@ -694,10 +726,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         int64_t ut0, ut1; /* the key tiles the CTA's rows see whole: no mask */
         wa_unmasked_key_tiles(&p.win, i0, i0 + m, BN, &ut0, &ut1);
         const float scale2 = p.scale * kLog2e;
-        auto issue_s = [&](float (&s)[BN / 8][4]) {
+        auto issue_s = [&](float (&s)[BN / 8][4], const int kx0, const int kx1) { /* k steps [kx0, kx1) */
             const uint64_t q_d = gmma_desc(opaque(sQ)), k_d = gmma_desc(opaque(sK));
 #pragma unroll
-            for (int kx = 0; kx < KS; kx++)
+            for (int kx = kx0; kx < kx1; kx++)
                 wgmma_ss<T, BN>(s, desc_at(q_d, (kx >> 2) * (BM * 128) + (kx & 3) * 32), desc_at(k_d, (kx >> 2) * (BN * 128) + (kx & 3) * 32),
                                 kx > 0);
         };
@@ -716,12 +748,26 @@ __global__ void __launch_bounds__(kThreads, 1)
             const uint32_t ph = (uint32_t)it & 1u;
             float s[BN / 8][4], alpha[2];
             mbar_wait(bar(L::k_full), ph);
-            wg_fence();
-            issue_s(s);
-            wg_commit();
-            wg_wait<0>();
-            reg_fence(s);
-            mbar_arrive_if(bar(L::k_empty), lane == 0);
+            if constexpr (kAsymKHalves) {
+                mbar_wait(bar(L::kb_full), ph); /* both halves in before the first product (a wait between the two groups makes ptxas fence the second) */
+                wg_fence();
+                issue_s(s, 0, KS / 2);
+                wg_commit();
+                issue_s(s, KS / 2, KS);
+                wg_commit();
+                wg_wait<1>(); /* K's first half read: refilled under the second's products */
+                mbar_arrive_if(bar(L::k_empty), lane == 0);
+                wg_wait<0>();
+                reg_fence(s);
+                mbar_arrive_if(bar(L::kb_empty), lane == 0);
+            } else {
+                wg_fence();
+                issue_s(s, 0, KS);
+                wg_commit();
+                wg_wait<0>();
+                reg_fence(s);
+                mbar_arrive_if(bar(L::k_empty), lane == 0);
+            }
             softmax_scores<BN, CAP>(p, s, row_max, row_sum, alpha, rows, kt * BN, !(kt >= ut0 && kt < ut1), t4, scale2);
             uint32_t pa[4][4];
             pack_a<T, BN>(pa, s);
@@ -765,7 +811,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         const float4 st = stats[tid];
         row_max[0] = st.x, row_max[1] = st.y, row_sum[0] = st.z, row_sum[1] = st.w;
     }
-    store_rows<T, 32>(p, reinterpret_cast<const float (&)[32][4]>(acc), row_max, row_sum, rows, b, h, t4, cw * 256);
+    const bool o_vec16 = o_rows_aligned16<T>(p);
+    if (kAsymStagedO && o_vec16) /* past kTradeBar: every S (the only reader of Q) and every product done */
+        store_rows_staged<T, 256, BM>(p, reinterpret_cast<const float (&)[32][4]>(acc), row_max, row_sum, i0, b, h,
+                                      aligned + L::q + cw * 4 * (BM * 128), 0, w4, lane, cw * 256);
+    else
+        store_rows<T, 32>(p, reinterpret_cast<const float (&)[32][4]>(acc), row_max, row_sum, rows, b, h, t4, cw * 256);
 #endif
 }
 
