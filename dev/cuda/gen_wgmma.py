@@ -68,4 +68,5 @@ for tname, tstr in (("__nv_bfloat16", "bf16"), ("__half", "f16")):
     for n in (64, 128, 256):
         out.append(rs(n, tname, tstr))
     out.append(rs(32, tname, tstr, "k"))
+    out.append(rs(64, tname, tstr, "k"))  # the role-split D = 512 forward's lab WA_FWD512_ASYM_QREG
 open("src/cuda/wgmma_ops.cuh", "w").write("\n".join(out))

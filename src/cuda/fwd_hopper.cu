@@ -614,6 +614,15 @@ constexpr int kWideAsym = WA_FWD512_ASYM, kAsymBN = 64;
 #define WA_FWD512_STAGED_O 1
 #endif
 constexpr bool kAsymKHalves = WA_FWD512_KHALVES != 0, kAsymStagedO = WA_FWD512_STAGED_O != 0;
+/* Lab form, not yet measured: consumer 0 keeps the first WA_FWD512_ASYM_QREG of its 32 k steps of
+ * Q as A fragments in registers (loaded once by ldmatrix) and forms those steps of S with the
+ * register-A wgmma, as the split-D kernel's WA_FWD512_QREG does (10-15 % there). 0 (the default):
+ * all of Q from shared memory. */
+#ifndef WA_FWD512_ASYM_QREG
+#define WA_FWD512_ASYM_QREG 0
+#endif
+constexpr int kAsymQRegSteps = WA_FWD512_ASYM_QREG;
+static_assert(kAsymQRegSteps >= 0 && kAsymQRegSteps <= kWideD / 16, "consumer 0 has D / 16 k steps of Q");
 struct asym_layout {
     static constexpr uint32_t TILE = kAsymBN * kWideD * 2, P = kWideBM * 64 * 2;
     static constexpr uint32_t q = 0, k = kWideBM * kWideD * 2, v = k + TILE, p = v + TILE, alpha = p + 2 * P, stats = alpha + 2 * 128 * 8,
@@ -726,12 +735,16 @@ __global__ void __launch_bounds__(kThreads, 1)
         int64_t ut0, ut1; /* the key tiles the CTA's rows see whole: no mask */
         wa_unmasked_key_tiles(&p.win, i0, i0 + m, BN, &ut0, &ut1);
         const float scale2 = p.scale * kLog2e;
+        uint32_t qa[kAsymQRegSteps > 0 ? kAsymQRegSteps : 1][4]; /* Q's first kAsymQRegSteps k steps */
         auto issue_s = [&](float (&s)[BN / 8][4], const int kx0, const int kx1) { /* k steps [kx0, kx1) */
             const uint64_t q_d = gmma_desc(opaque(sQ)), k_d = gmma_desc(opaque(sK));
 #pragma unroll
             for (int kx = kx0; kx < kx1; kx++)
-                wgmma_ss<T, BN>(s, desc_at(q_d, (kx >> 2) * (BM * 128) + (kx & 3) * 32), desc_at(k_d, (kx >> 2) * (BN * 128) + (kx & 3) * 32),
-                                kx > 0);
+                if (kx < kAsymQRegSteps)
+                    wgmma_rs<T, BN>(s, qa[kx < kAsymQRegSteps ? kx : 0], desc_at(k_d, (kx >> 2) * (BN * 128) + (kx & 3) * 32), kx > 0);
+                else
+                    wgmma_ss<T, BN>(s, desc_at(q_d, (kx >> 2) * (BM * 128) + (kx & 3) * 32),
+                                    desc_at(k_d, (kx >> 2) * (BN * 128) + (kx & 3) * 32), kx > 0);
         };
         /* P of tile `it` and its rows' factors to consumer 1 */
         auto hand_over = [&](const uint32_t (&pa)[4][4], const float (&alpha)[2], int it) {
@@ -743,6 +756,11 @@ __global__ void __launch_bounds__(kThreads, 1)
             mbar_arrive_if(bar(L::p_full + slot), true);
         };
         if (kt0 < kt1) mbar_wait(bar(L::once), 0);
+        if constexpr (kAsymQRegSteps > 0) {
+#pragma unroll
+            for (int kx = 0; kx < kAsymQRegSteps; kx++) ldsm_x4(qa[kx], sQ + blk_off<BM>(f_row, 2 * kx + f_chunk));
+            reg_fence(qa);
+        }
         for (long long kt = kt0; kt < kt1; kt++) {
             const int it = (int)(kt - kt0);
             const uint32_t ph = (uint32_t)it & 1u;
