@@ -677,6 +677,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (wg == 0) { /* producer: Q and K by one thread, V's halves by another */
         setmaxnreg_dec<kProducerRegs>();
         const long long q_row0 = VARLEN ? p.q_row0 : 0, k_row0 = VARLEN ? p.k_row0 : 0;
+        /* tile kt (the it-th) of K or V by halves of D (column blocks 0-3, 4-7), each half behind its
+         * full barrier once its empty one says that the last tile's half has been read */
+        auto load_by_halves = [&](uint32_t dst, const CUtensorMap *map, uint32_t full0, uint32_t empty0, uint32_t full1, uint32_t empty1,
+                                  int it, long long kt) {
+            for (int half = 0; half < 2; half++) {
+                const uint32_t full = bar(half ? full1 : full0), empty = bar(half ? empty1 : empty0);
+                if (it > 0) mbar_wait(empty, (uint32_t)(it - 1) & 1u);
+                mbar_expect_tx(full, L::TILE / 2);
+                for (int c = 4 * half; c < 4 * half + 4; c++) tma_load(dst + c * (BN * 128), map, full, c * 64, (int)(k_row0 + kt * BN), (int)hk, (int)b);
+            }
+        };
         if (kt0 < kt1 && threadIdx.x == 0) {
             const CUtensorMap *mq = seq_map<VARLEN>(tq, kp, 0), *mk = seq_map<VARLEN>(tk, kp, 1);
             mbar_expect_tx(bar(L::once), BM * D * 2);
@@ -684,13 +695,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             for (long long kt = kt0; kt < kt1; kt++) {
                 const int it = (int)(kt - kt0);
                 if constexpr (kAsymKHalves) {
-                    for (int half = 0; half < 2; half++) {
-                        const uint32_t full = bar(half ? L::kb_full : L::k_full), empty = bar(half ? L::kb_empty : L::k_empty);
-                        if (it > 0) mbar_wait(empty, (uint32_t)(it - 1) & 1u);
-                        mbar_expect_tx(full, L::TILE / 2);
-                        for (int c = 4 * half; c < 4 * half + 4; c++)
-                            tma_load(sK + c * (BN * 128), mk, full, c * 64, (int)(k_row0 + kt * BN), (int)hk, (int)b);
-                    }
+                    load_by_halves(sK, mk, L::k_full, L::k_empty, L::kb_full, L::kb_empty, it, kt);
                 } else {
                     if (it > 0) mbar_wait(bar(L::k_empty), (uint32_t)(it - 1) & 1u);
                     mbar_expect_tx(bar(L::k_full), L::TILE);
@@ -699,16 +704,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
         } else if (kt0 < kt1 && threadIdx.x == 32) {
             const CUtensorMap *mv = seq_map<VARLEN>(tv, kp, 2);
-            for (long long kt = kt0; kt < kt1; kt++) {
-                const int it = (int)(kt - kt0);
-                for (int half = 0; half < 2; half++) {
-                    const uint32_t full = bar(half ? L::vb_full : L::vf_full), empty = bar(half ? L::vb_empty : L::vf_empty);
-                    if (it > 0) mbar_wait(empty, (uint32_t)(it - 1) & 1u);
-                    mbar_expect_tx(full, L::TILE / 2);
-                    for (int c = 4 * half; c < 4 * half + 4; c++)
-                        tma_load(sV + c * (BN * 128), mv, full, c * 64, (int)(k_row0 + kt * BN), (int)hk, (int)b);
-                }
-            }
+            for (long long kt = kt0; kt < kt1; kt++) load_by_halves(sV, mv, L::vf_full, L::vf_empty, L::vb_full, L::vb_empty, (int)(kt - kt0), kt);
         }
         return;
     }
