@@ -54,11 +54,16 @@ constexpr bool kPingpong = true;
 constexpr int kTurn = 1;
 
 /* key tile: S (64 × BN f32 per warpgroup) and O (64 × D) must fit the consumers' 240 registers.
- * -DWA_FWD_BN128=160|176|192 (lab) sets it at D = 128, as FlashAttention-3 does (176) */
+ * -DWA_FWD_BN128=160|176|192 (lab) sets it at D = 128, as FlashAttention-3 does (176);
+ * -DWA_FWD_BN256=80 (lab, not yet measured) at D = 256, as FlashAttention-3 does (128 × 80 tiles):
+ * two stages of K and V then take 160 KB beside Q's 64 */
 #ifndef WA_FWD_BN128
 #define WA_FWD_BN128 128
 #endif
-template <int D> __host__ __device__ constexpr int ws_bn() { return D == 256 ? 64 : D == 128 ? WA_FWD_BN128 : 128; }
+#ifndef WA_FWD_BN256
+#define WA_FWD_BN256 64
+#endif
+template <int D> __host__ __device__ constexpr int ws_bn() { return D == 256 ? WA_FWD_BN256 : D == 128 ? WA_FWD_BN128 : 128; }
 
 /* warpgroup 0 of both forwards: gives its registers back, then one thread loads the Q tile (BM rows,
  * DB column blocks) and K and V of key tiles [kt0, kt1) into the ring, through the launch's maps
@@ -85,6 +90,8 @@ template <int D> struct ws_layout {
     static constexpr uint32_t q = 0, k = kBM * D * 2, v = k + kStages * BN * D * 2, bars = v + kStages * BN * D * 2;
     static constexpr size_t bytes = 1024 + bars + 8 * kv_ring::n_bars; /* 1024: alignment slack for the swizzle */
 };
+static_assert(ws_layout<64>::bytes <= 232448 && ws_layout<128>::bytes <= 232448 && ws_layout<256>::bytes <= 232448,
+              "the version-4 forward fits the 227 KB a CTA may have");
 
 /* The epilogue's stores of O. Each warpgroup writes O into its own rows of the Q tile (free once its
  * last product is done), in the tile's 128-byte swizzle, by stmatrix (conflict-free: the eight rows
