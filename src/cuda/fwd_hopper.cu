@@ -596,8 +596,8 @@ __global__ void __launch_bounds__(kThreads, 1)
  * the same fragments) and accumulates O's columns 256-511. No partial S is traded, no mask or
  * maximum is taken twice, and consumer 1's products run under consumer 0's softmax. K and V have
  * one stage each (64 KB a tile); V's two column halves have their own barriers and are released
- * apart, so the half one consumer is done with is refilled while the other still reads its own;
- * K and V have a producer thread each. Shared memory: Q, K, V (192 KB), two P buffers (16 KB),
+ * apart, so the half one consumer is done with is refilled while the other still reads its own,
+ * and K's two halves of D likewise (KHALVES below); K and V have a producer thread each. Shared memory: Q, K, V (192 KB), two P buffers (16 KB),
  * two buffers of factors and the final row statistics (4 KB). `winattn bench`: (c) 8K / 16K
  * 607-608 / 585-638 TFLOP/s against the split-D kernel's 524-526 / 502-513, D = 512 with a 1024
  * window 470-474 against 420-422 (both with WA_WG_UNIFORM); consumer 0 issuing S of a tile behind
@@ -692,7 +692,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                 const uint32_t full = bar(half ? full1 : full0), empty = bar(half ? empty1 : empty0);
                 if (it > 0) mbar_wait(empty, (uint32_t)(it - 1) & 1u);
                 mbar_expect_tx(full, L::TILE / 2);
-                for (int c = 4 * half; c < 4 * half + 4; c++) tma_load(dst + c * (BN * 128), map, full, c * 64, (int)(k_row0 + kt * BN), (int)hk, (int)b);
+                for (int c = 4 * half; c < 4 * half + 4; c++)
+                    tma_load(dst + c * (BN * 128), map, full, c * 64, (int)(k_row0 + kt * BN), (int)hk, (int)b);
             }
         };
         if (kt0 < kt1 && threadIdx.x == 0) {
@@ -711,7 +712,8 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
         } else if (kt0 < kt1 && threadIdx.x == 32) {
             const CUtensorMap *mv = seq_map<VARLEN>(tv, kp, 2);
-            for (long long kt = kt0; kt < kt1; kt++) load_by_halves(sV, mv, L::vf_full, L::vf_empty, L::vb_full, L::vb_empty, (int)(kt - kt0), kt);
+            for (long long kt = kt0; kt < kt1; kt++)
+                load_by_halves(sV, mv, L::vf_full, L::vf_empty, L::vb_full, L::vb_empty, (int)(kt - kt0), kt);
         }
         return;
     }
@@ -770,7 +772,9 @@ __global__ void __launch_bounds__(kThreads, 1)
             float s[BN / 8][4], alpha[2];
             mbar_wait(bar(L::k_full), ph);
             if constexpr (kAsymKHalves) {
-                mbar_wait(bar(L::kb_full), ph); /* both halves in before the first product (a wait between the two groups makes ptxas fence the second) */
+                /* both halves in before the first product: a wait between the two groups makes ptxas
+                 * fence the second (C7519, "warpgroup.arrive injected") */
+                mbar_wait(bar(L::kb_full), ph);
                 wg_fence();
                 issue_s(s, 0, KS / 2);
                 wg_commit();
