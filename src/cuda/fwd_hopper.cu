@@ -597,8 +597,9 @@ __global__ void __launch_bounds__(kThreads, 1)
  * maximum is taken twice, and consumer 1's products run under consumer 0's softmax. K and V have
  * one stage each (64 KB a tile); V's two column halves have their own barriers and are released
  * apart, so the half one consumer is done with is refilled while the other still reads its own,
- * and K's two halves of D likewise (KHALVES below); K and V have a producer thread each. Shared memory: Q, K, V (192 KB), two P buffers (16 KB),
- * two buffers of factors and the final row statistics (4 KB). `winattn bench`: (c) 8K / 16K
+ * and K's two halves of D likewise (KHALVES below); K and V have a producer thread each. Shared
+ * memory: Q, K, V (192 KB), two P buffers (16 KB), two buffers of factors and the final row
+ * statistics (4 KB). `winattn bench`: (c) 8K / 16K
  * 607-608 / 585-638 TFLOP/s against the split-D kernel's 524-526 / 502-513, D = 512 with a 1024
  * window 470-474 against 420-422 (both with WA_WG_UNIFORM); consumer 0 issuing S of a tile behind
  * O += P V of the last, as the version-4 forward does, measured 346-352 (bd6a93b's
