@@ -345,7 +345,8 @@ __global__ void __launch_bounds__(kThreads, 1)
  * traded and the softmax runs. Key
  * tiles of 32: Q (64 KB), two stages of K and V (128 KB) and the exchange buffers (32 KB) take
  * 225 KB. The mma.sync form (attn_mma.cu, fwd_split) stays the fallback. */
-constexpr int kWideD = 512, kWideBM = 64, kWideBN = 32, kTradeBar = 3;
+constexpr int kWideD = 512, kWideBM = 64, kWideBN = 32;
+[[maybe_unused]] constexpr int kTradeBar = 3; /* the split-D kernel's consumers' named barrier */
 struct wide_layout {
     static constexpr uint32_t q = 0, k = kWideBM * kWideD * 2, v = k + kStages * kWideBN * kWideD * 2,
                               xch = v + kStages * kWideBN * kWideD * 2, bars = xch + 2 * kConsumers * kWideBM * kWideBN * 4;
@@ -631,25 +632,65 @@ constexpr bool kAsymKHalves = WA_FWD512_KHALVES != 0, kAsymStagedO = WA_FWD512_S
 #endif
 constexpr int kAsymQRegSteps = WA_FWD512_ASYM_QREG;
 static_assert(kAsymQRegSteps >= 0 && kAsymQRegSteps <= kWideD / 16, "consumer 0 has D / 16 k steps of Q");
+/* PERSIST (lab, -DWA_FWD512_PERSIST=1|2; rectangular calls): one CTA per SM walks the work items
+ * (query tile, head, batch entry) round-robin, so that what a non-persistent CTA leaves exposed
+ * (launch, barrier set-up, the first Q and K loads, the last product's drain, the epilogue) runs
+ * under the neighbouring item's work: the producer loads the next item's Q once consumer 0's last
+ * S is done (q_empty) and its first K and V tiles as soon as the stages free up, and consumer 0
+ * starts the next item's S while consumer 1 finishes the last O += P V. 1: items head by head,
+ * query tiles from the last (the grid's order); 2: all heads' tile t before tile t - 1, each
+ * round of gridDim.x items assigned in the opposite direction to the last (balanced causal loads
+ * under a static schedule). 0 (the default): one item per CTA, the grid's order. */
+#ifndef WA_FWD512_PERSIST
+#define WA_FWD512_PERSIST 0
+#endif
+constexpr int kAsymPersist = WA_FWD512_PERSIST;
+static_assert(kAsymPersist >= 0 && kAsymPersist <= 2, "WA_FWD512_PERSIST is 0, 1 or 2");
+
 struct asym_layout {
     static constexpr uint32_t TILE = kAsymBN * kWideD * 2, P = kWideBM * 64 * 2;
-    static constexpr uint32_t q = 0, k = kWideBM * kWideD * 2, v = k + TILE, p = v + TILE, alpha = p + 2 * P, stats = alpha + 2 * 128 * 8,
-                              bars = stats + 128 * 16;
+    static constexpr uint32_t q = 0, k = kWideBM * kWideD * 2, v = k + TILE, p = v + TILE, alpha = p + 2 * P, bars = alpha + 2 * 128 * 8;
     /* the mbarriers, 8 bytes apart from `bars` */
-    enum : uint32_t { once, k_full, k_empty, vf_full, vf_empty, vb_full, vb_empty, p_full, p_empty = p_full + 2, kb_full = p_empty + 2, kb_empty,
-                      n_bars };
+    enum : uint32_t { q_full, q_empty, k_full, k_empty, vf_full, vf_empty, vb_full, vb_empty, p_full, p_empty = p_full + 2, kb_full = p_empty + 2,
+                      kb_empty, n_bars };
     static constexpr size_t bytes = 1024 + bars + 8 * n_bars;
 };
 static_assert(asym_layout::bytes <= 232448, "the role-split D = 512 forward fits the 227 KB a CTA may have");
-static_assert(asym_layout::q == 0 && asym_layout::k % 1024 == 0 && asym_layout::p % 1024 == 0, "the swizzled tiles start 1024-byte aligned");
+static_assert(asym_layout::q == 0 && asym_layout::k % 1024 == 0 && asym_layout::v % 1024 == 0 && asym_layout::p % 1024 == 0,
+              "the swizzled tiles start 1024-byte aligned");
+static_assert(kAsymBN == kWideBM, "a consumer's half of V (BN rows) stages its half of O (BM rows) in the epilogue");
 
-template <typename T, Cap CAP, bool VARLEN>
+/* f(i0, h, b) for each work item of the CTA: query rows from i0, head h, batch entry b. Without
+ * PERSIST the CTA's own (the grid's order, the last query tile first); with it the items r·G + c
+ * (G = gridDim.x, c = blockIdx.x, or G - 1 - c in odd rounds for order 2) of the n_qt·Hq·B */
+template <int BM, bool PERSIST, typename F> __device__ __forceinline__ void for_each_wide_item(const kparams &p, long long b0, F &&f) {
+    if constexpr (!PERSIST) {
+        const cta_tile at = heaviest_first<false>(true);
+        f((long long)at.tile * BM, (long long)at.head, b0);
+    } else {
+        const long long n_qt = (p.Nq + BM - 1) / BM, per_tile = p.Hq * p.B, total = n_qt * per_tile, G = gridDim.x;
+        for (long long r = 0;; r++) {
+            const long long w = r * G + (kAsymPersist == 2 && (r & 1) ? G - 1 - blockIdx.x : blockIdx.x);
+            if (w >= total) break;
+            if constexpr (kAsymPersist == 2) {
+                const long long hb = w % per_tile;
+                f((n_qt - 1 - w / per_tile) * BM, hb % p.Hq, hb / p.Hq);
+            } else {
+                const long long hq = w % (n_qt * p.Hq);
+                f((n_qt - 1 - hq % n_qt) * BM, hq / n_qt, w / (n_qt * p.Hq));
+            }
+        }
+    }
+}
+
+template <typename T, Cap CAP, bool VARLEN, bool PERSIST = false>
 __global__ void __launch_bounds__(kThreads, 1)
     fwd_wide_asym_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                          const __grid_constant__ CUtensorMap tv, const kparams kp) {
 #if WA_HOPPER_STUB /* not the sm_90a compilation: never launched (common.cuh) */
     __trap();
 #else
+    static_assert(!(PERSIST && VARLEN), "varlen calls take one item per CTA");
     using L = asym_layout;
     constexpr int D = kWideD, BM = kWideBM, BN = kAsymBN, DB = D / 64, KS = D / 16;
     extern __shared__ __align__(1024) unsigned char smem[];
@@ -659,20 +700,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto bar = [&](uint32_t i) { return base + L::bars + 8 * i; };
 
     const int warp = warp_index(), wg = warp >> 2, lane = threadIdx.x & 31;
-    const cta_tile at = heaviest_first<false>(true); /* the longest (causal) tiles first */
     const seq_view<T, VARLEN> sv(kp);
     const kparams &p = sv.p;
-    const long long qt = at.tile, h = at.head, b = sv.b(), hk = h / p.group, i0 = qt * BM;
-    if (VARLEN && i0 >= p.Nq) return; /* past this sequence's rows: the whole CTA, before the barriers exist */
-    const int m = (int)min((long long)BM, p.Nq - i0);
-    int64_t kt0, kt1;
-    wa_key_tiles_for_rows(&p.win, i0, i0 + m, BN, &kt0, &kt1);
+    if (VARLEN && heaviest_first<false>(true).tile * (long long)BM >= p.Nq) return; /* past this sequence's rows: before the barriers exist */
+    /* an item's key tiles [kt0, kt1) */
+    auto key_tiles = [&](long long i0, int64_t &kt0, int64_t &kt1) { wa_key_tiles_for_rows(&p.win, i0, min(i0 + BM, p.Nq), BN, &kt0, &kt1); };
 
     if (threadIdx.x == 0) {
-        mbar_init(bar(L::once), 1);
-        /* the empty barriers count the warps that read the stage: K and V's first half consumer 0's
-         * (after S, after its O += P V), V's second half consumer 1's; P's buffers every thread
-         * of the consumer that writes (full) or reads (empty) them */
+        /* the empty barriers count the warps that read the stage: Q and K's first half consumer 0's
+         * (after its last S, after S), V's halves each consumer's (after its O += P V, or after the
+         * epilogue staged its half of O there); P's buffers every thread of the consumer that
+         * writes (full) or reads (empty) them */
+        mbar_init(bar(L::q_full), 1), mbar_init(bar(L::q_empty), 4);
         mbar_init(bar(L::k_full), 1), mbar_init(bar(L::k_empty), 4);
         if constexpr (kAsymKHalves) mbar_init(bar(L::kb_full), 1), mbar_init(bar(L::kb_empty), 4); /* K's second half */
         mbar_init(bar(L::vf_full), 1), mbar_init(bar(L::vf_empty), 4);
@@ -682,167 +721,198 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncthreads();
 
+    /* The barriers' phases run on across the CTA's items: kit counts the key tiles (K and V stages)
+     * before the item, qi the items with keys (Q), pit the hand-overs to consumer 1 (one per key
+     * tile and one of the row sums per item). */
+    uint32_t kit = 0, qi = 0;
     if (wg == 0) { /* producer: Q and K by one thread, V's halves by another */
         setmaxnreg_dec<kProducerRegs>();
+        if (threadIdx.x != 0 && threadIdx.x != 32) return;
         const long long q_row0 = VARLEN ? p.q_row0 : 0, k_row0 = VARLEN ? p.k_row0 : 0;
-        /* tile kt (the it-th) of K or V by halves of D (column blocks 0-3, 4-7), each half behind its
-         * full barrier once its empty one says that the last tile's half has been read */
+        const CUtensorMap *mq = seq_map<VARLEN>(tq, kp, 0), *mk = seq_map<VARLEN>(tk, kp, 1), *mv = seq_map<VARLEN>(tv, kp, 2);
+        /* tile kt (the it-th of the CTA) of K or V by halves of D (column blocks 0-3, 4-7), each half
+         * behind its full barrier once its empty one says that the last tile's half has been read */
         auto load_by_halves = [&](uint32_t dst, const CUtensorMap *map, uint32_t full0, uint32_t empty0, uint32_t full1, uint32_t empty1,
-                                  int it, long long kt) {
+                                  uint32_t it, long long kt, long long hk, long long b) {
             for (int half = 0; half < 2; half++) {
                 const uint32_t full = bar(half ? full1 : full0), empty = bar(half ? empty1 : empty0);
-                if (it > 0) mbar_wait(empty, (uint32_t)(it - 1) & 1u);
+                if (it > 0) mbar_wait(empty, (it - 1) & 1u);
                 mbar_expect_tx(full, L::TILE / 2);
                 for (int c = 4 * half; c < 4 * half + 4; c++)
                     tma_load(dst + c * (BN * 128), map, full, c * 64, (int)(k_row0 + kt * BN), (int)hk, (int)b);
             }
         };
-        if (kt0 < kt1 && threadIdx.x == 0) {
-            const CUtensorMap *mq = seq_map<VARLEN>(tq, kp, 0), *mk = seq_map<VARLEN>(tk, kp, 1);
-            mbar_expect_tx(bar(L::once), BM * D * 2);
-            for (int c = 0; c < DB; c++) tma_load(sQ + c * (BM * 128), mq, bar(L::once), c * 64, (int)(q_row0 + i0), (int)h, (int)b);
-            for (long long kt = kt0; kt < kt1; kt++) {
-                const int it = (int)(kt - kt0);
-                if constexpr (kAsymKHalves) {
-                    load_by_halves(sK, mk, L::k_full, L::k_empty, L::kb_full, L::kb_empty, it, kt);
-                } else {
-                    if (it > 0) mbar_wait(bar(L::k_empty), (uint32_t)(it - 1) & 1u);
-                    mbar_expect_tx(bar(L::k_full), L::TILE);
-                    for (int c = 0; c < DB; c++) tma_load(sK + c * (BN * 128), mk, bar(L::k_full), c * 64, (int)(k_row0 + kt * BN), (int)hk, (int)b);
+        for_each_wide_item<BM, PERSIST>(p, sv.b(), [&](long long i0, long long h, long long b) {
+            int64_t kt0, kt1;
+            key_tiles(i0, kt0, kt1);
+            if (kt0 >= kt1) return;
+            const long long hk = h / p.group;
+            if (threadIdx.x == 0) {
+                if (qi > 0) mbar_wait(bar(L::q_empty), (qi - 1) & 1u);
+                mbar_expect_tx(bar(L::q_full), BM * D * 2);
+                for (int c = 0; c < DB; c++) tma_load(sQ + c * (BM * 128), mq, bar(L::q_full), c * 64, (int)(q_row0 + i0), (int)h, (int)b);
+                for (long long kt = kt0; kt < kt1; kt++) {
+                    const uint32_t it = kit + (uint32_t)(kt - kt0);
+                    if constexpr (kAsymKHalves) {
+                        load_by_halves(sK, mk, L::k_full, L::k_empty, L::kb_full, L::kb_empty, it, kt, hk, b);
+                    } else {
+                        if (it > 0) mbar_wait(bar(L::k_empty), (it - 1) & 1u);
+                        mbar_expect_tx(bar(L::k_full), L::TILE);
+                        for (int c = 0; c < DB; c++) tma_load(sK + c * (BN * 128), mk, bar(L::k_full), c * 64, (int)(k_row0 + kt * BN), (int)hk, (int)b);
+                    }
                 }
+            } else {
+                for (long long kt = kt0; kt < kt1; kt++)
+                    load_by_halves(sV, mv, L::vf_full, L::vf_empty, L::vb_full, L::vb_empty, kit + (uint32_t)(kt - kt0), kt, hk, b);
             }
-        } else if (kt0 < kt1 && threadIdx.x == 32) {
-            const CUtensorMap *mv = seq_map<VARLEN>(tv, kp, 2);
-            for (long long kt = kt0; kt < kt1; kt++)
-                load_by_halves(sV, mv, L::vf_full, L::vf_empty, L::vb_full, L::vb_empty, (int)(kt - kt0), kt);
-        }
+            qi++, kit += (uint32_t)(kt1 - kt0);
+        });
         return;
     }
 
     setmaxnreg_inc<kConsumerRegs>();
     const int cw = wg - 1, w4 = warp & 3, g = lane >> 2, t4 = lane & 3, tid = threadIdx.x & 127;
-    const long long rows[2] = {i0 + w4 * 16 + g, i0 + w4 * 16 + g + 8};
-    float acc[4][8][4];
-    zero_frags(acc);
-    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
     float2 *alphas = (float2 *)(aligned + L::alpha);
-    float4 *stats = (float4 *)(aligned + L::stats);
     /* the fragment rows and 16-byte chunks this lane addresses in stmatrix / ldmatrix: tiles
      * (rows 0-7 | 8-15) × (columns 0-7 | 8-15) of a k step, as the A fragments hold them */
     const int f_row = w4 * 16 + (lane & 15), f_chunk = lane >> 4;
-    /* O's columns [256 cw, 256 cw + 256) += P V over the tile's 64 keys (V's half cw) */
-    auto issue_pv = [&](const uint32_t (&pa)[4][4]) {
-        const uint64_t v_d = gmma_desc_mn(opaque(sV + cw * 4 * (BN * 128)), BN * 128);
+    /* the epilogue stages O through the consumer's own half of V (free after its last product; the
+     * producer refills it for the next item once the copy-out is done) where O's rows are 16-byte
+     * aligned, and writes from registers (store_rows) elsewhere */
+    const bool staged = kAsymStagedO && o_rows_aligned16<T>(p);
+    const uint32_t v_empty = bar(cw ? L::vb_empty : L::vf_empty);
+    uint32_t pit = 0;
+    for_each_wide_item<BM, PERSIST>(p, sv.b(), [&](long long i0, long long h, long long b) {
+        int64_t kt0, kt1;
+        key_tiles(i0, kt0, kt1);
+        const int n = (int)max((int64_t)0, kt1 - kt0);
+        const long long rows[2] = {i0 + w4 * 16 + g, i0 + w4 * 16 + g + 8};
+        float acc[4][8][4];
+        zero_frags(acc);
+        float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+        /* O's columns [256 cw, 256 cw + 256) += P V over the tile's 64 keys (V's half cw) */
+        auto issue_pv = [&](const uint32_t (&pa)[4][4]) {
+            const uint64_t v_d = gmma_desc_mn(opaque(sV + cw * 4 * (BN * 128)), BN * 128);
 #pragma unroll
-        for (int kk = 0; kk < 4; kk++) wide_mn_product<T, 256>(acc, pa[kk], desc_at(v_d, kk * (16 * 128)));
-    };
+            for (int kk = 0; kk < 4; kk++) wide_mn_product<T, 256>(acc, pa[kk], desc_at(v_d, kk * (16 * 128)));
+        };
+        /* the it-th tile's O += P V on V's half cw, and the half released unless the epilogue stages O in it */
+        auto product_and_release = [&](uint32_t (&pa)[4][4], int it) {
+            mbar_wait(bar(cw ? L::vb_full : L::vf_full), (kit + (uint32_t)it) & 1u);
+            reg_fence(pa);
+            reg_fence(acc);
+            wg_fence();
+            issue_pv(pa);
+            wg_commit();
+            wg_wait<0>();
+            reg_fence(acc);
+            mbar_arrive_if(v_empty, lane == 0 && !(staged && it == n - 1));
+        };
+        /* hand-over `idx` of the CTA's: buffer idx % 2, free once consumer 1 read hand-over idx - 2 */
+        auto handover_slot = [&](uint32_t idx) {
+            const uint32_t slot = idx & 1u;
+            if (idx >= 2) mbar_wait(bar(L::p_empty + slot), ((idx >> 1) - 1) & 1u);
+            return slot;
+        };
 
-    if (cw == 0) {
-        int64_t ut0, ut1; /* the key tiles the CTA's rows see whole: no mask */
-        wa_unmasked_key_tiles(&p.win, i0, i0 + m, BN, &ut0, &ut1);
-        const float scale2 = p.scale * kLog2e;
-        uint32_t qa[kAsymQRegSteps > 0 ? kAsymQRegSteps : 1][4]; /* Q's first kAsymQRegSteps k steps */
-        auto issue_s = [&](float (&s)[BN / 8][4], const int kx0, const int kx1) { /* k steps [kx0, kx1) */
-            const uint64_t q_d = gmma_desc(opaque(sQ)), k_d = gmma_desc(opaque(sK));
+        if (cw == 0) {
+            int64_t ut0, ut1; /* the key tiles the CTA's rows see whole: no mask */
+            wa_unmasked_key_tiles(&p.win, i0, min(i0 + BM, p.Nq), BN, &ut0, &ut1);
+            const float scale2 = p.scale * kLog2e;
+            uint32_t qa[kAsymQRegSteps > 0 ? kAsymQRegSteps : 1][4]; /* Q's first kAsymQRegSteps k steps */
+            auto issue_s = [&](float (&s)[BN / 8][4], const int kx0, const int kx1) { /* k steps [kx0, kx1) */
+                const uint64_t q_d = gmma_desc(opaque(sQ)), k_d = gmma_desc(opaque(sK));
 #pragma unroll
-            for (int kx = kx0; kx < kx1; kx++)
-                if (kx < kAsymQRegSteps)
-                    wgmma_rs<T, BN>(s, qa[kx < kAsymQRegSteps ? kx : 0], desc_at(k_d, (kx >> 2) * (BN * 128) + (kx & 3) * 32), kx > 0);
-                else
-                    wgmma_ss<T, BN>(s, desc_at(q_d, (kx >> 2) * (BM * 128) + (kx & 3) * 32),
-                                    desc_at(k_d, (kx >> 2) * (BN * 128) + (kx & 3) * 32), kx > 0);
-        };
-        /* P of tile `it` and its rows' factors to consumer 1 */
-        auto hand_over = [&](const uint32_t (&pa)[4][4], const float (&alpha)[2], int it) {
-            const int slot = it & 1;
-            if (it >= 2) mbar_wait(bar(L::p_empty + slot), (uint32_t)((it >> 1) - 1) & 1u);
+                for (int kx = kx0; kx < kx1; kx++)
+                    if (kx < kAsymQRegSteps)
+                        wgmma_rs<T, BN>(s, qa[kx < kAsymQRegSteps ? kx : 0], desc_at(k_d, (kx >> 2) * (BN * 128) + (kx & 3) * 32), kx > 0);
+                    else
+                        wgmma_ss<T, BN>(s, desc_at(q_d, (kx >> 2) * (BM * 128) + (kx & 3) * 32),
+                                        desc_at(k_d, (kx >> 2) * (BN * 128) + (kx & 3) * 32), kx > 0);
+            };
+            if (n > 0) {
+                mbar_wait(bar(L::q_full), qi & 1u);
+                if constexpr (kAsymQRegSteps > 0) {
 #pragma unroll
-            for (int kk = 0; kk < 4; kk++) stsm_x4(sP + slot * L::P + blk_off<BM>(f_row, 2 * kk + f_chunk), pa[kk]);
-            alphas[slot * 128 + tid] = make_float2(alpha[0], alpha[1]);
-            mbar_arrive_if(bar(L::p_full + slot), true);
-        };
-        if (kt0 < kt1) mbar_wait(bar(L::once), 0);
-        if constexpr (kAsymQRegSteps > 0) {
-#pragma unroll
-            for (int kx = 0; kx < kAsymQRegSteps; kx++) ldsm_x4(qa[kx], sQ + blk_off<BM>(f_row, 2 * kx + f_chunk));
-            reg_fence(qa);
-        }
-        for (long long kt = kt0; kt < kt1; kt++) {
-            const int it = (int)(kt - kt0);
-            const uint32_t ph = (uint32_t)it & 1u;
-            float s[BN / 8][4], alpha[2];
-            mbar_wait(bar(L::k_full), ph);
-            if constexpr (kAsymKHalves) {
-                /* both halves in before the first product: a wait between the two groups makes ptxas
-                 * fence the second (C7519, "warpgroup.arrive injected") */
-                mbar_wait(bar(L::kb_full), ph);
-                wg_fence();
-                issue_s(s, 0, KS / 2);
-                wg_commit();
-                issue_s(s, KS / 2, KS);
-                wg_commit();
-                wg_wait<1>(); /* K's first half read: refilled under the second's products */
-                mbar_arrive_if(bar(L::k_empty), lane == 0);
-                wg_wait<0>();
-                reg_fence(s);
-                mbar_arrive_if(bar(L::kb_empty), lane == 0);
-            } else {
-                wg_fence();
-                issue_s(s, 0, KS);
-                wg_commit();
-                wg_wait<0>();
-                reg_fence(s);
-                mbar_arrive_if(bar(L::k_empty), lane == 0);
+                    for (int kx = 0; kx < kAsymQRegSteps; kx++) ldsm_x4(qa[kx], sQ + blk_off<BM>(f_row, 2 * kx + f_chunk));
+                    reg_fence(qa);
+                }
             }
-            softmax_scores<BN, CAP>(p, s, row_max, row_sum, alpha, rows, kt * BN, !(kt >= ut0 && kt < ut1), t4, scale2);
-            uint32_t pa[4][4];
-            pack_a<T, BN>(pa, s);
-            hand_over(pa, alpha, it);
-            rescale_lazy<32>(reinterpret_cast<float (&)[32][4]>(acc), alpha);
-            mbar_wait(bar(L::vf_full), ph);
-            reg_fence(pa);
-            reg_fence(acc);
-            wg_fence();
-            issue_pv(pa);
-            wg_commit();
-            wg_wait<0>();
-            reg_fence(acc);
-            mbar_arrive_if(bar(L::vf_empty), lane == 0);
-        }
-        /* consumer 1 divides its columns by the same row sums (each thread's quarter, as here) */
-        stats[tid] = make_float4(row_max[0], row_max[1], row_sum[0], row_sum[1]);
-        named_sync(kTradeBar, 256);
-    } else {
-        for (long long kt = kt0; kt < kt1; kt++) {
-            const int it = (int)(kt - kt0), slot = it & 1;
-            uint32_t pa[4][4];
-            mbar_wait(bar(L::p_full + slot), (uint32_t)(it >> 1) & 1u);
+            for (int it = 0; it < n; it++) {
+                const long long kt = kt0 + it;
+                const uint32_t ph = (kit + (uint32_t)it) & 1u;
+                float s[BN / 8][4], alpha[2];
+                mbar_wait(bar(L::k_full), ph);
+                if constexpr (kAsymKHalves) {
+                    /* both halves in before the first product: a wait between the two groups makes ptxas
+                     * fence the second (C7519, "warpgroup.arrive injected") */
+                    mbar_wait(bar(L::kb_full), ph);
+                    wg_fence();
+                    issue_s(s, 0, KS / 2);
+                    wg_commit();
+                    issue_s(s, KS / 2, KS);
+                    wg_commit();
+                    wg_wait<1>(); /* K's first half read: refilled under the second's products */
+                    mbar_arrive_if(bar(L::k_empty), lane == 0);
+                    wg_wait<0>();
+                    reg_fence(s);
+                    mbar_arrive_if(bar(L::kb_empty), lane == 0);
+                } else {
+                    wg_fence();
+                    issue_s(s, 0, KS);
+                    wg_commit();
+                    wg_wait<0>();
+                    reg_fence(s);
+                    mbar_arrive_if(bar(L::k_empty), lane == 0);
+                }
+                mbar_arrive_if(bar(L::q_empty), lane == 0 && it == n - 1); /* the item's last read of Q */
+                softmax_scores<BN, CAP>(p, s, row_max, row_sum, alpha, rows, kt * BN, !(kt >= ut0 && kt < ut1), t4, scale2);
+                uint32_t pa[4][4];
+                pack_a<T, BN>(pa, s);
+                /* P and its rows' factors to consumer 1 */
+                const uint32_t slot = handover_slot(pit + (uint32_t)it);
 #pragma unroll
-            for (int kk = 0; kk < 4; kk++) ldsm_x4(pa[kk], sP + slot * L::P + blk_off<BM>(f_row, 2 * kk + f_chunk));
-            const float2 a2 = alphas[slot * 128 + tid];
+                for (int kk = 0; kk < 4; kk++) stsm_x4(sP + slot * L::P + blk_off<BM>(f_row, 2 * kk + f_chunk), pa[kk]);
+                alphas[slot * 128 + tid] = make_float2(alpha[0], alpha[1]);
+                mbar_arrive_if(bar(L::p_full + slot), true);
+                rescale_lazy<32>(reinterpret_cast<float (&)[32][4]>(acc), alpha);
+                product_and_release(pa, it);
+            }
+            /* consumer 1 divides its columns by the same row sums (each thread's quarter, as here) */
+            const uint32_t slot = handover_slot(pit + (uint32_t)n);
+            alphas[slot * 128 + tid] = make_float2(row_sum[0], row_sum[1]);
+            mbar_arrive_if(bar(L::p_full + slot), true);
+        } else {
+            for (int it = 0; it < n; it++) {
+                const uint32_t idx = pit + (uint32_t)it, slot = idx & 1u;
+                uint32_t pa[4][4];
+                mbar_wait(bar(L::p_full + slot), (idx >> 1) & 1u);
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++) ldsm_x4(pa[kk], sP + slot * L::P + blk_off<BM>(f_row, 2 * kk + f_chunk));
+                const float2 a2 = alphas[slot * 128 + tid];
+                mbar_arrive_if(bar(L::p_empty + slot), true);
+                const float alpha[2] = {a2.x, a2.y};
+                rescale_lazy<32>(reinterpret_cast<float (&)[32][4]>(acc), alpha);
+                product_and_release(pa, it);
+            }
+            const uint32_t idx = pit + (uint32_t)n, slot = idx & 1u;
+            mbar_wait(bar(L::p_full + slot), (idx >> 1) & 1u);
+            const float2 sums = alphas[slot * 128 + tid];
             mbar_arrive_if(bar(L::p_empty + slot), true);
-            const float alpha[2] = {a2.x, a2.y};
-            rescale_lazy<32>(reinterpret_cast<float (&)[32][4]>(acc), alpha);
-            mbar_wait(bar(L::vb_full), (uint32_t)it & 1u);
-            reg_fence(pa);
-            reg_fence(acc);
-            wg_fence();
-            issue_pv(pa);
-            wg_commit();
-            wg_wait<0>();
-            reg_fence(acc);
-            mbar_arrive_if(bar(L::vb_empty), lane == 0);
+            row_sum[0] = sums.x, row_sum[1] = sums.y; /* row_max is read only with column 0 (the lse) */
         }
-        named_sync(kTradeBar, 256);
-        const float4 st = stats[tid];
-        row_max[0] = st.x, row_max[1] = st.y, row_sum[0] = st.z, row_sum[1] = st.w;
-    }
-    const bool o_vec16 = o_rows_aligned16<T>(p);
-    if (kAsymStagedO && o_vec16) /* past kTradeBar: every S (the only reader of Q) and every product done */
-        store_rows_staged<T, 256, BM>(p, reinterpret_cast<const float (&)[32][4]>(acc), row_max, row_sum, i0, b, h,
-                                      aligned + L::q + cw * 4 * (BM * 128), 0, w4, lane, cw * 256);
-    else
-        store_rows<T, 32>(p, reinterpret_cast<const float (&)[32][4]>(acc), row_max, row_sum, rows, b, h, t4, cw * 256);
+        if (staged && n > 0) {
+            store_rows_staged<T, 256, BN>(p, reinterpret_cast<const float (&)[32][4]>(acc), row_max, row_sum, i0, b, h,
+                                          aligned + L::v + cw * 4 * (BN * 128), 0, w4, lane, cw * 256);
+            fence_proxy_async(); /* the stage's reads and writes before the TMA load that refills it */
+            __syncwarp();
+            mbar_arrive_if(v_empty, lane == 0); /* the warp's 16 rows copied out */
+        } else {
+            store_rows<T, 32>(p, reinterpret_cast<const float (&)[32][4]>(acc), row_max, row_sum, rows, b, h, t4, cw * 256);
+        }
+        pit += (uint32_t)n + 1, kit += (uint32_t)n;
+        qi += n > 0;
+    });
 #endif
 }
 
@@ -892,19 +962,34 @@ constexpr bool kWidePairs = true;
 constexpr bool kWidePairs = false;
 #endif
 
+/* the current device's SMs (the persistent form's grid) */
+static int sm_count() {
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n < 1) {
+        (void)cudaGetLastError();
+        return 1;
+    }
+    return n;
+}
+
 template <typename T, Cap CAP, bool VARLEN>
 static wa_status launch_wide(const kparams &kp, const CUtensorMap (&maps)[3], cudaStream_t s) {
     static volatile unsigned long long done = 0, done_pair = 0;
     /* the split-D kernel (WA_FWD512_ASYM=0) is instantiated only when it is the one launched */
     const bool pair = kWideAsym == 0 && kWidePairs && kp.group % 2 == 0;
-    if constexpr (kWideAsym != 0) CUDA_TRY(raise_once(fwd_wide_asym_kernel<T, CAP, VARLEN>, asym_layout::bytes, &done));
+    constexpr bool PERSIST = kAsymPersist != 0 && !VARLEN;
+    if constexpr (kWideAsym != 0) CUDA_TRY(raise_once(fwd_wide_asym_kernel<T, CAP, VARLEN, PERSIST>, asym_layout::bytes, &done));
     else if (pair) CUDA_TRY(raise_once(fwd_wide_ws_kernel<T, CAP, VARLEN, kWidePairs>, wide_layout::bytes, &done_pair));
     else CUDA_TRY(raise_once(fwd_wide_ws_kernel<T, CAP, VARLEN>, wide_layout::bytes, &done));
     const wa_status st = write_seq_maps(kp, maps, 3, kKeyMaps, s);
     if (st != WA_OK) return st;
     return over_sequences(kp, [&](const kparams &c, unsigned z) {
         const dim3 grid((unsigned)((kp.Nq + kWideBM - 1) / kWideBM), (unsigned)kp.Hq, z);
-        if constexpr (kWideAsym != 0) {
+        if constexpr (PERSIST) { /* one CTA per SM, or per item where there are fewer */
+            const long long items = (long long)grid.x * grid.y * grid.z;
+            const unsigned ctas = (unsigned)(items < sm_count() ? items : sm_count());
+            fwd_wide_asym_kernel<T, CAP, VARLEN, PERSIST><<<ctas, kThreads, asym_layout::bytes, s>>>(maps[0], maps[1], maps[2], c);
+        } else if constexpr (kWideAsym != 0) {
             fwd_wide_asym_kernel<T, CAP, VARLEN><<<grid, kThreads, asym_layout::bytes, s>>>(maps[0], maps[1], maps[2], c);
         } else if (pair) { /* clusters of two along the heads: 2c and 2c + 1 read K/V head 2c / group */
             cudaLaunchAttribute attr[1];
