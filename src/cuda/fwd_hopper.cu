@@ -632,17 +632,21 @@ constexpr bool kAsymKHalves = WA_FWD512_KHALVES != 0, kAsymStagedO = WA_FWD512_S
 #endif
 constexpr int kAsymQRegSteps = WA_FWD512_ASYM_QREG;
 static_assert(kAsymQRegSteps >= 0 && kAsymQRegSteps <= kWideD / 16, "consumer 0 has D / 16 k steps of Q");
-/* PERSIST (lab, -DWA_FWD512_PERSIST=1|2; rectangular calls): one CTA per SM walks the work items
- * (query tile, head, batch entry) round-robin, so that what a non-persistent CTA leaves exposed
- * (launch, barrier set-up, the first Q and K loads, the last product's drain, the epilogue) runs
- * under the neighbouring item's work: the producer loads the next item's Q once consumer 0's last
- * S is done (q_empty) and its first K and V tiles as soon as the stages free up, and consumer 0
- * starts the next item's S while consumer 1 finishes the last O += P V. 1: items head by head,
- * query tiles from the last (the grid's order); 2: all heads' tile t before tile t - 1, each
- * round of gridDim.x items assigned in the opposite direction to the last (balanced causal loads
- * under a static schedule). 0 (the default): one item per CTA, the grid's order. */
+/* PERSIST (rectangular calls): one CTA per SM walks the work items (query tile, head, batch
+ * entry), so that what a CTA of one item leaves exposed (launch, barrier set-up, the first Q and K
+ * loads, the last product's drain, the epilogue) runs under the neighbouring item's work: the
+ * producer loads the next item's Q once consumer 0's last S is done (q_empty) and its first K and
+ * V tiles as soon as the stages free up, and consumer 0 starts the next item's S while consumer 1
+ * finishes the last O += P V. The order (WA_FWD512_PERSIST): 2 (the default) all heads' query
+ * tile t before tile t - 1, each round of gridDim.x items assigned in the opposite direction to
+ * the last, which balances causal loads under a static schedule and runs the query heads of one
+ * K/V head on the same key tiles at the same time; 1 head by head, as the grid's order; 0 one
+ * item per CTA (the non-persistent kernel, the varlen calls' form). `winattn bench`, forward
+ * TFLOP/s, against the non-persistent kernel in one run: (c) 8K 641-647 against 616-618, D = 512
+ * with a 1024 window 551-554 against 490-491; order 1 520-521 windowed but 551 at (c) 8K
+ * (docs/cuda.md). */
 #ifndef WA_FWD512_PERSIST
-#define WA_FWD512_PERSIST 0
+#define WA_FWD512_PERSIST 2
 #endif
 constexpr int kAsymPersist = WA_FWD512_PERSIST;
 static_assert(kAsymPersist >= 0 && kAsymPersist <= 2, "WA_FWD512_PERSIST is 0, 1 or 2");
