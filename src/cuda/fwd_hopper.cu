@@ -12,8 +12,8 @@
  *              product O += P V of tile j-1 is issued right after S of tile j and runs on the
  *              tensor cores while this warpgroup does tile j's softmax; only the rescale of O
  *              waits for it (measured no faster than without it, WINATTN_CUDA=v4a, while the two
- *              warpgroups drifted freely and covered each other). They take turns
- *              to issue (pingpong, below): 6 % faster at D = 128.
+ *              warpgroups drifted freely and covered each other). At D = 64 and 128 they
+ *              take turns to issue (pingpong, below): 6 % faster at D = 128.
  * Tiles are the column blocks of 64 values with the 128-byte swizzle of mma_prims.cuh (blk_off),
  * which is what TMA writes with CU_TENSOR_MAP_SWIZZLE_128B and a box of 64 values × rows; rows
  * past the end of a sequence arrive as zeros (TMA's out-of-bounds fill) and are masked.
@@ -45,11 +45,18 @@ constexpr int kProducerRegs = 24, kConsumerRegs = 240;
  * than by drift. Every warpgroup takes one turn per key tile of the CTA (skipped tiles too) and
  * one for the last O += P V, so the counts match. Measured 6 % faster at D = 128 ((b): 400 -> 425
  * TFLOP/s at 8K, 426 -> 452 at 32K), 0-2 % at D = 64 and 256 (dev/cuda/fwd_pingpong.sh, commit ff41937);
- * -DWA_FWD_NO_PINGPONG builds the free-drift form for comparison. */
+ * at D = 256 with the staged O and lazy rescaling the free drift is the faster by 1.5-2 % ((a) 8K
+ * 606-609 against 595-598 TFLOP/s, 32K 625-628 against 618-621; (b) unchanged: 627-631 / 670-671
+ * against 630 / 668-672; `fwd_variants.sh … nopp "-DWA_FWD_NO_PINGPONG"` at 7babd4d, docs/cuda.md),
+ * as FlashAttention 4's SM90 forward does not take turns at D = 256: turns at D = 64 and 128.
+ * -DWA_FWD_NO_PINGPONG builds the free-drift form at every D for comparison, -DWA_FWD_PINGPONG_256
+ * the turns at D = 256 too. */
 #ifdef WA_FWD_NO_PINGPONG
-constexpr bool kPingpong = false;
+template <int D> constexpr bool kPingpong = false;
+#elif defined(WA_FWD_PINGPONG_256)
+template <int D> constexpr bool kPingpong = true;
 #else
-constexpr bool kPingpong = true;
+template <int D> constexpr bool kPingpong = D != 256;
 #endif
 constexpr int kTurn = 1;
 
@@ -206,7 +213,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     /* pingpong turns (see kPingpong), one per key tile of the CTA and one for the last O += P V;
      * the counts hold for the pipelined loop only */
-    pingpong<kPingpong && PIPELINED> turns(kTurn, cw, (int)(kt1 - kt0) + 1);
+    pingpong<kPingpong<D> && PIPELINED> turns(kTurn, cw, (int)(kt1 - kt0) + 1);
     auto skip_tile = [&](long long kt) {
         turns.begin();
         turns.end();
