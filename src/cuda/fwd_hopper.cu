@@ -1,6 +1,7 @@
 /* fwd_hopper.cu — version 4 of the forward for f16/bf16 at D = 64, 128, 256: the Hopper design
- * (FlashAttention-3's structure, written for this library's window geometry); and
- * the same design at D = 512 with D split between the consumers (fwd_wide_ws_kernel, below).
+ * (FlashAttention-3's structure, written for this library's window geometry); and the same design
+ * at D = 512 with the consumers split by role, persistent for rectangular calls
+ * (fwd_wide_asym_kernel, below; the lab's split-D form fwd_wide_ws_kernel beside it).
  *
  * One CTA of three warpgroups per 128 query rows of one head:
  *   producer   warpgroup 0 gives its registers back (setmaxnreg) and one thread issues TMA loads:
@@ -62,8 +63,8 @@ constexpr int kTurn = 1;
 
 /* key tile: S (64 × BN f32 per warpgroup) and O (64 × D) must fit the consumers' 240 registers.
  * -DWA_FWD_BN128=160|176|192 (lab) sets it at D = 128, as FlashAttention-3 does (176);
- * -DWA_FWD_BN256=80 (lab, not yet measured) at D = 256, as FlashAttention-3 does (128 × 80 tiles):
- * two stages of K and V then take 160 KB beside Q's 64 */
+ * -DWA_FWD_BN256=80 (lab) at D = 256, as FlashAttention-3 does (128 × 80 tiles): two stages of K
+ * and V then take 160 KB beside Q's 64; measured 6 % slower at (a) than 64 (docs/cuda.md) */
 #ifndef WA_FWD_BN128
 #define WA_FWD_BN128 128
 #endif
@@ -119,7 +120,8 @@ template <typename T> __device__ __forceinline__ bool o_rows_aligned16(const kpa
 }
 
 /* kStagedO's epilogue for one consumer warpgroup: O = acc / row sum and lse as store_rows, O
- * through rows row0 .. row0 + 63 of the Q tile `tile` (column blocks of BM rows) into rows r0 .. of
+ * through rows row0 .. row0 + 63 of the tile `tile` (column blocks of BM rows: the Q tile, or at
+ * D = 512 a consumer's half of V) into rows r0 .. of
  * head (b, h), columns col0 .. col0 + D - 1 (lse by the warpgroup that holds column 0); every wgmma
  * of the warpgroup is complete */
 template <typename T, int D, int BM>
@@ -606,8 +608,8 @@ __global__ void __launch_bounds__(kThreads, 1)
  * one stage each (64 KB a tile); V's two column halves have their own barriers and are released
  * apart, so the half one consumer is done with is refilled while the other still reads its own,
  * and K's two halves of D likewise (KHALVES below); K and V have a producer thread each. Shared
- * memory: Q, K, V (192 KB), two P buffers (16 KB), two buffers of factors and the final row
- * statistics (4 KB). `winattn bench`: (c) 8K / 16K
+ * memory: Q, K, V (192 KB), two P buffers (16 KB), two buffers of factors or, last, row sums
+ * (2 KB). `winattn bench` (before KHALVES, STAGED_O and PERSIST): (c) 8K / 16K
  * 607-608 / 585-638 TFLOP/s against the split-D kernel's 524-526 / 502-513, D = 512 with a 1024
  * window 470-474 against 420-422 (both with WA_WG_UNIFORM); consumer 0 issuing S of a tile behind
  * O += P V of the last, as the version-4 forward does, measured 346-352 (bd6a93b's
@@ -618,11 +620,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 constexpr int kWideAsym = WA_FWD512_ASYM, kAsymBN = 64;
 /* KHALVES: K loaded and released by halves of D (a full / empty pair each) and consumer 0's S
  * issued as two commit groups, so that the producer refills K's first half while S still reads
- * the second. STAGED_O: the epilogue's O through the Q tile (free once the last S is done), as
- * store_rows_staged does for the version-4 forward, each consumer its column half. Together, in
- * `winattn bench` against the role split without them in one run: (c) 8K 624-627 TFLOP/s against
- * 604-609, D = 512 with a 1024 window 496-497 against 468-474 (STAGED_O alone 616-622 and
- * 496-497, KHALVES alone 609-610 and 473; docs/cuda.md). =0 builds the form without. */
+ * the second. STAGED_O: the epilogue's O through shared memory, as store_rows_staged does for the
+ * version-4 forward, each consumer its column half (through the Q tile when measured; through
+ * its own half of V since the persistent form, whose next Q may land during the epilogue).
+ * Together, in `winattn bench` against the role split without them in one run: (c) 8K 624-627
+ * TFLOP/s against 604-609, D = 512 with a 1024 window 496-497 against 468-474 (STAGED_O alone
+ * 616-622 and 496-497, KHALVES alone 609-610 and 473; docs/cuda.md). =0 builds the form without. */
 #ifndef WA_FWD512_KHALVES
 #define WA_FWD512_KHALVES 1
 #endif
@@ -630,10 +633,11 @@ constexpr int kWideAsym = WA_FWD512_ASYM, kAsymBN = 64;
 #define WA_FWD512_STAGED_O 1
 #endif
 constexpr bool kAsymKHalves = WA_FWD512_KHALVES != 0, kAsymStagedO = WA_FWD512_STAGED_O != 0;
-/* Lab form, not yet measured: consumer 0 keeps the first WA_FWD512_ASYM_QREG of its 32 k steps of
- * Q as A fragments in registers (loaded once by ldmatrix) and forms those steps of S with the
- * register-A wgmma, as the split-D kernel's WA_FWD512_QREG does (10-15 % there). 0 (the default):
- * all of Q from shared memory. */
+/* Lab form: consumer 0 keeps the first WA_FWD512_ASYM_QREG of its 32 k steps of Q as A fragments
+ * in registers (loaded once an item by ldmatrix) and forms those steps of S with the register-A
+ * wgmma, as the split-D kernel's WA_FWD512_QREG does (10-15 % there). Measured no gain here (4 and
+ * 8 steps against 0, on the non-persistent kernel: within the rounds' spread; docs/cuda.md), so 0
+ * (the default): all of Q from shared memory. */
 #ifndef WA_FWD512_ASYM_QREG
 #define WA_FWD512_ASYM_QREG 0
 #endif
