@@ -717,9 +717,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int warp = warp_index(), wg = warp >> 2, lane = threadIdx.x & 31;
     const seq_view<T, VARLEN> sv(kp);
     const kparams &p = sv.p;
-    if (VARLEN && heaviest_first<false>(true).tile * (long long)BM >= p.Nq) return; /* past this sequence's rows: before the barriers exist */
+    /* past this sequence's rows: the whole CTA, before the barriers exist */
+    if (VARLEN && heaviest_first<false>(true).tile * (long long)BM >= p.Nq) return;
     /* an item's key tiles [kt0, kt1) */
-    auto key_tiles = [&](long long i0, int64_t &kt0, int64_t &kt1) { wa_key_tiles_for_rows(&p.win, i0, min(i0 + BM, p.Nq), BN, &kt0, &kt1); };
+    auto key_tiles = [&](long long i0, int64_t &kt0, int64_t &kt1) {
+        wa_key_tiles_for_rows(&p.win, i0, min(i0 + BM, p.Nq), BN, &kt0, &kt1);
+    };
 
     if (threadIdx.x == 0) {
         /* the empty barriers count the warps that read the stage: Q and K's first half consumer 0's
