@@ -12,7 +12,9 @@
 # e.g. overlap2 "-DWA_BWD_STEP_OVERLAP=2" (bwd_hopper.cu: the step overlap in every by-rows kernel),
 #      old "-DWA_BWD_STEP_OVERLAP=0" (none: the order before it).
 # CHECK="build build-NAME ..." names the builds that get the parity sweeps and the sanitizers
-# (every variant, not the default, unless set).
+# (every variant, not the default, unless set). ROWS=b times the (b) 8K / 32K and D = 64 columns
+# in the default mode alone, and SANITIZE=0 leaves the sanitizers out (a short run: the sweeps in
+# both modes stay).
 [ $# -ge 2 ] && [ $(($# % 2)) -eq 0 ] || { echo "usage: sh dev/cuda/bwd_variants.sh NAME \"DEFINES\" [NAME \"DEFINES\" ...]"; exit 2; }
 LAB_KEEP=1
 . dev/cuda/lab_env.sh
@@ -26,6 +28,7 @@ bwd_row() {
     w=$3/winattn
     bb=$(lab_tflops 6 $w $2 --n 8192,32768 --d 128 --hkv 8 --sliding-window 4096)
     d64=$(lab_tflops 6 $w $2 --n 16384 --d 64 --hkv 8 --sliding-window 1024)
+    [ "$ROWS" = b ] && { row "bwd $1 ${2:-fused}, $3" "(b) $bb| D64 w1024 16K $d64"; return; }
     c128=$(lab_tflops 6 $w $2 --n 8192 --d 128 --hkv 8 --causal)
     a=$(lab_tflops 6 $w $2 --n 8192,32768)
     c=$(lab_tflops 6 $w $2 --n 8192 --d 512 --hq 32 --hkv 4 --causal)
@@ -34,7 +37,7 @@ bwd_row() {
 
 # the timings first: a run cut short by its time limit still brings them back
 for round in 1 2; do
-    for mode in "" --deterministic; do
+    for mode in "" $([ "$ROWS" = b ] || echo --deterministic); do
         for b in $BUILDS; do [ -x $b/winattn ] && bwd_row $round "$mode" $b; done
     done
 done
@@ -43,6 +46,7 @@ for b in $BUILDS; do
     lab_checked $b || continue
     lab_sweep "full, $b" 240 $b/winattn parity --device cuda --threads 16
     lab_sweep "full deterministic, $b" 240 $b/winattn parity --device cuda --threads 16 --deterministic
+    [ "$SANITIZE" = 0 ] && continue
     lab_sanitize memcheck $b/winattn 309 314 1004 730 309:--deterministic | while read -r l; do row "$b" "$l"; done
     lab_sanitize racecheck $b/winattn 309 314 730 309:--deterministic | while read -r l; do row "$b" "$l"; done
 done
