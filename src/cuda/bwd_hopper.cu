@@ -166,13 +166,6 @@ template <int D, bool FUSE> struct kv_layout {
  * warpgroups, or 7 + its index), a warpgroup's dQ share staged (9 + its index), its staging
  * buffer read by the reduce-add (11 + its index, dq_writer below) */
 constexpr int kReady = 1, kFree = 3, kStats = 5, kDsWritten = 7, kDqStaged = 9, kDqFree = 11, kTurn = 13;
-/* Lab form (-DWA_BWD_STATS_AHEAD): each step's lse2 / δ fetched a step early (fetch_stat below), so
- * that the kStats barrier does not wait for the slowest warp's load: the (b) dK/dV kernel's samples
- * around kStats were 6.8 % (source_profile.sh at e3d8ecf). 0 (the default): fetched at the step's start. */
-#ifndef WA_BWD_STATS_AHEAD
-#define WA_BWD_STATS_AHEAD 0
-#endif
-constexpr bool kStatsAhead = WA_BWD_STATS_AHEAD != 0;
 
 /* Who issues the fused form's dQ reduce-adds (rectangular calls; varlen ones add from registers):
  * as FlashAttention 3 and 4 do, warp 1 + w of the producer warpgroup for consumer warpgroup w.
@@ -471,25 +464,6 @@ __global__ void __launch_bounds__(kThreads, 1)
      * instructions a step (dev/cuda/sass_mix.py), and the counters measured 2-4 % faster at D = 64
      * and 128 (docs/cuda.md, *Tried and measured*) */
     int step_head = 0, step_tile = 0;
-    /* the lse2 (warpgroup 1, or the first 64 threads by rows) or δ value this thread publishes for
-     * the step on query head `head` of the group, tile `tile` */
-    const bool fetcher = BY_ROWS || tid < 64;
-    auto fetch_stat = [&](int head, int tile) {
-        const long long i0 = (qt0 + tile) * 64;
-        const long long at = VARLEN ? ws_head<true>(p, b, hk * p.group + head, 0) + i0 : (b * p.Hq + hk * p.group + head) * p.nq_pad + i0;
-        float v = 0.0f;
-        if (fetcher && !VARLEN)
-            v = BY_ROWS ? (tid < 64 ? p.lse2[at + tid] : p.delta[at + tid - 64]) : (cw == 0 ? p.lse2 : p.delta)[at + tid];
-        if (fetcher && VARLEN) {
-            /* rows past the sequence are the next one's: they stand in as rows past Nq do (lse2 =
-             * +inf, δ = 0, so P = dS = 0), which the masks ensure in any case */
-            const bool want_lse2 = BY_ROWS ? tid < 64 : cw == 0;
-            const int r = BY_ROWS ? tid & 63 : tid;
-            v = i0 + r < p.Nq ? (want_lse2 ? p.lse2 : p.delta)[at + r] : want_lse2 ? INFINITY : 0.0f;
-        }
-        return v;
-    };
-    float next_stat = kStatsAhead && steps > 0 ? fetch_stat(0, 0) : 0.0f;
     for (int n = 0; n < steps; n++) {
         const int st = n & 1, buf = n & 1;
         const uint32_t ph = (uint32_t)(n >> 1) & 1u;
@@ -501,19 +475,21 @@ __global__ void __launch_bounds__(kThreads, 1)
          * warpgroup publishes them (two buffers by step parity, so a fast warp's next store cannot
          * meet a slow warp's reads). Reading them where used (from L1) measured 5-12 % slower at
          * D <= 128; fetching them by TMA beside Q was 0-5 % faster, but racecheck cannot see the
-         * mbarrier order an async-proxy write before plain shared loads (dev/cuda/README.md).
-         * kStatsAhead: the value of step n + 1 is fetched at the start of step n. */
+         * mbarrier order an async-proxy write before plain shared loads (dev/cuda/README.md). */
+        const long long at = VARLEN ? ws_head<true>(p, b, hk * p.group + step_head, 0) + i0
+                                    : (b * p.Hq + hk * p.group + step_head) * p.nq_pad + i0;
         float *wstats = (float *)(aligned + L::stats + (cw * 2 + (n & 1)) * L::STATS);
         const float *lse2 = wstats, *delta = BY_ROWS ? wstats + 64 : wstats;
-        float mine;
-        if constexpr (kStatsAhead) {
-            mine = next_stat;
-            if (n + 1 < steps) {
-                const bool wrap = step_tile + 1 == nqt;
-                next_stat = fetch_stat(wrap ? step_head + 1 : step_head, wrap ? 0 : step_tile + 1);
-            }
-        } else {
-            mine = fetch_stat(step_head, step_tile);
+        const bool fetcher = BY_ROWS || tid < 64;
+        float mine = 0.0f;
+        if (fetcher && !VARLEN)
+            mine = BY_ROWS ? (tid < 64 ? p.lse2[at + tid] : p.delta[at + tid - 64]) : (cw == 0 ? p.lse2 : p.delta)[at + tid];
+        if (fetcher && VARLEN) {
+            /* rows past the sequence are the next one's: they stand in as rows past Nq do (lse2 =
+             * +inf, δ = 0, so P = dS = 0), which the masks ensure in any case */
+            const bool want_lse2 = BY_ROWS ? tid < 64 : cw == 0;
+            const int r = BY_ROWS ? tid & 63 : tid;
+            mine = i0 + r < p.Nq ? (want_lse2 ? p.lse2 : p.delta)[at + r] : want_lse2 ? INFINITY : 0.0f;
         }
         mbar_wait(full(st), ph);
         auto publish_stats = [&]() {
