@@ -398,10 +398,10 @@ template <typename T, bool VARLEN> __global__ void __launch_bounds__(kThreads) d
 /* ---- host side: the device ---- */
 
 /* What a device is, read once per device (a device from kMaxDevices on: every call): its compute
- * capability (10 major + minor), the shared memory a block may opt in to, and whether the sm_90a
- * kernels are the code loaded there (hopper_code_loaded, fwd_hopper.cu) */
+ * capability (10 major + minor), the shared memory a block may opt in to, its SMs, and whether the
+ * sm_90a kernels are the code loaded there (hopper_code_loaded, fwd_hopper.cu) */
 struct device_facts {
-    int cc, smem_optin, hopper_code;
+    int cc, smem_optin, sms, hopper_code;
 };
 constexpr int kMaxDevices = 64;
 
@@ -415,11 +415,12 @@ static wa_status device_facts_of(int dev, device_facts *f) {
         *f = cache[dev];
         return WA_OK;
     }
-    int major = 0, minor = 0, optin = 0;
+    int major = 0, minor = 0, optin = 0, sms = 0;
     CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
     CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    f->cc = 10 * major + minor, f->smem_optin = optin, f->hopper_code = hopper_code_loaded();
+    CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    f->cc = 10 * major + minor, f->smem_optin = optin, f->sms = sms, f->hopper_code = hopper_code_loaded();
     if (cached) {
         std::lock_guard<std::mutex> hold(filling);
         cache[dev] = *f;
@@ -459,6 +460,7 @@ static wa_status cuda_target_now(cuda_target *t) {
     t->tensor_cores = !(force && !strcmp(force, "v1"));
     t->hopper = f.hopper_code && !(force && !strcmp(force, "mma")) && !sm80 && !sm86;
     t->smem_optin = (size_t)f.smem_optin;
+    t->sms = f.sms;
     if (sm80 || sm86) t->smem_optin = std::min(t->smem_optin, sm80 ? kSmemSm80 : kSmemSm86);
     return WA_OK;
 }

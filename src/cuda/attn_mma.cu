@@ -677,7 +677,7 @@ int mma_supports(const wa_problem *p, const cuda_target &t, int backward) {
 wa_status mma_forward(const kparams &kp, wa_dtype dt, const cuda_target &t, cudaStream_t s) {
     if (t.hopper) {
         int taken = 0;
-        const wa_status st = hopper_forward(kp, dt, s, &taken);
+        const wa_status st = hopper_forward(kp, dt, t, s, &taken);
         if (taken || st != WA_OK) return st;
     }
     return dt == WA_BF16 ? fwd_by_dim<__nv_bfloat16>(kp, t.hopper, s) : fwd_by_dim<__half>(kp, t.hopper, s);

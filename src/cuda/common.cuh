@@ -149,6 +149,7 @@ struct cuda_target {
     size_t smem_optin; /* dynamic shared memory a block may opt in to: the device's
                         * (cudaDevAttrMaxSharedMemoryPerBlockOptin), or less under WINATTN_CUDA=sm80
                         * (A100's 163 KB) or sm86 (99 KB, sm_86 / sm_89) */
+    int sms;           /* the device's SMs (cudaDevAttrMultiProcessorCount): a persistent kernel's grid */
 };
 
 /* ---- tensor-core path (attn_mma.cu): f16/bf16, D in {64, 128, 256, 512}, 16-byte aligned rows ---- */
@@ -162,8 +163,9 @@ wa_status mma_forward(const kparams &kp, wa_dtype dt, const cuda_target &t, cuda
  * of the compute_80 PTX) */
 int hopper_code_loaded(void);
 /* version 4's forward (fwd_hopper.cu: TMA, warp-specialised wgmma) when it applies (D = 64, 128,
- * 256, strides TMA can express); *taken = 0 leaves the call to mma_forward. Only where t.hopper */
-wa_status hopper_forward(const kparams &kp, wa_dtype dt, cudaStream_t s, int *taken);
+ * 256, strides TMA can express), and version 5's at D = 512; *taken = 0 leaves the call to
+ * mma_forward. Only where t.hopper */
+wa_status hopper_forward(const kparams &kp, wa_dtype dt, const cuda_target &t, cudaStream_t s, int *taken);
 /* the Hopper backward (bwd_hopper.cu) when it applies (version 4 at D = 64, 128, 256; version 5's
  * wgmma kernels at D = 512; lse given, strides TMA can express); it needs
  * kp.delta and kp.lse2 with B*Hq*nq_pad floats each. *taken = 0 leaves the call to version 2 or

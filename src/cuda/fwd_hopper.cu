@@ -980,18 +980,8 @@ constexpr bool kWidePairs = true;
 constexpr bool kWidePairs = false;
 #endif
 
-/* the current device's SMs (the persistent form's grid) */
-static int sm_count() {
-    int dev = 0, n = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n < 1) {
-        (void)cudaGetLastError();
-        return 1;
-    }
-    return n;
-}
-
 template <typename T, Cap CAP, bool VARLEN>
-static wa_status launch_wide(const kparams &kp, const CUtensorMap (&maps)[3], cudaStream_t s) {
+static wa_status launch_wide(const kparams &kp, const CUtensorMap (&maps)[3], int sms, cudaStream_t s) {
     static volatile unsigned long long done = 0, done_pair = 0;
     /* the split-D kernel (WA_FWD512_ASYM=0) is instantiated only when it is the one launched */
     const bool pair = kWideAsym == 0 && kWidePairs && kp.group % 2 == 0;
@@ -1005,7 +995,7 @@ static wa_status launch_wide(const kparams &kp, const CUtensorMap (&maps)[3], cu
         const dim3 grid((unsigned)((kp.Nq + kWideBM - 1) / kWideBM), (unsigned)kp.Hq, z);
         if constexpr (PERSIST) { /* one CTA per SM, or per item where there are fewer */
             const long long items = (long long)grid.x * grid.y * grid.z;
-            const unsigned ctas = (unsigned)(items < sm_count() ? items : sm_count());
+            const unsigned ctas = (unsigned)(items < sms ? items : sms);
             fwd_wide_asym_kernel<T, CAP, VARLEN, PERSIST><<<ctas, kThreads, asym_layout::bytes, s>>>(maps[0], maps[1], maps[2], c);
         } else if constexpr (kWideAsym != 0) {
             fwd_wide_asym_kernel<T, CAP, VARLEN><<<grid, kThreads, asym_layout::bytes, s>>>(maps[0], maps[1], maps[2], c);
@@ -1024,9 +1014,10 @@ static wa_status launch_wide(const kparams &kp, const CUtensorMap (&maps)[3], cu
         return WA_OK;
     });
 }
-template <typename T> static wa_status by_cap_wide(const kparams &kp, const CUtensorMap (&maps)[3], cudaStream_t s) {
-    if (kp.cu_q) return kp.softcap > 0.0f ? launch_wide<T, Cap::on, true>(kp, maps, s) : launch_wide<T, Cap::off, true>(kp, maps, s);
-    return kp.softcap > 0.0f ? launch_wide<T, Cap::on, false>(kp, maps, s) : launch_wide<T, Cap::off, false>(kp, maps, s);
+template <typename T> static wa_status by_cap_wide(const kparams &kp, const CUtensorMap (&maps)[3], int sms, cudaStream_t s) {
+    if (kp.cu_q)
+        return kp.softcap > 0.0f ? launch_wide<T, Cap::on, true>(kp, maps, sms, s) : launch_wide<T, Cap::off, true>(kp, maps, sms, s);
+    return kp.softcap > 0.0f ? launch_wide<T, Cap::on, false>(kp, maps, sms, s) : launch_wide<T, Cap::off, false>(kp, maps, sms, s);
 }
 
 /* the D = 512 forward on wgmma; -DWA_FWD_WIDE_MMA leaves D = 512 to the mma.sync form (lab) */
@@ -1063,7 +1054,7 @@ int hopper_forward_supports(const kparams &kp) {
            (kp.softcap > 0.0f || kp.scale > 0.0f) && tensor_map_encoder() != nullptr;
 }
 
-wa_status hopper_forward(const kparams &kp, wa_dtype dt, cudaStream_t s, int *taken) {
+wa_status hopper_forward(const kparams &kp, wa_dtype dt, const cuda_target &t, cudaStream_t s, int *taken) {
     *taken = 0;
     if (!hopper_forward_supports(kp)) return WA_OK;
     const int D = (int)kp.D, wide = D == kWideD;
@@ -1074,6 +1065,6 @@ wa_status hopper_forward(const kparams &kp, wa_dtype dt, cudaStream_t s, int *ta
         !tensor_map(&maps[2], kp.v, dt, nb, kp.Hkv, nk, D, bn))
         return WA_OK;
     *taken = 1;
-    if (wide) return dt == WA_BF16 ? by_cap_wide<__nv_bfloat16>(kp, maps, s) : by_cap_wide<__half>(kp, maps, s);
+    if (wide) return dt == WA_BF16 ? by_cap_wide<__nv_bfloat16>(kp, maps, t.sms, s) : by_cap_wide<__half>(kp, maps, t.sms, s);
     return dt == WA_BF16 ? by_dim<__nv_bfloat16>(kp, maps, s) : by_dim<__half>(kp, maps, s);
 }
