@@ -826,10 +826,16 @@ __global__ void __launch_bounds__(kThreads, 1)
             reg_fence(acc);
             mbar_arrive_if(v_empty, lane == 0 && !(staged && it == n - 1));
         };
-        /* hand-over `idx` of the CTA's: buffer idx % 2, free once consumer 1 read hand-over idx - 2 */
+        /* hand-over `idx` of the CTA's goes through buffer idx % 2: consumer 0 writes it once
+         * consumer 1 has read hand-over idx - 2, consumer 1 reads it once consumer 0 has written it */
         auto handover_slot = [&](uint32_t idx) {
             const uint32_t slot = idx & 1u;
             if (idx >= 2) mbar_wait(bar(L::p_empty + slot), ((idx >> 1) - 1) & 1u);
+            return slot;
+        };
+        auto handed_over_slot = [&](uint32_t idx) {
+            const uint32_t slot = idx & 1u;
+            mbar_wait(bar(L::p_full + slot), (idx >> 1) & 1u);
             return slot;
         };
 
@@ -902,9 +908,8 @@ __global__ void __launch_bounds__(kThreads, 1)
             mbar_arrive_if(bar(L::p_full + slot), true);
         } else {
             for (int it = 0; it < n; it++) {
-                const uint32_t idx = pit + (uint32_t)it, slot = idx & 1u;
+                const uint32_t slot = handed_over_slot(pit + (uint32_t)it);
                 uint32_t pa[4][4];
-                mbar_wait(bar(L::p_full + slot), (idx >> 1) & 1u);
 #pragma unroll
                 for (int kk = 0; kk < 4; kk++) ldsm_x4(pa[kk], sP + slot * L::P + blk_off<BM>(f_row, 2 * kk + f_chunk));
                 const float2 a2 = alphas[slot * 128 + tid];
@@ -913,8 +918,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 rescale_lazy<32>(reinterpret_cast<float (&)[32][4]>(acc), alpha);
                 product_and_release(pa, it);
             }
-            const uint32_t idx = pit + (uint32_t)n, slot = idx & 1u;
-            mbar_wait(bar(L::p_full + slot), (idx >> 1) & 1u);
+            const uint32_t slot = handed_over_slot(pit + (uint32_t)n);
             const float2 sums = alphas[slot * 128 + tid];
             mbar_arrive_if(bar(L::p_empty + slot), true);
             row_sum[0] = sums.x, row_sum[1] = sums.y; /* row_max is read only with column 0 (the lse) */
