@@ -1,16 +1,17 @@
 #!/usr/bin/env python3
-"""kernel_timeline.py — what the GPU runs during one backward through winattn.torch, read from
-PyTorch's profiler (CUPTI's kernel records) instead of inferred from event pairs. For each case it
-times the backward as bench/gpu_peers.py does, one call per timing ("per call") and ten back to back
-("steady"), with randn data, and prints per mode: every kernel and memset with its mean duration,
-the GPU's busy time per call (the sum of those), its span (first kernel's start to the last one's
-end) and the delay from the call's start on the host to its first kernel. Then the same shape's
-`build/winattn bench` backward beside it. What it answers: whether the gap between the C bench and
+"""kernel_timeline.py — what the GPU runs during one forward or backward through winattn.torch, read
+from PyTorch's profiler (CUPTI's kernel records) instead of inferred from event pairs. For each case
+and pass it times the call as bench/gpu_peers.py does, one call per timing ("per call") and ten back
+to back ("steady"), with randn data, and prints per mode: every kernel and memset with its mean
+duration, the GPU's busy time per call (the sum of those), its span (first kernel's start to the
+last one's end; span minus busy is the idle time between the call's kernels) and the delay from the
+call's start on the host to its first kernel. Then the same shape's `build/winattn bench` beside it. What it answers: whether the gap between the C bench and
 the harness is in the kernels themselves (longer durations: data, clocks), in work the binding adds
 (extra kernels) or in idle time (host, launch gaps). Before the profiled runs, the same backward
 timed with CUDA events exactly as bench/gpu_peers.py does, for comparison with its tables.
 From the repository root on the GPU machine, after a build:
-    python3 dev/cuda/kernel_timeline.py [--cases b:32768,cw:16384] [--calls 6] [--after-fa4 /tmp/winattn-peers]
+    python3 dev/cuda/kernel_timeline.py [--cases b:32768,cw:16384] [--passes fwd,bwd] [--calls 6]
+                                        [--after-fa4 /tmp/winattn-peers]
 Cases are bench/gpu_peers.py's shapes (a, b, c, cw) at a length. --after-fa4 runs FlashAttention 4 at
 the shape first, as bench/gpu_peers.py does, to see what that changes for winattn's calls after it.
 """
@@ -41,8 +42,8 @@ def cases(text):
     return out
 
 
-def bench_backward_ms(label, n):
-    """`build/winattn bench --device cuda` at this shape: its backward milliseconds"""
+def bench_row(label, n):
+    """`build/winattn bench --device cuda` at this shape: its table's columns and last line"""
     hq, hkv, d, window = SHAPES[label]
     args = [os.path.join(ROOT, "build", "winattn"), "bench", "--device", "cuda", "--reps", "5", "--n", str(n),
             "--d", str(d), "--hq", str(hq), "--hkv", str(hkv)] + (["--causal"] if window is None else
@@ -120,11 +121,16 @@ def main():
     ap.add_argument("--cases", type=cases, default=cases("b:32768,cw:16384"))
     ap.add_argument("--after-fa4", metavar="PEERS_DIR", help="first run FlashAttention 4's forward and backward at "
                     "each case's shape, as bench/gpu_peers.py does before winattn (installed by bench/peer_wheels.py)")
+    ap.add_argument("--passes", default="bwd", help="fwd, bwd or fwd,bwd: which calls to time and profile (the "
+                    "forward under torch.no_grad, as bench/gpu_peers.py times it)")
     ap.add_argument("--calls", type=int, default=6, help="calls profiled per mode (a multiple of 10 in steady mode is "
                                                          "rounded up)")
     args = ap.parse_args()
     if args.calls < 1:
         sys.exit("kernel_timeline.py: --calls must be at least 1")
+    passes = args.passes.split(",")
+    if not passes or any(x not in ("fwd", "bwd") for x in passes):
+        sys.exit("kernel_timeline.py: --passes takes fwd, bwd or fwd,bwd, not %r" % args.passes)
     import torch
 
     if not torch.cuda.is_available():
@@ -149,28 +155,36 @@ def main():
                   % (r["bwd_s"] * 1e3, r["bwd_steady_s"] * 1e3))
             torch.cuda.empty_cache()
         o = wt.attention(q, k, v, window=win)
-        step = lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)  # noqa: E731
+
+        def forward():
+            with torch.no_grad():
+                return wt.attention(q, k, v, window=win)
+
+        steps = {"fwd": ("forward", forward),
+                 "bwd": ("backward", lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))}
         print("## (%s) %dK: Hq %d, Hkv %d, D %d, %s" % (label, n // 1024, hq, hkv, d,
                                                       "causal" if window is None else "window %d" % window))
         # first as bench/gpu_peers.py times it, with CUDA events and no profiler attached
         sys.path.insert(0, os.path.join(ROOT, "bench"))
         from gpu_peers import timed
 
-        print("CUDA events, as bench/gpu_peers.py: per call %.3f ms, steady %.3f ms (medians of 5)"
-              % (timed(step, 5) * 1e3, timed(step, 5, 10) * 1e3))
-        for mode, per_timing, calls in (("per call", 1, args.calls), ("steady", 10, 10 * ((args.calls + 9) // 10))):
-            kernels, rows = profile(step, calls, per_timing, torch)
-            if not rows:
-                continue
-            med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
-            print("%s (%d calls): GPU busy %.3f ms, span %.3f ms, first kernel %.0f us after the call starts, "
-                  "host range %.0f us (medians)" % (mode, len(rows), med([r[0] for r in rows]) / 1e3,
-                                                    med([r[1] for r in rows]) / 1e3, med([r[2] for r in rows]),
-                                                    med([r[3] for r in rows])))
-            for name, durs in sorted(kernels.items(), key=lambda kv: -sum(kv[1])):
-                print("    %8.3f ms x %.1f  %s" % (sum(durs) / len(durs) / 1e3, len(durs) / max(1, len(rows)),
-                                                  short(name)))
-        cols, line = bench_backward_ms(label, n)
+        for which in passes:
+            name, step = steps[which]
+            print("%s, CUDA events as bench/gpu_peers.py: per call %.3f ms, steady %.3f ms (medians of 5)"
+                  % (name, timed(step, 5) * 1e3, timed(step, 5, 10) * 1e3))
+            for mode, per_timing, calls in (("per call", 1, args.calls), ("steady", 10, 10 * ((args.calls + 9) // 10))):
+                kernels, rows = profile(step, calls, per_timing, torch)
+                if not rows:
+                    continue
+                med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+                print("%s %s (%d calls): GPU busy %.3f ms, span %.3f ms (idle between kernels %.0f us), first kernel "
+                      "%.0f us after the call starts, host range %.0f us (medians)"
+                      % (name, mode, len(rows), med([r[0] for r in rows]) / 1e3, med([r[1] for r in rows]) / 1e3,
+                         med([r[1] - r[0] for r in rows]), med([r[2] for r in rows]), med([r[3] for r in rows])))
+                for kname, durs in sorted(kernels.items(), key=lambda kv: -sum(kv[1])):
+                    print("    %8.3f ms x %.1f  %s" % (sum(durs) / len(durs) / 1e3, len(durs) / max(1, len(rows)),
+                                                      short(kname)))
+        cols, line = bench_row(label, n)
         print("winattn bench: %s" % line)
         print(flush=True)
 
