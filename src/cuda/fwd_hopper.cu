@@ -73,8 +73,8 @@ constexpr int kTurn = 1;
 #endif
 template <int D> __host__ __device__ constexpr int ws_bn() { return D == 256 ? WA_FWD_BN256 : D == 128 ? WA_FWD_BN128 : 128; }
 
-/* warpgroup 0 of both forwards: gives its registers back, then one thread loads the Q tile (BM rows,
- * DB column blocks) and K and V of key tiles [kt0, kt1) into the ring, through the launch's maps
+/* warpgroup 0 of both forwards, once it gave its registers back: one thread loads the Q tile (BM rows,
+ * DB column blocks) and K and V of key tiles [kt0, kt1) into the ring (from tile it0 of its count), through the launch's maps
  * or (varlen) the sequence's (seq_map: rows past the sequence arrive as zeros); q_row0 and k_row0
  * are a varlen sequence's first rows in the packed tensors (0 otherwise). PAIR: K and V shared with
  * the other CTA of a two-CTA cluster (kv_ring::produce_pair; the lab's D = 512 form) */
@@ -82,21 +82,37 @@ template <int BM, int BN, int DB, bool VARLEN, bool PAIR = false>
 __device__ __forceinline__ void produce_forward(const kv_ring &ring, const CUtensorMap &tq, const CUtensorMap &tk,
                                                 const CUtensorMap &tv, const kparams &kp, uint32_t sQ, uint32_t sK, uint32_t sV,
                                                 long long i0, long long h, long long hk, long long b, int64_t kt0, int64_t kt1,
-                                                long long q_row0, long long k_row0) {
-    setmaxnreg_dec<kProducerRegs>();
+                                                long long q_row0, long long k_row0, int it0 = 0) {
     if (threadIdx.x == 0 && kt0 < kt1) {
         const CUtensorMap *mq = seq_map<VARLEN>(tq, kp, 0), *mk = seq_map<VARLEN>(tk, kp, 1), *mv = seq_map<VARLEN>(tv, kp, 2);
         mbar_expect_tx(ring.once(), BM * DB * 64 * 2);
         for (int c = 0; c < DB; c++) tma_load(sQ + c * (BM * 128), mq, ring.once(), c * 64, (int)(q_row0 + i0), (int)h, (int)b);
         if constexpr (PAIR) ring.produce_pair<BN, DB>(mk, mv, sK, sV, kt0, kt1, (int)hk, (int)b, k_row0, cluster_rank());
-        else ring.produce<BN, DB>(mk, mv, sK, sV, kt0, kt1, (int)hk, (int)b, k_row0);
+        else ring.produce<BN, DB>(mk, mv, sK, sV, kt0, kt1, (int)hk, (int)b, k_row0, it0);
     }
 }
 
-template <int D> struct ws_layout {
-    static constexpr int BN = ws_bn<D>();
-    static constexpr uint32_t q = 0, k = kBM * D * 2, v = k + kStages * BN * D * 2, bars = v + kStages * BN * D * 2;
-    static constexpr size_t bytes = 1024 + bars + 8 * kv_ring::n_bars; /* 1024: alignment slack for the swizzle */
+/* PERSIST (WA_FWD_PERSIST: 1 or 2, for_each_item's orders; 0 builds the one-item form alone): the
+ * version-4 forward's rectangular calls at the head dims whose consumers do not take turns (D =
+ * 256 by default) launch one CTA per SM, which walks the work items, as the D = 512 forward does:
+ * what a CTA of one item leaves exposed (launch, barrier set-up, the first Q and K loads, the last
+ * O += P V, the epilogue) runs under the neighbouring item's work. The producer loads the next
+ * item's Q once both consumers' last S of this one is done (q_empty) and its first K and V tiles
+ * as soon as the stages free up; the ring's phases run on across the items. O is staged through a
+ * buffer of each consumer's own (64 rows × up to 128 columns, D = 256 in two parts) instead of its
+ * rows of Q, which by then may hold the next item's. */
+#ifndef WA_FWD_PERSIST
+#define WA_FWD_PERSIST 0
+#endif
+static_assert(WA_FWD_PERSIST >= 0 && WA_FWD_PERSIST <= 2, "WA_FWD_PERSIST is 0, 1 or 2");
+template <int D> constexpr int kFwdOrder = kPingpong<D> ? 0 : WA_FWD_PERSIST;
+
+template <int D, bool PERSIST = false> struct ws_layout {
+    static constexpr int BN = ws_bn<D>(), O_PART = D < 128 ? D : 128; /* the persistent epilogue's columns at a time */
+    static constexpr uint32_t O_STAGE = 64 * O_PART * 2; /* a consumer's O buffer (persistent) */
+    static constexpr uint32_t q = 0, k = kBM * D * 2, v = k + kStages * BN * D * 2, o = v + kStages * BN * D * 2,
+                              bars = o + (PERSIST ? kConsumers * O_STAGE : 0), q_empty = bars + 8 * kv_ring::n_bars;
+    static constexpr size_t bytes = 1024 + q_empty + (PERSIST ? 8 : 0); /* 1024: alignment slack for the swizzle */
 };
 static_assert(ws_layout<64>::bytes <= 232448 && ws_layout<128>::bytes <= 232448 && ws_layout<256>::bytes <= 232448,
               "the version-4 forward fits the 227 KB a CTA may have");
@@ -120,11 +136,13 @@ template <typename T> __device__ __forceinline__ bool o_rows_aligned16(const kpa
 }
 
 /* kStagedO's epilogue for one consumer warpgroup: O = acc / row sum and lse as store_rows, O
- * through rows row0 .. row0 + 63 of the tile `tile` (column blocks of BM rows: the Q tile, or at
- * D = 512 a consumer's half of V) into rows r0 .. of
- * head (b, h), columns col0 .. col0 + D - 1 (lse by the warpgroup that holds column 0); every wgmma
- * of the warpgroup is complete */
-template <typename T, int D, int BM>
+ * through rows row0 .. row0 + 63 of the tile `tile` (column blocks of BM rows: the Q tile, at
+ * D = 512 a consumer's half of V, in the persistent version-4 forward a buffer of its own) into
+ * rows r0 .. of head (b, h), columns col0 .. col0 + D - 1 (lse by the warpgroup that holds column
+ * 0), PART columns at a time (the tile holds PART; each warp stages and copies out only its own 16
+ * rows, so a __syncwarp orders one part's reads before the next part's writes); every wgmma of
+ * the warpgroup is complete */
+template <typename T, int D, int BM, int PART = D>
 __device__ __forceinline__ void store_rows_staged(const kparams &p, const float (&acc)[D / 8][4], const float (&row_max)[2],
                                                   const float (&row_sum)[2], long long r0, long long b, long long h,
                                                   unsigned char *tile, int row0, int w4, int lane, int col0 = 0) {
@@ -138,206 +156,272 @@ __device__ __forceinline__ void store_rows_staged(const kparams &p, const float 
         inv[r] = sees ? 1.0f / l : 0.0f;
         if (p.lse.data && t4 == 0 && col0 == 0 && row < p.Nq) *row_of<float>(p.lse, b, h, row) = row_lse(row_max[r], l, sees);
     }
+    static_assert(D % PART == 0 && PART % 16 == 0, "whole parts of stmatrix pairs");
     /* two 8-column fragments at a time, one stmatrix: tiles (rows 0-7 | 8-15) × (columns of
      * fragment i | i + 1); lane l gives row l % 8 (+ 8 for tiles 1, 3) of chunk i (+ 1 for 2, 3) */
     const uint32_t tile_s = smem_u32(tile);
     const int m_row = row0 + w4 * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, m_chunk = lane >> 4;
 #pragma unroll
-    for (int i = 0; i < D / 8; i += 2) {
-        const uint32_t r[4] = {pack2<T>(acc[i][0] * inv[0], acc[i][1] * inv[0]), pack2<T>(acc[i][2] * inv[1], acc[i][3] * inv[1]),
-                               pack2<T>(acc[i + 1][0] * inv[0], acc[i + 1][1] * inv[0]),
-                               pack2<T>(acc[i + 1][2] * inv[1], acc[i + 1][3] * inv[1])};
-        stsm_x4(tile_s + blk_off<BM>(m_row, i + m_chunk), r);
-    }
-    __syncwarp(); /* the warp reads back only its own 16 rows */
-    constexpr int CHUNKS = D / 8, ROWS = 32 / CHUNKS; /* 16-byte chunks a row; rows an instruction */
-    const int c = lane % CHUNKS;
+    for (int part = 0; part < D / PART; part++) {
+        if (part > 0) __syncwarp(); /* the last part's rows read back before they are overwritten */
 #pragma unroll
-    for (int k = 0; k < 16 / ROWS; k++) {
-        const int lr = w4 * 16 + k * ROWS + lane / CHUNKS;
-        if (r0 + lr < p.Nq)
-            *(uint4 *)(row_of<T>(p.o, b, h, r0 + lr) + col0 + c * 8) = *(const uint4 *)(tile + blk_off<BM>(row0 + lr, c));
+        for (int j = 0; j < PART / 8; j += 2) {
+            const int i = part * (PART / 8) + j;
+            const uint32_t r[4] = {pack2<T>(acc[i][0] * inv[0], acc[i][1] * inv[0]), pack2<T>(acc[i][2] * inv[1], acc[i][3] * inv[1]),
+                                   pack2<T>(acc[i + 1][0] * inv[0], acc[i + 1][1] * inv[0]),
+                                   pack2<T>(acc[i + 1][2] * inv[1], acc[i + 1][3] * inv[1])};
+            stsm_x4(tile_s + blk_off<BM>(m_row, j + m_chunk), r);
+        }
+        __syncwarp(); /* the warp reads back only its own 16 rows */
+        constexpr int CHUNKS = PART / 8, ROWS = 32 / CHUNKS; /* 16-byte chunks a row; rows an instruction */
+        const int c = lane % CHUNKS;
+#pragma unroll
+        for (int k = 0; k < 16 / ROWS; k++) {
+            const int lr = w4 * 16 + k * ROWS + lane / CHUNKS;
+            if (r0 + lr < p.Nq)
+                *(uint4 *)(row_of<T>(p.o, b, h, r0 + lr) + col0 + part * PART + c * 8) =
+                    *(const uint4 *)(tile + blk_off<BM>(row0 + lr, c));
+        }
     }
 }
 
-template <typename T, int D, bool PIPELINED, Cap CAP, bool VARLEN>
+/* f(i0, h, b) for each work item of a forward CTA: query rows from i0, head h, batch entry b.
+ * ORDER 0: the CTA's own item (the grid's order, the last query tile first). Persistent (one CTA
+ * per SM over all n_qt·Hq·B items, round r taking items r·G .. r·G + G - 1, G = gridDim.x): ORDER 1
+ * head by head, as the grid's order; ORDER 2 all heads' query tile t before tile t - 1, each
+ * round dealt in the opposite direction to the last (CTA c takes item r·G + c, or r·G + G - 1 - c
+ * in odd rounds), which balances causal loads under a static schedule and runs the query heads of
+ * one K/V head on the same key tiles at the same time. */
+template <int BM, int ORDER, typename F> __device__ __forceinline__ void for_each_item(const kparams &p, long long b0, F &&f) {
+    static_assert(ORDER >= 0 && ORDER <= 2, "the forwards' item orders are 0, 1 and 2");
+    if constexpr (ORDER == 0) {
+        const cta_tile at = heaviest_first<false>(true);
+        f((long long)at.tile * BM, (long long)at.head, b0);
+    } else {
+        const long long n_qt = (p.Nq + BM - 1) / BM, per_tile = p.Hq * p.B, total = n_qt * per_tile, G = gridDim.x;
+        for (long long r = 0;; r++) {
+            const long long w = r * G + (ORDER == 2 && (r & 1) ? G - 1 - blockIdx.x : blockIdx.x);
+            if (w >= total) break;
+            if constexpr (ORDER == 2) {
+                const long long hb = w % per_tile;
+                f((n_qt - 1 - w / per_tile) * BM, hb % p.Hq, hb / p.Hq);
+            } else {
+                const long long hq = w % (n_qt * p.Hq);
+                f((n_qt - 1 - hq % n_qt) * BM, hq / n_qt, w / (n_qt * p.Hq));
+            }
+        }
+    }
+}
+
+template <typename T, int D, bool PIPELINED, Cap CAP, bool VARLEN, int ORDER = 0>
 __global__ void __launch_bounds__(kThreads, 1)
     fwd_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                   const __grid_constant__ CUtensorMap tv, const kparams kp) {
 #if WA_HOPPER_STUB /* not the sm_90a compilation: never launched (common.cuh) */
     __trap();
 #else
-    using L = ws_layout<D>;
+    constexpr bool PERSIST = ORDER != 0;
+    static_assert(!PERSIST || (!VARLEN && PIPELINED && !kPingpong<D>), "persistent: rectangular, pipelined, no turns");
+    using L = ws_layout<D, PERSIST>;
+    static_assert(L::bytes <= 232448 && L::o % 1024 == 0, "227 KB a CTA; the O buffers' 128-byte swizzle is 1024-byte aligned");
     constexpr int BM = kBM, BN = L::BN, DB = D / 64, KS = D / 16, TILE = BN * D * 2;
     extern __shared__ __align__(1024) unsigned char smem[];
     const uint32_t base = (smem_u32(smem) + 1023u) & ~1023u;
-    const uint32_t sQ = base + L::q, sK = base + L::k, sV = base + L::v;
+    const uint32_t sQ = base + L::q, sK = base + L::k, sV = base + L::v, q_empty = base + L::q_empty;
     const kv_ring ring{base + L::bars};
 
     const int warp = warp_index(), wg = warp >> 2, lane = threadIdx.x & 31;
-    /* the last query tiles first: under a causal mask they are the longest */
-    const cta_tile at = heaviest_first<false>(true);
     const seq_view<T, VARLEN> sv(kp);
     const kparams &p = sv.p;
-    const long long qt = at.tile, h = at.head, b = sv.b(), hk = h / p.group, i0 = qt * BM;
-    if (VARLEN && i0 >= p.Nq) return; /* past this sequence's rows: the whole CTA, before the barriers exist */
-    const int m = (int)min((long long)BM, p.Nq - i0);
-    int64_t kt0, kt1;
-    wa_key_tiles_for_rows(&p.win, i0, i0 + m, BN, &kt0, &kt1);
+    /* past this sequence's rows: the whole CTA, before the barriers exist */
+    if (VARLEN && heaviest_first<false>(true).tile * (long long)BM >= p.Nq) return;
+    /* an item's key tiles [kt0, kt1): those its BM rows see */
+    auto key_tiles = [&](long long i0, int64_t &kt0, int64_t &kt1) {
+        wa_key_tiles_for_rows(&p.win, i0, min(i0 + BM, p.Nq), BN, &kt0, &kt1);
+    };
 
-    if (threadIdx.x == 0) ring.init(4 * kConsumers);
+    if (threadIdx.x == 0) {
+        if (PERSIST) mbar_init(q_empty, 4 * kConsumers); /* every consumer warp, after its last S of an item */
+        ring.init(4 * kConsumers);
+    }
     __syncthreads();
 
-    if (wg == 0) {
-        produce_forward<BM, BN, DB, VARLEN>(ring, tq, tk, tv, kp, sQ, sK, sV, i0, h, hk, b, kt0, kt1, VARLEN ? p.q_row0 : 0,
-                                    VARLEN ? p.k_row0 : 0);
+    /* The ring's and Q's phases run on across a persistent CTA's items: kit counts the key tiles
+     * before the item, qi the items with keys (Q's loads). */
+    int kit = 0;
+    uint32_t qi = 0;
+    if (wg == 0) { /* the producer: thread 0 issues the loads */
+        setmaxnreg_dec<kProducerRegs>();
+        if (threadIdx.x != 0) return;
+        for_each_item<BM, ORDER>(p, sv.b(), [&](long long i0, long long h, long long b) {
+            int64_t kt0, kt1;
+            key_tiles(i0, kt0, kt1);
+            if (kt0 >= kt1) return;
+            if (PERSIST && qi > 0) mbar_wait(q_empty, (qi - 1) & 1u); /* the last item's Q read */
+            produce_forward<BM, BN, DB, VARLEN>(ring, tq, tk, tv, kp, sQ, sK, sV, i0, h, h / p.group, b, kt0, kt1,
+                                                VARLEN ? p.q_row0 : 0, VARLEN ? p.k_row0 : 0, kit);
+            kit += (int)(kt1 - kt0), qi++;
+        });
         return;
     }
 
     /* consumers */
     setmaxnreg_inc<kConsumerRegs>();
     const int cw = wg - 1, w4 = warp & 3, g = lane >> 2, t4 = lane & 3;
-    const long long r0 = i0 + cw * 64, r1 = min(r0 + 64, p.Nq); /* this warpgroup's rows [r0, r1) */
-    const long long rows[2] = {r0 + w4 * 16 + g, r0 + w4 * 16 + g + 8};
-    int64_t wk0 = kt1, wk1 = kt1; /* the key tiles these rows see; none: every tile is skipped */
-    if (r0 < r1) {
-        wa_key_tiles_for_rows(&p.win, r0, r1, BN, &wk0, &wk1);
-        if (wk0 >= wk1) wk0 = wk1 = kt1;
-    }
-    int64_t ut0, ut1; /* the key tiles these rows see whole: no mask */
-    wa_unmasked_key_tiles(&p.win, r0, r1, BN, &ut0, &ut1);
     const float scale2 = p.scale * kLog2e;
-
-    float acc[DB][8][4];
-    zero_frags(acc);
-    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
-    uint32_t pa[BN / 16][4]; /* P of the last tile, the A operand of O += P V */
-
-    /* pingpong turns (see kPingpong), one per key tile of the CTA and one for the last O += P V;
-     * the counts hold for the pipelined loop only */
-    pingpong<kPingpong<D> && PIPELINED> turns(kTurn, cw, (int)(kt1 - kt0) + 1);
-    auto skip_tile = [&](long long kt) {
-        turns.begin();
-        turns.end();
-        ring.skip((int)(kt - kt0), lane);
-    };
-
-    /* S = Q Kᵀ for the tile in stage st (issue only). One descriptor per operand and tile, moved
-     * on by each k step's constant offset (desc_at); the base addresses pass through opaque() so
-     * that the compiler does not hoist every step's descriptor out of the loop, which held 2
-     * registers per descriptor (spills at D = 128). */
-    auto issue_s = [&](float (&s)[BN / 8][4], int st) {
-        const uint64_t k_d = gmma_desc(opaque(sK + st * TILE)), q_d = gmma_desc(opaque(sQ + cw * (64 * 128)));
-#pragma unroll
-        for (int ks = 0; ks < KS; ks++)
-            wgmma_ss<T, BN>(s, desc_at(q_d, (ks >> 2) * (BM * 128) + (ks & 3) * 32), desc_at(k_d, (ks >> 2) * (BN * 128) + (ks & 3) * 32),
-                            ks > 0);
-    };
-    /* O += P V for the tile in stage st (issue only) */
-    auto issue_pv = [&](int st) {
-        const uint64_t v_d = gmma_desc_mn(opaque(sV + st * TILE), BN * 128);
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) wide_mn_product<T, D>(acc, pa[kk], desc_at(v_d, kk * (16 * 128)));
-    };
-    /* the last tile's O += P V, waited for */
-    auto finish_pv = [&](int st, uint32_t ph) {
-        mbar_wait(ring.v_full(st), ph);
-        reg_fence(pa);
-        reg_fence(acc);
-        turns.begin();
-        wg_fence();
-        issue_pv(st);
-        wg_commit();
-        turns.end();
-        wg_wait<0>();
-        reg_fence(acc);
-        mbar_arrive_if(ring.v_empty(st), lane == 0);
-    };
-    /* the online-softmax step on S of key tile kt; alpha is O's factor, P goes to pa afterwards */
-    auto softmax = [&](float (&s)[BN / 8][4], long long kt, float (&alpha)[2]) {
-        const bool edge = !(kt >= ut0 && kt < ut1);
-        softmax_scores<BN, CAP>(p, s, row_max, row_sum, alpha, rows, kt * BN, edge, t4, scale2);
-    };
-    auto pack_p = [&](const float (&s)[BN / 8][4]) { pack_a<T, BN>(pa, s); };
-
-    /* S of key tile kt (stage st) waited for, its stage released, and its softmax step */
-    auto s_and_softmax = [&](float (&s)[BN / 8][4], float (&alpha)[2], long long kt, int st, uint32_t ph) {
-        mbar_wait(ring.k_full(st), ph);
-        turns.begin();
-        wg_fence();
-        issue_s(s, st);
-        wg_commit();
-        turns.end();
-        wg_wait<0>();
-        reg_fence(s);
-        mbar_arrive_if(ring.k_empty(st), lane == 0);
-        softmax(s, kt, alpha);
-    };
-
-    if (kt0 < kt1) mbar_wait(ring.once(), 0);
-    for (long long kt = kt0; kt < wk0; kt++) skip_tile(kt);
-
-    if (wk0 < wk1) {
-        /* the first tile: nothing to overlap with yet (and O is zero, no rescale) */
-        int pst = kv_ring::stage((int)(wk0 - kt0));
-        uint32_t pph = kv_ring::parity((int)(wk0 - kt0));
-        {
-            float s[BN / 8][4], alpha[2];
-            s_and_softmax(s, alpha, wk0, pst, pph);
-            pack_p(s);
-            if (!PIPELINED) finish_pv(pst, pph);
-        }
-        for (long long kt = wk0 + 1; kt < wk1; kt++) {
-            const int it = (int)(kt - kt0), st = kv_ring::stage(it);
-            const uint32_t ph = kv_ring::parity(it);
-            float s[BN / 8][4], alpha[2];
-            if (PIPELINED) {
-                /* S of this tile and O += P V of the last one, back to back; the softmax below runs
-                 * while the second is on the tensor cores, the rescale of O after it */
-                mbar_wait(ring.k_full(st), ph);
-                mbar_wait(ring.v_full(pst), pph);
-                reg_fence(pa);
-                reg_fence(acc);
-                turns.begin();
-                wg_fence();
-                issue_s(s, st);
-                wg_commit();
-                issue_pv(pst);
-                wg_commit();
-                turns.end();
-                wg_wait<1>();
-                reg_fence(s);
-                mbar_arrive_if(ring.k_empty(st), lane == 0);
-                softmax(s, kt, alpha);
-                wg_wait<0>();
-                reg_fence(acc);
-                mbar_arrive_if(ring.v_empty(pst), lane == 0);
-                rescale_lazy<DB * 8>(reinterpret_cast<float (&)[DB * 8][4]>(acc), alpha);
-                pack_p(s);
-            } else {
-                s_and_softmax(s, alpha, kt, st, ph);
-                rescale_lazy<DB * 8>(reinterpret_cast<float (&)[DB * 8][4]>(acc), alpha);
-                pack_p(s);
-                finish_pv(st, ph);
-            }
-            pst = st, pph = ph;
-        }
-        if (PIPELINED) finish_pv(pst, pph);
-    }
-    for (long long kt = wk1; kt < kt1; kt++) skip_tile(kt);
-    if (wk0 >= wk1) { /* no visible tile: the turn of the last O += P V, empty */
-        turns.begin();
-        turns.end();
-    }
-
     const bool o_vec16 = o_rows_aligned16<T>(p);
-    if (kStagedO && o_vec16) {
-        named_sync(kEpilogueBar + cw, 128); /* all the warpgroup's products done: its rows of Q are free */
-        store_rows_staged<T, D, BM>(p, reinterpret_cast<const float (&)[DB * 8][4]>(acc), row_max, row_sum, r0, b, h,
-                                    smem + (sQ - smem_u32(smem)), cw * 64, w4, lane);
-    } else {
-        store_rows<T, DB * 8>(p, reinterpret_cast<const float (&)[DB * 8][4]>(acc), row_max, row_sum, rows, b, h, t4);
-    }
+    for_each_item<BM, ORDER>(p, sv.b(), [&](long long i0, long long h, long long b) {
+        int64_t kt0, kt1;
+        key_tiles(i0, kt0, kt1);
+        const long long r0 = i0 + cw * 64, r1 = min(r0 + 64, p.Nq); /* this warpgroup's rows [r0, r1) */
+        const long long rows[2] = {r0 + w4 * 16 + g, r0 + w4 * 16 + g + 8};
+        int64_t wk0 = kt1, wk1 = kt1; /* the key tiles these rows see; none: every tile is skipped */
+        if (r0 < r1) {
+            wa_key_tiles_for_rows(&p.win, r0, r1, BN, &wk0, &wk1);
+            if (wk0 >= wk1) wk0 = wk1 = kt1;
+        }
+        int64_t ut0, ut1; /* the key tiles these rows see whole: no mask */
+        wa_unmasked_key_tiles(&p.win, r0, r1, BN, &ut0, &ut1);
+
+        float acc[DB][8][4];
+        zero_frags(acc);
+        float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+        uint32_t pa[BN / 16][4]; /* P of the last tile, the A operand of O += P V */
+
+        /* pingpong turns (see kPingpong), one per key tile of the item and one for the last O += P V;
+         * the counts hold for the pipelined loop only */
+        pingpong<kPingpong<D> && PIPELINED> turns(kTurn, cw, (int)(kt1 - kt0) + 1);
+        auto skip_tile = [&](long long kt) {
+            turns.begin();
+            turns.end();
+            ring.skip(kit + (int)(kt - kt0), lane);
+        };
+
+        /* S = Q Kᵀ for the tile in stage st (issue only). One descriptor per operand and tile, moved
+         * on by each k step's constant offset (desc_at); the base addresses pass through opaque() so
+         * that the compiler does not hoist every step's descriptor out of the loop, which held 2
+         * registers per descriptor (spills at D = 128). */
+        auto issue_s = [&](float (&s)[BN / 8][4], int st) {
+            const uint64_t k_d = gmma_desc(opaque(sK + st * TILE)), q_d = gmma_desc(opaque(sQ + cw * (64 * 128)));
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++)
+                wgmma_ss<T, BN>(s, desc_at(q_d, (ks >> 2) * (BM * 128) + (ks & 3) * 32),
+                                desc_at(k_d, (ks >> 2) * (BN * 128) + (ks & 3) * 32), ks > 0);
+        };
+        /* O += P V for the tile in stage st (issue only) */
+        auto issue_pv = [&](int st) {
+            const uint64_t v_d = gmma_desc_mn(opaque(sV + st * TILE), BN * 128);
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++) wide_mn_product<T, D>(acc, pa[kk], desc_at(v_d, kk * (16 * 128)));
+        };
+        /* the last tile's O += P V, waited for */
+        auto finish_pv = [&](int st, uint32_t ph) {
+            mbar_wait(ring.v_full(st), ph);
+            reg_fence(pa);
+            reg_fence(acc);
+            turns.begin();
+            wg_fence();
+            issue_pv(st);
+            wg_commit();
+            turns.end();
+            wg_wait<0>();
+            reg_fence(acc);
+            mbar_arrive_if(ring.v_empty(st), lane == 0);
+        };
+        /* the online-softmax step on S of key tile kt; alpha is O's factor, P goes to pa afterwards */
+        auto softmax = [&](float (&s)[BN / 8][4], long long kt, float (&alpha)[2]) {
+            const bool edge = !(kt >= ut0 && kt < ut1);
+            softmax_scores<BN, CAP>(p, s, row_max, row_sum, alpha, rows, kt * BN, edge, t4, scale2);
+        };
+        auto pack_p = [&](const float (&s)[BN / 8][4]) { pack_a<T, BN>(pa, s); };
+
+        /* S of key tile kt (stage st) waited for, its stage released, and its softmax step */
+        auto s_and_softmax = [&](float (&s)[BN / 8][4], float (&alpha)[2], long long kt, int st, uint32_t ph) {
+            mbar_wait(ring.k_full(st), ph);
+            turns.begin();
+            wg_fence();
+            issue_s(s, st);
+            wg_commit();
+            turns.end();
+            wg_wait<0>();
+            reg_fence(s);
+            mbar_arrive_if(ring.k_empty(st), lane == 0);
+            softmax(s, kt, alpha);
+        };
+
+        if (kt0 < kt1) mbar_wait(ring.once(), qi & 1u);
+        for (long long kt = kt0; kt < wk0; kt++) skip_tile(kt);
+
+        if (wk0 < wk1) {
+            /* the first tile: nothing to overlap with yet (and O is zero, no rescale) */
+            int pst = kv_ring::stage(kit + (int)(wk0 - kt0));
+            uint32_t pph = kv_ring::parity(kit + (int)(wk0 - kt0));
+            {
+                float s[BN / 8][4], alpha[2];
+                s_and_softmax(s, alpha, wk0, pst, pph);
+                pack_p(s);
+                if (!PIPELINED) finish_pv(pst, pph);
+            }
+            for (long long kt = wk0 + 1; kt < wk1; kt++) {
+                const int it = kit + (int)(kt - kt0), st = kv_ring::stage(it);
+                const uint32_t ph = kv_ring::parity(it);
+                float s[BN / 8][4], alpha[2];
+                if (PIPELINED) {
+                    /* S of this tile and O += P V of the last one, back to back; the softmax below runs
+                     * while the second is on the tensor cores, the rescale of O after it */
+                    mbar_wait(ring.k_full(st), ph);
+                    mbar_wait(ring.v_full(pst), pph);
+                    reg_fence(pa);
+                    reg_fence(acc);
+                    turns.begin();
+                    wg_fence();
+                    issue_s(s, st);
+                    wg_commit();
+                    issue_pv(pst);
+                    wg_commit();
+                    turns.end();
+                    wg_wait<1>();
+                    reg_fence(s);
+                    mbar_arrive_if(ring.k_empty(st), lane == 0);
+                    softmax(s, kt, alpha);
+                    wg_wait<0>();
+                    reg_fence(acc);
+                    mbar_arrive_if(ring.v_empty(pst), lane == 0);
+                    rescale_lazy<DB * 8>(reinterpret_cast<float (&)[DB * 8][4]>(acc), alpha);
+                    pack_p(s);
+                } else {
+                    s_and_softmax(s, alpha, kt, st, ph);
+                    rescale_lazy<DB * 8>(reinterpret_cast<float (&)[DB * 8][4]>(acc), alpha);
+                    pack_p(s);
+                    finish_pv(st, ph);
+                }
+                pst = st, pph = ph;
+            }
+            if (PERSIST) mbar_arrive_if(q_empty, lane == 0); /* the item's last S is done: the next Q may land */
+            if (PIPELINED) finish_pv(pst, pph);
+        } else if (PERSIST && kt0 < kt1) {
+            mbar_arrive_if(q_empty, lane == 0); /* these rows read no Q */
+        }
+        for (long long kt = wk1; kt < kt1; kt++) skip_tile(kt);
+        if (wk0 >= wk1) { /* no visible tile: the turn of the last O += P V, empty */
+            turns.begin();
+            turns.end();
+        }
+
+        if (kStagedO && o_vec16) {
+            if constexpr (PERSIST) { /* through this warpgroup's own buffer: each warp its 16 rows */
+                store_rows_staged<T, D, 64, L::O_PART>(p, reinterpret_cast<const float (&)[DB * 8][4]>(acc), row_max, row_sum, r0, b,
+                                                      h, smem + (base + L::o + cw * L::O_STAGE - smem_u32(smem)), 0, w4, lane);
+            } else {
+                named_sync(kEpilogueBar + cw, 128); /* all the warpgroup's products done: its rows of Q are free */
+                store_rows_staged<T, D, BM>(p, reinterpret_cast<const float (&)[DB * 8][4]>(acc), row_max, row_sum, r0, b, h,
+                                            smem + (sQ - smem_u32(smem)), cw * 64, w4, lane);
+            }
+        } else {
+            store_rows<T, DB * 8>(p, reinterpret_cast<const float (&)[DB * 8][4]>(acc), row_max, row_sum, rows, b, h, t4);
+        }
+        if (kt0 < kt1) kit += (int)(kt1 - kt0), qi++;
+    });
 #endif
 }
 
@@ -432,6 +516,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     else __syncthreads();
 
     if (wg == 0) {
+        setmaxnreg_dec<kProducerRegs>();
         produce_forward<BM, BN, DB, VARLEN, PAIR>(ring, tq, tk, tv, kp, sQ, sK, sV, i0, h, hk, b, kt0, kt1, VARLEN ? p.q_row0 : 0,
                                                   VARLEN ? p.k_row0 : 0);
         if constexpr (PAIR) cluster_sync(); /* the CTA's shared memory outlives the other CTA's loads into it and arrivals on it */
@@ -675,29 +760,6 @@ static_assert(asym_layout::q == 0 && asym_layout::k % 1024 == 0 && asym_layout::
               "the swizzled tiles start 1024-byte aligned");
 static_assert(kAsymBN == kWideBM, "a consumer's half of V (BN rows) stages its half of O (BM rows) in the epilogue");
 
-/* f(i0, h, b) for each work item of the CTA: query rows from i0, head h, batch entry b. Without
- * PERSIST the CTA's own (the grid's order, the last query tile first); with it the items r·G + c
- * (G = gridDim.x, c = blockIdx.x, or G - 1 - c in odd rounds for order 2) of the n_qt·Hq·B */
-template <int BM, bool PERSIST, typename F> __device__ __forceinline__ void for_each_wide_item(const kparams &p, long long b0, F &&f) {
-    if constexpr (!PERSIST) {
-        const cta_tile at = heaviest_first<false>(true);
-        f((long long)at.tile * BM, (long long)at.head, b0);
-    } else {
-        const long long n_qt = (p.Nq + BM - 1) / BM, per_tile = p.Hq * p.B, total = n_qt * per_tile, G = gridDim.x;
-        for (long long r = 0;; r++) {
-            const long long w = r * G + (kAsymPersist == 2 && (r & 1) ? G - 1 - blockIdx.x : blockIdx.x);
-            if (w >= total) break;
-            if constexpr (kAsymPersist == 2) {
-                const long long hb = w % per_tile;
-                f((n_qt - 1 - w / per_tile) * BM, hb % p.Hq, hb / p.Hq);
-            } else {
-                const long long hq = w % (n_qt * p.Hq);
-                f((n_qt - 1 - hq % n_qt) * BM, hq / n_qt, w / (n_qt * p.Hq));
-            }
-        }
-    }
-}
-
 template <typename T, Cap CAP, bool VARLEN, bool PERSIST = false>
 __global__ void __launch_bounds__(kThreads, 1)
     fwd_wide_asym_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
@@ -760,7 +822,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                     tma_load(dst + c * (BN * 128), map, full, c * 64, (int)(k_row0 + kt * BN), (int)hk, (int)b);
             }
         };
-        for_each_wide_item<BM, PERSIST>(p, sv.b(), [&](long long i0, long long h, long long b) {
+        for_each_item<BM, PERSIST ? kAsymPersist : 0>(p, sv.b(), [&](long long i0, long long h, long long b) {
             int64_t kt0, kt1;
             key_tiles(i0, kt0, kt1);
             if (kt0 >= kt1) return;
@@ -800,7 +862,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const bool staged = kAsymStagedO && o_rows_aligned16<T>(p);
     const uint32_t v_empty = bar(cw ? L::vb_empty : L::vf_empty);
     uint32_t pit = 0;
-    for_each_wide_item<BM, PERSIST>(p, sv.b(), [&](long long i0, long long h, long long b) {
+    for_each_item<BM, PERSIST ? kAsymPersist : 0>(p, sv.b(), [&](long long i0, long long h, long long b) {
         int64_t kt0, kt1;
         key_tiles(i0, kt0, kt1);
         const int n = (int)max((int64_t)0, kt1 - kt0);
@@ -946,34 +1008,40 @@ constexpr unsigned kKeyMaps = 0b110;
 /* the rectangular instance (VARLEN false) on a (query tiles, heads, B) grid, or the varlen one over
  * the sequences (over_sequences), tiles from the longest */
 template <typename T, int D, bool PIPELINED, Cap CAP, bool VARLEN>
-static wa_status launch(const kparams &kp, const CUtensorMap &q, const CUtensorMap &k, const CUtensorMap &v, cudaStream_t s) {
+static wa_status launch(const kparams &kp, const CUtensorMap &q, const CUtensorMap &k, const CUtensorMap &v, int sms, cudaStream_t s) {
     static volatile unsigned long long done = 0;
-    constexpr size_t bytes = ws_layout<D>::bytes;
-    CUDA_TRY(raise_once(fwd_ws_kernel<T, D, PIPELINED, CAP, VARLEN>, bytes, &done));
+    constexpr int ORDER = VARLEN || !PIPELINED ? 0 : kFwdOrder<D>;
+    constexpr size_t bytes = ws_layout<D, ORDER != 0>::bytes;
+    CUDA_TRY(raise_once(fwd_ws_kernel<T, D, PIPELINED, CAP, VARLEN, ORDER>, bytes, &done));
     const CUtensorMap maps[3] = {q, k, v};
     const wa_status st = write_seq_maps(kp, maps, 3, kKeyMaps, s);
     if (st != WA_OK) return st;
     return over_sequences(kp, [&](const kparams &c, unsigned z) {
         const dim3 grid((unsigned)((kp.Nq + kBM - 1) / kBM), (unsigned)kp.Hq, z);
-        fwd_ws_kernel<T, D, PIPELINED, CAP, VARLEN><<<grid, kThreads, bytes, s>>>(q, k, v, c);
+        if constexpr (ORDER != 0) { /* one CTA per SM, or per item where there are fewer */
+            const long long items = (long long)grid.x * grid.y * grid.z;
+            fwd_ws_kernel<T, D, PIPELINED, CAP, VARLEN, ORDER><<<(unsigned)(items < sms ? items : sms), kThreads, bytes, s>>>(q, k, v, c);
+        } else {
+            fwd_ws_kernel<T, D, PIPELINED, CAP, VARLEN><<<grid, kThreads, bytes, s>>>(q, k, v, c);
+        }
         CUDA_TRY(cudaGetLastError());
         return WA_OK;
     });
 }
 
-template <typename T, int D, Cap CAP> static wa_status by_variant(const kparams &kp, const CUtensorMap (&maps)[3], cudaStream_t s) {
-    if (kp.cu_q) return launch<T, D, true, CAP, true>(kp, maps[0], maps[1], maps[2], s);
+template <typename T, int D, Cap CAP> static wa_status by_variant(const kparams &kp, const CUtensorMap (&maps)[3], int sms, cudaStream_t s) {
+    if (kp.cu_q) return launch<T, D, true, CAP, true>(kp, maps[0], maps[1], maps[2], sms, s);
     /* WINATTN_CUDA=v4a: without the in-warpgroup overlap (for comparisons in dev/cuda; rectangular only) */
     const char *force = getenv("WINATTN_CUDA");
     const bool pipelined = !(force && !strcmp(force, "v4a"));
-    return pipelined ? launch<T, D, true, CAP, false>(kp, maps[0], maps[1], maps[2], s)
-                     : launch<T, D, false, CAP, false>(kp, maps[0], maps[1], maps[2], s);
+    return pipelined ? launch<T, D, true, CAP, false>(kp, maps[0], maps[1], maps[2], sms, s)
+                     : launch<T, D, false, CAP, false>(kp, maps[0], maps[1], maps[2], sms, s);
 }
 
-template <typename T> static wa_status by_dim(const kparams &kp, const CUtensorMap (&maps)[3], cudaStream_t s) {
+template <typename T> static wa_status by_dim(const kparams &kp, const CUtensorMap (&maps)[3], int sms, cudaStream_t s) {
     return for_head_dim(kp.D, [&](auto d) {
         constexpr int D = decltype(d)::value;
-        return kp.softcap > 0.0f ? by_variant<T, D, Cap::on>(kp, maps, s) : by_variant<T, D, Cap::off>(kp, maps, s);
+        return kp.softcap > 0.0f ? by_variant<T, D, Cap::on>(kp, maps, sms, s) : by_variant<T, D, Cap::off>(kp, maps, sms, s);
     });
 }
 
@@ -1070,5 +1138,5 @@ wa_status hopper_forward(const kparams &kp, wa_dtype dt, const cuda_target &t, c
         return WA_OK;
     *taken = 1;
     if (wide) return dt == WA_BF16 ? by_cap_wide<__nv_bfloat16>(kp, maps, t.sms, s) : by_cap_wide<__half>(kp, maps, t.sms, s);
-    return dt == WA_BF16 ? by_dim<__nv_bfloat16>(kp, maps, s) : by_dim<__half>(kp, maps, s);
+    return dt == WA_BF16 ? by_dim<__nv_bfloat16>(kp, maps, t.sms, s) : by_dim<__half>(kp, maps, t.sms, s);
 }

@@ -211,15 +211,16 @@ template <int STAGES> struct kv_ring_of {
     }
     /* the producer thread: K and V of key tiles [kt0, kt1) of kv head hk, boxes of 64 values × BN
      * rows (the tensor maps'), into the stages at sK and sV (tiles of BN × DB × 64 values); row0
-     * is the sequence's first row in a varlen call's packed tensors (0 otherwise). V_FIRST loads
-     * each tile's V before its K: the D = 512 dQ kernel releases V early in a step and K at its
-     * end, so its single stage can take the next V while this step's K is still read. */
+     * is the sequence's first row in a varlen call's packed tensors (0 otherwise); it0 the ring's
+     * tiles before these (a persistent CTA's earlier work items). V_FIRST loads each tile's V
+     * before its K: the D = 512 dQ kernel releases V early in a step and K at its end, so its
+     * single stage can take the next V while this step's K is still read. */
     template <int BN, int DB, bool V_FIRST = false>
     __device__ void produce(const CUtensorMap *tk, const CUtensorMap *tv, uint32_t sK, uint32_t sV, long long kt0,
-                            long long kt1, int hk, int b, long long row0) const {
+                            long long kt1, int hk, int b, long long row0, int it0 = 0) const {
         constexpr uint32_t TILE = BN * DB * 64 * 2;
         for (long long kt = kt0; kt < kt1; kt++) {
-            const int it = (int)(kt - kt0), st = stage(it);
+            const int it = it0 + (int)(kt - kt0), st = stage(it);
             const uint32_t ph = parity(it);
             auto load = [&](bool is_v) {
                 if (it >= kStages) mbar_wait(is_v ? v_empty(st) : k_empty(st), ph ^ 1u); /* the consumers released its last use */
