@@ -85,14 +85,16 @@ lab_d512_bench() {
 }
 
 # lab_fwd_row ROUND BUILD: a summary row of `BUILD/winattn bench --device cuda --forward-only`, forward
-# TFLOP/s at (a) 8K / 32K, (b) 8K / 32K, (c) 8K / 16K causal and D = 512 with a 1024 window at 16K
+# TFLOP/s at (a) 8K / 32K, (b) 8K / 32K, (c) 8K / 16K causal, D = 512 with a 1024 window at 16K and
+# D = 64 (Hq 32, Hkv 8, window 1024) at 16K
 lab_fwd_row() {
     w=$2/winattn
     a=$(lab_fwd_tflops $w --n 8192,32768)
     bb=$(lab_fwd_tflops $w --n 8192,32768 --d 128 --hkv 8 --sliding-window 4096)
     c=$(lab_fwd_tflops $w --n 8192,16384 --d 512 --hq 32 --hkv 4 --causal)
     cw=$(lab_fwd_tflops $w --n 16384 --d 512 --hq 32 --hkv 4 --sliding-window 1024)
-    row "fwd $1, $2" "(a) $a| (b) $bb| (c) $c| (cw) $cw"
+    d64=$(lab_fwd_tflops $w --n 16384 --d 64 --hkv 8 --sliding-window 1024)
+    row "fwd $1, $2" "(a) $a| (b) $bb| (c) $c| (cw) $cw| (D64) $d64"
 }
 # lab_fwd512_row ROUND BUILD: lab_fwd_row's D = 512 columns alone ((c) 8K / 16K causal, D = 512 with
 # a 1024 window at 16K), for variants of that kernel only

@@ -49,16 +49,19 @@ constexpr int kProducerRegs = 24, kConsumerRegs = 240;
  * at D = 256 with the staged O and lazy rescaling the free drift is the faster by 1.5-2 % ((a) 8K
  * 606-609 against 595-598 TFLOP/s, 32K 625-628 against 618-621; (b) unchanged: 627-631 / 670-671
  * against 630 / 668-672; `fwd_variants.sh … nopp "-DWA_FWD_NO_PINGPONG"` at 7babd4d, docs/cuda.md),
- * as FlashAttention 4's SM90 forward does not take turns at D = 256: turns at D = 64 and 128.
- * -DWA_FWD_NO_PINGPONG builds the free-drift form at every D for comparison, -DWA_FWD_PINGPONG_256
- * the turns at D = 256 too. */
+ * as FlashAttention 4's SM90 forward does not take turns at D = 256. Without turns the rectangular
+ * calls run persistent (WA_FWD_PERSIST below), and at D = 128 that form beat the turns: (b) 8K
+ * 665-669 against 624-628, 32K 683-684 against 663-664 (`fwd_variants.sh … p2nopp
+ * "-DWA_FWD_PERSIST=2 -DWA_FWD_NO_PINGPONG"` at cea117f, docs/cuda.md). So turns at D = 64 alone:
+ * -DWA_FWD_PINGPONG_MAX_D=N builds them at every D <= N (128: turns where they were before the
+ * persistent form, 256: everywhere), -DWA_FWD_NO_PINGPONG nowhere. */
 #ifdef WA_FWD_NO_PINGPONG
-template <int D> constexpr bool kPingpong = false;
-#elif defined(WA_FWD_PINGPONG_256)
-template <int D> constexpr bool kPingpong = true;
-#else
-template <int D> constexpr bool kPingpong = D != 256;
+#define WA_FWD_PINGPONG_MAX_D 0
 #endif
+#ifndef WA_FWD_PINGPONG_MAX_D
+#define WA_FWD_PINGPONG_MAX_D 64
+#endif
+template <int D> constexpr bool kPingpong = D <= WA_FWD_PINGPONG_MAX_D;
 constexpr int kTurn = 1;
 
 /* key tile: S (64 × BN f32 per warpgroup) and O (64 × D) must fit the consumers' 240 registers.
@@ -92,17 +95,20 @@ __device__ __forceinline__ void produce_forward(const kv_ring &ring, const CUten
     }
 }
 
-/* PERSIST (WA_FWD_PERSIST: 1 or 2, for_each_item's orders; 0 builds the one-item form alone): the
- * version-4 forward's rectangular calls at the head dims whose consumers do not take turns (D =
- * 256 by default) launch one CTA per SM, which walks the work items, as the D = 512 forward does:
- * what a CTA of one item leaves exposed (launch, barrier set-up, the first Q and K loads, the last
- * O += P V, the epilogue) runs under the neighbouring item's work. The producer loads the next
- * item's Q once both consumers' last S of this one is done (q_empty) and its first K and V tiles
- * as soon as the stages free up; the ring's phases run on across the items. O is staged through a
- * buffer of each consumer's own (64 rows × up to 128 columns, D = 256 in two parts) instead of its
- * rows of Q, which by then may hold the next item's. */
+/* PERSIST (WA_FWD_PERSIST: 2, the default, or 1, for_each_item's orders; 0 builds the one-item
+ * form alone): the version-4 forward's rectangular calls at the head dims whose consumers do not
+ * take turns (D = 128 and 256 by default) launch one CTA per SM, which walks the work items, as
+ * the D = 512 forward does: what a CTA of one item leaves exposed (launch, barrier set-up, the
+ * first Q and K loads, the last O += P V, the epilogue) runs under the neighbouring item's work.
+ * The producer loads the next item's Q once both consumers' last S of this one is done (q_empty)
+ * and its first K and V tiles as soon as the stages free up; the ring's phases run on across the
+ * items. O is staged through a buffer of each consumer's own (64 rows × up to 128 columns, D =
+ * 256 in two parts) instead of its rows of Q, which by then may hold the next item's. Measured
+ * against the one-item form in one run (`fwd_variants.sh` at cea117f, docs/cuda.md): (a) 32K
+ * 625-628 against 608-616 TFLOP/s, (a) 8K unchanged (584-592 against 589-595: 2,048 items are
+ * 15.5 rounds of 132 either way); with no turns at D = 128 the (b) figures above. */
 #ifndef WA_FWD_PERSIST
-#define WA_FWD_PERSIST 0
+#define WA_FWD_PERSIST 2
 #endif
 static_assert(WA_FWD_PERSIST >= 0 && WA_FWD_PERSIST <= 2, "WA_FWD_PERSIST is 0, 1 or 2");
 template <int D> constexpr int kFwdOrder = kPingpong<D> ? 0 : WA_FWD_PERSIST;
