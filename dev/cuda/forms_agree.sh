@@ -8,9 +8,10 @@
 # `winattn attn IN OUT --device cuda` on it, and each build's o and lse are compared with the first
 # build's: "identical", or the largest difference. Shapes: (a) 8K (Hq 32, Hkv 16, D 256, window
 # 1024), 16 times the SMs' count of items; a ragged causal one (B 2, N 3000, Hq 8, Hkv 2, D 256);
-# (b) 8K (Hq 32, Hkv 8, D 128, window 4096); D = 64 with a two-sided window (B 3, N 2500); a
-# small one that still has more items than a H200's 132 SMs (N 1100, Hq 20: 180), which with
-# SANITIZE=1 also runs under compute-sanitizer's memcheck and racecheck on every build but the first.
+# (b) 8K (Hq 32, Hkv 8, D 128, window 4096); D = 64 with a two-sided window (B 3, N 2500); two
+# small ones (D = 256 and 128) that still have more items than a H200's 132 SMs (N 1100, Hq 20:
+# 180), which also run under compute-sanitizer's memcheck and racecheck in the builds SANITIZE
+# names ("build build-NAME").
 [ $# -ge 2 ] || { echo "usage: sh dev/cuda/forms_agree.sh BUILD BUILD..."; exit 2; }
 dir=${TMPDIR:-/tmp}/forms_agree
 mkdir -p "$dir"
@@ -28,12 +29,12 @@ PY
     for build in "$@"; do
         out="$dir/$name.$(basename "$build").out"
         "$build/winattn" attn "$dir/$name.in" "$out" --device cuda $opts </dev/null >/dev/null || { echo "$name $build: winattn attn failed"; continue; }
-        if [ "$name" = small ] && [ "${SANITIZE:-0}" = 1 ] && [ -n "$first" ]; then
+        case "$name ${SANITIZE:-} " in small*" $build "*)
             for tool in memcheck racecheck; do
                 echo "$name $build $tool: $(compute-sanitizer --tool $tool --error-exitcode 9 "$build/winattn" attn "$dir/$name.in" \
                     "$dir/$name.san" --device cuda $opts </dev/null 2>&1 | grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' | sed 's/^=* *//')"
-            done
-        fi
+            done ;;
+        esac
         if [ -z "$first" ]; then first=$out; continue; fi
         python3 - "$first" "$out" "$name" "$build" <<'PY'
 import sys
@@ -52,5 +53,6 @@ a8k 1 8192 32 16 256 --sliding-window 1024
 ragged 2 3000 8 2 256 --causal
 b8k 1 8192 32 8 128 --sliding-window 4096
 d64 3 2500 8 4 64 --window-left 300 --window-right 40
-small 1 1100 20 4 256 --sliding-window 300
+small256 1 1100 20 4 256 --sliding-window 300
+small128 1 1100 20 4 128 --window-left 500 --window-right 30
 SHAPES
