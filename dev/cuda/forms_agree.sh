@@ -8,9 +8,9 @@
 # `winattn attn IN OUT --device cuda` on it, and each build's o and lse are compared with the first
 # build's: "identical", or the largest difference. Shapes: (a) 8K (Hq 32, Hkv 16, D 256, window
 # 1024), 16 times the SMs' count of items; a ragged causal one (B 2, N 3000, Hq 8, Hkv 2, D 256);
-# (b) 8K (Hq 32, Hkv 8, D 128, window 4096); D = 64 with a two-sided window (B 3, N 2500); two
-# small ones (D = 256 and 128) that still have more items than a H200's 132 SMs (N 1100, Hq 20:
-# 180), which also run under compute-sanitizer's memcheck and racecheck in the builds SANITIZE
+# (b) 8K (Hq 32, Hkv 8, D 128, window 4096); D = 64 with a two-sided window (B 3, N 2500); three
+# small ones (D = 256, 128 and 64) that still have more items than a H200's 132 SMs (N 1100, Hq
+# 20: 180), which also run under compute-sanitizer's memcheck and racecheck in the builds SANITIZE
 # names ("build build-NAME").
 [ $# -ge 2 ] || { echo "usage: sh dev/cuda/forms_agree.sh BUILD BUILD..."; exit 2; }
 dir=${TMPDIR:-/tmp}/forms_agree
@@ -55,4 +55,5 @@ b8k 1 8192 32 8 128 --sliding-window 4096
 d64 3 2500 8 4 64 --window-left 300 --window-right 40
 small256 1 1100 20 4 256 --sliding-window 300
 small128 1 1100 20 4 128 --window-left 500 --window-right 30
+small64 1 1100 20 4 64 --window-left 200 --window-right 20
 SHAPES

@@ -52,14 +52,17 @@ constexpr int kProducerRegs = 24, kConsumerRegs = 240;
  * as FlashAttention 4's SM90 forward does not take turns at D = 256. Without turns the rectangular
  * calls run persistent (WA_FWD_PERSIST below), and at D = 128 that form beat the turns: (b) 8K
  * 665-669 against 624-628, 32K 683-684 against 663-664 (`fwd_variants.sh … p2nopp
- * "-DWA_FWD_PERSIST=2 -DWA_FWD_NO_PINGPONG"` at cea117f, docs/cuda.md). So turns at D = 64 alone:
- * -DWA_FWD_PINGPONG_MAX_D=N builds them at every D <= N (128: turns where they were before the
- * persistent form, 256: everywhere), -DWA_FWD_NO_PINGPONG nowhere. */
+ * "-DWA_FWD_PERSIST=2 -DWA_FWD_NO_PINGPONG"` at cea117f, docs/cuda.md), and at D = 64 too: 298-300
+ * against 278 at 16K with a 1024 window, (a) 636-643 / 667-669 against 628-640 / 664-666 in the
+ * same run (`fwd_variants.sh … pp0 "-DWA_FWD_PINGPONG_MAX_D=0"` at 6a656bc, docs/cuda.md). So no
+ * turns by default: -DWA_FWD_PINGPONG_MAX_D=N builds them at every D <= N (64: D = 64 alone,
+ * 128: where they were before the persistent form, 256: everywhere); -DWA_FWD_NO_PINGPONG is
+ * the default's spelling kept for the lab scripts. */
 #ifdef WA_FWD_NO_PINGPONG
 #define WA_FWD_PINGPONG_MAX_D 0
 #endif
 #ifndef WA_FWD_PINGPONG_MAX_D
-#define WA_FWD_PINGPONG_MAX_D 64
+#define WA_FWD_PINGPONG_MAX_D 0
 #endif
 template <int D> constexpr bool kPingpong = D <= WA_FWD_PINGPONG_MAX_D;
 constexpr int kTurn = 1;
@@ -97,7 +100,7 @@ __device__ __forceinline__ void produce_forward(const kv_ring &ring, const CUten
 
 /* PERSIST (WA_FWD_PERSIST: 2, the default, or 1, for_each_item's orders; 0 builds the one-item
  * form alone): the version-4 forward's rectangular calls at the head dims whose consumers do not
- * take turns (D = 128 and 256 by default) launch one CTA per SM, which walks the work items, as
+ * take turns (every D by default) launch one CTA per SM, which walks the work items, as
  * the D = 512 forward does: what a CTA of one item leaves exposed (launch, barrier set-up, the
  * first Q and K loads, the last O += P V, the epilogue) runs under the neighbouring item's work.
  * The producer loads the next item's Q once both consumers' last S of this one is done (q_empty)
