@@ -50,14 +50,14 @@ constexpr int kProducerRegs = 24, kConsumerRegs = 240;
  * 606-609 against 595-598 TFLOP/s, 32K 625-628 against 618-621; (b) unchanged: 627-631 / 670-671
  * against 630 / 668-672; `fwd_variants.sh … nopp "-DWA_FWD_NO_PINGPONG"` at 7babd4d, docs/cuda.md),
  * as FlashAttention 4's SM90 forward does not take turns at D = 256. Without turns the rectangular
- * calls run persistent (WA_FWD_PERSIST below), and at D = 128 that form beat the turns: (b) 8K
- * 665-669 against 624-628, 32K 683-684 against 663-664 (`fwd_variants.sh … p2nopp
- * "-DWA_FWD_PERSIST=2 -DWA_FWD_NO_PINGPONG"` at cea117f, docs/cuda.md), and at D = 64 too: 298-300
- * against 278 at 16K with a 1024 window, (a) 636-643 / 667-669 against 628-640 / 664-666 in the
- * same run (`fwd_variants.sh … pp0 "-DWA_FWD_PINGPONG_MAX_D=0"` at 6a656bc, docs/cuda.md). So no
- * turns by default: -DWA_FWD_PINGPONG_MAX_D=N builds them at every D <= N (64: D = 64 alone,
- * 128: where they were before the persistent form, 256: everywhere); -DWA_FWD_NO_PINGPONG is
- * the default's spelling kept for the lab scripts. */
+ * calls run persistent (WA_FWD_PERSIST below), and that form beat the turns at D = 128, (b) 8K
+ * 681 against 631-636 TFLOP/s, 32K 697-701 against 672-677 (`fwd_variants.sh old
+ * "-DWA_FWD_PERSIST=0 -DWA_FWD_PINGPONG_MAX_D=128" …` at 6a656bc), and at D = 64, 298-300 against
+ * 278 at 16K with a 1024 window (`… pp0 "-DWA_FWD_PINGPONG_MAX_D=0"` in the same run; 298-301
+ * against 277-278 in `fwd_variants.sh t64 "-DWA_FWD_PINGPONG_MAX_D=64"` at ca6c5ed; docs/cuda.md).
+ * So no turns by default: -DWA_FWD_PINGPONG_MAX_D=N builds them at every D <= N (64: D = 64 alone,
+ * 128: where they were before the persistent form, 256: everywhere); -DWA_FWD_NO_PINGPONG, the
+ * default's spelling, is kept for the lab scripts. */
 #ifdef WA_FWD_NO_PINGPONG
 #define WA_FWD_PINGPONG_MAX_D 0
 #endif
@@ -107,9 +107,9 @@ __device__ __forceinline__ void produce_forward(const kv_ring &ring, const CUten
  * and its first K and V tiles as soon as the stages free up; the ring's phases run on across the
  * items. O is staged through a buffer of each consumer's own (64 rows × up to 128 columns, D =
  * 256 in two parts) instead of its rows of Q, which by then may hold the next item's. Measured
- * against the one-item form in one run (`fwd_variants.sh` at cea117f, docs/cuda.md): (a) 32K
- * 625-628 against 608-616 TFLOP/s, (a) 8K unchanged (584-592 against 589-595: 2,048 items are
- * 15.5 rounds of 132 either way); with no turns at D = 128 the (b) figures above. */
+ * against the one-item form in one run (`fwd_variants.sh … p1 "-DWA_FWD_PERSIST=1" … np
+ * "-DWA_FWD_PERSIST=0"` at 6a656bc, docs/cuda.md): (a) 8K / 32K 628-640 / 664-666 TFLOP/s against
+ * 613-616 / 639-641, order 1 617-620 / 654-655; with no turns at D = 128 the (b) figures above. */
 #ifndef WA_FWD_PERSIST
 #define WA_FWD_PERSIST 2
 #endif
