@@ -517,6 +517,7 @@ static kparams params_of(const wa_problem *p) {
     k.B = p->B, k.Hq = p->Hq, k.Hkv = p->Hkv, k.Nq = p->Nq, k.Nk = p->Nk, k.D = p->D, k.group = p->group;
     k.scale = p->scale, k.softcap = p->softcap, k.win = p->win;
     k.delta = k.rnorm = k.dq_acc = k.lse2 = nullptr;
+    k.dq_order = nullptr;
     k.nq_pad = 0;
     k.cu_q = p->cu_q, k.cu_k = p->cu_k, k.Tq = p->Tq, k.Tk = p->Tk;
     k.ws_stride = p->cu_q ? p->Tq : 0;
@@ -637,6 +638,15 @@ static int atomic_dq(const wa_context *ctx, const wa_problem *p, const cuda_targ
     const kparams kp = params_of(p);
     return !t.hopper || !hopper_backward_supports(kp) || hopper_backward_fuses_dq(kp);
 }
+/* the deterministic form where version 4 fuses dQ (D <= 128, rectangular calls): the fused
+ * kernel with each 64 × 64 block's shares added in a fixed order (bwd_hopper.cu, dq_order), in
+ * place of the dQ kernel that forms S and dP again; it needs the accumulator and a counter per
+ * block */
+static int ordered_dq(const wa_context *ctx, const wa_problem *p, const cuda_target &t) {
+    if (!ctx->params.cuda_deterministic || !t.hopper || p->cu_q || !mma_supports(p, t, 1)) return 0;
+    const kparams kp = params_of(p);
+    return hopper_backward_supports(kp) && hopper_backward_fuses_dq(kp) && hopper_backward_orders_dq();
+}
 
 /* backward workspace: two arrays of rows (delta, then rnorm for f32 or lse2 for the version-4
  * backward), plus the f32 dQ accumulator of the atomic-dQ option (ws_rows × D). Rectangular: rows
@@ -648,8 +658,12 @@ static size_t ws_rows(const wa_problem *p) {
     if (p->cu_q) return (size_t)((p->Hq * p->Tq + 63) / 64 * 64);
     return (size_t)(p->B * p->Hq * ((p->Nq + 63) / 64 * 64));
 }
+/* the ordered form's counters: one per 64 rows and 64 columns (D <= 128: two at most), after the
+ * accumulator */
+static size_t order_counters(const wa_problem *p) { return ws_rows(p) / 64 * 2; }
 static size_t workspace_floats(const wa_context *ctx, const wa_problem *p, const cuda_target &t) {
-    size_t n = 2 * ws_rows(p) + (atomic_dq(ctx, p, t) ? ws_rows(p) * (size_t)p->D : 0);
+    const int ordered = ordered_dq(ctx, p, t);
+    size_t n = 2 * ws_rows(p) + (atomic_dq(ctx, p, t) || ordered ? ws_rows(p) * (size_t)p->D : 0) + (ordered ? order_counters(p) : 0);
     return n ? n : 1;
 }
 /* the backward's workspace: the floats, then (varlen) the tensor maps, 128-byte aligned */
@@ -706,7 +720,7 @@ template <typename T> static wa_status backward_t(wa_context *ctx, const wa_prob
     kparams kp = params_of(p);
     cudaStream_t s = stream_of(ctx);
     size_t rows = (size_t)(p->B * p->Hq * p->Nq);
-    int f32 = p->dtype == WA_F32, atomic = atomic_dq(ctx, p, t), tensor_cores = mma_supports(p, t, 1);
+    int f32 = p->dtype == WA_F32, atomic = atomic_dq(ctx, p, t), ordered = ordered_dq(ctx, p, t), tensor_cores = mma_supports(p, t, 1);
     for (int k = V1_ROWSTATS; k < V1_KINDS && !tensor_cores; k++) {
         const wa_status fits = check_v1_fits((v1_kernel_kind)k, p->D, t);
         if (fits != WA_OK) return fits;
@@ -720,7 +734,8 @@ template <typename T> static wa_status backward_t(wa_context *ctx, const wa_prob
     kp.nq_pad = (p->Nq + 63) / 64 * 64;
     kp.rnorm = f32 ? kp.delta + ws_rows(p) : nullptr;
     kp.lse2 = f32 ? nullptr : kp.delta + ws_rows(p);
-    kp.dq_acc = atomic ? kp.delta + 2 * ws_rows(p) : nullptr;
+    kp.dq_acc = atomic || ordered ? kp.delta + 2 * ws_rows(p) : nullptr;
+    kp.dq_order = ordered ? (int *)(kp.dq_acc + ws_rows(p) * (size_t)p->D) : nullptr;
     wa_status st = WA_OK;
     if (tensor_cores) {
         st = mma_backward(kp, p->dtype, t, s); /* version 4 (bwd_hopper.cu), 5 (bwd_wide.cu) or 2 (attn_mma.cu) */

@@ -689,6 +689,10 @@ wa_status mma_backward(const kparams &kp, wa_dtype dt, const cuda_target &t, cud
         const wa_status st = hopper_backward(kp, dt, s, &taken);
         if (taken || st != WA_OK) return st;
     }
-    if (kp.D == 512) return wide_backward(kp, dt, s); /* version 5 (bwd_wide.cu) */
-    return dt == WA_BF16 ? bwd_by_dim<__nv_bfloat16>(kp, s) : bwd_by_dim<__half>(kp, s);
+    /* the ordered form's accumulator is version 4's alone: elsewhere a deterministic call keeps
+     * its dQ kernel */
+    kparams k = kp;
+    if (k.dq_order) k.dq_acc = nullptr, k.dq_order = nullptr;
+    if (k.D == 512) return wide_backward(k, dt, s); /* version 5 (bwd_wide.cu) */
+    return dt == WA_BF16 ? bwd_by_dim<__nv_bfloat16>(k, s) : bwd_by_dim<__half>(k, s);
 }

@@ -5,7 +5,10 @@
  *   fused (the default at D = 64 and 128): prep, dK/dV with dQ added into an f32 accumulator by
  *          bulk reduce-adds, convert. Five tile products per visible pair (FlashAttention-3's
  *          count); dq's last bits depend on the order the adds land in.
- *   deterministic (wa_context_params.cuda_deterministic, and always at D = 256): prep, dK/dV, dQ;
+ *   ordered (wa_context_params.cuda_deterministic at D = 64 and 128, rectangular calls): the
+ *          fused form with each block of the accumulator summed in one fixed order (ORDERED,
+ *          dq_order), so dq is bit-identical run to run.
+ *   deterministic (cuda_deterministic elsewhere, and always at D = 256): prep, dK/dV, dQ;
  *          every output element written once by one thread, no atomics; seven tile products per
  *          visible pair (the dQ kernel forms S and dP again), the price of determinism without
  *          a dQ workspace.
@@ -29,7 +32,7 @@
  *   dQ     (deterministic) one CTA per 128 query rows (two consumer warpgroups of 64 rows, one
  *          producer), over the key tiles the window allows: S = Q Kᵀ, dP = dO Vᵀ, dS,
  *          dQ += dS K; the forward's structure with lse and δ known.
- *   convert (fused) dq = the f32 accumulator rounded to the dtype.
+ *   convert (fused, ordered) dq = the f32 accumulator rounded to the dtype.
  * Masks, tile ranges and edge tiles come from tile_geometry.h. docs/cuda.md has the measurements. */
 #include "hopper_prims.cuh"
 
@@ -76,6 +79,8 @@ template <typename T, int D, bool VARLEN> __global__ void __launch_bounds__(128)
     if (p.dq_acc && !VARLEN) { /* the fused backward's dQ accumulator for these 64 rows (dq_convert_kernel's order) starts at 0 */
         float4 *acc = (float4 *)(p.dq_acc + ((b * p.Hq + h) * (p.nq_pad / 64) + blockIdx.x) * (64 * D));
         for (int i = threadIdx.x; i < 16 * D; i += 128) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        /* the ordered form's counters of these rows' D / 64 blocks (dkdv_ws_kernel's dq_order) */
+        if (p.dq_order && threadIdx.x < D / 64) p.dq_order[((b * p.Hq + h) * (p.nq_pad / 64) + blockIdx.x) * (D / 64) + threadIdx.x] = 0;
     } else if (p.dq_acc) { /* varlen: its rows of the row-major [Hq, Tq, D] accumulator, this sequence's only */
         float4 *acc = (float4 *)(p.dq_acc + (ws_head<true>(p, b, h, 0) + i0) * D);
         const int n4 = (int)min(64LL, p.Nq - i0) * (D / 4);
@@ -184,6 +189,55 @@ template <int D, bool FUSE, bool VARLEN> __host__ __device__ constexpr bool dq_w
     return kDqWriter && FUSE && !VARLEN && (dq_split_columns<D>() || D == 64);
 }
 
+/* The deterministic form at D <= 128 (rectangular calls; ORDERED below): the fused kernel with
+ * each 64 × 64 block of the accumulator summed in one fixed order, as FlashAttention 3's
+ * deterministic mode orders its dQ adds: the key tiles' shares in ascending order, and at D = 64,
+ * where both warpgroups of a CTA add to the same block, warpgroup 0's before 1's. A counter per
+ * block (kp.dq_order, zeroed by prep) holds the shares added so far; a writer waits until it reads
+ * the number that come before its own, issues the reduce-add, waits for its writes and adds one
+ * (release). The CTAs start in ascending key tile (heaviest_first across heads), so a CTA waits
+ * only on CTAs that started before it. Each walks its steps tile by tile from its last query tile
+ * with the group's heads inside (next_step), so that under a left window key tile n reaches a
+ * query tile 2·group steps after key tile n − 1 did (the window moves by two 64-row tiles per
+ * 128-key tile) and causal at the same step: in the default order (head by head, first tile first)
+ * it would get there two steps before, and every link of the chain would add two steps of waiting.
+ * This replaces the dQ kernel, which forms S and dP again (seven tile products per visible pair
+ * against five). WA_DQ_ORDERED=0 builds the dQ kernel as the deterministic form. */
+#ifndef WA_DQ_ORDERED
+#define WA_DQ_ORDERED 1
+#endif
+
+/* the order of a dK/dV CTA's steps, (query head of the group, query tile): head by head, each's
+ * tiles from the first; ORDERED: tile by tile from the last, the group's heads inside. Two counters
+ * (step_head, step_tile) moved on at the end of each step: the signed 32-bit division of a step index costs about 40
+ * instructions a step (dev/cuda/sass_mix.py), and the counters measured 2-4 % faster at D = 64 and
+ * 128 (docs/cuda.md, *Tried and measured*) */
+template <bool ORDERED> __device__ __forceinline__ int first_step_tile(int nqt) { return ORDERED ? nqt - 1 : 0; }
+template <bool ORDERED> __device__ __forceinline__ void next_step(int &head, int &tile, int nqt, long long group) {
+    if (ORDERED) {
+        if (++head == group) head = 0, tile--;
+    } else if (++tile == nqt) {
+        tile = 0, head++;
+    }
+}
+
+/* the ordered form's wait: until *flag reads `want` (acquire, so that the reduce-adds the count
+ * stands for are seen). A count that never comes would be a bug in the geometry; rather than hang
+ * the device the CTA traps after about 2^28 polls (seconds), which the call reports as a CUDA error */
+__device__ __forceinline__ void wait_count(const int *flag, int want) {
+    for (unsigned polls = 0;; polls++) {
+        int v;
+        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(flag) : "memory");
+        if (v == want) break;
+        if (polls > (1u << 28)) __trap();
+        if (polls > 16) __nanosleep(64);
+    }
+}
+/* the ordered form's hand-on: one more share of the block is in (release, after its writes) */
+__device__ __forceinline__ void count_share(int *flag) {
+    asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(flag) : "memory");
+}
+
 /* Lab (-DWA_BWD_PINGPONG): by rows, the two consumer warpgroups take turns to issue each batch
  * of products (Sᵀ and dPᵀ; dV and dK), as the forward's pingpong (fwd_hopper.cu), named barriers
  * kTurn + w. Measured no gain where it matters (dev/cuda/bwd_pingpong.sh, commit 4002eb0):
@@ -248,7 +302,7 @@ constexpr bool kDkdvAcrossHeads = WA_DKDV_HEAD_MAJOR == 0, kDkdvWideAcrossHeads 
  * roundings. Measured with the step counters: D = 64 +3 %, D = 128 within the runs' spread
  * (docs/cuda.md). The by-output kernels (D = 256) keep the scale in dS. */
 
-template <typename T, int D, Cap CAP, bool FUSE, bool VARLEN>
+template <typename T, int D, Cap CAP, bool FUSE, bool VARLEN, bool ORDERED = false>
 __global__ void __launch_bounds__(kThreads, 1)
     dkdv_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
                    const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv, const kparams kp) {
@@ -259,6 +313,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     constexpr int DB = D / 64, KS = D / 16, QT = L::QT, KEYS = L::KEYS;
     constexpr bool BY_ROWS = kv_by_rows<D>();
     static_assert(!FUSE || BY_ROWS, "dQ is fused into the by-rows form only");
+    static_assert(!ORDERED || dq_writer<D, FUSE, VARLEN>(), "the ordered dQ is the writer warps'");
     extern __shared__ __align__(1024) unsigned char smem[];
     unsigned char *aligned = smem + (((smem_u32(smem) + 1023u) & ~1023u) - smem_u32(smem));
     const uint32_t base = smem_u32(aligned);
@@ -300,7 +355,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 tma_load(sK + c * (KEYS * 128), mk, kv_full, c * 64, (int)(k_row0 + j0), (int)hk, (int)b);
                 tma_load(sV + c * (KEYS * 128), mv, kv_full, c * 64, (int)(k_row0 + j0), (int)hk, (int)b);
             }
-            int step_head = 0, step_tile = 0; /* the query head of the group and its tile, of step n */
+            int step_head = 0, step_tile = first_step_tile<ORDERED>(nqt); /* the query head of the group and its tile, of step n */
             for (int n = 0; n < steps; n++) {
                 const int st = n & 1;
                 const uint32_t ph = (uint32_t)(n >> 1) & 1u;
@@ -311,25 +366,40 @@ __global__ void __launch_bounds__(kThreads, 1)
                     tma_load(sQ + st * QT + c * (64 * 128), mq, full(st), c * 64, (int)(q_row0 + i0), (int)h, (int)b);
                     tma_load(sdO + st * QT + c * (64 * 128), mdo, full(st), c * 64, (int)(q_row0 + i0), (int)h, (int)b);
                 }
-                if (++step_tile == nqt) step_tile = 0, step_head++;
+                next_step<ORDERED>(step_head, step_tile, nqt, p.group);
             }
         } else if (dq_writer<D, FUSE, VARLEN>() && (warp == 1 || warp == 2) && steps > 0) {
             /* the dQ writer of consumer warpgroup w = warp - 1: each step's staged share into its
              * query tile of the accumulator (add_dq's order) */
             const int w = warp - 1, cb = dq_split_columns<D>() ? w : 0;
             const uint32_t stage = base + L::dq_stage + w * L::DQ_STAGE;
-            int step_head = 0, step_tile = 0;
+            /* ordered: shares per block and CTA (two at D = 64: both warpgroups add to one block) */
+            constexpr int SHARES = dq_split_columns<D>() ? 1 : 2;
+            int step_head = 0, step_tile = first_step_tile<ORDERED>(nqt);
             for (int n = 0; n < steps; n++) {
                 named_sync(kDqStaged + w, 160);
                 if (lane == 0) {
                     const long long tile = dq_tile(step_head, qt0 + step_tile);
+                    if constexpr (ORDERED) {
+                        /* the shares before this one: the key tiles of this query tile below ours */
+                        const long long qt = qt0 + step_tile;
+                        int64_t kt0, kt1;
+                        wa_key_tiles_for_rows(&p.win, qt * 64, qt * 64 + 64, KEYS, &kt0, &kt1);
+                        wait_count(p.dq_order + tile * DB + cb, SHARES * (int)(at.tile - kt0) + (SHARES == 2 ? w : 0));
+                        fence_proxy_async(); /* the reduce-add below (async proxy) after the acquire */
+                    }
                     bulk_reduce_add_f32(p.dq_acc + (tile * DB + cb) * 4096, stage, 64 * 64 * 4);
                     bulk_commit();
                     bulk_wait_read<0>();
                 }
                 __syncwarp();
                 if (n + 1 < steps) named_arrive(kDqFree + w, 160);
-                if (++step_tile == nqt) step_tile = 0, step_head++;
+                if (ORDERED && lane == 0) {
+                    bulk_wait<0>(); /* its writes are done */
+                    fence_proxy_async();
+                    count_share(p.dq_order + dq_tile(step_head, qt0 + step_tile) * DB + cb);
+                }
+                next_step<ORDERED>(step_head, step_tile, nqt, p.group);
             }
             if (lane == 0) bulk_wait<0>(); /* the reduce-adds are done before the CTA's shared memory goes */
         }
@@ -459,11 +529,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (nk == KEYS) wa_unmasked_query_tiles(&p.win, j0, j0 + nk, 64, &uq0, &uq1);
 
     if (steps > 0) mbar_wait(kv_full, 0);
-    /* step n = head · nqt + tile takes the group's query head n / nqt and its tile n % nqt, kept in
-     * two counters moved on at the end of each step: the signed 32-bit division costs about 40
-     * instructions a step (dev/cuda/sass_mix.py), and the counters measured 2-4 % faster at D = 64
-     * and 128 (docs/cuda.md, *Tried and measured*) */
-    int step_head = 0, step_tile = 0;
+    int step_head = 0, step_tile = first_step_tile<ORDERED>(nqt); /* step n's query head of the group and its tile */
     for (int n = 0; n < steps; n++) {
         const int st = n & 1, buf = n & 1;
         const uint32_t ph = (uint32_t)(n >> 1) & 1u;
@@ -661,7 +727,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             fence_acc();
         }
         mbar_arrive_if(empty(st), lane == 0);
-        if (++step_tile == nqt) step_tile = 0, step_head++;
+        next_step<ORDERED>(step_head, step_tile, nqt, p.group);
     }
     /* the reduce-adds are done before the CTA's shared memory goes (dq_writer: the writers wait) */
     if (FUSE && !dq_writer<D, FUSE, VARLEN>() && tid == 0) bulk_wait<0>();
@@ -1302,13 +1368,28 @@ constexpr unsigned kKeyMaps = 0b11001100u;
 
 template <typename T, int D, Cap CAP, bool VARLEN>
 static wa_status launch_all(const kparams &kp, const CUtensorMap (&m)[8], cudaStream_t s) {
-    static volatile unsigned long long done_prep = 0, done_kv = 0, done_fused = 0, done_q = 0;
+    static volatile unsigned long long done_prep = 0, done_kv = 0, done_fused = 0, done_ordered = 0, done_q = 0;
     constexpr int keys = kv_keys<D>();
     const unsigned q_tiles = (unsigned)(kp.nq_pad / 64), key_tiles = (unsigned)((kp.Nk + keys - 1) / keys);
     CUDA_TRY(raise_once(prep_kernel<T, D, VARLEN>, prep_smem_bytes<D>(), &done_prep));
     /* varlen: every sequence's copies of the eight maps (Q, dO, K, V of each kernel), once */
     const wa_status maps_st = write_seq_maps(kp, m, 8, kKeyMaps, s);
     if (maps_st != WA_OK) return maps_st;
+    if constexpr (kv_by_rows<D>() && !VARLEN) {
+        if (kp.dq_order) { /* the deterministic form: the fused one with the shares added in order */
+            CUDA_TRY(raise_once(dkdv_ws_kernel<T, D, CAP, true, false, true>, kv_layout<D, true>::bytes, &done_ordered));
+            return over_sequences(kp, [&](const kparams &c, unsigned z) {
+                prep_kernel<T, D, false><<<dim3(q_tiles, (unsigned)kp.Hq, z), 128, prep_smem_bytes<D>(), s>>>(c);
+                CUDA_TRY(cudaGetLastError());
+                dkdv_ws_kernel<T, D, CAP, true, false, true>
+                    <<<dim3(key_tiles, (unsigned)kp.Hkv, z), kThreads, kv_layout<D, true>::bytes, s>>>(m[0], m[1], m[2], m[3], c);
+                CUDA_TRY(cudaGetLastError());
+                dq_convert_kernel<T, D><<<dim3(q_tiles, (unsigned)kp.Hq, z), 128, 0, s>>>(c);
+                CUDA_TRY(cudaGetLastError());
+                return WA_OK;
+            });
+        }
+    }
     if constexpr (kv_by_rows<D>()) {
         if (kp.dq_acc) { /* fused: prep (zeroes the accumulator), dK/dV with dQ, dq from the accumulator */
             CUDA_TRY(raise_once(dkdv_ws_kernel<T, D, CAP, true, VARLEN>, kv_layout<D, true>::bytes, &done_fused));
@@ -1396,6 +1477,8 @@ static bool wide_backward_takes(const kparams &kp) {
 } /* namespace */
 
 int hopper_backward_fuses_dq(const kparams &kp) { return kp.D == 64 || kp.D == 128; }
+
+int hopper_backward_orders_dq(void) { return WA_DQ_ORDERED != 0 && kDqWriter; }
 
 int hopper_backward_supports(const kparams &kp) {
     return !hopper_forced_off() && (hopper_head_dim(kp.D) || wide_backward_takes(kp)) && kp.Nq > 0 && kp.Nk > 0 && kp.lse.data &&

@@ -42,6 +42,8 @@ struct kparams {
     float *delta, *rnorm; /* [B, Hq, Nq]; rnorm only for f32 */
     float *dq_acc;        /* the atomic-dQ option's f32 accumulator (else NULL), B*Hq*nq_pad*D floats:
                            * version 2 uses [B, Hq, Nq, D], version 4 its own order (bwd_hopper.cu) */
+    int *dq_order;        /* version 4's ordered fused dQ (the deterministic form at D <= 128, rectangular):
+                           * one counter per 64 × 64 block of dq_acc, the shares added so far (else NULL) */
     float *lse2;          /* version-4 backward: lse·log2(e) per row, +inf past Nq and for empty rows */
     long long nq_pad;     /* row stride of delta and lse2 in the version-4 backward (Nq rounded up to 64) */
     int tile, n_qtiles, n_ktiles; /* version 1's, per kernel (attn_cuda.cu: for_kernel); 0 for the other versions */
@@ -174,6 +176,9 @@ int hopper_backward_supports(const kparams &kp);
 /* whether version 4 has the fused form (dQ added by the dK/dV kernel into kp.dq_acc) for kp's
  * head dim (D <= 128); elsewhere it ignores kp.dq_acc */
 int hopper_backward_fuses_dq(const kparams &kp);
+/* whether this build's deterministic form at those head dims is the fused kernel with dQ's shares
+ * added in a fixed order (kp.dq_order; rectangular calls) rather than the dQ kernel */
+int hopper_backward_orders_dq(void);
 wa_status hopper_backward(const kparams &kp, wa_dtype dt, cudaStream_t s, int *taken);
 /* version 5's backward at D = 512 (bwd_wide.cu, mma.sync); dQ by atomic adds into kp.dq_acc
  * ([B, Hq, Nq, D] f32) when it is set, else by its own deterministic kernel; the dispatcher sets it

@@ -1,0 +1,53 @@
+#!/bin/sh
+# dq_repeats.sh — whether the deterministic backward is deterministic: on the GPU machine, from the
+# repository root, after the builds exist (prebuild.sh or a lab script):
+#   sh dev/cuda/dq_repeats.sh BUILD [BUILD...]
+# Each shape's q, k, v and do (torch.randn, bf16, seed 0) go to one safetensors file; each build
+# runs `winattn attn IN OUT --device cuda --deterministic` three times and once without
+# --deterministic (the fused form, dQ added in whatever order the adds land). Per shape and build:
+# whether the three deterministic runs' dq, dk, dv are bit-identical, and the largest difference of
+# the deterministic dq from the fused form's (both are sums of the same bf16 products in another
+# order: a few ulps of f32 before the rounding to bf16). Shapes at D = 64 and 128, where the default
+# form adds dQ by reduce-adds: (b) 8K (Hq 32, Hkv 8, window 4096), causal with a ragged last tile
+# (B 2, N 3000, Hq 8, Hkv 2), D = 64 with a two-sided window (B 3, N 2500, Hq 8, Hkv 4), and a
+# rectangular one with more keys than queries (Nq 1000, Nk 2600, window 700 left, 20 right).
+[ $# -ge 1 ] || { echo "usage: sh dev/cuda/dq_repeats.sh BUILD [BUILD...]"; exit 2; }
+dir=${TMPDIR:-/tmp}/dq_repeats
+mkdir -p "$dir"
+while read -r name b nq nk hq hkv d opts; do
+    [ -n "$name" ] || continue
+    python3 - "$dir/$name.in" "$b" "$nq" "$nk" "$hq" "$hkv" "$d" <<'PY' || exit 1
+import sys, torch
+from safetensors.torch import save_file
+path, b, nq, nk, hq, hkv, d = sys.argv[1], *map(int, sys.argv[2:])
+g = torch.Generator().manual_seed(0)
+shapes = {"q": (b, hq, nq, d), "k": (b, hkv, nk, d), "v": (b, hkv, nk, d), "do": (b, hq, nq, d)}
+save_file({x: torch.randn(*s, generator=g).to(torch.bfloat16) for x, s in shapes.items()}, path)
+PY
+    for build in "$@"; do
+        ok=1
+        for r in 1 2 3; do
+            "$build/winattn" attn "$dir/$name.in" "$dir/$name.det$r" --device cuda --deterministic $opts </dev/null >/dev/null || ok=0
+        done
+        "$build/winattn" attn "$dir/$name.in" "$dir/$name.fused" --device cuda $opts </dev/null >/dev/null || ok=0
+        [ $ok = 1 ] || { echo "$name $build: winattn attn failed"; continue; }
+        python3 - "$dir/$name" "$name" "$build" <<'PY'
+import sys
+from safetensors.torch import load_file
+base, name, build = sys.argv[1:]
+runs = [load_file("%s.det%d" % (base, r)) for r in (1, 2, 3)]
+fused = load_file(base + ".fused")
+same = all(runs[0][k].equal(x[k]) for x in runs[1:] for k in ("dq", "dk", "dv"))
+dq = (runs[0]["dq"].float() - fused["dq"].float()).abs().max().item()
+scale = fused["dq"].float().abs().max().item()
+print("%-10s %-12s deterministic x3: %s; dq vs the fused form: max diff %.3g (max |dq| %.3g)"
+      % (name, build, "bit-identical" if same else "DIFFERENT", dq, scale))
+PY
+    done
+    rm -f "$dir/$name".*
+done <<'SHAPES'
+b8k 1 8192 8192 32 8 128 --sliding-window 4096
+causal128 2 3000 3000 8 2 128 --causal
+d64 3 2500 2500 8 4 64 --window-left 300 --window-right 40
+rect128 2 1000 2600 8 2 128 --window-left 700 --window-right 20
+SHAPES
