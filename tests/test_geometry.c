@@ -2,7 +2,7 @@
  * exhaustively over small sizes, windows and tile sizes: the tiles a query tile visits cover
  * exactly its visible pairs, the unmasked ones are fully visible, the reverse map (key tile ->
  * query tiles) agrees, the ranges of unmasked key tiles and query tiles match the per-tile test,
- * and the pair count is exact. */
+ * the ordered dQ's share counts follow from the ranges, and the pair count is exact. */
 #include "check.h"
 #include "tile_geometry.h"
 
@@ -74,6 +74,20 @@ static int check_config(const wa_window *w, int64_t Bq, int64_t Bk, char *why, s
                 for (int64_t j = j0; j < j1; j++) any |= wa_visible(w, i, j);
             int visited = qt >= qt0 && qt < qt1;
             if (any != visited) return snprintf(why, n, "key tile %lld: query tile %lld visited=%d but visible=%d", (long long)j0, (long long)qt, visited, (int)any), 0;
+            /* the ordered dQ (bwd_hopper.cu): the key tiles before this one that add to query tile
+             * qt number this tile's index less the first of wa_key_tiles_for_rows (unclipped rows,
+             * as the kernel passes them) */
+            if (visited) {
+                int64_t before = 0, k0, k1, a0, a1;
+                for (int64_t jj = 0; jj < j0; jj += Bk) {
+                    wa_query_tiles_for_cols(w, jj, wa_min64(jj + Bk, Nk), Bq, &a0, &a1);
+                    before += qt >= a0 && qt < a1;
+                }
+                wa_key_tiles_for_rows(w, qt * Bq, qt * Bq + Bq, Bk, &k0, &k1);
+                if (before != j0 / Bk - k0)
+                    return snprintf(why, n, "key tile %lld: %lld key tiles before it add to query tile %lld, not %lld", (long long)j0,
+                                    (long long)before, (long long)qt, (long long)(j0 / Bk - k0)), 0;
+            }
             /* the dK/dV kernels' edge test per query tile: ragged or needs_mask */
             int64_t ut0, ut1;
             wa_unmasked_query_tiles(w, j0, j1, Bq, &ut0, &ut1);

@@ -6,15 +6,16 @@
 # causal D = 128 at 8K, (a) 8K / 32K and (c) 8K, in the default (fused) and the deterministic mode, the builds
 # alternating, twice; then on each variant the whole parity sweep in both modes and
 # compute-sanitizer memcheck and racecheck on D = 64 / 128 cases (309, 314, 1004 varlen, 730
-# softcap; 309 also deterministic). The summary comes back in summary.txt.
+# softcap; 309, 730 and for memcheck 314 deterministic too). The summary comes back in summary.txt.
 # From the repository root on the H200 (DEPS as in scripts/cuda_check.sh):
 #   DEPS=.devdeps sh dev/cuda/bwd_variants.sh NAME "DEFINES" [NAME "DEFINES" ...]
 # e.g. overlap2 "-DWA_BWD_STEP_OVERLAP=2" (bwd_hopper.cu: the step overlap in every by-rows kernel),
 #      old "-DWA_BWD_STEP_OVERLAP=0" (none: the order before it).
 # CHECK="build build-NAME ..." names the builds that get the parity sweeps and the sanitizers
 # (every variant, not the default, unless set). ROWS=b times the (b) 8K / 32K and D = 64 columns
-# in the default mode alone, and SANITIZE=0 leaves the sanitizers out (a short run: the sweeps in
-# both modes stay).
+# in the default mode alone, ROWS=det those and causal D = 128 in both modes (the shapes where the
+# two modes run different kernels), and SANITIZE=0 leaves the sanitizers out (a short run: the
+# sweeps in both modes stay).
 [ $# -ge 2 ] && [ $(($# % 2)) -eq 0 ] || { echo "usage: sh dev/cuda/bwd_variants.sh NAME \"DEFINES\" [NAME \"DEFINES\" ...]"; exit 2; }
 LAB_KEEP=1
 . dev/cuda/lab_env.sh
@@ -30,6 +31,7 @@ bwd_row() {
     d64=$(lab_tflops 6 $w $2 --n 16384 --d 64 --hkv 8 --sliding-window 1024)
     [ "$ROWS" = b ] && { row "bwd $1 ${2:-fused}, $3" "(b) $bb| D64 w1024 16K $d64"; return; }
     c128=$(lab_tflops 6 $w $2 --n 8192 --d 128 --hkv 8 --causal)
+    [ "$ROWS" = det ] && { row "bwd $1 ${2:-fused}, $3" "(b) $bb| D64 w1024 16K $d64| D128 causal 8K $c128"; return; }
     a=$(lab_tflops 6 $w $2 --n 8192,32768)
     c=$(lab_tflops 6 $w $2 --n 8192 --d 512 --hq 32 --hkv 4 --causal)
     row "bwd $1 ${2:-fused}, $3" "(b) $bb| D64 w1024 16K $d64| D128 causal 8K $c128| (a) $a| (c) 8K $c"
@@ -47,7 +49,7 @@ for b in $BUILDS; do
     lab_sweep "full, $b" 240 $b/winattn parity --device cuda --threads 16
     lab_sweep "full deterministic, $b" 240 $b/winattn parity --device cuda --threads 16 --deterministic
     [ "$SANITIZE" = 0 ] && continue
-    lab_sanitize memcheck $b/winattn 309 314 1004 730 309:--deterministic | while read -r l; do row "$b" "$l"; done
-    lab_sanitize racecheck $b/winattn 309 314 730 309:--deterministic | while read -r l; do row "$b" "$l"; done
+    lab_sanitize memcheck $b/winattn 309 314 1004 730 309:--deterministic 314:--deterministic 730:--deterministic | while read -r l; do row "$b" "$l"; done
+    lab_sanitize racecheck $b/winattn 309 314 730 309:--deterministic 730:--deterministic | while read -r l; do row "$b" "$l"; done
 done
 row "total" "$(($(date +%s) - t0)) s"
