@@ -194,17 +194,26 @@ template <int D, bool FUSE, bool VARLEN> __host__ __device__ constexpr bool dq_w
  * deterministic mode orders its dQ adds: the key tiles' shares in ascending order, and at D = 64,
  * where both warpgroups of a CTA add to the same block, warpgroup 0's before 1's. A counter per
  * block (kp.dq_order, zeroed by prep) holds the shares added so far; a writer waits until it reads
- * the number that come before its own, issues the reduce-add, waits for its writes and adds one
- * (release). The CTAs start in ascending key tile (heaviest_first across heads), so a CTA waits
+ * the number that come before its own, issues the reduce-add, and once its writes are done adds
+ * one (release; WA_DQ_ORDER_LAG below says when it checks). The CTAs start in ascending key tile (heaviest_first across heads), so a CTA waits
  * only on CTAs that started before it. Each walks its steps tile by tile from its last query tile
  * with the group's heads inside (next_step), so that under a left window key tile n reaches a
  * query tile 2·group steps after key tile n − 1 did (the window moves by two 64-row tiles per
- * 128-key tile) and causal at the same step: in the default order (head by head, first tile first)
+ * 128-key tile) and causal at the same step (one later, counted a share late): in the default order (head by head, first tile first)
  * it would get there two steps before, and every link of the chain would add two steps of waiting.
  * This replaces the dQ kernel, which forms S and dP again (seven tile products per visible pair
  * against five). WA_DQ_ORDERED=0 builds the dQ kernel as the deterministic form. */
 #ifndef WA_DQ_ORDERED
 #define WA_DQ_ORDERED 1
+#endif
+/* When a writer counts its share in: 1 (default), once the next share's reduce-add is issued, by
+ * waiting for all but the newest bulk group (the last share's at the end), so that the wait for
+ * the writes to be done is not between two of its shares; 0, right after its own reduce-add's
+ * writes are done (the next share waits for that); 2 (lab, not an order: a measure of what the
+ * wait for the writes costs), as soon as the reduce-add has read the share, as FlashAttention 3
+ * counts, which leaves the adds' order at L2 to the interconnect. */
+#ifndef WA_DQ_ORDER_LAG
+#define WA_DQ_ORDER_LAG 1
 #endif
 
 /* the order of a dK/dV CTA's steps, (query head of the group, query tile): head by head, each's
@@ -376,6 +385,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             /* ordered: shares per block and CTA (two at D = 64: both warpgroups add to one block) */
             constexpr int SHARES = dq_split_columns<D>() ? 1 : 2;
             int step_head = 0, step_tile = first_step_tile<ORDERED>(nqt);
+            int *counted = nullptr; /* ordered, WA_DQ_ORDER_LAG 1: the last share's block, not counted yet */
             for (int n = 0; n < steps; n++) {
                 named_sync(kDqStaged + w, 160);
                 if (lane == 0) {
@@ -390,16 +400,30 @@ __global__ void __launch_bounds__(kThreads, 1)
                     }
                     bulk_reduce_add_f32(p.dq_acc + (tile * DB + cb) * 4096, stage, 64 * 64 * 4);
                     bulk_commit();
+                    if (ORDERED && WA_DQ_ORDER_LAG == 1) {
+                        if (counted) {
+                            bulk_wait<1>(); /* the last share's writes are done */
+                            fence_proxy_async();
+                            count_share(counted);
+                        }
+                        counted = p.dq_order + tile * DB + cb;
+                    }
                     bulk_wait_read<0>();
+                    if (ORDERED && WA_DQ_ORDER_LAG == 2) count_share(p.dq_order + tile * DB + cb);
                 }
                 __syncwarp();
                 if (n + 1 < steps) named_arrive(kDqFree + w, 160);
-                if (ORDERED && lane == 0) {
+                if (ORDERED && WA_DQ_ORDER_LAG == 0 && lane == 0) {
                     bulk_wait<0>(); /* its writes are done */
                     fence_proxy_async();
                     count_share(p.dq_order + dq_tile(step_head, qt0 + step_tile) * DB + cb);
                 }
                 next_step<ORDERED>(step_head, step_tile, nqt, p.group);
+            }
+            if (ORDERED && WA_DQ_ORDER_LAG == 1 && lane == 0 && counted) {
+                bulk_wait<0>();
+                fence_proxy_async();
+                count_share(counted);
             }
             if (lane == 0) bulk_wait<0>(); /* the reduce-adds are done before the CTA's shared memory goes */
         }
