@@ -638,14 +638,14 @@ static int atomic_dq(const wa_context *ctx, const wa_problem *p, const cuda_targ
     const kparams kp = params_of(p);
     return !t.hopper || !hopper_backward_supports(kp) || hopper_backward_fuses_dq(kp);
 }
-/* the deterministic form where version 4 fuses dQ (D <= 128, rectangular calls): the fused
- * kernel with each 64 × 64 block's shares added in a fixed order (bwd_hopper.cu, dq_order), in
- * place of the dQ kernel that forms S and dP again; it needs the accumulator and a counter per
- * block */
+/* the deterministic form where version 4 fuses dQ and the ordered form measured faster (D = 128
+ * without a left bound, rectangular calls; bwd_hopper.cu, WA_DQ_ORDERED): the fused kernel with
+ * each 64 × 64 block's shares added in a fixed order, in place of the dQ kernel that forms S and dP
+ * again; it needs the accumulator and a counter per block */
 static int ordered_dq(const wa_context *ctx, const wa_problem *p, const cuda_target &t) {
     if (!ctx->params.cuda_deterministic || !t.hopper || p->cu_q || !mma_supports(p, t, 1)) return 0;
     const kparams kp = params_of(p);
-    return hopper_backward_supports(kp) && hopper_backward_fuses_dq(kp) && hopper_backward_orders_dq();
+    return hopper_backward_supports(kp) && hopper_backward_fuses_dq(kp) && hopper_backward_orders_dq(kp);
 }
 
 /* backward workspace: two arrays of rows (delta, then rnorm for f32 or lse2 for the version-4

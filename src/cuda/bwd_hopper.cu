@@ -5,9 +5,9 @@
  *   fused (the default at D = 64 and 128): prep, dK/dV with dQ added into an f32 accumulator by
  *          bulk reduce-adds, convert. Five tile products per visible pair (FlashAttention-3's
  *          count); dq's last bits depend on the order the adds land in.
- *   ordered (wa_context_params.cuda_deterministic at D = 64 and 128, rectangular calls): the
- *          fused form with each block of the accumulator summed in one fixed order (ORDERED,
- *          dq_order), so dq is bit-identical run to run.
+ *   ordered (wa_context_params.cuda_deterministic at D = 128 without a left window bound,
+ *          rectangular calls; WA_DQ_ORDERED): the fused form with each block of the accumulator
+ *          summed in one fixed order (ORDERED, dq_order), so dq is bit-identical run to run.
  *   deterministic (cuda_deterministic elsewhere, and always at D = 256): prep, dK/dV, dQ;
  *          every output element written once by one thread, no atomics; seven tile products per
  *          visible pair (the dQ kernel forms S and dP again), the price of determinism without
@@ -201,8 +201,17 @@ template <int D, bool FUSE, bool VARLEN> __host__ __device__ constexpr bool dq_w
  * query tile 2·group steps after key tile n − 1 did (the window moves by two 64-row tiles per
  * 128-key tile) and causal at the same step (one later, counted a share late): in the default order (head by head, first tile first)
  * it would get there two steps before, and every link of the chain would add two steps of waiting.
- * This replaces the dQ kernel, which forms S and dP again (seven tile products per visible pair
- * against five). WA_DQ_ORDERED=0 builds the dQ kernel as the deterministic form. */
+ * It replaces the dQ kernel, which forms S and dP again (seven tile products per visible pair
+ * against five), where it measured faster: WA_DQ_ORDERED (hopper_backward_orders_dq)
+ *   1 (the default): at D = 128 without a left bound (causal or none), where every key tile's walk
+ *     starts at the last query tile and the CTAs of a head go through the query tiles together:
+ *     causal D = 128 8K 542-544 TFLOP/s against the dQ kernel's 497-498 (fused 551-561);
+ *   2 (lab): every D <= 128 rectangular call; with a left window the CTAs walk different query
+ *     tiles and it lost: (b) 8K / 32K 454-459 / 387-390 against 461-485, D = 64 226-228 against
+ *     278 (two warpgroups' shares to one block, the second waiting for the first's count);
+ *   0: never.
+ * (`ROWS=det CHECK=build sh dev/cuda/bwd_variants.sh full "-DWA_DQ_ORDER_LAG=0" kernel
+ * "-DWA_DQ_ORDERED=0"` on a build of =2 at c25076d, docs/cuda.md.) */
 #ifndef WA_DQ_ORDERED
 #define WA_DQ_ORDERED 1
 #endif
@@ -1502,7 +1511,10 @@ static bool wide_backward_takes(const kparams &kp) {
 
 int hopper_backward_fuses_dq(const kparams &kp) { return kp.D == 64 || kp.D == 128; }
 
-int hopper_backward_orders_dq(void) { return WA_DQ_ORDERED != 0 && kDqWriter; }
+int hopper_backward_orders_dq(const kparams &kp) {
+    if (!kDqWriter || kp.cu_q) return 0;
+    return WA_DQ_ORDERED == 2 || (WA_DQ_ORDERED == 1 && kp.D == 128 && kp.win.left < 0);
+}
 
 int hopper_backward_supports(const kparams &kp) {
     return !hopper_forced_off() && (hopper_head_dim(kp.D) || wide_backward_takes(kp)) && kp.Nq > 0 && kp.Nk > 0 && kp.lse.data &&

@@ -176,9 +176,9 @@ int hopper_backward_supports(const kparams &kp);
 /* whether version 4 has the fused form (dQ added by the dK/dV kernel into kp.dq_acc) for kp's
  * head dim (D <= 128); elsewhere it ignores kp.dq_acc */
 int hopper_backward_fuses_dq(const kparams &kp);
-/* whether this build's deterministic form at those head dims is the fused kernel with dQ's shares
+/* whether the deterministic form of kp (at those head dims) is the fused kernel with dQ's shares
  * added in a fixed order (kp.dq_order; rectangular calls) rather than the dQ kernel */
-int hopper_backward_orders_dq(void);
+int hopper_backward_orders_dq(const kparams &kp);
 wa_status hopper_backward(const kparams &kp, wa_dtype dt, cudaStream_t s, int *taken);
 /* version 5's backward at D = 512 (bwd_wide.cu, mma.sync); dQ by atomic adds into kp.dq_acc
  * ([B, Hq, Nq, D] f32) when it is set, else by its own deterministic kernel; the dispatcher sets it
