@@ -643,7 +643,7 @@ static int atomic_dq(const wa_context *ctx, const wa_problem *p, const cuda_targ
  * each 64 × 64 block's shares added in a fixed order, in place of the dQ kernel that forms S and dP
  * again; it needs the accumulator and a counter per block */
 static int ordered_dq(const wa_context *ctx, const wa_problem *p, const cuda_target &t) {
-    if (!ctx->params.cuda_deterministic || !t.hopper || p->cu_q || !mma_supports(p, t, 1)) return 0;
+    if (!ctx->params.cuda_deterministic || !t.hopper || !mma_supports(p, t, 1)) return 0;
     const kparams kp = params_of(p);
     return hopper_backward_supports(kp) && hopper_backward_fuses_dq(kp) && hopper_backward_orders_dq(kp);
 }

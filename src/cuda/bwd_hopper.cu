@@ -189,20 +189,22 @@ template <int D, bool FUSE, bool VARLEN> __host__ __device__ constexpr bool dq_w
     return kDqWriter && FUSE && !VARLEN && (dq_split_columns<D>() || D == 64);
 }
 
-/* The deterministic form at D <= 128 (rectangular calls; ORDERED below): the fused kernel with
- * each 64 × 64 block of the accumulator summed in one fixed order, as FlashAttention 3's
- * deterministic mode orders its dQ adds: the key tiles' shares in ascending order, and at D = 64,
- * where both warpgroups of a CTA add to the same block, warpgroup 0's before 1's. A counter per
- * block (kp.dq_order, zeroed by prep) holds the shares added so far; a writer waits until it reads
- * the number that come before its own, issues the reduce-add, and once its writes are done adds
- * one (release; WA_DQ_ORDER_LAG below says when it checks). The CTAs start in ascending key tile (heaviest_first across heads), so a CTA waits
- * only on CTAs that started before it. Each walks its steps tile by tile from its last query tile
- * with the group's heads inside (next_step), so that under a left window key tile n reaches a
- * query tile 2·group steps after key tile n − 1 did (the window moves by two 64-row tiles per
- * 128-key tile) and causal at the same step (one later, counted a share late): in the default order (head by head, first tile first)
- * it would get there two steps before, and every link of the chain would add two steps of waiting.
- * It replaces the dQ kernel, which forms S and dP again (seven tile products per visible pair
- * against five), where it measured faster: WA_DQ_ORDERED (hopper_backward_orders_dq)
+/* The ordered dQ (ORDERED below; the deterministic form where hopper_backward_orders_dq says so,
+ * rectangular calls): the fused kernel with each 64 × 64 block of the accumulator summed in one
+ * fixed order, as FlashAttention 3's deterministic mode orders its dQ adds: the key tiles' shares
+ * in ascending order, and at D = 64, where both warpgroups of a CTA add to the same block,
+ * warpgroup 0's before 1's. A counter per block (kp.dq_order, zeroed by prep) holds the shares
+ * added so far; a writer waits until it reads the number that come before its own, issues the
+ * reduce-add, and once its writes are done adds one (release; WA_DQ_ORDER_LAG below says when it
+ * checks). The CTAs start in ascending key tile (heaviest_first across heads), so a CTA waits only
+ * on CTAs that started before it. Each walks its steps tile by tile from its last query tile with
+ * the group's heads inside (next_step), so that under a left window key tile n reaches a query
+ * tile 2·group steps after key tile n − 1 did (the window moves by two 64-row tiles per 128-key
+ * tile), and causal at the same step (one later, counted a share late): in the default order
+ * (head by head, first tile first) it would get there two steps before, and every link of the
+ * chain would add two steps of waiting. It replaces the dQ kernel, which forms S and dP again
+ * (seven tile products per visible pair against five), where it measured faster:
+ * WA_DQ_ORDERED (hopper_backward_orders_dq)
  *   1 (the default): at D = 128 without a left bound (causal or none), where every key tile's walk
  *     starts at the last query tile and the CTAs of a head go through the query tiles together:
  *     causal D = 128 8K 542-544 TFLOP/s against the dQ kernel's 497-498 (fused 551-561);
@@ -218,12 +220,11 @@ template <int D, bool FUSE, bool VARLEN> __host__ __device__ constexpr bool dq_w
 /* When a writer counts its share in: 1 (default), once the next share's reduce-add is issued, by
  * waiting for all but the newest bulk group (the last share's at the end), so that the wait for
  * the writes to be done is not between two of its shares; 0, right after its own reduce-add's
- * writes are done (the next share waits for that); 2 (lab, not an order: a measure of what the
- * wait for the writes costs), as soon as the reduce-add has read the share, as FlashAttention 3
- * counts, which leaves the adds' order at L2 to the interconnect. */
+ * writes are done (the next share waits for that; 5-7 % slower at (b), docs/cuda.md). */
 #ifndef WA_DQ_ORDER_LAG
 #define WA_DQ_ORDER_LAG 1
 #endif
+static_assert(WA_DQ_ORDER_LAG == 0 || WA_DQ_ORDER_LAG == 1, "WA_DQ_ORDER_LAG is 0 or 1");
 
 /* the order of a dK/dV CTA's steps, (query head of the group, query tile): head by head, each's
  * tiles from the first; ORDERED: tile by tile from the last, the group's heads inside. Two counters
@@ -418,7 +419,6 @@ __global__ void __launch_bounds__(kThreads, 1)
                         counted = p.dq_order + tile * DB + cb;
                     }
                     bulk_wait_read<0>();
-                    if (ORDERED && WA_DQ_ORDER_LAG == 2) count_share(p.dq_order + tile * DB + cb);
                 }
                 __syncwarp();
                 if (n + 1 < steps) named_arrive(kDqFree + w, 160);
@@ -1408,29 +1408,19 @@ static wa_status launch_all(const kparams &kp, const CUtensorMap (&m)[8], cudaSt
     /* varlen: every sequence's copies of the eight maps (Q, dO, K, V of each kernel), once */
     const wa_status maps_st = write_seq_maps(kp, m, 8, kKeyMaps, s);
     if (maps_st != WA_OK) return maps_st;
-    if constexpr (kv_by_rows<D>() && !VARLEN) {
-        if (kp.dq_order) { /* the deterministic form: the fused one with the shares added in order */
-            CUDA_TRY(raise_once(dkdv_ws_kernel<T, D, CAP, true, false, true>, kv_layout<D, true>::bytes, &done_ordered));
-            return over_sequences(kp, [&](const kparams &c, unsigned z) {
-                prep_kernel<T, D, false><<<dim3(q_tiles, (unsigned)kp.Hq, z), 128, prep_smem_bytes<D>(), s>>>(c);
-                CUDA_TRY(cudaGetLastError());
-                dkdv_ws_kernel<T, D, CAP, true, false, true>
-                    <<<dim3(key_tiles, (unsigned)kp.Hkv, z), kThreads, kv_layout<D, true>::bytes, s>>>(m[0], m[1], m[2], m[3], c);
-                CUDA_TRY(cudaGetLastError());
-                dq_convert_kernel<T, D><<<dim3(q_tiles, (unsigned)kp.Hq, z), 128, 0, s>>>(c);
-                CUDA_TRY(cudaGetLastError());
-                return WA_OK;
-            });
-        }
-    }
     if constexpr (kv_by_rows<D>()) {
-        if (kp.dq_acc) { /* fused: prep (zeroes the accumulator), dK/dV with dQ, dq from the accumulator */
-            CUDA_TRY(raise_once(dkdv_ws_kernel<T, D, CAP, true, VARLEN>, kv_layout<D, true>::bytes, &done_fused));
+        if (kp.dq_acc) { /* fused: prep (zeroes the accumulator and the ordered form's counters), dK/dV
+                          * with dQ (in order where kp.dq_order is set: rectangular calls), dq from
+                          * the accumulator */
+            auto dkdv = dkdv_ws_kernel<T, D, CAP, true, VARLEN>;
+            volatile unsigned long long *done = &done_fused;
+            if constexpr (!VARLEN)
+                if (kp.dq_order) dkdv = dkdv_ws_kernel<T, D, CAP, true, false, true>, done = &done_ordered;
+            CUDA_TRY(raise_once(dkdv, kv_layout<D, true>::bytes, done));
             const wa_status st = over_sequences(kp, [&](const kparams &c, unsigned z) {
                 prep_kernel<T, D, VARLEN><<<dim3(q_tiles, (unsigned)kp.Hq, z), 128, prep_smem_bytes<D>(), s>>>(c);
                 CUDA_TRY(cudaGetLastError());
-                dkdv_ws_kernel<T, D, CAP, true, VARLEN>
-                    <<<dim3(key_tiles, (unsigned)kp.Hkv, z), kThreads, kv_layout<D, true>::bytes, s>>>(m[0], m[1], m[2], m[3], c);
+                dkdv<<<dim3(key_tiles, (unsigned)kp.Hkv, z), kThreads, kv_layout<D, true>::bytes, s>>>(m[0], m[1], m[2], m[3], c);
                 CUDA_TRY(cudaGetLastError());
                 if (!VARLEN) {
                     dq_convert_kernel<T, D><<<dim3(q_tiles, (unsigned)kp.Hq, z), 128, 0, s>>>(c);

@@ -42,8 +42,9 @@ struct kparams {
     float *delta, *rnorm; /* [B, Hq, Nq]; rnorm only for f32 */
     float *dq_acc;        /* the atomic-dQ option's f32 accumulator (else NULL), B*Hq*nq_pad*D floats:
                            * version 2 uses [B, Hq, Nq, D], version 4 its own order (bwd_hopper.cu) */
-    int *dq_order;        /* version 4's ordered fused dQ (the deterministic form at D <= 128, rectangular):
-                           * one counter per 64 × 64 block of dq_acc, the shares added so far (else NULL) */
+    int *dq_order;        /* version 4's ordered fused dQ (the deterministic form where bwd_hopper.cu's
+                           * hopper_backward_orders_dq says so, rectangular calls): one counter per
+                           * 64 × 64 block of dq_acc, the shares added so far (else NULL) */
     float *lse2;          /* version-4 backward: lse·log2(e) per row, +inf past Nq and for empty rows */
     long long nq_pad;     /* row stride of delta and lse2 in the version-4 backward (Nq rounded up to 64) */
     int tile, n_qtiles, n_ktiles; /* version 1's, per kernel (attn_cuda.cu: for_kernel); 0 for the other versions */
