@@ -15,7 +15,8 @@
 # (every variant, not the default, unless set). ROWS=b times the (b) 8K / 32K and D = 64 columns
 # in the default mode alone, ROWS=det those and causal D = 128 in both modes (the shapes where the
 # two modes run different kernels), and SANITIZE=0 leaves the sanitizers out (a short run: the
-# sweeps in both modes stay).
+# sweeps in both modes stay). FUSED=default times the default mode on the default build alone (for
+# variants of the deterministic form only).
 [ $# -ge 2 ] && [ $(($# % 2)) -eq 0 ] || { echo "usage: sh dev/cuda/bwd_variants.sh NAME \"DEFINES\" [NAME \"DEFINES\" ...]"; exit 2; }
 LAB_KEEP=1
 . dev/cuda/lab_env.sh
@@ -40,7 +41,10 @@ bwd_row() {
 # the timings first: a run cut short by its time limit still brings them back
 for round in 1 2; do
     for mode in "" $([ "$ROWS" = b ] || echo --deterministic); do
-        for b in $BUILDS; do [ -x $b/winattn ] && bwd_row $round "$mode" $b; done
+        for b in $BUILDS; do
+            [ -z "$mode" ] && [ "$FUSED" = default ] && [ $b != build ] && continue
+            [ -x $b/winattn ] && bwd_row $round "$mode" $b
+        done
     done
 done
 for b in $BUILDS; do

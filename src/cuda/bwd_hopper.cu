@@ -225,6 +225,19 @@ template <int D, bool FUSE, bool VARLEN> __host__ __device__ constexpr bool dq_w
 #define WA_DQ_ORDER_LAG 1
 #endif
 static_assert(WA_DQ_ORDER_LAG == 0 || WA_DQ_ORDER_LAG == 1, "WA_DQ_ORDER_LAG is 0 or 1");
+/* Lab, to take the ordered form's cost apart (dq is then not deterministic): 1, the writer does not
+ * wait for the shares before its own (it still waits for its writes and counts); 2, neither waits
+ * nor counts (the step order alone) */
+#ifndef WA_DQ_ORDER_LAB
+#define WA_DQ_ORDER_LAB 0
+#endif
+constexpr bool kOrderWaits = WA_DQ_ORDER_LAB == 0, kOrderCounts = WA_DQ_ORDER_LAB != 2;
+/* Lab: 1, the writer counts (WA_DQ_ORDER_LAG 1: waits for the last share's writes and counts it)
+ * after it hands the staging buffer back, not before: the consumer's next share then never waits
+ * for a write to be done */
+#ifndef WA_DQ_COUNT_AFTER_FREE
+#define WA_DQ_COUNT_AFTER_FREE 0
+#endif
 
 /* the order of a dK/dV CTA's steps, (query head of the group, query tile): head by head, each's
  * tiles from the first; ORDERED: tile by tile from the last, the group's heads inside. Two counters
@@ -400,7 +413,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 named_sync(kDqStaged + w, 160);
                 if (lane == 0) {
                     const long long tile = dq_tile(step_head, qt0 + step_tile);
-                    if constexpr (ORDERED) {
+                    if constexpr (ORDERED && kOrderWaits) {
                         /* the shares before this one: the key tiles of this query tile below ours */
                         const long long qt = qt0 + step_tile;
                         int64_t kt0, kt1;
@@ -410,7 +423,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                     }
                     bulk_reduce_add_f32(p.dq_acc + (tile * DB + cb) * 4096, stage, 64 * 64 * 4);
                     bulk_commit();
-                    if (ORDERED && WA_DQ_ORDER_LAG == 1) {
+                    if (ORDERED && kOrderCounts && WA_DQ_ORDER_LAG == 1 && !WA_DQ_COUNT_AFTER_FREE) {
                         if (counted) {
                             bulk_wait<1>(); /* the last share's writes are done */
                             fence_proxy_async();
@@ -422,14 +435,22 @@ __global__ void __launch_bounds__(kThreads, 1)
                 }
                 __syncwarp();
                 if (n + 1 < steps) named_arrive(kDqFree + w, 160);
-                if (ORDERED && WA_DQ_ORDER_LAG == 0 && lane == 0) {
+                if (ORDERED && kOrderCounts && WA_DQ_ORDER_LAG == 1 && WA_DQ_COUNT_AFTER_FREE && lane == 0) {
+                    if (counted) {
+                        bulk_wait<1>(); /* the last share's writes are done */
+                        fence_proxy_async();
+                        count_share(counted);
+                    }
+                    counted = p.dq_order + dq_tile(step_head, qt0 + step_tile) * DB + cb;
+                }
+                if (ORDERED && kOrderCounts && WA_DQ_ORDER_LAG == 0 && lane == 0) {
                     bulk_wait<0>(); /* its writes are done */
                     fence_proxy_async();
                     count_share(p.dq_order + dq_tile(step_head, qt0 + step_tile) * DB + cb);
                 }
                 next_step<ORDERED>(step_head, step_tile, nqt, p.group);
             }
-            if (ORDERED && WA_DQ_ORDER_LAG == 1 && lane == 0 && counted) {
+            if (ORDERED && kOrderCounts && WA_DQ_ORDER_LAG == 1 && lane == 0 && counted) {
                 bulk_wait<0>();
                 fence_proxy_async();
                 count_share(counted);
