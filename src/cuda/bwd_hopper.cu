@@ -232,26 +232,40 @@ static_assert(WA_DQ_ORDER_LAG == 0 || WA_DQ_ORDER_LAG == 1, "WA_DQ_ORDER_LAG is 
 #define WA_DQ_ORDER_LAB 0
 #endif
 constexpr bool kOrderWaits = WA_DQ_ORDER_LAB == 0, kOrderCounts = WA_DQ_ORDER_LAB != 2;
-/* Lab: 1, the writer counts (WA_DQ_ORDER_LAG 1: waits for the last share's writes and counts it)
- * after it hands the staging buffer back, not before: the consumer's next share then never waits
- * for a write to be done */
-#ifndef WA_DQ_COUNT_AFTER_FREE
-#define WA_DQ_COUNT_AFTER_FREE 0
-#endif
 
-/* the order of a dK/dV CTA's steps, (query head of the group, query tile): head by head, each's
- * tiles from the first; ORDERED: tile by tile from the last, the group's heads inside. Two counters
- * (step_head, step_tile) moved on at the end of each step: the signed 32-bit division of a step index costs about 40
- * instructions a step (dev/cuda/sass_mix.py), and the counters measured 2-4 % faster at D = 64 and
- * 128 (docs/cuda.md, *Tried and measured*) */
-template <bool ORDERED> __device__ __forceinline__ int first_step_tile(int nqt) { return ORDERED ? nqt - 1 : 0; }
-template <bool ORDERED> __device__ __forceinline__ void next_step(int &head, int &tile, int nqt, long long group) {
-    if (ORDERED) {
-        if (++head == group) head = 0, tile--;
-    } else if (++tile == nqt) {
-        tile = 0, head++;
+/* The order of a dK/dV CTA's steps, (query head of the group, query tile): head by head, each's
+ * tiles from the first. ORDERED: from the last tile, which decides when a CTA reaches a block its
+ * lower neighbour (key tile n - 1) must add to first, and how long a block waits in L2 between
+ * the two (the Q, dO and accumulator tiles of a query head and tile, 64 KB at D = 128):
+ *   - walks that end at the last query tile (causal, no left bound, and under a left window the
+ *     key tiles whose window reaches the end): tile by tile, the group's heads inside. All such
+ *     walks reach a block at the same step, the neighbour's share counted one step later; head by
+ *     head, a CTA would reach its next head 2·h steps before its neighbour, whose walk is two
+ *     tiles longer, and wait for it.
+ *   - the others (a left window): head by head, each head's tiles from the last. Key tile n
+ *     reaches a block two steps after n − 1 (the window moves two 64-row tiles per 128 keys).
+ *     With the heads inside that was 2·group steps, in which the GPU touches about 1,000 other
+ *     blocks, more than L2 holds: the step order alone, without a wait, lost 13 % / 27 % at (b)
+ *     8K / 32K (WA_DQ_ORDER_LAB=2, docs/cuda.md; `python3 dev/cuda/dq_order_sim.py` models both).
+ * Two counters (head, tile) moved on at the end of each step: the signed 32-bit division of a step
+ * index costs about 40 instructions a step (dev/cuda/sass_mix.py), and the counters measured 2-4 %
+ * faster at D = 64 and 128 (docs/cuda.md, *Tried and measured*) */
+template <bool ORDERED> struct step_walk {
+    int head = 0, tile; /* the step's query head of the group, its query tile (from the CTA's first) */
+    const int nqt, group;
+    const bool heads_inside; /* ORDERED: tile by tile, the heads inside */
+    __device__ __forceinline__ step_walk(int nqt_, long long group_, bool ends_at_last_tile)
+        : tile(ORDERED ? nqt_ - 1 : 0), nqt(nqt_), group((int)group_), heads_inside(ends_at_last_tile) {}
+    __device__ __forceinline__ void next() {
+        if (!ORDERED) {
+            if (++tile == nqt) tile = 0, head++;
+        } else if (heads_inside) {
+            if (++head == group) head = 0, tile--;
+        } else if (--tile < 0) {
+            tile = nqt - 1, head++;
+        }
     }
-}
+};
 
 /* the ordered form's wait: until *flag reads `want` (acquire, so that the reduce-adds the count
  * stands for are seen). A count that never comes would be a bug in the geometry; rather than hang
@@ -365,6 +379,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     int64_t qt0, qt1;
     wa_query_tiles_for_cols(&p.win, j0, j0 + nk, 64, &qt0, &qt1);
     const int nqt = (int)(qt1 - qt0), steps = nqt * (int)p.group;
+    const bool walk_ends_last = qt1 * 64 >= p.Nq; /* the ordered form's step order (step_walk) */
     /* fused: the accumulator's tile (of B·Hq·nq_pad/64, the order of add_dq and dq_convert_kernel)
      * for query tile qt of the group's query head `head` */
     auto dq_tile = [&](int head, long long qt) { return (b * p.Hq + hk * p.group + head) * (p.nq_pad / 64) + qt; };
@@ -387,18 +402,18 @@ __global__ void __launch_bounds__(kThreads, 1)
                 tma_load(sK + c * (KEYS * 128), mk, kv_full, c * 64, (int)(k_row0 + j0), (int)hk, (int)b);
                 tma_load(sV + c * (KEYS * 128), mv, kv_full, c * 64, (int)(k_row0 + j0), (int)hk, (int)b);
             }
-            int step_head = 0, step_tile = first_step_tile<ORDERED>(nqt); /* the query head of the group and its tile, of step n */
+            step_walk<ORDERED> walk(nqt, p.group, walk_ends_last);
             for (int n = 0; n < steps; n++) {
                 const int st = n & 1;
                 const uint32_t ph = (uint32_t)(n >> 1) & 1u;
-                const long long h = hk * p.group + step_head, i0 = (qt0 + step_tile) * 64;
+                const long long h = hk * p.group + walk.head, i0 = (qt0 + walk.tile) * 64;
                 if (n >= 2) mbar_wait(empty(st), ph ^ 1u);
                 mbar_expect_tx(full(st), 2 * QT);
                 for (int c = 0; c < DB; c++) {
                     tma_load(sQ + st * QT + c * (64 * 128), mq, full(st), c * 64, (int)(q_row0 + i0), (int)h, (int)b);
                     tma_load(sdO + st * QT + c * (64 * 128), mdo, full(st), c * 64, (int)(q_row0 + i0), (int)h, (int)b);
                 }
-                next_step<ORDERED>(step_head, step_tile, nqt, p.group);
+                walk.next();
             }
         } else if (dq_writer<D, FUSE, VARLEN>() && (warp == 1 || warp == 2) && steps > 0) {
             /* the dQ writer of consumer warpgroup w = warp - 1: each step's staged share into its
@@ -407,15 +422,15 @@ __global__ void __launch_bounds__(kThreads, 1)
             const uint32_t stage = base + L::dq_stage + w * L::DQ_STAGE;
             /* ordered: shares per block and CTA (two at D = 64: both warpgroups add to one block) */
             constexpr int SHARES = dq_split_columns<D>() ? 1 : 2;
-            int step_head = 0, step_tile = first_step_tile<ORDERED>(nqt);
+            step_walk<ORDERED> walk(nqt, p.group, walk_ends_last);
             int *counted = nullptr; /* ordered, WA_DQ_ORDER_LAG 1: the last share's block, not counted yet */
             for (int n = 0; n < steps; n++) {
                 named_sync(kDqStaged + w, 160);
                 if (lane == 0) {
-                    const long long tile = dq_tile(step_head, qt0 + step_tile);
+                    const long long tile = dq_tile(walk.head, qt0 + walk.tile);
                     if constexpr (ORDERED && kOrderWaits) {
                         /* the shares before this one: the key tiles of this query tile below ours */
-                        const long long qt = qt0 + step_tile;
+                        const long long qt = qt0 + walk.tile;
                         int64_t kt0, kt1;
                         wa_key_tiles_for_rows(&p.win, qt * 64, qt * 64 + 64, KEYS, &kt0, &kt1);
                         wait_count(p.dq_order + tile * DB + cb, SHARES * (int)(at.tile - kt0) + (SHARES == 2 ? w : 0));
@@ -423,7 +438,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                     }
                     bulk_reduce_add_f32(p.dq_acc + (tile * DB + cb) * 4096, stage, 64 * 64 * 4);
                     bulk_commit();
-                    if (ORDERED && kOrderCounts && WA_DQ_ORDER_LAG == 1 && !WA_DQ_COUNT_AFTER_FREE) {
+                    if (ORDERED && kOrderCounts && WA_DQ_ORDER_LAG == 1) {
                         if (counted) {
                             bulk_wait<1>(); /* the last share's writes are done */
                             fence_proxy_async();
@@ -435,20 +450,12 @@ __global__ void __launch_bounds__(kThreads, 1)
                 }
                 __syncwarp();
                 if (n + 1 < steps) named_arrive(kDqFree + w, 160);
-                if (ORDERED && kOrderCounts && WA_DQ_ORDER_LAG == 1 && WA_DQ_COUNT_AFTER_FREE && lane == 0) {
-                    if (counted) {
-                        bulk_wait<1>(); /* the last share's writes are done */
-                        fence_proxy_async();
-                        count_share(counted);
-                    }
-                    counted = p.dq_order + dq_tile(step_head, qt0 + step_tile) * DB + cb;
-                }
                 if (ORDERED && kOrderCounts && WA_DQ_ORDER_LAG == 0 && lane == 0) {
                     bulk_wait<0>(); /* its writes are done */
                     fence_proxy_async();
-                    count_share(p.dq_order + dq_tile(step_head, qt0 + step_tile) * DB + cb);
+                    count_share(p.dq_order + dq_tile(walk.head, qt0 + walk.tile) * DB + cb);
                 }
-                next_step<ORDERED>(step_head, step_tile, nqt, p.group);
+                walk.next();
             }
             if (ORDERED && kOrderCounts && WA_DQ_ORDER_LAG == 1 && lane == 0 && counted) {
                 bulk_wait<0>();
@@ -583,11 +590,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (nk == KEYS) wa_unmasked_query_tiles(&p.win, j0, j0 + nk, 64, &uq0, &uq1);
 
     if (steps > 0) mbar_wait(kv_full, 0);
-    int step_head = 0, step_tile = first_step_tile<ORDERED>(nqt); /* step n's query head of the group and its tile */
+    step_walk<ORDERED> walk(nqt, p.group, walk_ends_last);
     for (int n = 0; n < steps; n++) {
         const int st = n & 1, buf = n & 1;
         const uint32_t ph = (uint32_t)(n >> 1) & 1u;
-        const long long qt = qt0 + step_tile, i0 = qt * 64;
+        const long long qt = qt0 + walk.tile, i0 = qt * 64;
         const bool edge = !(qt >= uq0 && qt < uq1);
         const uint32_t q_s = opaque(sQ + st * QT), do_s = opaque(sdO + st * QT);
         /* lse2 and δ of the step's 64 queries: each thread of the warpgroup fetches one value before
@@ -596,8 +603,8 @@ __global__ void __launch_bounds__(kThreads, 1)
          * meet a slow warp's reads). Reading them where used (from L1) measured 5-12 % slower at
          * D <= 128; fetching them by TMA beside Q was 0-5 % faster, but racecheck cannot see the
          * mbarrier order an async-proxy write before plain shared loads (dev/cuda/README.md). */
-        const long long at = VARLEN ? ws_head<true>(p, b, hk * p.group + step_head, 0) + i0
-                                    : (b * p.Hq + hk * p.group + step_head) * p.nq_pad + i0;
+        const long long at = VARLEN ? ws_head<true>(p, b, hk * p.group + walk.head, 0) + i0
+                                    : (b * p.Hq + hk * p.group + walk.head) * p.nq_pad + i0;
         float *wstats = (float *)(aligned + L::stats + (cw * 2 + (n & 1)) * L::STATS);
         const float *lse2 = wstats, *delta = BY_ROWS ? wstats + 64 : wstats;
         const bool fetcher = BY_ROWS || tid < 64;
@@ -669,8 +676,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                 else wg_wait<1>(); /* dV and dQ; dK still runs */
                 reg_fence(dq);
                 reg_fence(pa);
-                const long long tile = dq_tile(step_head, qt);
-                if constexpr (VARLEN) add_dq_rows(dq, hk * p.group + step_head, i0, dq_split_columns<D>() ? cw : 0);
+                const long long tile = dq_tile(walk.head, qt);
+                if constexpr (VARLEN) add_dq_rows(dq, hk * p.group + walk.head, i0, dq_split_columns<D>() ? cw : 0);
                 else add_dq(dq, tile, dq_split_columns<D>() ? cw : 0, n == 0);
             } else {
                 reg_fence(pb);
@@ -722,7 +729,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             wg_commit();
             turns.end();
             if constexpr (FUSE) {
-                const long long tile = dq_tile(step_head, qt);
+                const long long tile = dq_tile(walk.head, qt);
                 /* split columns: this warpgroup's block; own keys: every block in turn */
                 constexpr int BLOCKS = dq_split_columns<D>() ? 1 : DB;
 #pragma unroll
@@ -733,7 +740,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                     wg_wait<0>();
                     if (c == 0) fence_acc();
                     reg_fence(dq);
-                    if constexpr (VARLEN) add_dq_rows(dq, hk * p.group + step_head, i0, cb);
+                    if constexpr (VARLEN) add_dq_rows(dq, hk * p.group + walk.head, i0, cb);
                     else add_dq(dq, tile, cb, n == 0 && c == 0);
                 }
             } else {
@@ -781,7 +788,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             fence_acc();
         }
         mbar_arrive_if(empty(st), lane == 0);
-        next_step<ORDERED>(step_head, step_tile, nqt, p.group);
+        walk.next();
     }
     /* the reduce-adds are done before the CTA's shared memory goes (dq_writer: the writers wait) */
     if (FUSE && !dq_writer<D, FUSE, VARLEN>() && tid == 0) bulk_wait<0>();
