@@ -165,10 +165,9 @@ typedef struct wa_context_params {
      * workspace grows by one f32 copy of dQ, B*Hq*Nq*D floats with Nq rounded up to 64), and
      * because those adds land in a varying order, dq can differ in its last bits from run to run
      * (dk, dv and the forward never do). 1 = bit-identical results run to run: on Hopper at
-     * D = 128 without a left window bound (causal or none; rectangular calls) the same fused
-     * kernel with each 64 x 64 block of the accumulator summed in one fixed order (the
-     * accumulator and one int per block in the workspace), elsewhere dQ in a kernel of its own,
-     * no atomics. The Hopper kernels at D = 256 have no atomic form (deterministic either way);
+     * D = 128 (rectangular calls) the same fused kernel with each 64 x 64 block of the
+     * accumulator summed in one fixed order (the accumulator and one int per block in the
+     * workspace), elsewhere dQ in a kernel of its own, no atomics. The Hopper kernels at D = 256 have no atomic form (deterministic either way);
      * the older tensor-core kernels that run when TMA cannot describe the tensors add dQ
      * atomically at every D unless this is 1 (docs/cuda.md). Replaced cuda_atomic_dq (0.1), whose
      * 0 meant deterministic: set this to 1 to keep that behaviour. */
@@ -198,7 +197,7 @@ wa_status wa_forward(wa_context *ctx, const wa_attn_desc *desc,
  * the context keeps its backward workspace between calls (the largest so far, grown on the
  * context's stream; a call captured into a CUDA graph allocates its own) until
  * wa_context_destroy; with cuda_deterministic = 0 it holds an f32 dQ accumulator too, B*Hq*Nq*D
- * floats (Nq rounded up to 64), and so does the deterministic form on Hopper at D = 128 causal.
+ * floats (Nq rounded up to 64), and so does the deterministic form on Hopper at D = 128.
  * Varlen calls on Hopper add 1 KB per sequence to it (tensor maps cut at each sequence's end; the forward takes them from the same workspace). Deterministic on
  * the CPU (bit-identical for any thread count) and on CUDA with cuda_deterministic = 1; see that
  * field for the default.

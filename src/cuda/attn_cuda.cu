@@ -638,8 +638,8 @@ static int atomic_dq(const wa_context *ctx, const wa_problem *p, const cuda_targ
     const kparams kp = params_of(p);
     return !t.hopper || !hopper_backward_supports(kp) || hopper_backward_fuses_dq(kp);
 }
-/* the deterministic form where version 4 fuses dQ and the ordered form measured faster (D = 128
- * without a left bound, rectangular calls; bwd_hopper.cu, WA_DQ_ORDERED): the fused kernel with
+/* the deterministic form where version 4 fuses dQ and the ordered form measured faster (D = 128,
+ * rectangular calls; bwd_hopper.cu, WA_DQ_ORDERED): the fused kernel with
  * each 64 × 64 block's shares added in a fixed order, in place of the dQ kernel that forms S and dP
  * again; it needs the accumulator and a counter per block */
 static int ordered_dq(const wa_context *ctx, const wa_problem *p, const cuda_target &t) {

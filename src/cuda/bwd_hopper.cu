@@ -5,8 +5,8 @@
  *   fused (the default at D = 64 and 128): prep, dK/dV with dQ added into an f32 accumulator by
  *          bulk reduce-adds, convert. Five tile products per visible pair (FlashAttention-3's
  *          count); dq's last bits depend on the order the adds land in.
- *   ordered (wa_context_params.cuda_deterministic at D = 128 without a left window bound,
- *          rectangular calls; WA_DQ_ORDERED): the fused form with each block of the accumulator
+ *   ordered (wa_context_params.cuda_deterministic at D = 128, rectangular calls;
+ *          WA_DQ_ORDERED): the fused form with each block of the accumulator
  *          summed in one fixed order (ORDERED, dq_order), so dq is bit-identical run to run.
  *   deterministic (cuda_deterministic elsewhere, and always at D = 256): prep, dK/dV, dQ;
  *          every output element written once by one thread, no atomics; seven tile products per
@@ -197,23 +197,18 @@ template <int D, bool FUSE, bool VARLEN> __host__ __device__ constexpr bool dq_w
  * added so far; a writer waits until it reads the number that come before its own, issues the
  * reduce-add, and once its writes are done adds one (release; WA_DQ_ORDER_LAG below says when it
  * checks). The CTAs start in ascending key tile (heaviest_first across heads), so a CTA waits only
- * on CTAs that started before it. Each walks its steps tile by tile from its last query tile with
- * the group's heads inside (next_step), so that under a left window key tile n reaches a query
- * tile 2·group steps after key tile n − 1 did (the window moves by two 64-row tiles per 128-key
- * tile), and causal at the same step (one later, counted a share late): in the default order
- * (head by head, first tile first) it would get there two steps before, and every link of the
- * chain would add two steps of waiting. It replaces the dQ kernel, which forms S and dP again
- * (seven tile products per visible pair against five), where it measured faster:
+ * on CTAs that started before it; step_walk orders each CTA's steps so that it reaches a block no
+ * sooner than its lower neighbour. It replaces the dQ kernel, which forms S and dP again (seven
+ * tile products per visible pair against five), where it measured faster:
  * WA_DQ_ORDERED (hopper_backward_orders_dq)
- *   1 (the default): at D = 128 without a left bound (causal or none), where every key tile's walk
- *     starts at the last query tile and the CTAs of a head go through the query tiles together:
- *     causal D = 128 8K 542-544 TFLOP/s against the dQ kernel's 497-498 (fused 551-561);
- *   2 (lab): every D <= 128 rectangular call; with a left window the CTAs walk different query
- *     tiles and it lost: (b) 8K / 32K 454-459 / 387-390 against 461-485, D = 64 226-228 against
- *     278 (two warpgroups' shares to one block, the second waiting for the first's count);
+ *   1 (the default): at D = 128: (b) 8K / 32K 512-514 / 512-533 TFLOP/s against the dQ kernel's
+ *     487-488 / 473-502 (fused 551-557 / 555-579), causal 8K 547-550 against 497-498;
+ *   2 (lab): every D <= 128 rectangular call; at D = 64 (a 1024 window) it lost, 209-210 against
+ *     278: both warpgroups' shares go to one block, the second waiting for the first's count
+ *     (without the waits, WA_DQ_ORDER_LAB=1, 274-277);
  *   0: never.
- * (`ROWS=det CHECK=build sh dev/cuda/bwd_variants.sh full "-DWA_DQ_ORDER_LAG=0" kernel
- * "-DWA_DQ_ORDERED=0"` on a build of =2 at c25076d, docs/cuda.md.) */
+ * (`ROWS=det FUSED=default CHECK=build-o2 sh dev/cuda/bwd_variants.sh o2 "-DWA_DQ_ORDERED=2" …` at
+ * 33455c4, docs/cuda.md.) */
 #ifndef WA_DQ_ORDERED
 #define WA_DQ_ORDERED 1
 #endif
@@ -1531,7 +1526,7 @@ int hopper_backward_fuses_dq(const kparams &kp) { return kp.D == 64 || kp.D == 1
 
 int hopper_backward_orders_dq(const kparams &kp) {
     if (!kDqWriter || kp.cu_q) return 0;
-    return WA_DQ_ORDERED == 2 || (WA_DQ_ORDERED == 1 && kp.D == 128 && kp.win.left < 0);
+    return WA_DQ_ORDERED == 2 || (WA_DQ_ORDERED == 1 && kp.D == 128);
 }
 
 int hopper_backward_supports(const kparams &kp) {
