@@ -245,6 +245,11 @@ constexpr bool kOrderWaits = WA_DQ_ORDER_LAB == 0, kOrderCounts = WA_DQ_ORDER_LA
  * Two counters (head, tile) moved on at the end of each step: the signed 32-bit division of a step
  * index costs about 40 instructions a step (dev/cuda/sass_mix.py), and the counters measured 2-4 %
  * faster at D = 64 and 128 (docs/cuda.md, *Tried and measured*) */
+/* Lab: the walks that do not end at the last query tile take the group's heads in chunks of this
+ * many, each chunk tile by tile from the last with its heads inside (1: head by head) */
+#ifndef WA_DQ_WALK_INSIDE
+#define WA_DQ_WALK_INSIDE 1
+#endif
 template <bool ORDERED> struct step_walk {
     int head = 0, tile; /* the step's query head of the group, its query tile (from the CTA's first) */
     const int nqt, group;
@@ -256,8 +261,14 @@ template <bool ORDERED> struct step_walk {
             if (++tile == nqt) tile = 0, head++;
         } else if (heads_inside) {
             if (++head == group) head = 0, tile--;
-        } else if (--tile < 0) {
-            tile = nqt - 1, head++;
+        } else if (WA_DQ_WALK_INSIDE == 1) {
+            if (--tile < 0) tile = nqt - 1, head++;
+        } else {
+            const int first = head - head % WA_DQ_WALK_INSIDE, end = min(first + WA_DQ_WALK_INSIDE, group);
+            if (++head == end) {
+                head = first;
+                if (--tile < 0) tile = nqt - 1, head = end;
+            }
         }
     }
 };
