@@ -201,14 +201,16 @@ template <int D, bool FUSE, bool VARLEN> __host__ __device__ constexpr bool dq_w
  * sooner than its lower neighbour. It replaces the dQ kernel, which forms S and dP again (seven
  * tile products per visible pair against five), where it measured faster:
  * WA_DQ_ORDERED (hopper_backward_orders_dq)
- *   1 (the default): at D = 128: (b) 8K / 32K 512-514 / 512-533 TFLOP/s against the dQ kernel's
- *     487-488 / 473-502 (fused 551-557 / 555-579), causal 8K 547-550 against 497-498;
+ *   1 (the default): at D = 128: (b) 8K / 32K 514-515 / 510-553 TFLOP/s against the dQ kernel's
+ *     486-487 / 496-505 (fused 556-557 / 543-582), causal 8K 548-549 against 500-503
+ *     (`ROWS=det FUSED=default CHECK=build sh dev/cuda/bwd_variants.sh kernel "-DWA_DQ_ORDERED=0"`
+ *     at 78b9705);
  *   2 (lab): every D <= 128 rectangular call; at D = 64 (a 1024 window) it lost, 209-210 against
- *     278: both warpgroups' shares go to one block, the second waiting for the first's count
- *     (without the waits, WA_DQ_ORDER_LAB=1, 274-277);
+ *     278-280: both warpgroups' shares go to one block, the second waiting for the first's count
+ *     (without the waits, WA_DQ_ORDER_LAB=1, 274-277; `… bwd_variants.sh o2 "-DWA_DQ_ORDERED=2"
+ *     …` at 33455c4);
  *   0: never.
- * (`ROWS=det FUSED=default CHECK=build-o2 sh dev/cuda/bwd_variants.sh o2 "-DWA_DQ_ORDERED=2" …` at
- * 33455c4, docs/cuda.md.) */
+ * (docs/cuda.md, *Tried and measured*.) */
 #ifndef WA_DQ_ORDERED
 #define WA_DQ_ORDERED 1
 #endif
@@ -240,7 +242,7 @@ constexpr bool kOrderWaits = WA_DQ_ORDER_LAB == 0, kOrderCounts = WA_DQ_ORDER_LA
  *   - the others (a left window): head by head, each head's tiles from the last. Key tile n
  *     reaches a block two steps after n − 1 (the window moves two 64-row tiles per 128 keys).
  *     With the heads inside that was 2·group steps, in which the GPU touches about 1,000 other
- *     blocks, more than L2 holds: the step order alone, without a wait, lost 13 % / 27 % at (b)
+ *     blocks, more than L2 holds: the step order alone, without a wait, lost 14 % / 27 % at (b)
  *     8K / 32K (WA_DQ_ORDER_LAB=2, docs/cuda.md; `python3 dev/cuda/dq_order_sim.py` models both).
  * Two counters (head, tile) moved on at the end of each step: the signed 32-bit division of a step
  * index costs about 40 instructions a step (dev/cuda/sass_mix.py), and the counters measured 2-4 %
