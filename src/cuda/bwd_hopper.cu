@@ -224,11 +224,17 @@ template <int D, bool FUSE, bool VARLEN> __host__ __device__ constexpr bool dq_w
 static_assert(WA_DQ_ORDER_LAG == 0 || WA_DQ_ORDER_LAG == 1, "WA_DQ_ORDER_LAG is 0 or 1");
 /* Lab, to take the ordered form's cost apart (dq is then not deterministic): 1, the writer does not
  * wait for the shares before its own (it still waits for its writes and counts); 2, neither waits
- * nor counts (the step order alone) */
+ * nor counts (the step order alone). Measured with both walks (docs/cuda.md, *Tried and measured*) */
 #ifndef WA_DQ_ORDER_LAB
 #define WA_DQ_ORDER_LAB 0
 #endif
 constexpr bool kOrderWaits = WA_DQ_ORDER_LAB == 0, kOrderCounts = WA_DQ_ORDER_LAB != 2;
+
+/* Lab: the walks that do not end at the last query tile take the group's heads in chunks of this
+ * many, each chunk tile by tile from the last with its heads inside (1: head by head) */
+#ifndef WA_DQ_WALK_INSIDE
+#define WA_DQ_WALK_INSIDE 1
+#endif
 
 /* The order of a dK/dV CTA's steps, (query head of the group, query tile): head by head, each's
  * tiles from the first. ORDERED: from the last tile, which decides when a CTA reaches a block its
@@ -247,11 +253,6 @@ constexpr bool kOrderWaits = WA_DQ_ORDER_LAB == 0, kOrderCounts = WA_DQ_ORDER_LA
  * Two counters (head, tile) moved on at the end of each step: the signed 32-bit division of a step
  * index costs about 40 instructions a step (dev/cuda/sass_mix.py), and the counters measured 2-4 %
  * faster at D = 64 and 128 (docs/cuda.md, *Tried and measured*) */
-/* Lab: the walks that do not end at the last query tile take the group's heads in chunks of this
- * many, each chunk tile by tile from the last with its heads inside (1: head by head) */
-#ifndef WA_DQ_WALK_INSIDE
-#define WA_DQ_WALK_INSIDE 1
-#endif
 template <bool ORDERED> struct step_walk {
     int head = 0, tile; /* the step's query head of the group, its query tile (from the CTA's first) */
     const int nqt, group;
