@@ -9,12 +9,13 @@ CTA can wait; the script prints, per step order,
   - the share of block touches (the Q, dO and dQ accumulator tiles of one query head and tile:
     64 KB at D = 128) that miss an LRU cache of the L2's 50 MB, touches taken in time order: the
     dQ reduce-adds and the Q / dO loads of a block that left L2 go to HBM.
-Orders: `fused` (the default form, no order: head by head, each head's tiles from the first),
-`inside` (tile by tile from the last, the group's heads inside: bwd_hopper.cu's ORDERED walk),
-`outside` (head by head, each head's tiles from the last), `split` (`outside` for CTAs whose walk
-reaches the last query tile under the window, `inside` for the others... chosen per CTA).
+Orders: `fused` (the default form, no order: head by head, each head's tiles from the first); `N`
+(each CTA's tiles from the last, the group's heads in chunks of N, each chunk tile by tile with its
+heads inside: `4` is all of a group of four inside, `1` head by head); `N/M` (M for the walks that
+end at the last query tile). bwd_hopper.cu's step_walk is `1/4` at a group of four (`4` before
+33455c4); the fused form's walk has no waits, so its row shows the time without them alone.
 No GPU needed:
-    python3 dev/cuda/dq_order_sim.py [--n 8192,32768] [--window 4096] [--hq 32 --hkv 8]"""
+    python3 dev/cuda/dq_order_sim.py [--n 8192,32768] [--window 4096] [--hq 32 --hkv 8] [--orders ...]"""
 import argparse
 import heapq
 from collections import OrderedDict
@@ -92,7 +93,7 @@ def simulate(n, window, hq, hkv, order, ordered, sms=132, l2_blocks=800):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", default="8192,32768")
-    ap.add_argument("--window", type=int, default=4096)
+    ap.add_argument("--window", type=int, default=4096, help="keys a query sees (0: causal, no left bound)")
     ap.add_argument("--hq", type=int, default=32)
     ap.add_argument("--hkv", type=int, default=8)
     ap.add_argument("--orders", default="fused,4,1,2,1/4,2/4")
