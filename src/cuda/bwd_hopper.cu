@@ -231,7 +231,9 @@ static_assert(WA_DQ_ORDER_LAG == 0 || WA_DQ_ORDER_LAG == 1, "WA_DQ_ORDER_LAG is 
 constexpr bool kOrderWaits = WA_DQ_ORDER_LAB == 0, kOrderCounts = WA_DQ_ORDER_LAB != 2;
 
 /* Lab: the walks that do not end at the last query tile take the group's heads in chunks of this
- * many, each chunk tile by tile from the last with its heads inside (1: head by head) */
+ * many, each chunk tile by tile from the last with its heads inside (1: head by head). 2 measured
+ * no gain: deterministic (b) 8K / 32K 513-519 / 513-515 against 510-512 / 518-549 (f665a66,
+ * docs/cuda.md, Next) */
 #ifndef WA_DQ_WALK_INSIDE
 #define WA_DQ_WALK_INSIDE 1
 #endif
