@@ -167,9 +167,10 @@ typedef struct wa_context_params {
      * (dk, dv and the forward never do). 1 = bit-identical results run to run: on Hopper at
      * D = 128 (rectangular calls) the same fused kernel with each 64 x 64 block of the
      * accumulator summed in one fixed order (the accumulator and one int per block in the
-     * workspace), elsewhere dQ in a kernel of its own, no atomics. The Hopper kernels at D = 256 have no atomic form (deterministic either way);
-     * the older tensor-core kernels that run when TMA cannot describe the tensors add dQ
-     * atomically at every D unless this is 1 (docs/cuda.md). Replaced cuda_atomic_dq (0.1), whose
+     * workspace), elsewhere dQ in a kernel of its own, no atomics. The Hopper kernels at D = 256
+     * have no atomic form (deterministic either way); the older tensor-core kernels that run when
+     * TMA cannot describe the tensors add dQ atomically at every D unless this is 1
+     * (docs/cuda.md). Replaced cuda_atomic_dq (0.1), whose
      * 0 meant deterministic: set this to 1 to keep that behaviour. */
     int cuda_deterministic;
 } wa_context_params;

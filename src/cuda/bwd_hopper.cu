@@ -230,14 +230,6 @@ static_assert(WA_DQ_ORDER_LAG == 0 || WA_DQ_ORDER_LAG == 1, "WA_DQ_ORDER_LAG is 
 #endif
 constexpr bool kOrderWaits = WA_DQ_ORDER_LAB == 0, kOrderCounts = WA_DQ_ORDER_LAB != 2;
 
-/* Lab: the walks that do not end at the last query tile take the group's heads in chunks of this
- * many, each chunk tile by tile from the last with its heads inside (1: head by head). 2 measured
- * no gain: deterministic (b) 8K / 32K 513-519 / 513-515 against 510-512 / 518-549 (f665a66,
- * docs/cuda.md, Next) */
-#ifndef WA_DQ_WALK_INSIDE
-#define WA_DQ_WALK_INSIDE 1
-#endif
-
 /* The order of a dK/dV CTA's steps, (query head of the group, query tile): head by head, each's
  * tiles from the first. ORDERED: from the last tile, which decides when a CTA reaches a block its
  * lower neighbour (key tile n - 1) must add to first, and how long a block waits in L2 between
@@ -252,6 +244,7 @@ constexpr bool kOrderWaits = WA_DQ_ORDER_LAB == 0, kOrderCounts = WA_DQ_ORDER_LA
  *     With the heads inside that was 2·group steps, in which the GPU touches about 1,000 other
  *     blocks, more than L2 holds: the step order alone, without a wait, lost 14 % / 27 % at (b)
  *     8K / 32K (WA_DQ_ORDER_LAB=2, docs/cuda.md; `python3 dev/cuda/dq_order_sim.py` models both).
+ *     Two heads inside (four steps of slack; -DWA_DQ_WALK_INSIDE=2 at f665a66) measured no gain.
  * Two counters (head, tile) moved on at the end of each step: the signed 32-bit division of a step
  * index costs about 40 instructions a step (dev/cuda/sass_mix.py), and the counters measured 2-4 %
  * faster at D = 64 and 128 (docs/cuda.md, *Tried and measured*) */
@@ -266,14 +259,8 @@ template <bool ORDERED> struct step_walk {
             if (++tile == nqt) tile = 0, head++;
         } else if (heads_inside) {
             if (++head == group) head = 0, tile--;
-        } else if (WA_DQ_WALK_INSIDE == 1) {
-            if (--tile < 0) tile = nqt - 1, head++;
-        } else {
-            const int first = head - head % WA_DQ_WALK_INSIDE, end = min(first + WA_DQ_WALK_INSIDE, group);
-            if (++head == end) {
-                head = first;
-                if (--tile < 0) tile = nqt - 1, head = end;
-            }
+        } else if (--tile < 0) {
+            tile = nqt - 1, head++;
         }
     }
 };
