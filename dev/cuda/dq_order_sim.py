@@ -7,8 +7,9 @@ of the same block is counted in (WA_DQ_ORDER_LAG 1: when that CTA issues its nex
 CTA can wait; the script prints, per step order,
   - the makespan over the ideal (all steps / SMs), with the waits and without them (the fused form);
   - the share of block touches (the Q, dO and dQ accumulator tiles of one query head and tile:
-    64 KB at D = 128) that miss an LRU cache of the L2's 50 MB, touches taken in time order: the
-    dQ reduce-adds and the Q / dO loads of a block that left L2 go to HBM.
+    64 KB at D = 128) that miss an LRU cache of the L2's 50 MB, touches taken in time order on the
+    schedule without the waits: the dQ reduce-adds and the Q / dO loads of a block that left L2 go
+    to HBM.
 Orders: `fused` (the default form, no order: head by head, each head's tiles from the first); `N`
 (each CTA's tiles from the last, the group's heads in chunks of N, each chunk tile by tile with its
 heads inside: `4` is all of a group of four inside, `1` head by head); `N/M` (M for the walks that
@@ -99,8 +100,22 @@ def main():
     ap.add_argument("--orders", default="fused,4,1,2,1/4,2/4")
     ap.add_argument("--l2-blocks", type=int, default=800)
     a = ap.parse_args()
+    try:
+        lengths = [int(x) for x in a.n.split(",")]
+    except ValueError:
+        ap.error(f"--n takes lengths separated by commas, not {a.n!r}")
+    if any(n < 128 for n in lengths):
+        ap.error("--n: every length is at least 128 (one key tile)")
+    if a.hkv < 1 or a.hq < a.hkv or a.hq % a.hkv:
+        ap.error(f"--hq {a.hq} is not a positive multiple of --hkv {a.hkv}")
+    if a.window < 0 or a.l2_blocks < 1:
+        ap.error("--window is 0 (causal) or more, --l2-blocks 1 or more")
+    for order in a.orders.split(","):
+        parts = order.split("/")
+        if order != "fused" and not (len(parts) <= 2 and all(p.isdigit() and int(p) > 0 for p in parts)):
+            ap.error(f"--orders: {order!r} is not fused, N or N/M (N, M positive)")
     print(f"Hq {a.hq}, Hkv {a.hkv}, window {a.window}: makespan / ideal (fused form | ordered), L2 misses per block touch")
-    for n in map(int, a.n.split(",")):
+    for n in lengths:
         for order in a.orders.split(","):
             m0, miss = simulate(n, a.window, a.hq, a.hkv, order, False, l2_blocks=a.l2_blocks)
             m1, _ = simulate(n, a.window, a.hq, a.hkv, order, True) if order != "fused" else (float("nan"), 0)
