@@ -346,6 +346,22 @@ constexpr bool kDkdvAcrossHeads = WA_DKDV_HEAD_MAJOR == 0, kDkdvWideAcrossHeads 
  * roundings. Measured with the step counters: D = 64 +3 %, D = 128 within the runs' spread
  * (docs/cuda.md). The by-output kernels (D = 256) keep the scale in dS. */
 
+/* lse2 and δ of a step's 64 queries (by rows, rectangular calls). WA_BWD_STATS_TMA:
+ *   0 (the default): each consumer thread fetches one value from global memory before the step's
+ *     products and stores it to shared memory; a named barrier of the warpgroup (kStats)
+ *     publishes them;
+ *   1 (lab): the producer loads them by two bulk copies into the step's stage beside Q and dO,
+ *     counted on its full barrier; every consumer thread arrives on the stage's empty barrier once
+ *     its reads are done (256 arrivals, the form of the D = 512 dS hand-back that racecheck
+ *     follows);
+ *   2 (lab): as 1, one arrival per consumer warp after a __syncwarp. */
+#ifndef WA_BWD_STATS_TMA
+#define WA_BWD_STATS_TMA 0
+#endif
+template <int D, bool VARLEN> __host__ __device__ constexpr bool stats_by_tma() {
+    return WA_BWD_STATS_TMA != 0 && kv_by_rows<D>() && !VARLEN;
+}
+
 template <typename T, int D, Cap CAP, bool FUSE, bool VARLEN, bool ORDERED = false>
 __global__ void __launch_bounds__(kThreads, 1)
     dkdv_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
@@ -384,7 +400,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     if (threadIdx.x == 0) {
         mbar_init(kv_full, 1);
-        for (int s = 0; s < 2; s++) mbar_init(full(s), 1), mbar_init(empty(s), 8); /* one arrival per consumer warp */
+        /* one arrival per consumer warp, or per consumer thread (stats_by_tma, WA_BWD_STATS_TMA 1) */
+        constexpr uint32_t empty_arrivals = stats_by_tma<D, VARLEN>() && WA_BWD_STATS_TMA == 1 ? 256 : 8;
+        for (int s = 0; s < 2; s++) mbar_init(full(s), 1), mbar_init(empty(s), empty_arrivals);
         mbar_init_fence();
     }
     __syncthreads();
@@ -406,10 +424,15 @@ __global__ void __launch_bounds__(kThreads, 1)
                 const uint32_t ph = (uint32_t)(n >> 1) & 1u;
                 const long long h = hk * p.group + walk.head, i0 = (qt0 + walk.tile) * 64;
                 if (n >= 2) mbar_wait(empty(st), ph ^ 1u);
-                mbar_expect_tx(full(st), 2 * QT);
+                mbar_expect_tx(full(st), 2 * QT + (stats_by_tma<D, VARLEN>() ? 512 : 0));
                 for (int c = 0; c < DB; c++) {
                     tma_load(sQ + st * QT + c * (64 * 128), mq, full(st), c * 64, (int)(q_row0 + i0), (int)h, (int)b);
                     tma_load(sdO + st * QT + c * (64 * 128), mdo, full(st), c * 64, (int)(q_row0 + i0), (int)h, (int)b);
+                }
+                if constexpr (stats_by_tma<D, VARLEN>()) { /* lse2 then δ of the 64 rows (prep padded them to nq_pad) */
+                    const long long at = (b * p.Hq + h) * p.nq_pad + i0;
+                    bulk_load(base + L::stats + st * 512, p.lse2 + at, 256, full(st));
+                    bulk_load(base + L::stats + st * 512 + 256, p.delta + at, 256, full(st));
                 }
                 walk.next();
             }
@@ -603,9 +626,11 @@ __global__ void __launch_bounds__(kThreads, 1)
          * mbarrier order an async-proxy write before plain shared loads (dev/cuda/README.md). */
         const long long at = VARLEN ? ws_head<true>(p, b, hk * p.group + walk.head, 0) + i0
                                     : (b * p.Hq + hk * p.group + walk.head) * p.nq_pad + i0;
-        float *wstats = (float *)(aligned + L::stats + (cw * 2 + (n & 1)) * L::STATS);
+        constexpr bool TMA_STATS = stats_by_tma<D, VARLEN>();
+        /* by TMA: the stage's (the producer's bulk copies); else this warpgroup's, by step parity */
+        float *wstats = (float *)(aligned + L::stats + (TMA_STATS ? st * 512 : (cw * 2 + (n & 1)) * L::STATS));
         const float *lse2 = wstats, *delta = BY_ROWS ? wstats + 64 : wstats;
-        const bool fetcher = BY_ROWS || tid < 64;
+        const bool fetcher = !TMA_STATS && (BY_ROWS || tid < 64);
         float mine = 0.0f;
         if (fetcher && !VARLEN)
             mine = BY_ROWS ? (tid < 64 ? p.lse2[at + tid] : p.delta[at + tid - 64]) : (cw == 0 ? p.lse2 : p.delta)[at + tid];
@@ -618,6 +643,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         mbar_wait(full(st), ph);
         auto publish_stats = [&]() {
+            if (TMA_STATS) return; /* they came with Q and dO */
             if (fetcher) wstats[tid] = mine;
             named_sync(kStats + cw, 128);
         };
@@ -785,7 +811,8 @@ __global__ void __launch_bounds__(kThreads, 1)
             wg_wait<0>();
             fence_acc();
         }
-        mbar_arrive_if(empty(st), lane == 0);
+        if (stats_by_tma<D, VARLEN>() && WA_BWD_STATS_TMA == 2) __syncwarp(); /* the warp's reads of the stats are done */
+        mbar_arrive_if(empty(st), lane == 0 || (stats_by_tma<D, VARLEN>() && WA_BWD_STATS_TMA == 1));
         walk.next();
     }
     /* the reduce-adds are done before the CTA's shared memory goes (dq_writer: the writers wait) */

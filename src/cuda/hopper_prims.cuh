@@ -66,6 +66,13 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap *map, u
         "l"((uint64_t)map), "r"(d), "r"(n), "r"(h), "r"(b), "r"(bar)
         : "memory");
 }
+/* `bytes` (a multiple of 16, both ends 16-byte aligned) from global src into shared dst by the
+ * async proxy; completion is counted on bar, as tma_load's */
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst), "l"(src),
+                 "r"(bytes), "r"(bar)
+                 : "memory");
+}
 /* ---- clusters (the lab's two-CTA D = 512 forward, -DWA_FWD512_CLUSTER) ---- */
 
 /* the CTA's rank in its cluster */
