@@ -347,16 +347,20 @@ constexpr bool kDkdvAcrossHeads = WA_DKDV_HEAD_MAJOR == 0, kDkdvWideAcrossHeads 
  * (docs/cuda.md). The by-output kernels (D = 256) keep the scale in dS. */
 
 /* lse2 and δ of a step's 64 queries (by rows, rectangular calls). WA_BWD_STATS_TMA:
- *   0 (the default): each consumer thread fetches one value from global memory before the step's
- *     products and stores it to shared memory; a named barrier of the warpgroup (kStats)
- *     publishes them;
- *   1 (lab): the producer loads them by two bulk copies into the step's stage beside Q and dO,
- *     counted on its full barrier; every consumer thread arrives on the stage's empty barrier once
- *     its reads are done (256 arrivals, the form of the D = 512 dS hand-back that racecheck
- *     follows);
- *   2 (lab): as 1, one arrival per consumer warp after a __syncwarp. */
+ *   1 (the default): the producer loads them by two bulk copies into the step's stage beside Q
+ *     and dO, counted on its full barrier; every consumer thread arrives on the stage's empty
+ *     barrier once its reads are done (256 arrivals, the form of the D = 512 dS hand-back that
+ *     racecheck follows). Against 0 in one run (`ROWS=det SANITIZE=0 CHECK="build-st1 build-st2"
+ *     sh dev/cuda/bwd_variants.sh st1 "-DWA_BWD_STATS_TMA=1" st2 "-DWA_BWD_STATS_TMA=2"` at
+ *     af9e003, two rounds): D = 64 (1024 window, 16K) 309-310 TFLOP/s against 293-295, (b) 8K
+ *     557-560 against 552-555, causal D = 128 8K 569-570 against 566-568; deterministic (b) 8K
+ *     531-533 against 515, D = 64 285-288 against 276-279, causal 560-563 against 546-550;
+ *   0: each consumer thread fetches one value from global memory before the step's products and
+ *     stores it to shared memory; a named barrier of the warpgroup (kStats) publishes them;
+ *   2 (lab): as 1, one arrival per consumer warp after a __syncwarp (as 1 but at (b) 32K
+ *     deterministic 505-517 against 542-558). */
 #ifndef WA_BWD_STATS_TMA
-#define WA_BWD_STATS_TMA 0
+#define WA_BWD_STATS_TMA 1
 #endif
 template <int D, bool VARLEN> __host__ __device__ constexpr bool stats_by_tma() {
     return WA_BWD_STATS_TMA != 0 && kv_by_rows<D>() && !VARLEN;
