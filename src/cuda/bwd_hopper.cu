@@ -58,11 +58,21 @@ __device__ __forceinline__ void prob_of(const kparams &p, float x, float lse2, f
     }
 }
 
+/* Two ways to split a CTA's work between its consumer warpgroups:
+ *   by rows (D ≤ 128): 128 keys per CTA, each warpgroup owns 64 of them with both dK and dV in
+ *     registers (2 × 64 × D / 128 ≤ 128 per thread) and does all four products for them;
+ *   by output (D = 256): 64 keys per CTA, warpgroup 1 owns dV, warpgroup 2 dK (256 registers per
+ *     thread would not fit one), Pᵀ goes from the first to the second through shared memory. */
+template <int D> __host__ __device__ constexpr bool kv_by_rows() { return D <= 128; }
+template <int D> __host__ __device__ constexpr int kv_keys() { return kv_by_rows<D>() ? 128 : 64; }
+
 /* ---- prep: δ and lse2 ---- */
 
 template <int D> constexpr size_t prep_smem_bytes() { return 1024 + (size_t)2 * 64 * D * 2; }
 
-template <typename T, int D, bool VARLEN> __global__ void __launch_bounds__(128) prep_kernel(const kparams kp) {
+/* ZERO_ALL false (the ordered dQ with its first shares stored, kOrderedFirstStores): only the
+ * accumulator tiles no key tile adds to are zeroed */
+template <typename T, int D, bool VARLEN, bool ZERO_ALL = true> __global__ void __launch_bounds__(128) prep_kernel(const kparams kp) {
 #if WA_HOPPER_STUB /* not the sm_90a compilation: never launched (common.cuh) */
     __trap();
 #else
@@ -78,7 +88,10 @@ template <typename T, int D, bool VARLEN> __global__ void __launch_bounds__(128)
     cp_async_commit();
     if (p.dq_acc && !VARLEN) { /* the fused backward's dQ accumulator for these 64 rows (dq_convert_kernel's order) starts at 0 */
         float4 *acc = (float4 *)(p.dq_acc + ((b * p.Hq + h) * (p.nq_pad / 64) + blockIdx.x) * (64 * D));
-        for (int i = threadIdx.x; i < 16 * D; i += 128) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        int64_t kt0 = 0, kt1 = 0;
+        if (!ZERO_ALL) wa_key_tiles_for_rows(&p.win, i0, i0 + 64, kv_keys<D>(), &kt0, &kt1);
+        if (ZERO_ALL || kt0 == kt1)
+            for (int i = threadIdx.x; i < 16 * D; i += 128) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         /* the ordered form's counters of these rows' D / 64 blocks (dkdv_ws_kernel's dq_order) */
         if (p.dq_order && threadIdx.x < D / 64) p.dq_order[((b * p.Hq + h) * (p.nq_pad / 64) + blockIdx.x) * (D / 64) + threadIdx.x] = 0;
     } else if (p.dq_acc) { /* varlen: its rows of the row-major [Hq, Tq, D] accumulator, this sequence's only */
@@ -124,14 +137,6 @@ template <typename T, int D, bool VARLEN> __global__ void __launch_bounds__(128)
 }
 
 /* ---- dK, dV ---- */
-
-/* Two ways to split a CTA's work between its consumer warpgroups:
- *   by rows (D ≤ 128): 128 keys per CTA, each warpgroup owns 64 of them with both dK and dV in
- *     registers (2 × 64 × D / 128 ≤ 128 per thread) and does all four products for them;
- *   by output (D = 256): 64 keys per CTA, warpgroup 1 owns dV, warpgroup 2 dK (256 registers per
- *     thread would not fit one), Pᵀ goes from the first to the second through shared memory. */
-template <int D> __host__ __device__ constexpr bool kv_by_rows() { return D <= 128; }
-template <int D> __host__ __device__ constexpr int kv_keys() { return kv_by_rows<D>() ? 128 : 64; }
 
 /* The fused form (by rows only, the atomic-dQ option): each step also forms dQ = dS K for its 64
  * queries and adds it to an f32 accumulator in global memory. dSᵀ (bf16/f16) goes to shared memory,
@@ -229,6 +234,14 @@ static_assert(WA_DQ_ORDER_LAG == 0 || WA_DQ_ORDER_LAG == 1, "WA_DQ_ORDER_LAG is 
 #define WA_DQ_ORDER_LAB 0
 #endif
 constexpr bool kOrderWaits = WA_DQ_ORDER_LAB == 0, kOrderCounts = WA_DQ_ORDER_LAB != 2;
+/* The ordered form's first share of each block (key tile kt0's; at D = 64 its warpgroup 0's) is
+ * stored by a bulk copy rather than added, so that prep need not zero the accumulator (half of its
+ * bytes): only the tiles no key tile reaches (prep_kernel's ZERO_ALL). WA_DQ_FIRST_STORES 1 (the
+ * default) or 0 (prep zeroes, every share adds). */
+#ifndef WA_DQ_FIRST_STORES
+#define WA_DQ_FIRST_STORES 1
+#endif
+constexpr bool kOrderedFirstStores = WA_DQ_FIRST_STORES != 0 && kOrderWaits;
 
 /* The order of a dK/dV CTA's steps, (query head of the group, query tile): head by head, each's
  * tiles from the first. ORDERED: from the last tile, which decides when a CTA reaches a block its
@@ -453,15 +466,19 @@ __global__ void __launch_bounds__(kThreads, 1)
                 named_sync(kDqStaged + w, 160);
                 if (lane == 0) {
                     const long long tile = dq_tile(walk.head, qt0 + walk.tile);
+                    bool first = false; /* the block's first share: stored (kOrderedFirstStores) */
                     if constexpr (ORDERED && kOrderWaits) {
                         /* the shares before this one: the key tiles of this query tile below ours */
                         const long long qt = qt0 + walk.tile;
                         int64_t kt0, kt1;
                         wa_key_tiles_for_rows(&p.win, qt * 64, qt * 64 + 64, KEYS, &kt0, &kt1);
-                        wait_count(p.dq_order + tile * DB + cb, SHARES * (int)(at.tile - kt0) + (SHARES == 2 ? w : 0));
+                        const int before = SHARES * (int)(at.tile - kt0) + (SHARES == 2 ? w : 0);
+                        wait_count(p.dq_order + tile * DB + cb, before);
                         fence_proxy_async(); /* the reduce-add below (async proxy) after the acquire */
+                        first = kOrderedFirstStores && before == 0;
                     }
-                    bulk_reduce_add_f32(p.dq_acc + (tile * DB + cb) * 4096, stage, 64 * 64 * 4);
+                    if (first) bulk_store_f32(p.dq_acc + (tile * DB + cb) * 4096, stage, 64 * 64 * 4);
+                    else bulk_reduce_add_f32(p.dq_acc + (tile * DB + cb) * 4096, stage, 64 * 64 * 4);
                     bulk_commit();
                     if (ORDERED && kOrderCounts && WA_DQ_ORDER_LAG == 1) {
                         if (counted) {
@@ -1425,7 +1442,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 /* One CTA per 64 query rows of a head: the accumulator holds, per 64-row tile, D/64 blocks of
  * 64 × 64 floats in the consumers' fragment order (float4 nb·128 + thread: rows 16 w4 + g and
- * + 8, columns 64 block + 8 nb + 2 t4 and + 1), written by add_dq in dkdv_ws_kernel. */
+ * + 8, columns 64 block + 8 nb + 2 t4 and + 1), written by add_dq in dkdv_ws_kernel.
+ * WA_DQ_CONVERT_STAGED:
+ *   1 (the default): the rounded tile is staged in shared memory and stored by rows, 16 bytes a
+ *     thread (a warp stores whole rows), where dq's rows allow it (16-byte aligned), else 4;
+ *   0: each thread stores its fragments' pairs straight to dq, 4 bytes a store (Nsight Compute at
+ *     b27b129, (b) 8K: 63.9 µs, its largest stall lg_throttle, the memory instruction queue). */
+#ifndef WA_DQ_CONVERT_STAGED
+#define WA_DQ_CONVERT_STAGED 1
+#endif
 template <typename T, int D> __global__ void __launch_bounds__(128) dq_convert_kernel(kparams p) {
 #if WA_HOPPER_STUB /* not the sm_90a compilation: never launched (common.cuh) */
     __trap();
@@ -1434,15 +1459,47 @@ template <typename T, int D> __global__ void __launch_bounds__(128) dq_convert_k
     const int tid = threadIdx.x, w4 = tid >> 5, g = (tid & 31) >> 2, t4 = tid & 3;
     const long long h = blockIdx.y, b = blockIdx.z, i0 = (long long)blockIdx.x * 64;
     const float4 *acc = (const float4 *)(p.dq_acc + ((b * p.Hq + h) * (p.nq_pad / 64) + blockIdx.x) * (64 * D));
-    float frag[DB * 8][4];
+    if constexpr (WA_DQ_CONVERT_STAGED == 0) {
+        float frag[DB * 8][4];
 #pragma unroll
-    for (int i = 0; i < DB * 8; i++) {
-        const float4 v = acc[i * 128 + tid];
-        /* dQ = scale · Σ dS K: the dK/dV kernel left the scale out of dS */
-        frag[i][0] = v.x * p.scale, frag[i][1] = v.y * p.scale, frag[i][2] = v.z * p.scale, frag[i][3] = v.w * p.scale;
+        for (int i = 0; i < DB * 8; i++) {
+            const float4 v = acc[i * 128 + tid];
+            /* dQ = scale · Σ dS K: the dK/dV kernel left the scale out of dS */
+            frag[i][0] = v.x * p.scale, frag[i][1] = v.y * p.scale, frag[i][2] = v.z * p.scale, frag[i][3] = v.w * p.scale;
+        }
+        const long long rows[2] = {i0 + w4 * 16 + g, i0 + w4 * 16 + g + 8};
+        store_frag_rows<T, DB * 8>(p.dq, frag, rows, p.Nq, b, h, t4);
+    } else {
+        /* a row of the staged tile is 16 bytes longer than its D values, so that a warp's 4-byte
+         * stores of 8 rows × 4 pairs fall in 32 different banks */
+        constexpr int STRIDE = D * 2 + 16, CHUNKS = D / 8; /* 16-byte chunks a row */
+        __shared__ __align__(16) unsigned char tile[64 * STRIDE];
+        float4 v[DB * 8];
+#pragma unroll
+        for (int i = 0; i < DB * 8; i++) v[i] = acc[i * 128 + tid]; /* all loads in flight before the first use */
+#pragma unroll
+        for (int i = 0; i < DB * 8; i++) {
+            /* dQ = scale · Σ dS K: the dK/dV kernel left the scale out of dS */
+            unsigned char *at = tile + (w4 * 16 + g) * STRIDE + (i * 8 + 2 * t4) * 2;
+            *(uint32_t *)at = pack2<T>(v[i].x * p.scale, v[i].y * p.scale);
+            *(uint32_t *)(at + 8 * STRIDE) = pack2<T>(v[i].z * p.scale, v[i].w * p.scale);
+        }
+        __syncthreads();
+        const bool wide = ((reinterpret_cast<uintptr_t>(p.dq.data) | (uintptr_t)(p.dq.s0 | p.dq.s1 | p.dq.s2) * sizeof(T)) & 15) == 0;
+#pragma unroll
+        for (int k = 0; k < 64 * CHUNKS / 128; k++) {
+            const int e = tid + 128 * k, r = e / CHUNKS, c = e % CHUNKS;
+            if (i0 + r >= p.Nq) continue;
+            const uint4 x = *(const uint4 *)(tile + r * STRIDE + c * 16);
+            T *dst = row_of<T>(p.dq, b, h, i0 + r) + c * 8;
+            if (wide) {
+                *(uint4 *)dst = x;
+            } else {
+                uint32_t *d4 = (uint32_t *)dst;
+                d4[0] = x.x, d4[1] = x.y, d4[2] = x.z, d4[3] = x.w;
+            }
+        }
     }
-    const long long rows[2] = {i0 + w4 * 16 + g, i0 + w4 * 16 + g + 8};
-    store_frag_rows<T, DB * 8>(p.dq, frag, rows, p.Nq, b, h, t4);
 #endif
 }
 
@@ -1458,7 +1515,7 @@ constexpr unsigned kKeyMaps = 0b11001100u;
 
 template <typename T, int D, Cap CAP, bool VARLEN>
 static wa_status launch_all(const kparams &kp, const CUtensorMap (&m)[8], cudaStream_t s) {
-    static volatile unsigned long long done_prep = 0, done_kv = 0, done_fused = 0, done_ordered = 0, done_q = 0;
+    static volatile unsigned long long done_prep = 0, done_prep_stores = 0, done_kv = 0, done_fused = 0, done_ordered = 0, done_q = 0;
     constexpr int keys = kv_keys<D>();
     const unsigned q_tiles = (unsigned)(kp.nq_pad / 64), key_tiles = (unsigned)((kp.Nk + keys - 1) / keys);
     CUDA_TRY(raise_once(prep_kernel<T, D, VARLEN>, prep_smem_bytes<D>(), &done_prep));
@@ -1470,12 +1527,17 @@ static wa_status launch_all(const kparams &kp, const CUtensorMap (&m)[8], cudaSt
                           * with dQ (in order where kp.dq_order is set: rectangular calls), dq from
                           * the accumulator */
             auto dkdv = dkdv_ws_kernel<T, D, CAP, true, VARLEN>;
+            auto prep = prep_kernel<T, D, VARLEN>;
             volatile unsigned long long *done = &done_fused;
             if constexpr (!VARLEN)
-                if (kp.dq_order) dkdv = dkdv_ws_kernel<T, D, CAP, true, false, true>, done = &done_ordered;
+                if (kp.dq_order) {
+                    dkdv = dkdv_ws_kernel<T, D, CAP, true, false, true>, done = &done_ordered;
+                    if (kOrderedFirstStores) prep = prep_kernel<T, D, false, false>;
+                    CUDA_TRY(raise_once(prep, prep_smem_bytes<D>(), &done_prep_stores));
+                }
             CUDA_TRY(raise_once(dkdv, kv_layout<D, true>::bytes, done));
             const wa_status st = over_sequences(kp, [&](const kparams &c, unsigned z) {
-                prep_kernel<T, D, VARLEN><<<dim3(q_tiles, (unsigned)kp.Hq, z), 128, prep_smem_bytes<D>(), s>>>(c);
+                prep<<<dim3(q_tiles, (unsigned)kp.Hq, z), 128, prep_smem_bytes<D>(), s>>>(c);
                 CUDA_TRY(cudaGetLastError());
                 dkdv<<<dim3(key_tiles, (unsigned)kp.Hkv, z), kThreads, kv_layout<D, true>::bytes, s>>>(m[0], m[1], m[2], m[3], c);
                 CUDA_TRY(cudaGetLastError());

@@ -116,6 +116,11 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float *dst, uint32_t src, ui
     asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes)
                  : "memory");
 }
+/* global [dst, dst + bytes) = shared [src, src + bytes), by the async proxy, as bulk_reduce_add_f32
+ * (the same alignment, completion by bulk groups) */
+__device__ __forceinline__ void bulk_store_f32(float *dst, uint32_t src, uint32_t bytes) {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes) : "memory");
+}
 /* global f32 dst[0], dst[1] += x, y when pred: one relaxed vector reduction performed at L2 (dst
  * 8-byte aligned); predicated, not branched, like mbar_arrive_if */
 __device__ __forceinline__ void red_add_v2_if(float *dst, float x, float y, bool pred) {
