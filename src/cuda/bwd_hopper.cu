@@ -237,7 +237,8 @@ constexpr bool kOrderWaits = WA_DQ_ORDER_LAB == 0, kOrderCounts = WA_DQ_ORDER_LA
 /* The ordered form's first share of each block (key tile kt0's; at D = 64 its warpgroup 0's) is
  * stored by a bulk copy rather than added, so that prep need not zero the accumulator (half of its
  * bytes): only the tiles no key tile reaches (prep_kernel's ZERO_ALL). WA_DQ_FIRST_STORES 1 (the
- * default) or 0 (prep zeroes, every share adds). */
+ * default) or 0 (prep zeroes, every share adds): deterministic (b) 8K 537-539 TFLOP/s against
+ * 531-534, causal D = 128 566-570 against 565 (the bwd_variants.sh run of WA_DQ_CONVERT_STAGED). */
 #ifndef WA_DQ_FIRST_STORES
 #define WA_DQ_FIRST_STORES 1
 #endif
@@ -639,12 +640,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         const long long qt = qt0 + walk.tile, i0 = qt * 64;
         const bool edge = !(qt >= uq0 && qt < uq1);
         const uint32_t q_s = opaque(sQ + st * QT), do_s = opaque(sdO + st * QT);
-        /* lse2 and δ of the step's 64 queries: each thread of the warpgroup fetches one value before
-         * the tile products and stores it to shared memory while they run; a named barrier of the
-         * warpgroup publishes them (two buffers by step parity, so a fast warp's next store cannot
-         * meet a slow warp's reads). Reading them where used (from L1) measured 5-12 % slower at
-         * D <= 128; fetching them by TMA beside Q was 0-5 % faster, but racecheck cannot see the
-         * mbarrier order an async-proxy write before plain shared loads (dev/cuda/README.md). */
+        /* lse2 and δ of the step's 64 queries: by rows on rectangular calls, in the stage beside Q
+         * and dO (stats_by_tma); otherwise each thread of the warpgroup fetches one value before
+         * the tile products and stores it to shared memory while they run, and a named barrier of
+         * the warpgroup publishes them (two buffers by step parity, so a fast warp's next store
+         * cannot meet a slow warp's reads). Reading them where used (from L1) measured 5-12 %
+         * slower at D <= 128. An earlier form by bulk copies, released by one arrival per warp,
+         * drew racecheck hazards; with every thread arriving it draws none (docs/cuda.md). */
         const long long at = VARLEN ? ws_head<true>(p, b, hk * p.group + walk.head, 0) + i0
                                     : (b * p.Hq + hk * p.group + walk.head) * p.nq_pad + i0;
         constexpr bool TMA_STATS = stats_by_tma<D, VARLEN>();
@@ -1445,7 +1447,10 @@ __global__ void __launch_bounds__(kThreads, 1)
  * + 8, columns 64 block + 8 nb + 2 t4 and + 1), written by add_dq in dkdv_ws_kernel.
  * WA_DQ_CONVERT_STAGED:
  *   1 (the default): the rounded tile is staged in shared memory and stored by rows, 16 bytes a
- *     thread (a warp stores whole rows), where dq's rows allow it (16-byte aligned), else 4;
+ *     thread (a warp stores whole rows), where dq's rows allow it (16-byte aligned), else 4: the
+ *     (b) 8K backward 557-562 TFLOP/s against 553-555, deterministic 537-539 against 527-532
+ *     (`ROWS=det CHECK=build sh dev/cuda/bwd_variants.sh conv0 "-DWA_DQ_CONVERT_STAGED=0" …` at
+ *     a7d7c28);
  *   0: each thread stores its fragments' pairs straight to dq, 4 bytes a store (Nsight Compute at
  *     b27b129, (b) 8K: 63.9 µs, its largest stall lg_throttle, the memory instruction queue). */
 #ifndef WA_DQ_CONVERT_STAGED
