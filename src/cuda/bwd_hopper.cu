@@ -351,6 +351,21 @@ constexpr bool kOverlapDkFirst = false;
 #define WA_DKDV_HEAD_MAJOR 0
 #endif
 constexpr bool kDkdvAcrossHeads = WA_DKDV_HEAD_MAJOR == 0, kDkdvWideAcrossHeads = WA_DKDV_HEAD_MAJOR < 2;
+/* Lab (-DWA_DKDV_HEAD_BAND=G, by-rows and by-output dK/dV kernels): across G kv heads at a time, the
+ * bands of G heads one after another (G = all heads is the default order, 1 head-major), so that
+ * the CTAs running together span G heads and more key tiles of each: the key tiles that add to one
+ * query tile's dQ block run in fewer waves (DRAM bytes, docs/cuda.md *Next*). Each head's key
+ * tiles still start in ascending order, as the ordered dQ needs. */
+#ifndef WA_DKDV_HEAD_BAND
+#define WA_DKDV_HEAD_BAND 0
+#endif
+__device__ __forceinline__ cta_tile dkdv_cta_order() {
+    if (WA_DKDV_HEAD_BAND <= 0 || !kDkdvAcrossHeads) return heaviest_first<kDkdvAcrossHeads>(false);
+    const unsigned T = gridDim.x, H = gridDim.y, G = WA_DKDV_HEAD_BAND;
+    const unsigned linear = blockIdx.x + T * blockIdx.y, band = linear / (G * T), h0 = band * G;
+    const unsigned in_band = linear - band * G * T, g = H - h0 < G ? H - h0 : G; /* the last band may be narrower */
+    return {(int)(in_band / g), (int)(h0 + in_band % g)};
+}
 
 /* The softmax scale in the by-rows dK/dV kernels (D <= 128), as FlashAttention 3 and 4 place it:
  * dSᵀ is formed without it, and dK = scale · Σ dSᵀ Q once at the end, dQ = scale · Σ dS K in the
@@ -401,7 +416,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto empty = [&](int s) { return bar + 8 * (2 + 2 * s); };
 
     const int warp = warp_index(), wg = warp >> 2, lane = threadIdx.x & 31;
-    const cta_tile at = heaviest_first<kDkdvAcrossHeads>(false); /* the first key tiles first: under a causal mask they are the longest */
+    const cta_tile at = dkdv_cta_order(); /* the first key tiles first: under a causal mask they are the longest */
     const seq_view<T, VARLEN> sv(kp);
     const kparams &p = sv.p;
     const long long hk = at.head, b = sv.b(), j0 = at.tile * KEYS;
