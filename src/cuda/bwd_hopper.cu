@@ -355,7 +355,10 @@ constexpr bool kDkdvAcrossHeads = WA_DKDV_HEAD_MAJOR == 0, kDkdvWideAcrossHeads 
  * bands of G heads one after another (G = all heads is the default order, 1 head-major), so that
  * the CTAs running together span G heads and more key tiles of each: the key tiles that add to one
  * query tile's dQ block run in fewer waves (DRAM bytes, docs/cuda.md *Next*). Each head's key
- * tiles still start in ascending order, as the ordered dQ needs. */
+ * tiles still start in ascending order, as the ordered dQ needs. Measured (`ROWS=det SANITIZE=0
+ * CHECK="build-band4" sh dev/cuda/bwd_variants.sh band4 "-DWA_DKDV_HEAD_BAND=4" band2 …` at
+ * f1e10a9): (b) 8K 547 (G = 4) and 528-530 (G = 2) TFLOP/s against 558-559, causal D = 128 571-580
+ * against 566, deterministic (b) 8K 461-465 and 367-370 against 531-538. Not kept. */
 #ifndef WA_DKDV_HEAD_BAND
 #define WA_DKDV_HEAD_BAND 0
 #endif
