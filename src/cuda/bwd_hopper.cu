@@ -364,7 +364,8 @@ constexpr bool kDkdvAcrossHeads = WA_DKDV_HEAD_MAJOR == 0, kDkdvWideAcrossHeads 
 #endif
 __device__ __forceinline__ cta_tile dkdv_cta_order() {
     if (WA_DKDV_HEAD_BAND <= 0 || !kDkdvAcrossHeads) return heaviest_first<kDkdvAcrossHeads>(false);
-    const unsigned T = gridDim.x, H = gridDim.y, G = WA_DKDV_HEAD_BAND;
+    constexpr unsigned G = WA_DKDV_HEAD_BAND > 0 ? WA_DKDV_HEAD_BAND : 1; /* (1 only to compile the default) */
+    const unsigned T = gridDim.x, H = gridDim.y;
     const unsigned linear = blockIdx.x + T * blockIdx.y, band = linear / (G * T), h0 = band * G;
     const unsigned in_band = linear - band * G * T, g = H - h0 < G ? H - h0 : G; /* the last band may be narrower */
     return {(int)(in_band / g), (int)(h0 + in_band % g)};
