@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """dq_order_sim.py — the ordered dQ's step orders on paper: for the version-4 dK/dV kernel (key
 tiles of 128, query tiles of 64, the group's query heads per CTA) at a window geometry, each CTA
-(key tile, KV head) launched across heads (heaviest_first<true>), one per SM at a time on 132 SMs,
+(key tile, KV head) launched across heads (heaviest_first<true>; --bands G: across G heads at a
+time, band after band, as -DWA_DKDV_HEAD_BAND=G, 1 head-major), one per SM at a time on 132 SMs,
 each step one unit of time. A step's dQ share may be added only after the lower key tile's share
 of the same block is counted in (WA_DQ_ORDER_LAG 1: when that CTA issues its next share), so a
 CTA can wait; the script prints, per step order,
@@ -16,7 +17,7 @@ heads inside: `4` is all of a group of four inside, `1` head by head); `N/M` (M 
 end at the last query tile). bwd_hopper.cu's step_walk is `1/4` at a group of four (`4` before
 33455c4); the fused form's walk has no waits, so its row shows the time without them alone.
 No GPU needed:
-    python3 dev/cuda/dq_order_sim.py [--n 8192,32768] [--window 4096] [--hq 32 --hkv 8] [--orders ...]"""
+    python3 dev/cuda/dq_order_sim.py [--n 8192,32768] [--window 4096] [--hq 32 --hkv 8] [--orders ...] [--bands 0,4,2,1]"""
 import argparse
 import heapq
 from collections import OrderedDict
@@ -40,13 +41,15 @@ def steps_of(order, tiles, group, clipped):
     return [(g + h, t) for g in range(0, group, inside) for t in reversed(tiles) for h in range(inside)]
 
 
-def simulate(n, window, hq, hkv, order, ordered, sms=132, l2_blocks=800, count_misses=True):
+def simulate(n, window, hq, hkv, order, ordered, sms=132, l2_blocks=800, count_misses=True, band=0):
     keys, tq = 128, 64
     nq_tiles, nk_tiles, group = n // tq, n // keys, hq // hkv
     walks = [walk(k, nq_tiles, window - 1, 0) for k in range(nk_tiles)]
     last = nq_tiles - 1
-    # CTAs in launch order: each key tile in every KV head before the next key tile
-    ctas = [(k, hk) for k in range(nk_tiles) for hk in range(hkv)]
+    # CTAs in launch order: each key tile in every KV head of the band before the next key tile
+    # (band 0: one band of all heads)
+    g = band if band > 0 else hkv
+    ctas = [(k, hk) for h0 in range(0, hkv, g) for k in range(nk_tiles) for hk in range(h0, min(h0 + g, hkv))]
     # count[(hk, h, t)] -> list of (key tile, time counted)
     counted = {}
     touches = []  # (time, block)
@@ -101,6 +104,7 @@ def main():
     ap.add_argument("--hkv", type=int, default=8)
     ap.add_argument("--orders", default="fused,4,1,2,1/4,2/4")
     ap.add_argument("--l2-blocks", type=int, default=800)
+    ap.add_argument("--bands", default="0", help="CTA launch orders: G KV heads at a time (0: all, the default order; 1: head-major)")
     a = ap.parse_args()
     try:
         lengths = [int(x) for x in a.n.split(",")]
@@ -112,16 +116,25 @@ def main():
         ap.error(f"--hq {a.hq} is not a positive multiple of --hkv {a.hkv}")
     if a.window < 0 or a.l2_blocks < 1:
         ap.error("--window is 0 (causal) or more, --l2-blocks 1 or more")
+    try:
+        bands = [int(x) for x in a.bands.split(",")]
+    except ValueError:
+        ap.error(f"--bands takes head counts separated by commas, not {a.bands!r}")
+    if any(b < 0 for b in bands):
+        ap.error("--bands: 0 (all heads) or a positive head count")
     for order in a.orders.split(","):
         parts = order.split("/")
         if order != "fused" and not (len(parts) <= 2 and all(p.isdigit() and int(p) > 0 for p in parts)):
             ap.error(f"--orders: {order!r} is not fused, N or N/M (N, M positive)")
     print(f"Hq {a.hq}, Hkv {a.hkv}, window {a.window}: makespan / ideal (fused form | ordered), L2 misses per block touch")
     for n in lengths:
-        for order in a.orders.split(","):
-            m0, miss = simulate(n, a.window, a.hq, a.hkv, order, False, l2_blocks=a.l2_blocks)
-            m1, _ = simulate(n, a.window, a.hq, a.hkv, order, True, count_misses=False) if order != "fused" else (float("nan"), 0)
-            print(f"  N {n:6d}  {order:8s}  {m0:5.3f} | {m1:5.3f}   misses {miss:6.1%}")
+        for band in bands:
+            for order in a.orders.split(","):
+                m0, miss = simulate(n, a.window, a.hq, a.hkv, order, False, l2_blocks=a.l2_blocks, band=band)
+                m1, _ = (simulate(n, a.window, a.hq, a.hkv, order, True, count_misses=False, band=band) if order != "fused"
+                         else (float("nan"), 0))
+                bname = "all" if band == 0 else str(band)
+                print(f"  N {n:6d}  band {bname:3s}  {order:8s}  {m0:5.3f} | {m1:5.3f}   misses {miss:6.1%}")
 
 
 if __name__ == "__main__":
