@@ -106,20 +106,22 @@ def main():
     ap.add_argument("--l2-blocks", type=int, default=800)
     ap.add_argument("--bands", default="0", help="CTA launch orders: G KV heads at a time (0: all, the default order; 1: head-major)")
     a = ap.parse_args()
-    try:
-        lengths = [int(x) for x in a.n.split(",")]
-    except ValueError:
-        ap.error(f"--n takes lengths separated by commas, not {a.n!r}")
+
+    def ints(flag, text, what):
+        """the comma-separated integers of a flag, or its one-line error"""
+        try:
+            return [int(x) for x in text.split(",")]
+        except ValueError:
+            ap.error(f"{flag} takes {what} separated by commas, not {text!r}")
+
+    lengths = ints("--n", a.n, "lengths")
     if any(n < 128 for n in lengths):
         ap.error("--n: every length is at least 128 (one key tile)")
     if a.hkv < 1 or a.hq < a.hkv or a.hq % a.hkv:
         ap.error(f"--hq {a.hq} is not a positive multiple of --hkv {a.hkv}")
     if a.window < 0 or a.l2_blocks < 1:
         ap.error("--window is 0 (causal) or more, --l2-blocks 1 or more")
-    try:
-        bands = [int(x) for x in a.bands.split(",")]
-    except ValueError:
-        ap.error(f"--bands takes head counts separated by commas, not {a.bands!r}")
+    bands = ints("--bands", a.bands, "head counts")
     if any(b < 0 for b in bands):
         ap.error("--bands: 0 (all heads) or a positive head count")
     for order in a.orders.split(","):
