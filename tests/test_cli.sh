@@ -68,6 +68,15 @@ expect_error "bench: unknown flag" bench --fast
 expect_error "bench: bad dtype" bench --dtype f64
 expect_error "bench: head dim 513" bench --d 513
 expect_error "bench: GQA mismatch" bench --hq 3 --hkv 2 --n 16
+expect_error "bench: --calls 0" bench --n 16 --calls 0
+expect_error "bench: --calls not a number" bench --n 16 --calls many
+# --calls C: each timed run makes C calls back to back; the header says so, the JSON records it
+if "$W" bench --n 64 --hq 2 --hkv 1 --d 16 --reps 2 --calls 3 --json "$T/bench.json" >"$T/stdout" 2>"$T/stderr" &&
+    grep -q "per call of 3 back to back" "$T/stdout" && grep -q '^| 64 |' "$T/stdout" && grep -q '"calls": 3' "$T/bench.json"; then
+    ok "bench --calls 3: per-call figures of runs of three calls, recorded in the JSON"
+else
+    no "bench --calls 3: $(cat "$T/stdout" "$T/stderr" | head -c 300)"
+fi
 expect_error "parity: bad case number" parity --case -4
 if "$W" version | grep -q "CUDA: available"; then
     echo "SKIP cli --device cuda without CUDA: this build has CUDA"

@@ -1,7 +1,9 @@
 /* cmd_bench.c — `winattn bench`: time winattn's forward and backward on one shape and a list of
  * lengths; TFLOP/s counted on visible (query, key) pairs (DESIGN.md section 5: forward
  * 4*D*pairs per query head, backward 2.5x that). Each figure is the median of --reps timed runs
- * after one warm-up. Memory is the process's peak RSS growth during the runs (VmHWM, in-process;
+ * after one warm-up, per call: a run makes --calls calls back to back and synchronises once (more
+ * than one: the steady state of a training step, where the host runs ahead of the GPU and a
+ * sustained load sets the GPU's clock; one, the default: a call from an idle GPU). Memory is the process's peak RSS growth during the runs (VmHWM, in-process;
  * `winattn probe` gives the isolated per-child measurement). bench/cpu_peers.py runs this
  * beside the peers. */
 #define _GNU_SOURCE
@@ -16,7 +18,7 @@
 static const char bench_usage[] =
     "winattn bench [--n N[,N...]] [--dtype f32|f16|bf16] [--b B] [--hq H] [--hkv H] [--d D] "
     "[--sliding-window W | --causal | --full | --window-left L --window-right R] [--scale S] [--threads T] "
-    "[--tile-q Q] [--tile-k K] [--reps R] [--algo tiled|dense] [--device cpu|cuda] [--forward-only] [--deterministic] [--json F] "
+    "[--tile-q Q] [--tile-k K] [--reps R] [--calls C] [--algo tiled|dense] [--device cpu|cuda] [--forward-only] [--deterministic] [--json F] "
     "[--varlen L[,L...]]";
 
 static int cmp_double(const void *a, const void *b) {
@@ -65,24 +67,27 @@ static wa_tensor seq_view(const wa_tensor *t, int64_t start, int64_t len) {
     return s;
 }
 
-static void run_arm(varlen_bench *vb, int arm, int backward) {
+/* `calls` calls of one arm back to back, then one synchronisation */
+static void run_arm(varlen_bench *vb, int arm, int backward, int64_t calls) {
     wa_status st = WA_OK;
     wa_tensor *t = arm == ARM_PADDED ? vb->pad : vb->t;
-    if (arm == ARM_PER_SEQUENCE) {
-        for (int64_t b = 0, q0 = 0; b < vb->B && st == WA_OK; q0 += vb->lens[b], b++) {
-            wa_tensor s[9];
-            for (int i = 0; i < 9; i++) s[i] = seq_view(&t[i], q0, vb->lens[b]);
-            st = backward ? wa_backward(vb->ctx, vb->desc, &s[0], &s[1], &s[2], &s[4], &s[5], &s[3], &s[6], &s[7], &s[8])
-                          : wa_forward(vb->ctx, vb->desc, &s[0], &s[1], &s[2], &s[4], &s[5]);
+    for (int64_t c = 0; c < calls && st == WA_OK; c++) {
+        if (arm == ARM_PER_SEQUENCE) {
+            for (int64_t b = 0, q0 = 0; b < vb->B && st == WA_OK; q0 += vb->lens[b], b++) {
+                wa_tensor s[9];
+                for (int i = 0; i < 9; i++) s[i] = seq_view(&t[i], q0, vb->lens[b]);
+                st = backward ? wa_backward(vb->ctx, vb->desc, &s[0], &s[1], &s[2], &s[4], &s[5], &s[3], &s[6], &s[7], &s[8])
+                              : wa_forward(vb->ctx, vb->desc, &s[0], &s[1], &s[2], &s[4], &s[5]);
+            }
+        } else if (arm == ARM_VARLEN) {
+            wa_varlen seqs = {vb->B, vb->cu, vb->cu, vb->longest, vb->longest};
+            st = backward ? wa_backward_varlen(vb->ctx, vb->desc, &seqs, &t[0], &t[1], &t[2], &t[4], &t[5], &t[3], &t[6],
+                                               &t[7], &t[8])
+                          : wa_forward_varlen(vb->ctx, vb->desc, &seqs, &t[0], &t[1], &t[2], &t[4], &t[5]);
+        } else {
+            st = backward ? wa_backward(vb->ctx, vb->desc, &t[0], &t[1], &t[2], &t[4], &t[5], &t[3], &t[6], &t[7], &t[8])
+                          : wa_forward(vb->ctx, vb->desc, &t[0], &t[1], &t[2], &t[4], &t[5]);
         }
-    } else if (arm == ARM_VARLEN) {
-        wa_varlen seqs = {vb->B, vb->cu, vb->cu, vb->longest, vb->longest};
-        st = backward ? wa_backward_varlen(vb->ctx, vb->desc, &seqs, &t[0], &t[1], &t[2], &t[4], &t[5], &t[3], &t[6],
-                                           &t[7], &t[8])
-                      : wa_forward_varlen(vb->ctx, vb->desc, &seqs, &t[0], &t[1], &t[2], &t[4], &t[5]);
-    } else {
-        st = backward ? wa_backward(vb->ctx, vb->desc, &t[0], &t[1], &t[2], &t[4], &t[5], &t[3], &t[6], &t[7], &t[8])
-                      : wa_forward(vb->ctx, vb->desc, &t[0], &t[1], &t[2], &t[4], &t[5]);
     }
     if (st == WA_OK) st = wa_synchronize(vb->ctx);
     if (st != WA_OK) die("%s %s: %s", arm_names[arm], backward ? "backward" : "forward", wa_last_error());
@@ -111,7 +116,7 @@ static void make_tensors(varlen_bench *vb, wa_tensor *t, int packed, int64_t Bt,
 }
 
 static void bench_varlen(wa_context *ctx, wa_device dev, wa_dtype dt, const wa_attn_desc *desc, const int64_t *lens,
-                         int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t reps, int forward_only, json_t *rows) {
+                         int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t reps, int64_t calls, int forward_only, json_t *rows) {
     varlen_bench vb = {ctx, dev, dt, desc, B, Hq, Hkv, D, 0, 0, lens, NULL, NULL, {{0}}, {{0}}};
     vb.cu_host = xmalloc((size_t)(B + 1) * sizeof *vb.cu_host, "offsets");
     vb.cu_host[0] = 0;
@@ -141,12 +146,12 @@ static void bench_varlen(wa_context *ctx, wa_device dev, wa_dtype dt, const wa_a
     double *times = xmalloc((size_t)reps * 8, "times");
     for (int arm = 0; arm < N_ARMS; arm++) {
         for (int pass = 0; pass < (forward_only ? 1 : 2); pass++) {
-            run_arm(&vb, arm, 0); /* warm-up, and the backward's o and lse */
-            if (pass) run_arm(&vb, arm, 1);
+            run_arm(&vb, arm, 0, 1); /* warm-up, and the backward's o and lse */
+            if (pass) run_arm(&vb, arm, 1, 1);
             for (int64_t r = 0; r < reps; r++) {
                 double t0 = now_seconds();
-                run_arm(&vb, arm, pass);
-                times[r] = now_seconds() - t0;
+                run_arm(&vb, arm, pass, calls);
+                times[r] = (now_seconds() - t0) / (double)calls;
             }
             qsort(times, (size_t)reps, 8, cmp_double);
             med[arm][pass] = times[reps / 2];
@@ -169,7 +174,7 @@ static void bench_varlen(wa_context *ctx, wa_device dev, wa_dtype dt, const wa_a
 }
 
 int cmd_bench(int argc, char **argv) {
-    int64_t lens[16] = {8192}, n_lens = 1, B = 1, Hq = 32, Hkv = 16, D = 256, threads = 0, tq = 0, tk = 0, reps = 3;
+    int64_t lens[16] = {8192}, n_lens = 1, B = 1, Hq = 32, Hkv = 16, D = 256, threads = 0, tq = 0, tk = 0, reps = 3, calls = 1;
     int64_t left = 1023, right = 0, n_varlen = 0;
     static int64_t varlen[4096];
     float scale = 0;
@@ -217,6 +222,8 @@ int cmd_bench(int argc, char **argv) {
             if (parse_i64(v, 1, 1024, &tk)) usage_error(bench_usage, "--tile-k '%s'", v);
         } else if ((v = flag_value(argc, argv, &i, "--reps", bench_usage))) {
             if (parse_i64(v, 1, 1000, &reps)) usage_error(bench_usage, "--reps '%s'", v);
+        } else if ((v = flag_value(argc, argv, &i, "--calls", bench_usage))) {
+            if (parse_i64(v, 1, 1000, &calls)) usage_error(bench_usage, "--calls '%s': 1 to 1000 calls a timed run", v);
         } else if ((v = flag_value(argc, argv, &i, "--algo", bench_usage))) {
             if (!strcmp(v, "dense")) dense = 1;
             else if (strcmp(v, "tiled")) usage_error(bench_usage, "--algo '%s': tiled or dense", v);
@@ -239,13 +246,16 @@ int cmd_bench(int argc, char **argv) {
     wa_context *ctx;
     if (wa_context_create(&cp, &ctx) != WA_OK) die("%s", wa_last_error());
     wa_attn_desc desc = {scale, 0, left, right};
-    printf("bench: %s B=%lld Hq=%lld Hkv=%lld D=%lld window=(%lld,%lld) %s %s, %d reps (median)\n", dtype_name(dt),
+    char per_call[64] = "";
+    if (calls > 1) snprintf(per_call, sizeof per_call, ", per call of %lld back to back", (long long)calls);
+    printf("bench: %s B=%lld Hq=%lld Hkv=%lld D=%lld window=(%lld,%lld) %s %s, %d reps (median)%s\n", dtype_name(dt),
            (long long)B, (long long)Hq, (long long)Hkv, (long long)D, (long long)left, (long long)right,
-           dense ? "dense" : "tiled", dev == WA_DEVICE_CUDA ? (deterministic ? "cuda (deterministic backward)" : "cuda") : wa_cpu_kernels(), (int)reps);
+           dense ? "dense" : "tiled", dev == WA_DEVICE_CUDA ? (deterministic ? "cuda (deterministic backward)" : "cuda") : wa_cpu_kernels(), (int)reps,
+           per_call);
     json_t *rows = json_array();
     if (n_varlen) {
         if (B != 1) usage_error(bench_usage, "--varlen sets the batch from its lengths; drop --b");
-        bench_varlen(ctx, dev, dt, &desc, varlen, n_varlen, Hq, Hkv, D, reps, forward_only, rows);
+        bench_varlen(ctx, dev, dt, &desc, varlen, n_varlen, Hq, Hkv, D, reps, calls, forward_only, rows);
         n_lens = 0;
     } else {
         printf("| N | fwd ms | bwd ms | fwd TFLOP/s | bwd TFLOP/s | peak RSS growth GB |\n|---|---|---|---|---|---|\n");
@@ -276,16 +286,18 @@ int cmd_bench(int argc, char **argv) {
         }
         double *fw = xmalloc((size_t)reps * 8, "times"), *bw = xmalloc((size_t)reps * 8, "times");
         size_t base = peak_rss_bytes();
-        for (int64_t r = -1; r < reps; r++) { /* r = -1 is the warm-up */
+        for (int64_t r = -1; r < reps; r++) { /* r = -1 is the warm-up (one call each) */
+            const int64_t n_calls = r < 0 ? 1 : calls;
             double t0 = now_seconds();
-            if (wa_forward(ctx, &desc, &t[0], &t[1], &t[2], &t[4], &t[5]) != WA_OK || wa_synchronize(ctx) != WA_OK)
-                die("forward: %s", wa_last_error());
+            for (int64_t c = 0; c < n_calls; c++)
+                if (wa_forward(ctx, &desc, &t[0], &t[1], &t[2], &t[4], &t[5]) != WA_OK) die("forward: %s", wa_last_error());
+            if (wa_synchronize(ctx) != WA_OK) die("forward: %s", wa_last_error());
             double t1 = now_seconds();
-            if (!forward_only &&
-                (wa_backward(ctx, &desc, &t[0], &t[1], &t[2], &t[4], &t[5], &t[3], &t[6], &t[7], &t[8]) != WA_OK ||
-                 wa_synchronize(ctx) != WA_OK))
-                die("backward: %s", wa_last_error());
-            if (r >= 0) fw[r] = t1 - t0, bw[r] = now_seconds() - t1;
+            for (int64_t c = 0; c < n_calls && !forward_only; c++)
+                if (wa_backward(ctx, &desc, &t[0], &t[1], &t[2], &t[4], &t[5], &t[3], &t[6], &t[7], &t[8]) != WA_OK)
+                    die("backward: %s", wa_last_error());
+            if (!forward_only && wa_synchronize(ctx) != WA_OK) die("backward: %s", wa_last_error());
+            if (r >= 0) fw[r] = (t1 - t0) / (double)n_calls, bw[r] = (now_seconds() - t1) / (double)n_calls;
         }
         qsort(fw, (size_t)reps, 8, cmp_double), qsort(bw, (size_t)reps, 8, cmp_double);
         double f = fw[reps / 2], bb = bw[reps / 2];
@@ -303,11 +315,11 @@ int cmd_bench(int argc, char **argv) {
         free(fw), free(bw);
     }
     if (json_path) {
-        json_t *root = json_pack("{s:s,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:s,s:o}", "dtype", dtype_name(dt), "kernels",
+        json_t *root = json_pack("{s:s,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:s,s:I,s:o}", "dtype", dtype_name(dt), "kernels",
                                  dev == WA_DEVICE_CUDA ? "cuda" : dense ? "dense" : wa_cpu_kernels(), "B", (json_int_t)B,
                                  "Hq", (json_int_t)Hq, "Hkv", (json_int_t)Hkv, "D", (json_int_t)D, "window_left",
                                  (json_int_t)left, "window_right", (json_int_t)right, "device",
-                                 dev == WA_DEVICE_CUDA ? "cuda" : "cpu", "rows", rows);
+                                 dev == WA_DEVICE_CUDA ? "cuda" : "cpu", "calls", (json_int_t)calls, "rows", rows);
         char *text = json_dumps(root, JSON_INDENT(1));
         write_file_atomic(json_path, text);
         free(text);

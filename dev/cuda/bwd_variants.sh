@@ -16,7 +16,8 @@
 # in the default mode alone, ROWS=det those and causal D = 128 in both modes (the shapes where the
 # two modes run different kernels), and SANITIZE=0 leaves the sanitizers out (a short run: the
 # sweeps in both modes stay). FUSED=default times the default mode on the default build alone (for
-# variants of the deterministic form only).
+# variants of the deterministic form only). LAB_CALLS=C times runs of C calls back to back
+# (`winattn bench --calls`: the steady state, where the 700 W limit sets the clock).
 [ $# -ge 2 ] && [ $(($# % 2)) -eq 0 ] || { echo "usage: sh dev/cuda/bwd_variants.sh NAME \"DEFINES\" [NAME \"DEFINES\" ...]"; exit 2; }
 LAB_KEEP=1
 . dev/cuda/lab_env.sh

@@ -105,11 +105,12 @@ lab_fwd512_row() {
     row "fwd $1, $2" "(c) $c| (cw) $cw"
 }
 # lab_tflops COLUMN W BENCH_ARGS...: one TFLOP/s column of `W bench --device cuda` (5: forward, 6:
-# backward), one value a length
+# backward), one value a length; LAB_CALLS=C times runs of C calls back to back (`bench --calls`,
+# the steady state, at the clock a sustained load leaves the GPU)
 lab_tflops() {
     col=$1 w=$2
     shift 2
-    timeout 90 $w bench --device cuda --reps 5 "$@" | awk -F'|' -v c="$col" '$2 ~ /[0-9]/ {printf "%s ", $c + 0}'
+    timeout 90 $w bench --device cuda --reps 5 ${LAB_CALLS:+--calls $LAB_CALLS} "$@" | awk -F'|' -v c="$col" '$2 ~ /[0-9]/ {printf "%s ", $c + 0}'
 }
 # lab_fwd_tflops W BENCH_ARGS...: the forward TFLOP/s of `W bench --device cuda --forward-only`
 lab_fwd_tflops() {
