@@ -3,9 +3,9 @@
  * 4*D*pairs per query head, backward 2.5x that). Each figure is the median of --reps timed runs
  * after one warm-up, per call: a run makes --calls calls back to back and synchronises once (more
  * than one: the steady state of a training step, where the host runs ahead of the GPU and a
- * sustained load sets the GPU's clock; one, the default: a call from an idle GPU). Memory is the process's peak RSS growth during the runs (VmHWM, in-process;
- * `winattn probe` gives the isolated per-child measurement). bench/cpu_peers.py runs this
- * beside the peers. */
+ * sustained load sets the GPU's clock; one, the default: a call from an idle GPU). Memory is the
+ * process's peak RSS growth during the runs (VmHWM, in-process; `winattn probe` gives the isolated
+ * per-child measurement). bench/cpu_peers.py runs this beside the peers. */
 #define _GNU_SOURCE
 #include "tile_geometry.h"
 #include "tool.h"

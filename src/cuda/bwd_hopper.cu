@@ -1509,7 +1509,7 @@ template <typename T, int D> __global__ void __launch_bounds__(128) dq_convert_k
             *(uint32_t *)(at + 8 * STRIDE) = pack2<T>(v[i].z * p.scale, v[i].w * p.scale);
         }
         __syncthreads();
-        const bool wide = ((reinterpret_cast<uintptr_t>(p.dq.data) | (uintptr_t)(p.dq.s0 | p.dq.s1 | p.dq.s2) * sizeof(T)) & 15) == 0;
+        const bool wide = rows_aligned16<T>(p.dq);
 #pragma unroll
         for (int k = 0; k < 64 * CHUNKS / 128; k++) {
             const int e = tid + 128 * k, r = e / CHUNKS, c = e % CHUNKS;
@@ -1556,8 +1556,10 @@ static wa_status launch_all(const kparams &kp, const CUtensorMap (&m)[8], cudaSt
             if constexpr (!VARLEN)
                 if (kp.dq_order) {
                     dkdv = dkdv_ws_kernel<T, D, CAP, true, false, true>, done = &done_ordered;
-                    if (kOrderedFirstStores) prep = prep_kernel<T, D, false, false>;
-                    CUDA_TRY(raise_once(prep, prep_smem_bytes<D>(), &done_prep_stores));
+                    if (kOrderedFirstStores) {
+                        prep = prep_kernel<T, D, false, false>;
+                        CUDA_TRY(raise_once(prep, prep_smem_bytes<D>(), &done_prep_stores));
+                    }
                 }
             CUDA_TRY(raise_once(dkdv, kv_layout<D, true>::bytes, done));
             const wa_status st = over_sequences(kp, [&](const kparams &c, unsigned z) {

@@ -78,6 +78,10 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(flo
 template <typename T> __device__ __forceinline__ T *row_of(const dev_tensor &t, long long b, long long h, long long n) {
     return (T *)t.data + b * t.s0 + h * t.s1 + n * t.s2;
 }
+/* whether t's base and strides keep every row 16-byte aligned (the staged epilogues' 16-byte stores) */
+template <typename T> __device__ __forceinline__ bool rows_aligned16(const dev_tensor &t) {
+    return (((uintptr_t)t.data | (uintptr_t)((t.s0 | t.s1 | t.s2) * (long long)sizeof(T))) & 15) == 0;
+}
 
 /* What one CTA sees of its batch entry: `p` and `b()` for the rest of the kernel.
  * Rectangular (VARLEN false): the launch's parameter block itself and b = blockIdx.z (nothing is

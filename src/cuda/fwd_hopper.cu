@@ -139,11 +139,6 @@ static_assert(ws_layout<64>::bytes <= 232448 && ws_layout<128>::bytes <= 232448 
 constexpr bool kStagedO = WA_FWD_STAGED_O != 0;
 constexpr int kEpilogueBar = 4; /* + the consumer warpgroup's index: its rows of Q are free */
 
-/* whether O's base and strides keep every row 16-byte aligned (the staged epilogue's 16-byte stores) */
-template <typename T> __device__ __forceinline__ bool o_rows_aligned16(const kparams &p) {
-    return (((uintptr_t)p.o.data | (uintptr_t)((p.o.s0 | p.o.s1 | p.o.s2) * (long long)sizeof(T))) & 15) == 0;
-}
-
 /* kStagedO's epilogue for one consumer warpgroup: O = acc / row sum and lse as store_rows, O
  * through rows row0 .. row0 + 63 of the tile `tile` (column blocks of BM rows: the Q tile, at
  * D = 512 a consumer's half of V, in the persistent version-4 forward a buffer of its own) into
@@ -278,7 +273,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     setmaxnreg_inc<kConsumerRegs>();
     const int cw = wg - 1, w4 = warp & 3, g = lane >> 2, t4 = lane & 3;
     const float scale2 = p.scale * kLog2e;
-    const bool o_vec16 = o_rows_aligned16<T>(p);
+    const bool o_vec16 = rows_aligned16<T>(p.o);
     for_each_item<BM, ORDER>(p, sv.b(), [&](long long i0, long long h, long long b) {
         int64_t kt0, kt1;
         key_tiles(i0, kt0, kt1);
@@ -868,7 +863,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     /* the epilogue stages O through the consumer's own half of V (free after its last product; the
      * producer refills it for the next item once the copy-out is done) where O's rows are 16-byte
      * aligned, and writes from registers (store_rows) elsewhere */
-    const bool staged = kAsymStagedO && o_rows_aligned16<T>(p);
+    const bool staged = kAsymStagedO && rows_aligned16<T>(p.o);
     const uint32_t v_empty = bar(cw ? L::vb_empty : L::vf_empty);
     uint32_t pit = 0;
     for_each_item<BM, PERSIST ? kAsymPersist : 0>(p, sv.b(), [&](long long i0, long long h, long long b) {
