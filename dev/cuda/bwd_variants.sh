@@ -3,7 +3,7 @@
 # the H200, in one run: each variant built (sm_90a only, in parallel with the default; a carried
 # .lab-prebuilt/build-NAME.tar.xz from dev/cuda/prebuild.sh is used instead), then
 # `winattn bench --device cuda` backward TFLOP/s at (b) 8K / 32K, D = 64 with a 1024 window at 16K,
-# causal D = 128 at 8K, (a) 8K / 32K and (c) 8K, in the default (fused) and the deterministic mode, the builds
+# causal D = 128 at 8K / 32K, (a) 8K / 32K and (c) 8K, in the default (fused) and the deterministic mode, the builds
 # alternating, twice; then on each variant the whole parity sweep in both modes and
 # compute-sanitizer memcheck and racecheck on D = 64 / 128 cases (309, 314, 1004 varlen, 730
 # softcap; 309, 730 and for memcheck 314 deterministic too). The summary comes back in summary.txt.
@@ -14,7 +14,8 @@
 # CHECK="build build-NAME ..." names the builds that get the parity sweeps and the sanitizers
 # (every variant, not the default, unless set). ROWS=b times the (b) 8K / 32K and D = 64 columns
 # in the default mode alone, ROWS=det those and causal D = 128 in both modes (the shapes where the
-# two modes run different kernels), and SANITIZE=0 leaves the sanitizers out (a short run: the
+# two modes run different kernels), ROWS=fused the columns of ROWS=det in the default mode alone (for
+# variants of the default form only), and SANITIZE=0 leaves the sanitizers out (a short run: the
 # sweeps in both modes stay). FUSED=default times the default mode on the default build alone (for
 # variants of the deterministic form only). LAB_CALLS=C times runs of C calls back to back
 # (`winattn bench --calls`: the steady state, where the 700 W limit sets the clock).
@@ -32,16 +33,16 @@ bwd_row() {
     bb=$(lab_tflops 6 $w $2 --n 8192,32768 --d 128 --hkv 8 --sliding-window 4096)
     d64=$(lab_tflops 6 $w $2 --n 16384 --d 64 --hkv 8 --sliding-window 1024)
     [ "$ROWS" = b ] && { row "bwd $1 ${2:-fused}, $3" "(b) $bb| D64 w1024 16K $d64"; return; }
-    c128=$(lab_tflops 6 $w $2 --n 8192 --d 128 --hkv 8 --causal)
-    [ "$ROWS" = det ] && { row "bwd $1 ${2:-fused}, $3" "(b) $bb| D64 w1024 16K $d64| D128 causal 8K $c128"; return; }
+    c128=$(lab_tflops 6 $w $2 --n 8192,32768 --d 128 --hkv 8 --causal)
+    [ "$ROWS" = det ] || [ "$ROWS" = fused ] && { row "bwd $1 ${2:-fused}, $3" "(b) $bb| D64 w1024 16K $d64| D128 causal 8K/32K $c128"; return; }
     a=$(lab_tflops 6 $w $2 --n 8192,32768)
     c=$(lab_tflops 6 $w $2 --n 8192 --d 512 --hq 32 --hkv 4 --causal)
-    row "bwd $1 ${2:-fused}, $3" "(b) $bb| D64 w1024 16K $d64| D128 causal 8K $c128| (a) $a| (c) 8K $c"
+    row "bwd $1 ${2:-fused}, $3" "(b) $bb| D64 w1024 16K $d64| D128 causal 8K/32K $c128| (a) $a| (c) 8K $c"
 }
 
 # the timings first: a run cut short by its time limit still brings them back
 for round in 1 2; do
-    for mode in "" $([ "$ROWS" = b ] || echo --deterministic); do
+    for mode in "" $([ "$ROWS" = b ] || [ "$ROWS" = fused ] || echo --deterministic); do
         for b in $BUILDS; do
             [ -z "$mode" ] && [ "$FUSED" = default ] && [ $b != build ] && continue
             [ -x $b/winattn ] && bwd_row $round "$mode" $b

@@ -41,15 +41,18 @@ def steps_of(order, tiles, group, clipped):
     return [(g + h, t) for g in range(0, group, inside) for t in reversed(tiles) for h in range(inside)]
 
 
-def simulate(n, window, hq, hkv, order, ordered, sms=132, l2_blocks=800, count_misses=True, band=0):
+def simulate(n, window, hq, hkv, order, ordered, sms=132, l2_blocks=800, count_misses=True, band=0, tail=0):
     keys, tq = 128, 64
     nq_tiles, nk_tiles, group = n // tq, n // keys, hq // hkv
     walks = [walk(k, nq_tiles, window - 1, 0) for k in range(nk_tiles)]
     last = nq_tiles - 1
     # CTAs in launch order: each key tile in every KV head of the band before the next key tile
-    # (band 0: one band of all heads)
+    # (band 0: one band of all heads); the last `tail` key tiles of every head after all bands,
+    # across all heads
     g = band if band > 0 else hkv
-    ctas = [(k, hk) for h0 in range(0, hkv, g) for k in range(nk_tiles) for hk in range(h0, min(h0 + g, hkv))]
+    banded = max(0, nk_tiles - tail)
+    ctas = [(k, hk) for h0 in range(0, hkv, g) for k in range(banded) for hk in range(h0, min(h0 + g, hkv))]
+    ctas += [(k, hk) for k in range(banded, nk_tiles) for hk in range(hkv)]
     # count[(hk, h, t)] -> list of (key tile, time counted)
     counted = {}
     touches = []  # (time, block)
@@ -105,6 +108,7 @@ def main():
     ap.add_argument("--orders", default="fused,4,1,2,1/4,2/4")
     ap.add_argument("--l2-blocks", type=int, default=800)
     ap.add_argument("--bands", default="0", help="CTA launch orders: G KV heads at a time (0: all, the default order; 1: head-major)")
+    ap.add_argument("--tails", default="0", help="with bands: the last R key tiles of every head after all bands, across heads")
     a = ap.parse_args()
 
     def ints(flag, text, what):
@@ -124,6 +128,9 @@ def main():
     bands = ints("--bands", a.bands, "head counts")
     if any(b < 0 for b in bands):
         ap.error("--bands: 0 (all heads) or a positive head count")
+    tails = ints("--tails", a.tails, "key tile counts")
+    if any(t < 0 for t in tails):
+        ap.error("--tails: 0 or more key tiles")
     for order in a.orders.split(","):
         parts = order.split("/")
         if order != "fused" and not (len(parts) <= 2 and all(p.isdigit() and int(p) > 0 for p in parts)):
@@ -131,12 +138,13 @@ def main():
     print(f"Hq {a.hq}, Hkv {a.hkv}, window {a.window}: makespan / ideal (fused form | ordered), L2 misses per block touch")
     for n in lengths:
         for band in bands:
-            for order in a.orders.split(","):
-                m0, miss = simulate(n, a.window, a.hq, a.hkv, order, False, l2_blocks=a.l2_blocks, band=band)
-                m1, _ = (simulate(n, a.window, a.hq, a.hkv, order, True, count_misses=False, band=band) if order != "fused"
-                         else (float("nan"), 0))
-                bname = "all" if band == 0 else str(band)
-                print(f"  N {n:6d}  band {bname:3s}  {order:8s}  {m0:5.3f} | {m1:5.3f}   misses {miss:6.1%}")
+            for tail in tails if band else [0]:
+                for order in a.orders.split(","):
+                    m0, miss = simulate(n, a.window, a.hq, a.hkv, order, False, l2_blocks=a.l2_blocks, band=band, tail=tail)
+                    m1, _ = (simulate(n, a.window, a.hq, a.hkv, order, True, count_misses=False, band=band, tail=tail)
+                             if order != "fused" else (float("nan"), 0))
+                    bname = "all" if band == 0 else str(band)
+                    print(f"  N {n:6d}  band {bname:3s} tail {tail:3d}  {order:8s}  {m0:5.3f} | {m1:5.3f}   misses {miss:6.1%}")
 
 
 if __name__ == "__main__":

@@ -351,23 +351,42 @@ constexpr bool kOverlapDkFirst = false;
 #define WA_DKDV_HEAD_MAJOR 0
 #endif
 constexpr bool kDkdvAcrossHeads = WA_DKDV_HEAD_MAJOR == 0, kDkdvWideAcrossHeads = WA_DKDV_HEAD_MAJOR < 2;
-/* Lab (-DWA_DKDV_HEAD_BAND=G, by-rows and by-output dK/dV kernels): across G kv heads at a time, the
- * bands of G heads one after another (G = all heads is the default order, 1 head-major), so that
- * the CTAs running together span G heads and more key tiles of each: the key tiles that add to one
- * query tile's dQ block run in fewer waves (DRAM bytes, docs/cuda.md *Next*). Each head's key
- * tiles still start in ascending order, as the ordered dQ needs. Measured (`ROWS=det SANITIZE=0
- * CHECK="build-band4" sh dev/cuda/bwd_variants.sh band4 "-DWA_DKDV_HEAD_BAND=4" band2 …` at
- * f1e10a9): (b) 8K 547 (G = 4) and 528-530 (G = 2) TFLOP/s against 558-559, causal D = 128 571-580
- * against 566, deterministic (b) 8K 461-465 and 367-370 against 531-538. Not kept. */
+/* Lab (-DWA_DKDV_HEAD_BAND=G, the by-rows dK/dV kernel's default form): across G kv heads at a time,
+ * the bands of G heads one after another (G = all heads is the default order, 1 head-major), so
+ * that the CTAs running together span G heads and more key tiles of each: the key tiles that add
+ * to one query tile's dQ block run in fewer waves (DRAM bytes, docs/cuda.md *Next*). The last
+ * WA_DKDV_BAND_TAIL key tiles of every head come after all bands, across all heads: the shortest
+ * CTAs of a window clipped at the last query (and of a causal mask) then fill the last wave, as
+ * they do in the default order (`python3 dev/cuda/dq_order_sim.py --bands 2 --tails 0,16`: at (b)
+ * 32K 1.027 of the ideal time without them, 1.000 with 16). Grids under WA_DKDV_BAND_MIN_CTAS CTAs
+ * keep the default order (at (b) 8K, 512 CTAs, a band of 2 still ends 3 % late on paper). The
+ * ordered dQ keeps the default order (its waits assume every head's tile k - 1 started before k).
+ * Each head's key tiles still start in ascending order. Measured without the tail at f1e10a9
+ * (`ROWS=det SANITIZE=0 CHECK="build-band4" sh dev/cuda/bwd_variants.sh band4 "-DWA_DKDV_HEAD_BAND=4" band2 …`,
+ * the ordered form banded too): (b) 8K 547 (G = 4) and 528-530 (G = 2) TFLOP/s against 558-559,
+ * causal D = 128 571-580 against 566, deterministic (b) 8K 461-465 and 367-370 against 531-538. */
 #ifndef WA_DKDV_HEAD_BAND
 #define WA_DKDV_HEAD_BAND 0
 #endif
-__device__ __forceinline__ cta_tile dkdv_cta_order() {
-    if (WA_DKDV_HEAD_BAND <= 0 || !kDkdvAcrossHeads) return heaviest_first<kDkdvAcrossHeads>(false);
-    constexpr unsigned G = WA_DKDV_HEAD_BAND > 0 ? WA_DKDV_HEAD_BAND : 1; /* (1 only to compile the default) */
+#ifndef WA_DKDV_BAND_TAIL
+#define WA_DKDV_BAND_TAIL 16
+#endif
+#ifndef WA_DKDV_BAND_MIN_CTAS
+#define WA_DKDV_BAND_MIN_CTAS 1024
+#endif
+template <int D, bool ORDERED> __device__ __forceinline__ cta_tile dkdv_cta_order() {
+    constexpr bool banded = WA_DKDV_HEAD_BAND > 0 && kDkdvAcrossHeads && !ORDERED && kv_by_rows<D>();
     const unsigned T = gridDim.x, H = gridDim.y;
-    const unsigned linear = blockIdx.x + T * blockIdx.y, band = linear / (G * T), h0 = band * G;
-    const unsigned in_band = linear - band * G * T, g = H - h0 < G ? H - h0 : G; /* the last band may be narrower */
+    if (!banded || T * H < (unsigned)WA_DKDV_BAND_MIN_CTAS) return heaviest_first<kDkdvAcrossHeads>(false);
+    constexpr unsigned G = WA_DKDV_HEAD_BAND > 0 ? WA_DKDV_HEAD_BAND : 1; /* (1 only to compile the default) */
+    const unsigned linear = blockIdx.x + T * blockIdx.y;
+    const unsigned in_bands = T > WA_DKDV_BAND_TAIL ? T - WA_DKDV_BAND_TAIL : 0; /* key tiles per head in the bands */
+    if (linear >= in_bands * H) { /* the tail: its key tiles across all heads */
+        const unsigned r = linear - in_bands * H;
+        return {(int)(in_bands + r / H), (int)(r % H)};
+    }
+    const unsigned band = linear / (G * in_bands), h0 = band * G;
+    const unsigned in_band = linear - band * G * in_bands, g = H - h0 < G ? H - h0 : G; /* the last band may be narrower */
     return {(int)(in_band / g), (int)(h0 + in_band % g)};
 }
 
@@ -420,7 +439,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto empty = [&](int s) { return bar + 8 * (2 + 2 * s); };
 
     const int warp = warp_index(), wg = warp >> 2, lane = threadIdx.x & 31;
-    const cta_tile at = dkdv_cta_order(); /* the first key tiles first: under a causal mask they are the longest */
+    const cta_tile at = dkdv_cta_order<D, ORDERED>(); /* the first key tiles first: under a causal mask they are the longest */
     const seq_view<T, VARLEN> sv(kp);
     const kparams &p = sv.p;
     const long long hk = at.head, b = sv.b(), j0 = at.tile * KEYS;
