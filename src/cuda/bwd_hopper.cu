@@ -364,7 +364,11 @@ constexpr bool kDkdvAcrossHeads = WA_DKDV_HEAD_MAJOR == 0, kDkdvWideAcrossHeads 
  * Each head's key tiles still start in ascending order. Measured without the tail at f1e10a9
  * (`ROWS=det SANITIZE=0 CHECK="build-band4" sh dev/cuda/bwd_variants.sh band4 "-DWA_DKDV_HEAD_BAND=4" band2 …`,
  * the ordered form banded too): (b) 8K 547 (G = 4) and 528-530 (G = 2) TFLOP/s against 558-559,
- * causal D = 128 571-580 against 566, deterministic (b) 8K 461-465 and 367-370 against 531-538. */
+ * causal D = 128 571-580 against 566, deterministic (b) 8K 461-465 and 367-370 against 531-538.
+ * As here, in the steady state at 8895e62 (`LAB_CALLS=10 ROWS=fused … bwd_variants.sh b2t16
+ * "-DWA_DKDV_HEAD_BAND=2" b1t32 "-DWA_DKDV_HEAD_BAND=1 -DWA_DKDV_BAND_TAIL=32" …`): (b) 32K 508-514
+ * (G = 2) and 511-512 (G = 1, tail 32) against 506-507, causal 32K 550 and 554-557 against 540-548;
+ * through PyTorch within the harness's spread (docs/cuda.md). Not kept. */
 #ifndef WA_DKDV_HEAD_BAND
 #define WA_DKDV_HEAD_BAND 0
 #endif
