@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""call_gap.py — where the per-call figure of bench/gpu_peers.py loses to its steady one: on the host
+or on the GPU. For each system, case and pass, alternating the systems, medians over --reps of:
+  - per call: one call between a pair of CUDA events, then a synchronisation (gpu_peers' "per call":
+    the GPU waits for the host's work before the first kernel and between kernels it launches late);
+  - hidden: the same call queued behind torch.cuda._sleep (--sleep-ms of GPU spinning), so that the
+    host has issued all of it before the first event fires: the call's GPU time with no host wait;
+  - steady: ten calls back to back between one pair (gpu_peers' "steady");
+  - host: the wall time of the call's Python-level function alone (no synchronisation inside),
+    from the per-call timings.
+per call minus hidden is the host's share of the per-call time; hidden against steady is the GPU's
+(clocks: a call after an idle GPU against ten in a row). From the repository root on the GPU
+machine, the peers installed where --peers-dir says (bench/peer_wheels.py), after a build:
+    python3 dev/cuda/call_gap.py [--systems winattn,fa4] [--cases b:32768,cw:16384] [--passes fwd,bwd]
+        [--reps 5] [--sleep-ms 20] [--peers-dir /tmp/winattn-peers]
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "bench"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "python"))
+
+import torch  # noqa: E402
+
+import gpu_peers  # noqa: E402
+
+
+def per_call(fn, sleep_cycles=0):
+    """(GPU ms between the events, host ms of fn) for one call, after a synchronisation; with
+    sleep_cycles the events and the call queue behind that much GPU spinning"""
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    if sleep_cycles:
+        torch.cuda._sleep(sleep_cycles)
+    a.record()
+    t0 = time.perf_counter()
+    fn()
+    host = (time.perf_counter() - t0) * 1e3
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b), host
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--systems", default="winattn")
+    ap.add_argument("--cases", default="b:32768,cw:16384", help="SHAPE:N of bench/gpu_peers.py's shapes")
+    ap.add_argument("--passes", default="fwd,bwd")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--sleep-ms", type=float, default=20.0, help="GPU spinning ahead of a hidden call")
+    ap.add_argument("--peers-dir", help="where bench/peer_wheels.py installed the peers")
+    a = ap.parse_args()
+    shapes = {s[0]: s for s in gpu_peers.SHAPES}
+    cases = []
+    for c in a.cases.split(","):
+        label, _, n = c.partition(":")
+        if label not in shapes or not n.isdigit() or int(n) <= 0:
+            ap.error("--cases takes SHAPE:N pairs (SHAPE one of %s, N a positive length), not %r" % (", ".join(shapes), c))
+        cases.append((label, int(n)))
+    passes = a.passes.split(",")
+    if any(p not in ("fwd", "bwd") for p in passes) or a.reps < 1 or a.sleep_ms <= 0:
+        ap.error("--passes is fwd and/or bwd, --reps 1 or more, --sleep-ms above 0")
+    if a.peers_dir:
+        from peer_wheels import add_to_path
+
+        add_to_path(a.peers_dir, "call_gap")
+    # cycles for --sleep-ms at the H200's highest SM clock (a longer spin at lower clocks only hides more)
+    sleep_cycles = int(a.sleep_ms * 1e-3 * 1.98e9)
+    print("call_gap: %s, torch %s" % (torch.cuda.get_device_name(), torch.__version__))
+    print("| case | system | pass | per call ms | hidden ms | steady ms | host ms | per call − hidden | hidden − steady |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for label, n in cases:
+        _, hq, hkv, d, window, _ = shapes[label]
+        trials = []
+        for name in a.systems.split(","):
+            try:
+                t = gpu_peers.Trial(name, n, hq, hkv, d, window)
+            except Exception as e:  # an unknown system, or a peer that cannot run this shape
+                print("| (%s) %d | %s | - | %s |" % (label, n, name, gpu_peers.short_error(e)))
+                continue
+            t.warm_up()
+            trials.append(t)
+        for pname in passes:
+            got = {t.name: {"call": [], "hidden": [], "steady": [], "host": []} for t in trials}
+            for r in range(a.reps):
+                for t in trials[r % len(trials):] + trials[:r % len(trials)]:
+                    fn = t.fwd if pname == "fwd" else t.bwd
+                    ms, host = per_call(fn)
+                    got[t.name]["call"].append(ms)
+                    got[t.name]["host"].append(host)
+                    got[t.name]["hidden"].append(per_call(fn, sleep_cycles)[0])
+                    got[t.name]["steady"].append(gpu_peers.time_once(fn, 10) * 1e3)
+            for t in trials:
+                m = {k: statistics.median(v) for k, v in got[t.name].items()}
+                print("| (%s) %d | %s | %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |" % (
+                    label, n, t.name, pname, m["call"], m["hidden"], m["steady"], m["host"], m["call"] - m["hidden"],
+                    m["hidden"] - m["steady"]), flush=True)
+        del trials
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
