@@ -9,10 +9,12 @@ or on the GPU. For each system, case and pass, alternating the systems, medians 
   - host: the wall time of the call's Python-level function alone (no synchronisation inside),
     from the per-call timings.
 per call minus hidden is the host's share of the per-call time; hidden against steady is the GPU's
-(clocks: a call after an idle GPU against ten in a row). From the repository root on the GPU
+(clocks: a call after an idle GPU against ten in a row). --cpu-ops N then lists, per system, case
+and pass, the N host operations with the most time of their own over three calls (PyTorch's
+profiler, CPU activity alone): where the host's time goes. From the repository root on the GPU
 machine, the peers installed where --peers-dir says (bench/peer_wheels.py), after a build:
     python3 dev/cuda/call_gap.py [--systems winattn,fa4] [--cases b:32768,cw:16384] [--passes fwd,bwd]
-        [--reps 5] [--sleep-ms 20] [--peers-dir /tmp/winattn-peers]
+        [--reps 5] [--sleep-ms 20] [--cpu-ops 12] [--peers-dir /tmp/winattn-peers]
 """
 import argparse
 import os
@@ -52,6 +54,7 @@ def main():
     ap.add_argument("--passes", default="fwd,bwd")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--sleep-ms", type=float, default=20.0, help="GPU spinning ahead of a hidden call")
+    ap.add_argument("--cpu-ops", type=int, default=0, help="list the host operations with the most time of their own")
     ap.add_argument("--peers-dir", help="where bench/peer_wheels.py installed the peers")
     a = ap.parse_args()
     shapes = {s[0]: s for s in gpu_peers.SHAPES}
@@ -99,6 +102,16 @@ def main():
                 print("| (%s) %d | %s | %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |" % (
                     label, n, t.name, pname, m["call"], m["hidden"], m["steady"], m["host"], m["call"] - m["hidden"],
                     m["hidden"] - m["steady"]), flush=True)
+        for t in trials if a.cpu_ops > 0 else []:
+            for pname in passes:
+                fn = t.fwd if pname == "fwd" else t.bwd
+                torch.cuda.synchronize()
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                    for _ in range(3):
+                        fn()
+                        torch.cuda.synchronize()
+                print("\n(%s) %d, %s %s, three calls:" % (label, n, t.name, pname))
+                print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=a.cpu_ops), flush=True)
         del trials
         torch.cuda.empty_cache()
 
