@@ -459,6 +459,43 @@ def run_torch():
         expect_error("torch window 2**64", lambda: wt.attention(x, x, x, window=(2 ** 64, 0)), ValueError, "outside")
         expect_error("torch scale 1e300", lambda: wt.attention(x, x, x, scale=1e300), ValueError, "float32")
 
+    @case("torch backward fills no zero gradient")
+    def _():
+        # lse is not differentiable and its gradient is never read: the eager paths turn off
+        # autograd's materialised gradients, which filled a zero tensor for it before every
+        # backward (host time that grew with the length; docs/cuda.md). The aten ops the
+        # backward dispatches, seen by a dispatch mode: the three empty gradients, no zeros.
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class Seen(TorchDispatchMode):
+            def __init__(self):
+                super().__init__()
+                self.ops = []
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                self.ops.append(func.overloadpacket.__name__)
+                return func(*args, **(kwargs or {}))
+
+        q, k, v = (torch.randn(1, h, 48, 16, requires_grad=True) for h in (4, 2, 2))
+        qt, kt, vt = (torch.randn(48, h, 16, requires_grad=True) for h in (4, 2, 2))  # packed [T, H, D]
+        cu = torch.tensor([0, 20, 48], dtype=torch.int32)
+        calls = {"rectangular": ((q, k, v), lambda: wt.attention(q, k, v, window=(7, 0))),
+                 "varlen": ((qt, kt, vt), lambda: wt.attention_varlen(qt, kt, vt, cu, cu, 28, 28, window=(7, 0)))}
+        ext = wt._ext
+        for path in (["C++"] if ext is not None else []) + ["Python"]:
+            for name, (inputs, call) in calls.items():
+                wt._ext = ext if path == "C++" else None
+                try:
+                    o = call()
+                    with Seen() as seen:
+                        torch.autograd.grad(o, inputs, torch.ones_like(o))
+                finally:
+                    wt._ext = ext
+                filled = [op for op in seen.ops if "zero" in op or "fill" in op]
+                report(not filled and seen.ops.count("empty_like") == 3,
+                       "torch %s path, %s: the backward fills no zero gradient (aten ops: %s)"
+                       % (path, name, ", ".join(seen.ops)))
+
     run_torch_varlen(torch, wt)
     run_torch_cpp_path(torch, wt)
 

@@ -205,6 +205,11 @@ struct Params {
  * reaches them (winattn has no second derivative). */
 template <typename ViewOf, typename LseOf, typename Call>
 tensor_list run_backward(AutogradContext *ctx, const tensor_list &grads, ViewOf view_of, LseOf lse_of, Call call) {
+    /* The forwards turn off autograd's materialised gradients: otherwise it fills a zero tensor for
+     * lse's gradient (lse is not differentiable; nothing reads it) before every backward, and that
+     * fill cost more host time than the rest of the backward (docs/cuda.md, call_gap.py). So an
+     * output no gradient reached comes as an undefined tensor: o's means none for q, k, v. */
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
     const bool graph = at::GradMode::is_enabled() && grads[0].defined() && grads[0].requires_grad();
     tensor_list out;
     {
@@ -247,6 +252,7 @@ struct Attention : torch::autograd::Function<Attention> {
         ctx->save_for_backward({q_in, k_in, v_in, o, lse});
         p.save(ctx);
         ctx->mark_non_differentiable({lse});
+        ctx->set_materialize_grads(false); /* lse's gradient stays undefined (run_backward) */
         return {o, lse};
     }
 
@@ -283,6 +289,7 @@ struct AttentionVarlen : torch::autograd::Function<AttentionVarlen> {
         p.save(ctx);
         ctx->saved_data["max_q"] = max_q, ctx->saved_data["max_k"] = max_k;
         ctx->mark_non_differentiable({lse});
+        ctx->set_materialize_grads(false); /* lse's gradient stays undefined (run_backward) */
         return {o, lse};
     }
 

@@ -303,11 +303,16 @@ def _eager_function(name, forward_kernel, setup_context, backward_kernel, n_inpu
         def forward(ctx, *inputs):
             output = forward_kernel(*inputs)
             setup_context(ctx, inputs, output)
+            # no zero tensor filled for lse's gradient before every backward (it is not
+            # differentiable and nothing reads it; the C++ path's run_backward says what it cost)
+            ctx.set_materialize_grads(False)
             return output
 
         @staticmethod
         @torch.autograd.function.once_differentiable
         def backward(ctx, do, dlse):
+            if do is None:  # no gradient reached o: none for q, k, v
+                return (None,) * n_inputs
             q, k, v, o, lse, *offsets = ctx.saved_tensors
             return tuple(backward_kernel(q, k, v, o, lse, do, *offsets, *ctx.params)) + (None,) * (n_inputs - 3)
 
