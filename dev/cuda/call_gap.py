@@ -7,7 +7,9 @@ or on the GPU. For each system, case and pass, alternating the systems, medians 
     host has issued all of it before the first event fires: the call's GPU time with no host wait;
   - steady: ten calls back to back between one pair (gpu_peers' "steady");
   - host: the wall time of the call's Python-level function alone (no synchronisation inside),
-    from the per-call timings.
+    from the per-call timings; host behind: the same from the hidden ones, where the GPU is still
+    spinning: a host that waits for the call's own kernels waits for the spin too, and reads
+    about --sleep-ms more.
 per call minus hidden is the host's share of the per-call time; hidden against steady is the GPU's
 (clocks: a call after an idle GPU against ten in a row). --cpu-ops N then lists, per system, case
 and pass, the N host operations with the most time of their own over three calls (PyTorch's
@@ -74,8 +76,8 @@ def main():
     # cycles for --sleep-ms at the H200's highest SM clock (a longer spin at lower clocks only hides more)
     sleep_cycles = int(a.sleep_ms * 1e-3 * 1.98e9)
     print("call_gap: %s, torch %s" % (torch.cuda.get_device_name(), torch.__version__))
-    print("| case | system | pass | per call ms | hidden ms | steady ms | host ms | per call − hidden | hidden − steady |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| case | system | pass | per call ms | hidden ms | steady ms | host ms | host behind ms | per call − hidden | hidden − steady |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for label, n in cases:
         _, hq, hkv, d, window, _ = shapes[label]
         trials = []
@@ -88,19 +90,21 @@ def main():
             t.warm_up()
             trials.append(t)
         for pname in passes:
-            got = {t.name: {"call": [], "hidden": [], "steady": [], "host": []} for t in trials}
+            got = {t.name: {"call": [], "hidden": [], "steady": [], "host": [], "behind": []} for t in trials}
             for r in range(a.reps):
                 for t in trials[r % len(trials):] + trials[:r % len(trials)]:
                     fn = t.fwd if pname == "fwd" else t.bwd
                     ms, host = per_call(fn)
                     got[t.name]["call"].append(ms)
                     got[t.name]["host"].append(host)
-                    got[t.name]["hidden"].append(per_call(fn, sleep_cycles)[0])
+                    ms, host = per_call(fn, sleep_cycles)
+                    got[t.name]["hidden"].append(ms)
+                    got[t.name]["behind"].append(host)
                     got[t.name]["steady"].append(gpu_peers.time_once(fn, 10) * 1e3)
             for t in trials:
                 m = {k: statistics.median(v) for k, v in got[t.name].items()}
-                print("| (%s) %d | %s | %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |" % (
-                    label, n, t.name, pname, m["call"], m["hidden"], m["steady"], m["host"], m["call"] - m["hidden"],
+                print("| (%s) %d | %s | %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |" % (
+                    label, n, t.name, pname, m["call"], m["hidden"], m["steady"], m["host"], m["behind"], m["call"] - m["hidden"],
                     m["hidden"] - m["steady"]), flush=True)
         for t in trials if a.cpu_ops > 0 else []:
             for pname in passes:
