@@ -7,6 +7,7 @@
  *   nvcc -O2 -std=c++17 -o build/tensor_map_cost dev/cuda/tensor_map_cost.cu && build/tensor_map_cost */
 #include <cuda.h>
 #include <cuda_runtime.h>
+#include <cudaTypedefs.h>
 
 #include <chrono>
 #include <cstdio>
