@@ -258,6 +258,34 @@ def measure_shape(names, n, hq, hkv, d, window, reps):
     return [(name, out[name]) for name in names if name in out], ref_name
 
 
+def one_shape_args(ap, n):
+    """the arguments of the dev/cuda tools that measure one shape: --peers-dir, --systems, --shape,
+    --n (default n)"""
+    ap.add_argument("--peers-dir", help="where bench/peer_wheels.py installed the peers")
+    ap.add_argument("--systems", default="fa4,winattn")
+    ap.add_argument("--shape", default="b", help="a shape of bench/gpu_peers.py (a, b, c, cw)")
+    ap.add_argument("--n", type=int, default=n)
+
+
+def warmed_trials(tool, names, label, n):
+    """the systems `names` set up and warmed up at shape `label` and length n, for the dev/cuda
+    tools that measure one shape (tool names them in errors); exits on an unknown shape or a
+    system that cannot run it"""
+    shape = [s for s in SHAPES if s[0] == label]
+    if not shape:
+        sys.exit("%s: --shape %s: not one of %s" % (tool, label, ", ".join(s[0] for s in SHAPES)))
+    _, hq, hkv, d, window, _ = shape[0]
+    trials = []
+    for name in names:
+        try:
+            t = Trial(name, n, hq, hkv, d, window)
+        except Exception as e:  # an unknown system, or a peer that cannot run this shape
+            sys.exit("%s: %s at (%s) %d: %s" % (tool, name, label, n, short_error(e)))
+        t.warm_up()
+        trials.append(t)
+    return trials
+
+
 def short_error(e):
     text = str(e).strip().splitlines()
     line = next((t for t in text if "Error" in t or "error" in t), text[0] if text else type(e).__name__)

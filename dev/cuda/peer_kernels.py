@@ -21,28 +21,14 @@ import gpu_peers  # noqa: E402
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--peers-dir", help="where bench/peer_wheels.py installed the peers")
-    ap.add_argument("--systems", default="fa4,winattn")
-    ap.add_argument("--shape", default="b", help="a shape of bench/gpu_peers.py (a, b, c, cw)")
-    ap.add_argument("--n", type=int, default=8192)
+    gpu_peers.one_shape_args(ap, 8192)
     ap.add_argument("--fwd", action="store_true", help="profile the forward instead of the backward")
     a = ap.parse_args()
     if a.peers_dir:
         from peer_wheels import add_to_path
 
         add_to_path(a.peers_dir, "peer_kernels")
-    shape = [s for s in gpu_peers.SHAPES if s[0] == a.shape]
-    if not shape:
-        sys.exit("peer_kernels: --shape %s: not one of %s" % (a.shape, ", ".join(s[0] for s in gpu_peers.SHAPES)))
-    _, hq, hkv, d, window, _ = shape[0]
-    trials = []
-    for name in a.systems.split(","):
-        try:
-            t = gpu_peers.Trial(name, a.n, hq, hkv, d, window)
-        except Exception as e:  # an unknown system, or a peer that cannot run this shape
-            sys.exit("peer_kernels: %s at (%s) %d: %s" % (name, a.shape, a.n, gpu_peers.short_error(e)))
-        t.warm_up()
-        trials.append(t)
+    trials = gpu_peers.warmed_trials("peer_kernels", a.systems.split(","), a.shape, a.n)
     for t in trials:
         torch.cuda.synchronize()
         torch.cuda.profiler.start()

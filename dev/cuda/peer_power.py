@@ -26,10 +26,7 @@ from data_sensitivity import sampled  # noqa: E402
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--peers-dir", help="where bench/peer_wheels.py installed the peers")
-    ap.add_argument("--systems", default="fa4,winattn")
-    ap.add_argument("--shape", default="b", help="a shape of bench/gpu_peers.py (a, b, c, cw)")
-    ap.add_argument("--n", type=int, default=32768)
+    gpu_peers.one_shape_args(ap, 32768)
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--rounds", type=int, default=2)
     a = ap.parse_args()
@@ -39,19 +36,9 @@ def main():
         from peer_wheels import add_to_path
 
         add_to_path(a.peers_dir, "peer_power")
-    shape = [s for s in gpu_peers.SHAPES if s[0] == a.shape]
-    if not shape:
-        ap.error("--shape %s: not one of %s" % (a.shape, ", ".join(s[0] for s in gpu_peers.SHAPES)))
-    _, hq, hkv, d, window, _ = shape[0]
+    trials = gpu_peers.warmed_trials("peer_power", a.systems.split(","), a.shape, a.n)
+    _, hq, hkv, d, window, _ = [s for s in gpu_peers.SHAPES if s[0] == a.shape][0]
     flops = 4.0 * d * gpu_peers.pairs(a.n, window) * hq
-    trials = []
-    for name in a.systems.split(","):
-        try:
-            t = gpu_peers.Trial(name, a.n, hq, hkv, d, window)
-        except Exception as e:  # an unknown system, or a peer that cannot run this shape
-            sys.exit("peer_power: %s at (%s) %d: %s" % (name, a.shape, a.n, gpu_peers.short_error(e)))
-        t.warm_up()
-        trials.append(t)
     print("peer_power: %s, (%s) N %d, %.1f s a pass" % (torch.cuda.get_device_name(), a.shape, a.n, a.seconds))
     print("| round | system | pass | ms | TFLOP/s | MHz | W | J per call | M cycles per call |")
     print("|---|---|---|---|---|---|---|---|---|")
