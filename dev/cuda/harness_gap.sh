@@ -9,6 +9,9 @@
 #                        profiler, beside the C bench, at CASES                -> timeline.txt
 #   binding_overhead.py  host time per forward + backward on a tiny shape, each path beside one
 #                        multiply through autograd; graph and compile identity -> binding_overhead.txt
+#   call_gap.py          per call against the host hidden and steady, the host's time per call
+#                        and the host operations that take it, at CASES and (b) 1024 -> call_gap.txt
+#   tensor_map_cost.cu   the driver's tensor-map encoding against the bytes it maps -> tensor_map_cost.txt
 #   data_sensitivity.py  (DATA=1) bench bursts against sustained calls, uniform against randn data,
 #                        with the SM clock and power                          -> data_sensitivity.txt
 LAB_KEEP=1
@@ -26,5 +29,8 @@ step() {
 step torch_ext.txt python3 python/build_torch_ext.py --build build
 step timeline.txt python3 dev/cuda/kernel_timeline.py --cases "${CASES:-b:32768,cw:16384,c:8192}" --passes fwd,bwd
 step binding_overhead.txt python3 bench/binding_overhead.py --device cuda --calls 200
+step call_gap.txt python3 dev/cuda/call_gap.py --cases "${CASES:-b:32768,cw:16384,c:8192},b:1024" --reps 3 --cpu-ops 12
+nvcc -O2 -std=c++17 -o build/tensor_map_cost dev/cuda/tensor_map_cost.cu >"$OUT/tensor_map_cost_build.txt" 2>&1 &&
+    step tensor_map_cost.txt build/tensor_map_cost
 [ "${DATA:-0}" = 1 ] && step data_sensitivity.txt python3 dev/cuda/data_sensitivity.py --n 8192,16384
 echo "total $(($(date +%s) - t0)) s"
