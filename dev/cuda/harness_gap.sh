@@ -12,6 +12,9 @@
 #   call_gap.py          per call against the host hidden and steady, the host's time per call
 #                        and the host operations that take it, at CASES and (b) 1024 -> call_gap.txt
 #   tensor_map_cost.cu   the driver's tensor-map encoding against the bytes it maps -> tensor_map_cost.txt
+#   TMC=1: the same call_gap.py on a library built with -DWA_TENSOR_MAP_CACHE=1 (build-tmc, the
+#                        encoded tensor maps kept per thread), and its whole parity sweep in both
+#                        modes                                       -> call_gap_tmc.txt, parity_tmc.txt
 #   data_sensitivity.py  (DATA=1) bench bursts against sustained calls, uniform against randn data,
 #                        with the SM clock and power                          -> data_sensitivity.txt
 LAB_KEEP=1
@@ -32,5 +35,12 @@ step binding_overhead.txt python3 bench/binding_overhead.py --device cuda --call
 step call_gap.txt python3 dev/cuda/call_gap.py --cases "${CASES:-b:32768,cw:16384,c:8192},b:1024" --reps 3 --cpu-ops 12
 nvcc -O2 -std=c++17 -o build/tensor_map_cost dev/cuda/tensor_map_cost.cu >"$OUT/tensor_map_cost_build.txt" 2>&1 &&
     step tensor_map_cost.txt build/tensor_map_cost
+if [ "${TMC:-0}" = 1 ]; then
+    lab_build build-tmc "-DWA_TENSOR_MAP_CACHE=1" build-tmc/winattn build-tmc/libwinattn.so
+    step call_gap_tmc.txt env WINATTN_LIBRARY=build-tmc/libwinattn.so python3 dev/cuda/call_gap.py \
+        --cases "${CASES:-b:32768,cw:16384,c:8192},b:1024" --reps 3
+    step parity_tmc.txt sh -c "build-tmc/winattn parity --device cuda --threads 16 | tail -3 &&
+        build-tmc/winattn parity --device cuda --threads 16 --deterministic | tail -3"
+fi
 [ "${DATA:-0}" = 1 ] && step data_sensitivity.txt python3 dev/cuda/data_sensitivity.py --n 8192,16384
 echo "total $(($(date +%s) - t0)) s"
