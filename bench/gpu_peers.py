@@ -71,6 +71,22 @@ SHAPES = [  # label, Hq, Hkv, D, window (None = causal), lengths
 ]
 
 
+# label -> (Hq, Hkv, D, window)
+SHAPE_OF = {label: (hq, hkv, d, window) for label, hq, hkv, d, window, _ in SHAPES}
+
+
+def shape_cases(text):
+    """argparse type of the dev/cuda tools' --cases: SHAPE:N pairs of SHAPES, comma-separated"""
+    out = []
+    for c in text.split(","):
+        label, _, n = c.partition(":")
+        if label not in SHAPE_OF or not n.isdigit() or int(n) <= 0:
+            raise argparse.ArgumentTypeError("--cases takes SHAPE:N pairs (SHAPE one of %s, N a positive length), not %r"
+                                             % (", ".join(SHAPE_OF), c))
+        out.append((label, int(n)))
+    return out
+
+
 def pairs(n, window):
     """Visible pairs for Nq = Nk = n: a causal window of `window` keys including self, or causal."""
     w = n if window is None else min(window, n)
@@ -174,6 +190,11 @@ class Trial:
         self.o = self.attn(self.q, self.k, self.v)
         self.times = {"fwd_s": [], "fwd_steady_s": [], "bwd_s": [], "bwd_steady_s": []}
 
+    def flops(self):
+        """the forward's FLOPs on the visible pairs this system computes (sdpa-flash: all causal
+        pairs, having no window)"""
+        return 4.0 * self.d * pairs(self.n, None if self.name == "sdpa-flash" else self.window) * self.hq
+
     def fwd(self):
         with torch.no_grad():
             return self.attn(self.q, self.k, self.v)
@@ -213,8 +234,7 @@ class Trial:
             agree = max(((x.float() - r_.float()).abs().max() / r_.float().abs().max()).item()
                         for x, r_ in zip(outs, ref))
         del grads, outs
-        npairs = pairs(self.n, None if self.name == "sdpa-flash" else self.window)
-        flops = 4.0 * self.d * npairs * self.hq
+        flops = self.flops()
         r.update({"fwd_tflops": flops / r["fwd_s"] / 1e12, "bwd_tflops": 2.5 * flops / r["bwd_s"] / 1e12,
                   "fwd_steady_tflops": flops / r["fwd_steady_s"] / 1e12,
                   "bwd_steady_tflops": 2.5 * flops / r["bwd_steady_s"] / 1e12, "bwd_peak_gb": peak / 1e9,
@@ -271,10 +291,9 @@ def warmed_trials(tool, names, label, n):
     """the systems `names` set up and warmed up at shape `label` and length n, for the dev/cuda
     tools that measure one shape (tool names them in errors); exits on an unknown shape or a
     system that cannot run it"""
-    shape = [s for s in SHAPES if s[0] == label]
-    if not shape:
-        sys.exit("%s: --shape %s: not one of %s" % (tool, label, ", ".join(s[0] for s in SHAPES)))
-    _, hq, hkv, d, window, _ = shape[0]
+    if label not in SHAPE_OF:
+        sys.exit("%s: --shape %s: not one of %s" % (tool, label, ", ".join(SHAPE_OF)))
+    hq, hkv, d, window = SHAPE_OF[label]
     trials = []
     for name in names:
         try:

@@ -52,20 +52,14 @@ def per_call(fn, sleep_cycles=0):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--systems", default="winattn")
-    ap.add_argument("--cases", default="b:32768,cw:16384", help="SHAPE:N of bench/gpu_peers.py's shapes")
+    ap.add_argument("--cases", type=gpu_peers.shape_cases, default="b:32768,cw:16384",
+                    help="SHAPE:N of bench/gpu_peers.py's shapes")
     ap.add_argument("--passes", default="fwd,bwd")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--sleep-ms", type=float, default=20.0, help="GPU spinning ahead of a hidden call")
     ap.add_argument("--cpu-ops", type=int, default=0, help="list the host operations with the most time of their own")
     ap.add_argument("--peers-dir", help="where bench/peer_wheels.py installed the peers")
     a = ap.parse_args()
-    shapes = {s[0]: s for s in gpu_peers.SHAPES}
-    cases = []
-    for c in a.cases.split(","):
-        label, _, n = c.partition(":")
-        if label not in shapes or not n.isdigit() or int(n) <= 0:
-            ap.error("--cases takes SHAPE:N pairs (SHAPE one of %s, N a positive length), not %r" % (", ".join(shapes), c))
-        cases.append((label, int(n)))
     passes = a.passes.split(",")
     if any(p not in ("fwd", "bwd") for p in passes) or a.reps < 1 or a.sleep_ms <= 0:
         ap.error("--passes is fwd and/or bwd, --reps 1 or more, --sleep-ms above 0")
@@ -78,8 +72,8 @@ def main():
     print("call_gap: %s, torch %s" % (torch.cuda.get_device_name(), torch.__version__))
     print("| case | system | pass | per call ms | hidden ms | steady ms | host ms | host behind ms | per call − hidden | hidden − steady |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for label, n in cases:
-        _, hq, hkv, d, window, _ = shapes[label]
+    for label, n in a.cases:
+        hq, hkv, d, window = gpu_peers.SHAPE_OF[label]
         trials = []
         for name in a.systems.split(","):
             try:

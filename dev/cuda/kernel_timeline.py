@@ -26,20 +26,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "python"))
 os.environ.setdefault("WINATTN_LIBRARY", os.path.join(ROOT, "build", "libwinattn.so"))
 
-# label: Hq, Hkv, D, window in keys including self (None: causal) — bench/gpu_peers.py's SHAPES
-SHAPES = {"a": (32, 16, 256, 1024), "b": (32, 8, 128, 4096), "c": (32, 4, 512, None), "cw": (32, 4, 512, 1024)}
-
-
-def cases(text):
-    """--cases: SHAPE:N pairs, comma-separated"""
-    out = []
-    for c in text.split(","):
-        label, _, n = c.partition(":")
-        if label not in SHAPES or not n.isdigit() or int(n) <= 0:
-            raise argparse.ArgumentTypeError("--cases takes SHAPE:N pairs (SHAPE one of %s, N a positive length), not %r"
-                                             % (", ".join(SHAPES), c))
-        out.append((label, int(n)))
-    return out
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from gpu_peers import SHAPE_OF as SHAPES, shape_cases as cases  # noqa: E402  (label: Hq, Hkv, D, window; --cases)
 
 
 def bench_row(label, n):
@@ -145,7 +133,6 @@ def main():
         do = randn(hq)
         win = (n - 1 if window is None else window - 1, 0)
         if args.after_fa4:
-            sys.path.insert(0, os.path.join(ROOT, "bench"))
             from gpu_peers import measure_shape
             from peer_wheels import add_to_path
 
@@ -165,7 +152,6 @@ def main():
         print("## (%s) %dK: Hq %d, Hkv %d, D %d, %s" % (label, n // 1024, hq, hkv, d,
                                                       "causal" if window is None else "window %d" % window))
         # first as bench/gpu_peers.py times it, with CUDA events and no profiler attached
-        sys.path.insert(0, os.path.join(ROOT, "bench"))
         from gpu_peers import timed
 
         for which in passes:

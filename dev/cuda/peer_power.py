@@ -37,14 +37,12 @@ def main():
 
         add_to_path(a.peers_dir, "peer_power")
     trials = gpu_peers.warmed_trials("peer_power", a.systems.split(","), a.shape, a.n)
-    _, hq, hkv, d, window, _ = [s for s in gpu_peers.SHAPES if s[0] == a.shape][0]
-    flops = 4.0 * d * gpu_peers.pairs(a.n, window) * hq
     print("peer_power: %s, (%s) N %d, %.1f s a pass" % (torch.cuda.get_device_name(), a.shape, a.n, a.seconds))
     print("| round | system | pass | ms | TFLOP/s | MHz | W | J per call | M cycles per call |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in range(a.rounds):
         for t in trials[r % len(trials):] + trials[:r % len(trials)]:
-            for label, fn, work in (("fwd", t.fwd, flops), ("bwd", t.bwd, 2.5 * flops)):
+            for label, fn, work in (("fwd", t.fwd, t.flops()), ("bwd", t.bwd, 2.5 * t.flops())):
                 ms, mhz, watts = sampled(fn, a.seconds)
                 print("| %d | %s | %s | %.3f | %.1f | %.0f | %.0f | %.3f | %.2f |" % (
                     r + 1, t.name, label, ms, work / ms / 1e9, mhz, watts, watts * ms / 1e3, mhz * ms / 1e3), flush=True)

@@ -210,7 +210,7 @@ tensor_list run_backward(AutogradContext *ctx, const tensor_list &grads, ViewOf 
      * fill cost more host time than the rest of the backward (docs/cuda.md, call_gap.py). So an
      * output no gradient reached comes as an undefined tensor: o's means none for q, k, v. */
     if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
-    const bool graph = at::GradMode::is_enabled() && grads[0].defined() && grads[0].requires_grad();
+    const bool graph = at::GradMode::is_enabled() && grads[0].requires_grad();
     tensor_list out;
     {
         const at::NoGradGuard no_graph;
