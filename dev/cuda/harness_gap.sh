@@ -15,6 +15,8 @@
 #                                                                               -> tensor_map_cost.txt
 #   host       host_call_cost.c: the library's own host time per wa_forward / wa_backward (no
 #              binding), queued and from an idle GPU, at CASES and (b) 1024 and 8192 -> host_call_cost.txt
+#   wake       host_wake.py: host time per call after a short wait, a long one and a long one
+#              polled, for winattn at CASES and (b) 1024 and two floors      -> host_wake.txt
 # (the binding's steps build winattn.torch's C++ eager path for the machine's torch first:
 # python/build_torch_ext.py). TMC=1 adds a library built with -DWA_TENSOR_MAP_CACHE=1 (build-tmc,
 # the encoded tensor maps kept per thread): the call_gap and host steps also run on it, and its
@@ -37,7 +39,7 @@ step() {
     timeout 170 "$@" >>"$KEEP/$log" 2>&1
     row "$log" "exit $?, $(($(date +%s) - s)) s"
 }
-if has timeline || has binding || has call_gap; then step torch_ext.txt python3 python/build_torch_ext.py --build build; fi
+if has timeline || has binding || has call_gap || has wake; then step torch_ext.txt python3 python/build_torch_ext.py --build build; fi
 has timeline && step timeline.txt python3 dev/cuda/kernel_timeline.py --cases "$CASES" --passes fwd,bwd
 has binding && step binding_overhead.txt python3 bench/binding_overhead.py --device cuda --calls 200
 if has call_gap; then
@@ -56,6 +58,7 @@ if has host && cc -O2 -Iinclude -o build/host_call_cost dev/cuda/host_call_cost.
         step host_call_cost.txt env LD_LIBRARY_PATH="$dir" build/host_call_cost b:1024 b:8192 $(echo "$CASES" | tr , ' ')
     done
 fi
+has wake && step host_wake.txt python3 dev/cuda/host_wake.py --cases "b:1024,$CASES"
 [ "${TMC:-0}" = 1 ] && step parity_tmc.txt sh -c "build-tmc/winattn parity --device cuda --threads 16 | tail -3 &&
         build-tmc/winattn parity --device cuda --threads 16 --deterministic | tail -3"
 [ "${DATA:-0}" = 1 ] && step data_sensitivity.txt python3 dev/cuda/data_sensitivity.py --n 8192,16384
