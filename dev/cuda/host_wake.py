@@ -81,7 +81,7 @@ def main():
         return torch.autograd.grad(x * 2, (x,), gx)
 
     def empty_512mb():
-        del torch.empty(256 << 20, device="cuda", dtype=torch.bfloat16)
+        torch.empty(256 << 20, device="cuda", dtype=torch.bfloat16)  # freed on return: nothing holds it
 
     fns = [("floor: multiply + backward through autograd", floor), ("torch.empty 512 MB and its free", empty_512mb)]
     trials = []
