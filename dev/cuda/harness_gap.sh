@@ -2,9 +2,9 @@
 # harness_gap.sh — where a call through winattn.torch spends the time that `winattn bench` does
 # not, on the GPU machine, from the repository root (DEPS as in scripts/cuda_check.sh; a carried
 # .lab-prebuilt/build.tar.xz is used instead of building):
-#   DEPS=.devdeps [STEPS="timeline binding call_gap tensor_maps host"] [CASES=b:32768,cw:16384,c:8192]
-#       [TMC=1] [DATA=1] sh dev/cuda/harness_gap.sh
-# Runs the STEPS named (all five by default), each into a log of its own that comes back:
+#   DEPS=.devdeps [STEPS="timeline binding call_gap tensor_maps host wake"] [CASES=b:32768,cw:16384,c:8192]
+#       [DATA=1] sh dev/cuda/harness_gap.sh
+# Runs the STEPS named (all six by default), each into a log of its own that comes back:
 #   timeline   kernel_timeline.py: the forward's and the backward's kernels per call and steady,
 #              from the profiler, beside the C bench, at CASES                    -> timeline.txt
 #   binding    binding_overhead.py: host time per forward + backward on a tiny shape, each path
@@ -18,18 +18,15 @@
 #   wake       host_wake.py: host time per call after a short wait, a long one and a long one
 #              polled, for winattn at CASES and (b) 1024 and two floors      -> host_wake.txt
 # (the binding's steps build winattn.torch's C++ eager path for the machine's torch first:
-# python/build_torch_ext.py). TMC=1 adds a library built with -DWA_TENSOR_MAP_CACHE=1 (build-tmc,
-# the encoded tensor maps kept per thread): the call_gap and host steps also run on it, and its
-# whole parity sweep in both modes                -> call_gap_tmc.txt, host_call_cost.txt, parity_tmc.txt
+# python/build_torch_ext.py).
 # DATA=1: data_sensitivity.py, bench bursts against sustained calls, uniform against randn data,
 # with the SM clock and power                                               -> data_sensitivity.txt
 LAB_KEEP=1
 . dev/cuda/lab_env.sh
 lab_summary
 lab_build build "" build/winattn build/libwinattn.so
-[ "${TMC:-0}" = 1 ] && lab_build build-tmc "-DWA_TENSOR_MAP_CACHE=1" build-tmc/winattn build-tmc/libwinattn.so
 export PYTHONUNBUFFERED=1 WINATTN_LIBRARY=build/libwinattn.so
-STEPS=${STEPS:-timeline binding call_gap tensor_maps host}
+STEPS=${STEPS:-timeline binding call_gap tensor_maps host wake}
 CASES=${CASES:-b:32768,cw:16384,c:8192}
 has() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
 step() {
@@ -42,24 +39,15 @@ step() {
 if has timeline || has binding || has call_gap || has wake; then step torch_ext.txt python3 python/build_torch_ext.py --build build; fi
 has timeline && step timeline.txt python3 dev/cuda/kernel_timeline.py --cases "$CASES" --passes fwd,bwd
 has binding && step binding_overhead.txt python3 bench/binding_overhead.py --device cuda --calls 200
-if has call_gap; then
-    step call_gap.txt python3 dev/cuda/call_gap.py --cases "$CASES,b:1024" --reps 3 --cpu-ops 12
-    [ "${TMC:-0}" = 1 ] && step call_gap_tmc.txt env WINATTN_LIBRARY=build-tmc/libwinattn.so python3 dev/cuda/call_gap.py \
-        --cases "$CASES,b:1024" --reps 3
-fi
+has call_gap && step call_gap.txt python3 dev/cuda/call_gap.py --cases "$CASES,b:1024" --reps 3 --cpu-ops 12
 if has tensor_maps; then
     nvcc -O2 -std=c++17 -o build/tensor_map_cost dev/cuda/tensor_map_cost.cu >"$OUT/tensor_map_cost_build.txt" 2>&1 &&
         step tensor_map_cost.txt build/tensor_map_cost
 fi
 if has host && cc -O2 -Iinclude -o build/host_call_cost dev/cuda/host_call_cost.c -Lbuild -lwinattn >"$OUT/host_build.txt" 2>&1; then
-    for dir in build $([ "${TMC:-0}" = 1 ] && echo build-tmc); do
-        ln -sf libwinattn.so "$dir/libwinattn.so.0"
-        echo "$dir:" >>"$KEEP/host_call_cost.txt"
-        step host_call_cost.txt env LD_LIBRARY_PATH="$dir" build/host_call_cost b:1024 b:8192 $(echo "$CASES" | tr , ' ')
-    done
+    ln -sf libwinattn.so build/libwinattn.so.0
+    step host_call_cost.txt env LD_LIBRARY_PATH=build build/host_call_cost b:1024 b:8192 $(echo "$CASES" | tr , ' ')
 fi
 has wake && step host_wake.txt python3 dev/cuda/host_wake.py --cases "b:1024,$CASES"
-[ "${TMC:-0}" = 1 ] && step parity_tmc.txt sh -c "build-tmc/winattn parity --device cuda --threads 16 | tail -3 &&
-        build-tmc/winattn parity --device cuda --threads 16 --deterministic | tail -3"
 [ "${DATA:-0}" = 1 ] && step data_sensitivity.txt python3 dev/cuda/data_sensitivity.py --n 8192,16384
 echo "total $(($(date +%s) - t0)) s"

@@ -10,8 +10,9 @@ host kept busy for 3 ms:
   long wait    10 ms of GPU spinning, then torch.cuda.synchronize()
   long, polled 10 ms of GPU spinning, then an event polled in a busy loop (the thread never sleeps)
 The functions: winattn's forward and backward at each case (as bench/gpu_peers.py calls them),
-the floor any op pays (one multiply and its backward through autograd, on a small tensor), and a
-512 MB torch.empty (from the caching allocator) with its free. Medians over --reps, µs. If the long
+the floor any op pays (one multiply and its backward through autograd, on a small tensor; the
+backward runs on autograd's device thread, which sleeps between calls), the multiply alone with no
+graph, and a 512 MB torch.empty (from the caching allocator) with its free. Medians over --reps, µs. If the long
 wait's column grows for the small functions too, the host's time follows the wait, not the shape.
 From the repository root on the GPU machine, after a build and python/build_torch_ext.py:
     python3 dev/cuda/host_wake.py [--cases b:1024,b:32768,cw:16384] [--systems winattn[,fa4]]
@@ -80,10 +81,15 @@ def main():
     def floor():
         return torch.autograd.grad(x * 2, (x,), gx)
 
+    def floor_forward():
+        with torch.no_grad():
+            return x * 2
+
     def empty_512mb():
         torch.empty(256 << 20, device="cuda", dtype=torch.bfloat16)  # freed on return: nothing holds it
 
-    fns = [("floor: multiply + backward through autograd", floor), ("torch.empty 512 MB and its free", empty_512mb)]
+    fns = [("floor: multiply + backward through autograd", floor), ("multiply alone, no graph", floor_forward),
+           ("torch.empty 512 MB and its free", empty_512mb)]
     trials = []
     for label, n in a.cases:
         hq, hkv, d, window = gpu_peers.SHAPE_OF[label]

@@ -379,42 +379,10 @@ static encode_fn tensor_map_encoder() {
  * k_row0); rows past the sequence then hold the next one's (past T, zeros), and are masked exactly
  * as a ragged last tile's zeros are (tile_geometry.h bounds every mask by the sequence's own Nq,
  * Nk); no kernel stores through TMA. */
-/* Lab (-DWA_TENSOR_MAP_CACHE=1): the last 16 maps this thread encoded, by every argument of
- * tensor_map, so that a call on the tensors of an earlier one (a training step's recurring
- * buffers) skips the driver's encoding. A candidate for the host time per call that grows with the
- * tensors' size (docs/cuda.md *Next*; dev/cuda/tensor_map_cost.cu measures the encoder); not yet
- * measured, so off. */
-#ifndef WA_TENSOR_MAP_CACHE
-#define WA_TENSOR_MAP_CACHE 0
-#endif
-struct encoded_maps {
-    struct entry {
-        long long key[10]; /* data, its three strides, B, H, N, D, rows, dtype */
-        CUtensorMap map;
-    } e[16];
-    unsigned kept = 0; /* maps kept so far; the oldest is replaced first */
-    bool find(const long long (&key)[10], CUtensorMap *map) const {
-        for (unsigned i = 0; i < (kept < 16 ? kept : 16); i++)
-            if (!memcmp(e[i].key, key, sizeof key)) return *map = e[i].map, true;
-        return false;
-    }
-    void keep(const long long (&key)[10], const CUtensorMap &map) {
-        entry &slot = e[kept++ % 16];
-        memcpy(slot.key, key, sizeof key);
-        slot.map = map;
-    }
-};
-static encoded_maps &thread_maps() {
-    static thread_local encoded_maps maps;
-    return maps;
-}
-
 static bool tensor_map(CUtensorMap *map, const dev_tensor &t, wa_dtype dt, long long B, long long H, long long N, int D,
                        int rows) {
     const encode_fn encode = tensor_map_encoder();
     if (!encode || N <= 0 || H <= 0 || B <= 0) return false;
-    const long long key[10] = {(long long)(uintptr_t)t.data, t.s0, t.s1, t.s2, B, H, N, D, rows, (long long)dt};
-    if (WA_TENSOR_MAP_CACHE && thread_maps().find(key, map)) return true;
     const cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)N, (cuuint64_t)H, (cuuint64_t)B};
     long long strides[3] = {t.s2 * 2, t.s1 * 2, t.s0 * 2};
     long long extent = (long long)D * 2; /* bytes spanned so far: stands in for a size-1 dimension's stride */
@@ -425,11 +393,9 @@ static bool tensor_map(CUtensorMap *map, const dev_tensor &t, wa_dtype dt, long 
     }
     const cuuint64_t gstride[3] = {(cuuint64_t)strides[0], (cuuint64_t)strides[1], (cuuint64_t)strides[2]};
     const cuuint32_t box[4] = {64, (cuuint32_t)rows, 1, 1}, estride[4] = {1, 1, 1, 1};
-    const bool ok = encode(map, dt == WA_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, t.data,
-                           dims, gstride, box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                           CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-    if (WA_TENSOR_MAP_CACHE && ok) thread_maps().keep(key, *map);
-    return ok;
+    return encode(map, dt == WA_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, t.data, dims,
+                  gstride, box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 /* a varlen launch's per-sequence maps (seq_maps_kernel) from its `count` maps, before the kernels
