@@ -337,6 +337,19 @@ constexpr bool kOverlapDkFirst = true;
 constexpr bool kOverlapDkFirst = false;
 #endif
 
+/* Lab, against FlashAttention 4's SM90 backward (which does both):
+ * -DWA_DS_STMATRIX=1: the fused form writes dSᵀ to shared memory by four stmatrix a step (each
+ *   lane addressing one 16-byte row chunk of the 128-byte swizzle) instead of sixteen 4-byte stores;
+ * -DWA_BWD_STATS_EARLY=1: with the step overlap, each thread reads its 16 lse2 values from shared
+ *   memory into registers while Sᵀ runs, not after waiting for it; =2 also its 16 δ values while
+ *   dPᵀ runs. Either spills 8 bytes (nvcc 13.0): the consumers are at their 240 registers there. */
+#ifndef WA_DS_STMATRIX
+#define WA_DS_STMATRIX 0
+#endif
+#ifndef WA_BWD_STATS_EARLY
+#define WA_BWD_STATS_EARLY 0
+#endif
+
 /* The order the dK/dV CTAs start in (the grid is key tiles × kv heads). Across heads (the
  * default): the first key tiles of every head first, so that under a causal mask the longest CTAs
  * start first. Head-major (lab, -DWA_DKDV_HEAD_MAJOR=1 for dkdv_ws_kernel, =2 for the D = 512 one
@@ -577,7 +590,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     /* Pᵀ of the tile in place of Sᵀ (0 where masked); pd = what dS needs of it (P times the softcap's
      * derivative). The masked and the unmasked form are compiled apart (edge_form below). */
-    auto probs_as = [&](float (&x)[8][4], float (&pd)[8][4], const float *lse2, long long i0, auto edge_c) {
+    auto probs_as = [&](float (&x)[8][4], float (&pd)[8][4], auto lse2_of, long long i0, auto edge_c) {
         const bool edge = edge_c;
 #pragma unroll
         for (int r = 0; r < 2; r++) {
@@ -589,20 +602,34 @@ __global__ void __launch_bounds__(kThreads, 1)
                 for (int e = 2 * r; e < 2 * r + 2; e++) {
                     const int c = nb * 8 + 2 * t4 + (e & 1);
                     float pv, dcap;
-                    prob_of<CAP>(p, x[nb][e], lse2[c], scale2, pv, dcap);
+                    prob_of<CAP>(p, x[nb][e], lse2_of(nb, e & 1, c), scale2, pv, dcap);
                     if (edge && (c < lo || c > hi)) pv = 0.0f;
                     x[nb][e] = pv, pd[nb][e] = pv * dcap;
                 }
         }
     };
     auto probs = [&](float (&x)[8][4], float (&pd)[8][4], const float *lse2, long long i0, bool edge) {
-        edge_form<CAP>(edge, [&](auto edge_c) { probs_as(x, pd, lse2, i0, edge_c); });
+        edge_form<CAP>(edge, [&](auto edge_c) { probs_as(x, pd, [&](int, int, int c) { return lse2[c]; }, i0, edge_c); });
+    };
+    /* the same with each thread's lse2 values already in registers (WA_BWD_STATS_EARLY) */
+    auto probs_early = [&](float (&x)[8][4], float (&pd)[8][4], const float (&lse2_r)[8][2], long long i0, bool edge) {
+        edge_form<CAP>(edge, [&](auto edge_c) { probs_as(x, pd, [&](int nb, int j, int) { return lse2_r[nb][j]; }, i0, edge_c); });
     };
 
     /* fused: dSᵀ (packed as A fragments: rows w4·16 + g (+8), columns 16 kk + 2 t4 (+8)) into
      * this warpgroup's 64 rows of dS buffer `buf`, in the 128-byte swizzle (conflict-free 4-byte
      * stores: the 8 g of a warp hit 8 different chunks) */
     auto write_ds = [&](const uint32_t (&pb)[4][4], int buf) {
+        if constexpr (WA_DS_STMATRIX != 0) {
+            /* pb[kk] is four 8 × 8 tiles: rows +0 / +8 of chunk 2 kk, then of chunk 2 kk + 1; lane l
+             * addresses row l % 8 (+ 8 for tiles 1, 3) of chunk 2 kk (+ 1 for tiles 2, 3) */
+            const uint32_t rows = base + L::ds + buf * L::DS;
+            const int m_row = cw * 64 + w4 * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, m_chunk = lane >> 4;
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) stsm_x4(rows + blk_off<KEYS>(m_row, 2 * kk + m_chunk), pb[kk]);
+            fence_proxy_async();
+            return;
+        }
         unsigned char *rows = aligned + L::ds + buf * L::DS;
         const int r = cw * 64 + w4 * 16 + g;
 #pragma unroll
@@ -725,9 +752,20 @@ __global__ void __launch_bounds__(kThreads, 1)
             tile_product(dp, opaque(sV), do_s);
             wg_commit();
             publish_stats();
+            /* WA_BWD_STATS_EARLY: this thread's columns' lse2 before the wait for Sᵀ (2: its δ before
+             * the wait for dPᵀ too) */
+            float lse2_r[8][2], delta_r[8][2];
+            auto columns_of = [&](float (&out)[8][2], const float *from) {
+#pragma unroll
+                for (int nb = 0; nb < 8; nb++)
+#pragma unroll
+                    for (int j = 0; j < 2; j++) out[nb][j] = from[nb * 8 + 2 * t4 + j];
+            };
+            if constexpr (WA_BWD_STATS_EARLY != 0) columns_of(lse2_r, lse2);
             wg_wait<1>(); /* Sᵀ */
             reg_fence(s);
-            probs(s, pd, lse2, i0, edge);
+            if constexpr (WA_BWD_STATS_EARLY != 0) probs_early(s, pd, lse2_r, i0, edge);
+            else probs(s, pd, lse2, i0, edge);
             pack_a<T, 64>(pa, s);
             reg_fence(pa);
             fence_acc();
@@ -736,6 +774,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) wide_mn_product<T, D>(acc, pa[kk], desc_at(do_d, kk * (16 * 128)));
             wg_commit();
+            if constexpr (WA_BWD_STATS_EARLY == 2) columns_of(delta_r, delta);
             wg_wait<1>(); /* dPᵀ; dV still runs */
             reg_fence(dp);
 #pragma unroll
@@ -743,7 +782,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int c = nb * 8 + 2 * t4 + (e & 1);
-                    s[nb][e] = pd[nb][e] * (dp[nb][e] - delta[c]); /* dSᵀ / scale */
+                    const float dl = WA_BWD_STATS_EARLY == 2 ? delta_r[nb][e & 1] : delta[c];
+                    s[nb][e] = pd[nb][e] * (dp[nb][e] - dl); /* dSᵀ / scale */
                 }
             uint32_t pb[4][4];
             pack_a<T, 64>(pb, s);
