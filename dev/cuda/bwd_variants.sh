@@ -18,7 +18,9 @@
 # variants of the default form only), and SANITIZE=0 leaves the sanitizers out (a short run: the
 # sweeps in both modes stay). FUSED=default times the default mode on the default build alone (for
 # variants of the deterministic form only). LAB_CALLS=C times runs of C calls back to back
-# (`winattn bench --calls`: the steady state, where the 700 W limit sets the clock).
+# (`winattn bench --calls`: the steady state, where the 700 W limit sets the clock). ALTERNATE=1
+# times the builds in the opposite order in the second round (a build timed after the others' heat
+# in one round is timed first in the other).
 [ $# -ge 2 ] && [ $(($# % 2)) -eq 0 ] || { echo "usage: sh dev/cuda/bwd_variants.sh NAME \"DEFINES\" [NAME \"DEFINES\" ...]"; exit 2; }
 LAB_KEEP=1
 . dev/cuda/lab_env.sh
@@ -41,9 +43,12 @@ bwd_row() {
 }
 
 # the timings first: a run cut short by its time limit still brings them back
+reversed=$(for b in $BUILDS; do echo "$b"; done | tac | tr '\n' ' ')
 for round in 1 2; do
+    order=$BUILDS
+    [ "$ALTERNATE" = 1 ] && [ $round = 2 ] && order=$reversed
     for mode in "" $([ "$ROWS" = b ] || [ "$ROWS" = fused ] || echo --deterministic); do
-        for b in $BUILDS; do
+        for b in $order; do
             [ -z "$mode" ] && [ "$FUSED" = default ] && [ $b != build ] && continue
             [ -x $b/winattn ] && bwd_row $round "$mode" $b
         done
