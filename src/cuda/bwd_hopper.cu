@@ -338,11 +338,12 @@ constexpr bool kOverlapDkFirst = false;
 #endif
 
 /* Lab, against FlashAttention 4's SM90 backward (which does both):
- * -DWA_DS_STMATRIX=1: the fused form writes dSᵀ to shared memory by four stmatrix a step (each
+ * -DWA_DS_STMATRIX=1: the fused forms write dSᵀ to shared memory by four stmatrix a step (each
  *   lane addressing one 16-byte row chunk of the 128-byte swizzle) instead of sixteen 4-byte stores;
- * -DWA_BWD_STATS_EARLY=1: with the step overlap, each thread reads its 16 lse2 values from shared
- *   memory into registers while Sᵀ runs, not after waiting for it; =2 also its 16 δ values while
- *   dPᵀ runs. Either spills 8 bytes (nvcc 13.0): the consumers are at their 240 registers there. */
+ * -DWA_BWD_STATS_EARLY=1: with the step overlap, each thread of the default (unordered) form reads
+ *   its 16 lse2 values from shared memory into registers while Sᵀ runs, not after waiting for it;
+ *   =2 in the ordered form too. It spills 8 bytes (nvcc 13.0: the consumers are at their 240
+ *   registers there); δ read early as well spilled as much. */
 #ifndef WA_DS_STMATRIX
 #define WA_DS_STMATRIX 0
 #endif
@@ -752,19 +753,17 @@ __global__ void __launch_bounds__(kThreads, 1)
             tile_product(dp, opaque(sV), do_s);
             wg_commit();
             publish_stats();
-            /* WA_BWD_STATS_EARLY: this thread's columns' lse2 before the wait for Sᵀ (2: its δ before
-             * the wait for dPᵀ too) */
-            float lse2_r[8][2], delta_r[8][2];
-            auto columns_of = [&](float (&out)[8][2], const float *from) {
+            constexpr bool STATS_EARLY = WA_BWD_STATS_EARLY == 2 || (WA_BWD_STATS_EARLY == 1 && !ORDERED);
+            float lse2_r[8][2]; /* STATS_EARLY: this thread's columns' lse2, read while Sᵀ runs */
+            if constexpr (STATS_EARLY) {
 #pragma unroll
                 for (int nb = 0; nb < 8; nb++)
 #pragma unroll
-                    for (int j = 0; j < 2; j++) out[nb][j] = from[nb * 8 + 2 * t4 + j];
-            };
-            if constexpr (WA_BWD_STATS_EARLY != 0) columns_of(lse2_r, lse2);
+                    for (int j = 0; j < 2; j++) lse2_r[nb][j] = lse2[nb * 8 + 2 * t4 + j];
+            }
             wg_wait<1>(); /* Sᵀ */
             reg_fence(s);
-            if constexpr (WA_BWD_STATS_EARLY != 0) probs_early(s, pd, lse2_r, i0, edge);
+            if constexpr (STATS_EARLY) probs_early(s, pd, lse2_r, i0, edge);
             else probs(s, pd, lse2, i0, edge);
             pack_a<T, 64>(pa, s);
             reg_fence(pa);
@@ -774,7 +773,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) wide_mn_product<T, D>(acc, pa[kk], desc_at(do_d, kk * (16 * 128)));
             wg_commit();
-            if constexpr (WA_BWD_STATS_EARLY == 2) columns_of(delta_r, delta);
             wg_wait<1>(); /* dPᵀ; dV still runs */
             reg_fence(dp);
 #pragma unroll
@@ -782,8 +780,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int c = nb * 8 + 2 * t4 + (e & 1);
-                    const float dl = WA_BWD_STATS_EARLY == 2 ? delta_r[nb][e & 1] : delta[c];
-                    s[nb][e] = pd[nb][e] * (dp[nb][e] - dl); /* dSᵀ / scale */
+                    s[nb][e] = pd[nb][e] * (dp[nb][e] - delta[c]); /* dSᵀ / scale */
                 }
             uint32_t pb[4][4];
             pack_a<T, 64>(pb, s);
