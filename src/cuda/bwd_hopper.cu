@@ -337,18 +337,22 @@ constexpr bool kOverlapDkFirst = true;
 constexpr bool kOverlapDkFirst = false;
 #endif
 
-/* Lab, against FlashAttention 4's SM90 backward (which does both):
- * -DWA_DS_STMATRIX=1: the fused forms write dSᵀ to shared memory by four stmatrix a step (each
- *   lane addressing one 16-byte row chunk of the 128-byte swizzle) instead of sixteen 4-byte stores;
- * -DWA_BWD_STATS_EARLY=1: with the step overlap, each thread of the default (unordered) form reads
- *   its 16 lse2 values from shared memory into registers while Sᵀ runs, not after waiting for it;
- *   =2 in the ordered form too. It spills 8 bytes (nvcc 13.0: the consumers are at their 240
- *   registers there); δ read early as well spilled as much. */
+/* Two details of FlashAttention 4's SM90 backward, taken (docs/cuda.md, *Tried and measured*):
+ * - WA_DS_STMATRIX 1: the fused forms write dSᵀ to shared memory by four stmatrix a step (each lane
+ *   addressing one 16-byte row chunk of the 128-byte swizzle) instead of sixteen 4-byte stores;
+ * - WA_BWD_STATS_EARLY 1: with the step overlap, each thread of the default (unordered) form reads
+ *   its 16 lse2 values from shared memory into registers while Sᵀ runs, not after waiting for it.
+ *   It spills 8 bytes (nvcc 13.0: the consumers are at their 240 registers there); 2 (lab) does
+ *   it in the ordered form too, which lost 2-4 % in the steady state, and δ read early as well
+ *   spilled as much.
+ * Together, `winattn bench` backward, fused: (b) 8K +2-4 %, D = 64 +2-3 %, causal D = 128 at 8K
+ * +3 %, at 32K within the runs' spread; the deterministic form unchanged. 0 builds the earlier
+ * forms. */
 #ifndef WA_DS_STMATRIX
-#define WA_DS_STMATRIX 0
+#define WA_DS_STMATRIX 1
 #endif
 #ifndef WA_BWD_STATS_EARLY
-#define WA_BWD_STATS_EARLY 0
+#define WA_BWD_STATS_EARLY 1
 #endif
 
 /* The order the dK/dV CTAs start in (the grid is key tiles × kv heads). Across heads (the
