@@ -287,22 +287,33 @@ def one_shape_args(ap, n):
     ap.add_argument("--n", type=int, default=n)
 
 
-def warmed_trials(tool, names, label, n):
-    """the systems `names` set up and warmed up at shape `label` and length n, for the dev/cuda
-    tools that measure one shape (tool names them in errors); exits on an unknown shape or a
-    system that cannot run it"""
-    if label not in SHAPE_OF:
-        sys.exit("%s: --shape %s: not one of %s" % (tool, label, ", ".join(SHAPE_OF)))
+def trials_at(names, label, n, skipped):
+    """the systems `names` set up and warmed up at shape `label` (one of SHAPE_OF) and length n;
+    skipped(name, error text) for each that cannot run it (an unknown system, or a peer without
+    this shape), which is left out"""
     hq, hkv, d, window = SHAPE_OF[label]
     trials = []
     for name in names:
         try:
             t = Trial(name, n, hq, hkv, d, window)
-        except Exception as e:  # an unknown system, or a peer that cannot run this shape
-            sys.exit("%s: %s at (%s) %d: %s" % (tool, name, label, n, short_error(e)))
+        except Exception as e:
+            skipped(name, short_error(e))
+            continue
         t.warm_up()
         trials.append(t)
     return trials
+
+
+def warmed_trials(tool, names, label, n):
+    """trials_at for the dev/cuda tools that measure one shape (tool names them in errors): exits
+    on an unknown shape or a system that cannot run it"""
+    if label not in SHAPE_OF:
+        sys.exit("%s: --shape %s: not one of %s" % (tool, label, ", ".join(SHAPE_OF)))
+
+    def stop(name, error):
+        sys.exit("%s: %s at (%s) %d: %s" % (tool, name, label, n, error))
+
+    return trials_at(names, label, n, stop)
 
 
 def short_error(e):

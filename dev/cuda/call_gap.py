@@ -73,16 +73,8 @@ def main():
     print("| case | system | pass | per call ms | hidden ms | steady ms | host ms | host behind ms | per call − hidden | hidden − steady |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for label, n in a.cases:
-        hq, hkv, d, window = gpu_peers.SHAPE_OF[label]
-        trials = []
-        for name in a.systems.split(","):
-            try:
-                t = gpu_peers.Trial(name, n, hq, hkv, d, window)
-            except Exception as e:  # an unknown system, or a peer that cannot run this shape
-                print("| (%s) %d | %s | - | %s |" % (label, n, name, gpu_peers.short_error(e)))
-                continue
-            t.warm_up()
-            trials.append(t)
+        trials = gpu_peers.trials_at(a.systems.split(","), label, n,
+                                     lambda name, error: print("| (%s) %d | %s | - | %s |" % (label, n, name, error)))
         for pname in passes:
             got = {t.name: {"call": [], "hidden": [], "steady": [], "host": [], "behind": []} for t in trials}
             for r in range(a.reps):

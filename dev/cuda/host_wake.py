@@ -90,18 +90,10 @@ def main():
 
     fns = [("floor: multiply + backward through autograd", floor), ("multiply alone, no graph", floor_forward),
            ("torch.empty 512 MB and its free", empty_512mb)]
-    trials = []
     for label, n in a.cases:
-        hq, hkv, d, window = gpu_peers.SHAPE_OF[label]
-        for name in a.systems.split(","):
-            try:
-                t = gpu_peers.Trial(name, n, hq, hkv, d, window)
-            except Exception as e:  # an unknown system, or a peer that cannot run this shape
-                print("(%s) %d %s: %s" % (label, n, name, gpu_peers.short_error(e)))
-                continue
-            t.warm_up()
-            trials.append(t)
-            fns += [("(%s) %d %s fwd" % (label, n, name), t.fwd), ("(%s) %d %s bwd" % (label, n, name), t.bwd)]
+        for t in gpu_peers.trials_at(a.systems.split(","), label, n,
+                                     lambda name, error: print("(%s) %d %s: %s" % (label, n, name, error))):
+            fns += [("(%s) %d %s fwd" % (label, n, t.name), t.fwd), ("(%s) %d %s bwd" % (label, n, t.name), t.bwd)]
     kinds = ("short", "long", "polled")
     print("host_wake: %s, torch %s; host µs per call, median of %d" % (torch.cuda.get_device_name(), torch.__version__, a.reps))
     print("| function | after a 0.05 ms wait | after a 10 ms wait | after 10 ms, polled |\n|---|---|---|---|")
