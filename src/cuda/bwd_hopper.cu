@@ -622,8 +622,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
 
     /* fused: dSᵀ (packed as A fragments: rows w4·16 + g (+8), columns 16 kk + 2 t4 (+8)) into
-     * this warpgroup's 64 rows of dS buffer `buf`, in the 128-byte swizzle (conflict-free 4-byte
-     * stores: the 8 g of a warp hit 8 different chunks) */
+     * this warpgroup's 64 rows of dS buffer `buf`, in the 128-byte swizzle: four stmatrix
+     * (WA_DS_STMATRIX), or sixteen 4-byte stores (conflict-free: the 8 g of a warp hit 8 different
+     * chunks) */
     auto write_ds = [&](const uint32_t (&pb)[4][4], int buf) {
         if constexpr (WA_DS_STMATRIX != 0) {
             /* pb[kk] is four 8 × 8 tiles: rows +0 / +8 of chunk 2 kk, then of chunk 2 kk + 1; lane l
