@@ -11,6 +11,9 @@
 # form adds dQ by reduce-adds: (b) 8K (Hq 32, Hkv 8, window 4096), causal with a ragged last tile
 # (B 2, N 3000, Hq 8, Hkv 2), D = 64 with a two-sided window (B 3, N 2500, Hq 8, Hkv 4), and a
 # rectangular one with more keys than queries (Nq 1000, Nk 2600, window 700 left, 20 right).
+# With more than one build, each later build's outputs are also compared with the first's: the
+# deterministic form's o, dq, dk, dv and the fused form's o, dk, dv (its dq varies run to run)
+# bit for bit, for a change meant to leave the arithmetic alone.
 [ $# -ge 1 ] || { echo "usage: sh dev/cuda/dq_repeats.sh BUILD [BUILD...]"; exit 2; }
 dir=${TMPDIR:-/tmp}/dq_repeats
 mkdir -p "$dir"
@@ -31,18 +34,29 @@ PY
         done
         "$build/winattn" attn "$dir/$name.in" "$dir/$name.fused" --device cuda $opts </dev/null >/dev/null || ok=0
         [ $ok = 1 ] || { echo "$name $build: winattn attn failed"; continue; }
-        python3 - "$dir/$name" "$name" "$build" <<'PY'
-import sys
+        python3 - "$dir/$name" "$name" "$build" "$1" <<'PY'
+import os, sys
 from safetensors.torch import load_file
-base, name, build = sys.argv[1:]
+base, name, build, first = sys.argv[1:]
 runs = [load_file("%s.det%d" % (base, r)) for r in (1, 2, 3)]
 fused = load_file(base + ".fused")
 same = all(runs[0][k].equal(x[k]) for x in runs[1:] for k in ("dq", "dk", "dv"))
 dq = (runs[0]["dq"].float() - fused["dq"].float()).abs().max().item()
 scale = fused["dq"].float().abs().max().item()
-print("%-10s %-12s deterministic x3: %s; dq vs the fused form: max diff %.3g (max |dq| %.3g)"
-      % (name, build, "bit-identical" if same else "DIFFERENT", dq, scale))
+against = ""
+if build != first and os.path.exists(base + ".first.det"):
+    f_det, f_fused = load_file(base + ".first.det"), load_file(base + ".first.fused")
+    keys = [k for k in ("o", "dq", "dk", "dv") if k in f_det]
+    det_same = all(f_det[k].equal(runs[0][k]) for k in keys)
+    fused_same = all(f_fused[k].equal(fused[k]) for k in keys if k != "dq")
+    against = "; against %s: deterministic %s, fused (no dq) %s" % (
+        first, "bit-identical" if det_same else "DIFFERENT", "bit-identical" if fused_same else "DIFFERENT")
+print("%-10s %-12s deterministic x3: %s; dq vs the fused form: max diff %.3g (max |dq| %.3g)%s"
+      % (name, build, "bit-identical" if same else "DIFFERENT", dq, scale, against))
 PY
+        if [ "$build" = "$1" ]; then
+            cp "$dir/$name.det1" "$dir/$name.first.det" && cp "$dir/$name.fused" "$dir/$name.first.fused"
+        fi
     done
     rm -f "$dir/$name".*
 done <<'SHAPES'
