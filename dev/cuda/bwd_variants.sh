@@ -43,7 +43,8 @@ bwd_row() {
 }
 
 # the timings first: a run cut short by its time limit still brings them back
-reversed=$(for b in $BUILDS; do echo "$b"; done | tac | tr '\n' ' ')
+reversed=
+for b in $BUILDS; do reversed="$b $reversed"; done
 for round in 1 2; do
     order=$BUILDS
     [ "$ALTERNATE" = 1 ] && [ $round = 2 ] && order=$reversed

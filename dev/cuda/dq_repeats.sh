@@ -27,6 +27,7 @@ g = torch.Generator().manual_seed(0)
 shapes = {"q": (b, hq, nq, d), "k": (b, hkv, nk, d), "v": (b, hkv, nk, d), "do": (b, hq, nq, d)}
 save_file({x: torch.randn(*s, generator=g).to(torch.bfloat16) for x, s in shapes.items()}, path)
 PY
+    rm -f "$dir/$name".first.*
     for build in "$@"; do
         ok=1
         for r in 1 2 3; do
@@ -44,7 +45,9 @@ same = all(runs[0][k].equal(x[k]) for x in runs[1:] for k in ("dq", "dk", "dv"))
 dq = (runs[0]["dq"].float() - fused["dq"].float()).abs().max().item()
 scale = fused["dq"].float().abs().max().item()
 against = ""
-if build != first and os.path.exists(base + ".first.det"):
+if build != first and not os.path.exists(base + ".first.det"):
+    against = "; against %s: not compared (its runs failed)" % first
+elif build != first:
     f_det, f_fused = load_file(base + ".first.det"), load_file(base + ".first.fused")
     keys = [k for k in ("o", "dq", "dk", "dv") if k in f_det]
     det_same = all(f_det[k].equal(runs[0][k]) for k in keys)

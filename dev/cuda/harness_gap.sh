@@ -16,7 +16,7 @@
 #   host       host_call_cost.c: the library's own host time per wa_forward / wa_backward (no
 #              binding), queued and from an idle GPU, at CASES and (b) 1024 and 8192 -> host_call_cost.txt
 #   wake       host_wake.py: host time per call after a short wait, a long one and a long one
-#              polled, for winattn at CASES and (b) 1024 and two floors      -> host_wake.txt
+#              polled, for winattn at CASES and (b) 1024 and three floors    -> host_wake.txt
 # (the binding's steps build winattn.torch's C++ eager path for the machine's torch first:
 # python/build_torch_ext.py).
 # DATA=1: data_sensitivity.py, bench bursts against sustained calls, uniform against randn data,
@@ -33,7 +33,7 @@ step() {
     log=$1
     shift
     s=$(date +%s)
-    timeout 170 "$@" >>"$KEEP/$log" 2>&1
+    timeout 170 "$@" >"$KEEP/$log" 2>&1
     row "$log" "exit $?, $(($(date +%s) - s)) s"
 }
 if has timeline || has binding || has call_gap || has wake; then step torch_ext.txt python3 python/build_torch_ext.py --build build; fi
@@ -41,12 +41,19 @@ has timeline && step timeline.txt python3 dev/cuda/kernel_timeline.py --cases "$
 has binding && step binding_overhead.txt python3 bench/binding_overhead.py --device cuda --calls 200
 has call_gap && step call_gap.txt python3 dev/cuda/call_gap.py --cases "$CASES,b:1024" --reps 3 --cpu-ops 12
 if has tensor_maps; then
-    nvcc -O2 -std=c++17 -o build/tensor_map_cost dev/cuda/tensor_map_cost.cu >"$OUT/tensor_map_cost_build.txt" 2>&1 &&
+    if nvcc -O2 -std=c++17 -o build/tensor_map_cost dev/cuda/tensor_map_cost.cu >"$OUT/tensor_map_cost_build.txt" 2>&1; then
         step tensor_map_cost.txt build/tensor_map_cost
+    else
+        row tensor_map_cost.txt "not built ($OUT/tensor_map_cost_build.txt)"
+    fi
 fi
-if has host && cc -O2 -Iinclude -o build/host_call_cost dev/cuda/host_call_cost.c -Lbuild -lwinattn >"$OUT/host_build.txt" 2>&1; then
-    ln -sf libwinattn.so build/libwinattn.so.0
-    step host_call_cost.txt env LD_LIBRARY_PATH=build build/host_call_cost b:1024 b:8192 $(echo "$CASES" | tr , ' ')
+if has host; then
+    if cc -O2 -Iinclude -o build/host_call_cost dev/cuda/host_call_cost.c -Lbuild -lwinattn >"$KEEP/host_build.txt" 2>&1; then
+        ln -sf libwinattn.so build/libwinattn.so.0
+        step host_call_cost.txt env LD_LIBRARY_PATH=build build/host_call_cost b:1024 b:8192 $(echo "$CASES" | tr , ' ')
+    else
+        row host_call_cost.txt "not built (host_build.txt)"
+    fi
 fi
 has wake && step host_wake.txt python3 dev/cuda/host_wake.py --cases "b:1024,$CASES"
 [ "${DATA:-0}" = 1 ] && step data_sensitivity.txt python3 dev/cuda/data_sensitivity.py --n 8192,16384

@@ -114,8 +114,8 @@ int main(int argc, char **argv) {
         while (colon && s < sizeof shapes / sizeof *shapes &&
                (strlen(shapes[s].label) != (size_t)(colon - arg) || strncmp(shapes[s].label, arg, (size_t)(colon - arg))))
             s++;
-        if (!colon || s == sizeof shapes / sizeof *shapes || *end || n <= 0) {
-            fprintf(stderr, "host_call_cost: '%s': LABEL:N with LABEL one of a, b, c, cw and N > 0\n", arg);
+        if (!colon || s == sizeof shapes / sizeof *shapes || *end || n <= 0 || n > (1 << 20)) {
+            fprintf(stderr, "host_call_cost: '%s': LABEL:N with LABEL one of a, b, c, cw and N from 1 to 1048576\n", arg);
             return 1;
         }
         run_case(shapes[s].label, shapes[s].hq, shapes[s].hkv, shapes[s].d, shapes[s].window, n);

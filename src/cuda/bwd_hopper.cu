@@ -342,12 +342,12 @@ constexpr bool kOverlapDkFirst = false;
  *   addressing one 16-byte row chunk of the 128-byte swizzle) instead of sixteen 4-byte stores;
  * - WA_BWD_STATS_EARLY 1: with the step overlap, each thread of the default (unordered) form reads
  *   its 16 lse2 values from shared memory into registers while Sᵀ runs, not after waiting for it.
- *   It spills 8 bytes (nvcc 13.0: the consumers are at their 240 registers there); 2 (lab) does
- *   it in the ordered form too, which lost 2-4 % in the steady state, and δ read early as well
- *   spilled as much.
- * Together, `winattn bench` backward, fused: (b) 8K +2-4 %, D = 64 +2-3 %, causal D = 128 at 8K
- * +3 %, at 32K within the runs' spread; the deterministic form unchanged. 0 builds the earlier
- * forms. */
+ *   It spills 8 bytes (nvcc 13.0, `-Xptxas -v`: the consumers are at their 240 registers there;
+ *   δ read before the wait for dPᵀ too: 8 bytes, δ before the wait for Sᵀ: 72); 2 (lab) does it
+ *   in the ordered form too, which lost 2-4 % in the steady state.
+ * Together, `winattn bench` backward pairs against the earlier form (three runs): (b) 8K +2 % per
+ * call, D = 64 +1-4 %, causal D = 128 at 8K +1-7 %, at 32K within the runs' spread; the
+ * deterministic form (stmatrix only) within the spread. 0 builds the earlier forms. */
 #ifndef WA_DS_STMATRIX
 #define WA_DS_STMATRIX 1
 #endif
