@@ -248,16 +248,14 @@ def measure_shape(names, n, hq, hkv, d, window, reps):
     the heat (and lower clocks, under the 700 W limit) the one before it left. Returns
     ([(name, result or {"error": ...})] in the order of names, the name whose outputs the others'
     were compared with)"""
-    trials, out = [], {}
-    for name in names:
-        try:
-            t = Trial(name, n, hq, hkv, d, window)
-            t.warm_up()
-            trials.append(t)
-        except Exception as e:  # a peer that cannot run this shape says why in the table
-            out[name] = {"error": short_error(e)}
-    for rep in range(reps if trials else 0):
-        for t in trials[rep % len(trials):] + trials[:rep % len(trials)]:
+    out = {}
+
+    def skipped(name, error):  # a peer that cannot run this shape says why in the table
+        out[name] = {"error": error}
+
+    trials = trials_at(names, n, (hq, hkv, d, window), skipped)
+    for rep in range(reps):
+        for t in rotated(trials, rep):
             if t.name in out:
                 continue
             try:
@@ -287,21 +285,33 @@ def one_shape_args(ap, n):
     ap.add_argument("--n", type=int, default=n)
 
 
-def trials_at(names, label, n, skipped):
-    """the systems `names` set up and warmed up at shape `label` (one of SHAPE_OF) and length n;
-    skipped(name, error text) for each that cannot run it (an unknown system, or a peer without
-    this shape), which is left out"""
-    hq, hkv, d, window = SHAPE_OF[label]
+def trials_at(names, n, shape, skipped):
+    """the systems `names` set up and warmed up at length n and shape (Hq, Hkv, D, window), a
+    value of SHAPE_OF; skipped(name, error text) for each that cannot run it (an unknown system, or
+    a peer without this shape), which is left out"""
     trials = []
     for name in names:
         try:
-            t = Trial(name, n, hq, hkv, d, window)
+            t = Trial(name, n, *shape)
+            t.warm_up()
         except Exception as e:
             skipped(name, short_error(e))
             continue
-        t.warm_up()
         trials.append(t)
     return trials
+
+
+def rotated(items, r):
+    """items starting at r modulo their count: round r of an interleaved timing, so that no system
+    always runs in the heat the one before it left"""
+    k = r % len(items) if items else 0
+    return items[k:] + items[:k]
+
+
+def spin_gpu(ms):
+    """queue ms of GPU spinning on the current stream (torch.cuda._sleep's cycles at the H200's
+    highest SM clock, 1.98 GHz: at a lower clock the spin lasts longer)"""
+    torch.cuda._sleep(int(ms * 1.98e6))
 
 
 def warmed_trials(tool, names, label, n):
@@ -313,7 +323,7 @@ def warmed_trials(tool, names, label, n):
     def stop(name, error):
         sys.exit("%s: %s at (%s) %d: %s" % (tool, name, label, n, error))
 
-    return trials_at(names, label, n, stop)
+    return trials_at(names, n, SHAPE_OF[label], stop)
 
 
 def short_error(e):

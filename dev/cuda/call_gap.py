@@ -33,13 +33,13 @@ import torch  # noqa: E402
 import gpu_peers  # noqa: E402
 
 
-def per_call(fn, sleep_cycles=0):
+def per_call(fn, sleep_ms=0.0):
     """(GPU ms between the events, host ms of fn) for one call, after a synchronisation; with
-    sleep_cycles the events and the call queue behind that much GPU spinning"""
+    sleep_ms the events and the call queue behind that much GPU spinning"""
     torch.cuda.synchronize()
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    if sleep_cycles:
-        torch.cuda._sleep(sleep_cycles)
+    if sleep_ms:
+        gpu_peers.spin_gpu(sleep_ms)
     a.record()
     t0 = time.perf_counter()
     fn()
@@ -67,23 +67,21 @@ def main():
         from peer_wheels import add_to_path
 
         add_to_path(a.peers_dir, "call_gap")
-    # cycles for --sleep-ms at the H200's highest SM clock (a longer spin at lower clocks only hides more)
-    sleep_cycles = int(a.sleep_ms * 1e-3 * 1.98e9)
     print("call_gap: %s, torch %s" % (torch.cuda.get_device_name(), torch.__version__))
     print("| case | system | pass | per call ms | hidden ms | steady ms | host ms | host behind ms | per call − hidden | hidden − steady |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for label, n in a.cases:
-        trials = gpu_peers.trials_at(a.systems.split(","), label, n,
+        trials = gpu_peers.trials_at(a.systems.split(","), n, gpu_peers.SHAPE_OF[label],
                                      lambda name, error: print("| (%s) %d | %s | - | %s |" % (label, n, name, error)))
         for pname in passes:
             got = {t.name: {"call": [], "hidden": [], "steady": [], "host": [], "behind": []} for t in trials}
             for r in range(a.reps):
-                for t in trials[r % len(trials):] + trials[:r % len(trials)]:
+                for t in gpu_peers.rotated(trials, r):
                     fn = t.fwd if pname == "fwd" else t.bwd
                     ms, host = per_call(fn)
                     got[t.name]["call"].append(ms)
                     got[t.name]["host"].append(host)
-                    ms, host = per_call(fn, sleep_cycles)
+                    ms, host = per_call(fn, a.sleep_ms)
                     got[t.name]["hidden"].append(ms)
                     got[t.name]["behind"].append(host)
                     got[t.name]["steady"].append(gpu_peers.time_once(fn, 10) * 1e3)

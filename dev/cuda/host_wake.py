@@ -32,8 +32,6 @@ import torch  # noqa: E402
 
 import gpu_peers  # noqa: E402
 
-CYCLES_PER_MS = 1.98e6  # the H200's highest SM clock: a spin at a lower clock lasts longer
-
 
 def host_busy(ms):
     end = time.perf_counter() + ms / 1e3
@@ -44,7 +42,7 @@ def host_busy(ms):
 def prelude(kind):
     torch.cuda.synchronize()
     host_busy(3.0)
-    torch.cuda._sleep(int((0.05 if kind == "short" else 10.0) * CYCLES_PER_MS))
+    gpu_peers.spin_gpu(0.05 if kind == "short" else 10.0)
     if kind == "polled":
         e = torch.cuda.Event()
         e.record()
@@ -91,7 +89,7 @@ def main():
     fns = [("floor: multiply + backward through autograd", floor), ("multiply alone, no graph", floor_forward),
            ("torch.empty 512 MB and its free", empty_512mb)]
     for label, n in a.cases:
-        for t in gpu_peers.trials_at(a.systems.split(","), label, n,
+        for t in gpu_peers.trials_at(a.systems.split(","), n, gpu_peers.SHAPE_OF[label],
                                      lambda name, error: print("(%s) %d %s: %s" % (label, n, name, error))):
             fns += [("(%s) %d %s fwd" % (label, n, t.name), t.fwd), ("(%s) %d %s bwd" % (label, n, t.name), t.bwd)]
     kinds = ("short", "long", "polled")

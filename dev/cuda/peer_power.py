@@ -41,7 +41,7 @@ def main():
     print("| round | system | pass | ms | TFLOP/s | MHz | W | J per call | M cycles per call |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in range(a.rounds):
-        for t in trials[r % len(trials):] + trials[:r % len(trials)]:
+        for t in gpu_peers.rotated(trials, r):
             for label, fn, work in (("fwd", t.fwd, t.flops()), ("bwd", t.bwd, 2.5 * t.flops())):
                 ms, mhz, watts = sampled(fn, a.seconds)
                 print("| %d | %s | %s | %.3f | %.1f | %.0f | %.0f | %.3f | %.2f |" % (
