@@ -6,11 +6,14 @@
 #            "head dim 512" parity group, then every other f16/bf16 D = 512 case alone (each under
 #            a timeout); `winattn bench --device cuda` at (c) 8K / 16K causal and at D = 512 with a
 #            1024 window at 16K (docs/cuda.md's shapes), each build in turn, twice;
-#   variants the lab builds h2 (-DWA_DKDV512_HALVES=2: Q and dO loaded and released by halves of D,
-#            the default until it measured 4-5 % slower than whole) and
-#            bn16 (-DWA_DQ512_BN=16: the dQ kernel on 16-key tiles in two stages), then their D = 512
-#            parity and bench rows, alternating with this tree's; `build-variants` only builds them
-#            (make leaves them be in a later run on the same machine);
+#   variants the lab builds build-pN for N in VARIANT_PARTS ("1 2 8"; -DWA_DKDV512_PARTS=N: the
+#            dK/dV kernel's Q and dO loaded, waited for and released in N parts along D, so that the
+#            next step's first parts land while this step's last products still read the last ones;
+#            1 loads them whole), then their D = 512 parity and bench rows, alternating with this
+#            tree's (the default, 4); VARIANTS_STEADY=C adds rows of
+#            C calls back to back (`bench --calls`); `build-variants` only builds them (make leaves
+#            them be in a later run on the same machine). bn16 (-DWA_DQ512_BN=16) is measured by
+#            `variants` at f050d6d;
 #   check    this tree only: the varlen group, the D = 512 varlen cases, the whole sweep in both
 #            backward modes (their logs come back), memcheck on a rectangular and a varlen D = 512
 #            case, a varlen D = 128 one and case 309 (D = 128, the fused dK/dV kernel), racecheck on
@@ -26,20 +29,26 @@
 #            D = 512 varlen cases alone, the `varlen` group, and the waits that gave up
 #            (diag_waits.txt), if any;
 #   python   the Python tests on CUDA, winattn.torch's C++ path built for the machine's torch
-#            first, and dev/cuda/bit_identity.py (this tree's libwinattn.so).
+#            first, and dev/cuda/bit_identity.py (this tree's libwinattn.so);
+#   torch    `bench/gpu_peers.py --systems winattn --shapes c,cw` (through PyTorch, per call and
+#            steady) on this tree's library and each variant's (VARIANT_PARTS; unpacked from
+#            .lab-prebuilt or built here), the builds alternating, TORCH_ROUNDS rounds (2), one row per shape and build; the
+#            tables in torch_peers.txt.
 # From the repository root on the H200 (DEPS as in scripts/cuda_check.sh):
-#   sh dev/cuda/bwd_d512_wgmma.sh [bench] [variants | build-variants] [check] [racecheck] [varlen] [nonfinite] [python]
+#   sh dev/cuda/bwd_d512_wgmma.sh [bench] [variants | build-variants] [check] [racecheck] [varlen] [nonfinite] [python] [torch]
 LAB_KEEP=1
 . dev/cuda/lab_env.sh
 unset WINATTN_CUDA
+# the lab values of WA_DKDV512_PARTS beside the default (4), each built into build-pN
+VBUILDS=$(for n in ${VARIANT_PARTS:-1 2 8}; do printf 'build-p%s ' "$n"; done)
 FLAGS=$LAB_SM90_FLAGS
 lab_summary 58
-BENCH=0 VARIANTS=0 BUILD_VARIANTS=0 CHECK=0 RACE=0 DIAG=0 NONFINITE=0 PYTHON=0
+BENCH=0 VARIANTS=0 BUILD_VARIANTS=0 CHECK=0 RACE=0 DIAG=0 NONFINITE=0 PYTHON=0 TORCH=0
 [ $# -eq 0 ] && BENCH=1
 for a in "$@"; do
     case $a in bench) BENCH=1 ;; variants) VARIANTS=1 BUILD_VARIANTS=1 ;; build-variants) BUILD_VARIANTS=1 ;; check) CHECK=1 NONFINITE=1 ;;
         nonfinite) NONFINITE=1 ;;
-        racecheck) RACE=1 ;; varlen) DIAG=1 ;; python) PYTHON=1 ;; esac
+        racecheck) RACE=1 ;; varlen) DIAG=1 ;; python) PYTHON=1 ;; torch) TORCH=1 ;; esac
 done
 nvidia-smi -L
 
@@ -52,8 +61,7 @@ lab_build build "" NVCCFLAGS="$FLAGS" build/winattn build/tests/test_nonfinite l
 wait
 row "builds" "$(($(date +%s) - t0)) s"
 if [ $BUILD_VARIANTS = 1 ]; then # while the GPU runs what follows
-    (lab_build build-h2 "" NVCCFLAGS="$FLAGS -DWA_DKDV512_HALVES=2" build-h2/winattn) &
-    (lab_build build-bn16 "" NVCCFLAGS="$FLAGS -DWA_DQ512_BN=16" build-bn16/winattn) &
+    for b in $VBUILDS; do (lab_build $b "" NVCCFLAGS="$FLAGS -DWA_DKDV512_PARTS=${b#build-p}" $b/winattn) & done
 fi
 
 W=build/winattn
@@ -77,13 +85,18 @@ fi
 
 if [ $VARIANTS = 1 ]; then
     wait
-    for b in build-h2 build-bn16; do
+    for b in $VBUILDS; do
         [ -x $b/winattn ] || { row "$b" "build failed"; continue; }
         parity_d512 $b/winattn $b
-        lab_d512_bench 1 $b
-        lab_d512_bench 1 build
-        lab_d512_bench 2 $b
     done
+    for round in 1 2; do
+        for b in build $VBUILDS; do [ -x $b/winattn ] && lab_d512_bench $round $b; done
+    done
+    if [ -n "$VARIANTS_STEADY" ]; then
+        for b in build $VBUILDS build; do
+            [ -x $b/winattn ] && LAB_CALLS=$VARIANTS_STEADY lab_d512_bench "steady x$VARIANTS_STEADY" $b
+        done
+    fi
 fi
 [ $RACE = 1 ] || [ $CHECK = 1 ] && : >"$KEEP/racecheck.txt"
 if [ $RACE = 1 ]; then
@@ -137,5 +150,27 @@ if [ $PYTHON = 1 ]; then
     row "python tests on CUDA" "$(tail -1 "$OUT/python.txt") ($(($(date +%s) - s)) s)"
     timeout 120 python3 dev/cuda/bit_identity.py >"$OUT/bit_identity.txt" 2>&1
     cat "$OUT/bit_identity.txt" | tail -8 | while read -r l; do row "bit identity" "$l"; done
+fi
+if [ $TORCH = 1 ]; then
+    wait
+    # the variants' libraries (unpacked, or built here, as each needs)
+    for b in $VBUILDS; do (lab_build $b "" NVCCFLAGS="$FLAGS -DWA_DKDV512_PARTS=${b#build-p}" $b/libwinattn.so) & done
+    wait
+    # the C++ eager path, built once beside this tree's library, serves every build's library
+    timeout 240 python3 python/build_torch_ext.py --build build --quiet >"$OUT/torch_ext.txt" 2>&1 ||
+        row "torch C++ path" "not built: $(tail -1 "$OUT/torch_ext.txt" | cut -c1-120)"
+    EXT=$(ls build/torch_ext/torch-*/_torch_ext*.so 2>/dev/null | head -1)
+    : >"$KEEP/torch_peers.txt"
+    for round in $(seq "${TORCH_ROUNDS:-2}"); do
+        for b in build $VBUILDS; do
+            [ -f $b/libwinattn.so ] || continue
+            WINATTN_LIBRARY=$b/libwinattn.so WINATTN_TORCH_EXT=$EXT PYTHONPATH=python timeout 200 python3 bench/gpu_peers.py \
+                --systems winattn --baseline winattn --shapes c,cw --reps 3 >"$OUT/torch_$b.txt" 2>&1
+            { echo "round $round, $b"; cat "$OUT/torch_$b.txt"; } >>"$KEEP/torch_peers.txt"
+            grep '| winattn |' "$OUT/torch_$b.txt" | awk -F'|' -v r="$round" -v b="$b" '{
+                printf "torch %s, %-9s %-3s %-6s fwd %s / %s steady, bwd %s / %s steady\n", r, b, $2, $3, $6, substr($9, 1, index($9, "/") - 1), $8, substr($9, index($9, "/") + 1) }' |
+                tee -a "$TABLE"
+        done
+    done
 fi
 row "total" "$(($(date +%s) - t0)) s"

@@ -74,12 +74,13 @@ lab_checked() {
 }
 
 # lab_d512_bench ROUND BUILD: a summary row of `BUILD/winattn bench --device cuda` at (c) 8K / 16K
-# causal and at D = 512 with a 1024 window at 16K (docs/cuda.md's shapes), forward / backward TFLOP/s
+# causal and at D = 512 with a 1024 window at 16K (docs/cuda.md's shapes), forward / backward TFLOP/s;
+# LAB_CALLS=C times runs of C calls back to back, as lab_tflops does
 lab_d512_bench() {
-    d512_shape="--d 512 --hq 32 --hkv 4"
-    r=$(timeout 90 $2/winattn bench --device cuda --reps 5 $d512_shape --causal --n 8192,16384 | tail -2 |
+    d512_shape="--d 512 --hq 32 --hkv 4 ${LAB_CALLS:+--calls $LAB_CALLS}"
+    r=$(timeout 150 $2/winattn bench --device cuda --reps 5 $d512_shape --causal --n 8192,16384 | tail -2 |
         awk -F'|' '{printf "%s: %s / %s  ", $2, $5, $6}')
-    w=$(timeout 60 $2/winattn bench --device cuda --reps 5 $d512_shape --sliding-window 1024 --n 16384 | tail -1 |
+    w=$(timeout 120 $2/winattn bench --device cuda --reps 5 $d512_shape --sliding-window 1024 --n 16384 | tail -1 |
         awk -F'|' '{printf "%s / %s", $5, $6}')
     row "bench $1, $2: fwd / bwd TFLOP/s, causal" "$r| w1024 16K: $w"
 }

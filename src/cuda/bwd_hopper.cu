@@ -1092,7 +1092,7 @@ __global__ void __launch_bounds__(kThreads, 1)
  * the two consumer warpgroups split each step by role (version 4's split by output at D = 256, with
  * D rather than the keys as the products' M where that saves registers):
  *   dK/dV  one CTA per 32 keys, K and V resident (64 KB), Q and dO of each 64-query step in one
- *          stage (128 KB), loaded and released in kQHalves parts along D. Warpgroup 1 forms
+ *          stage (128 KB), loaded and released in kQParts parts along D. Warpgroup 1 forms
  *          S = Q Kᵀ (64 queries × 32 keys, all of D), P, and dVᵀ += dOᵀ P; warpgroup 2 forms
  *          dP = dO Vᵀ, and with P (times the softcap's derivative, f32) handed over through shared
  *          memory, dS and dKᵀ += Qᵀ dS. The second products take D as M (eight m64n32k16 column
@@ -1106,14 +1106,20 @@ __global__ void __launch_bounds__(kThreads, 1)
  * dP's k steps run in the order prep's δ takes (one chain over all of D), so a one-key window still
  * gives dP − δ = 0 exactly. */
 constexpr int kWideD = 512, kWideKeys = 32;
-/* the parts Q and dO are loaded and released in along D: 1 (whole), or 2 (lab), so that the next
- * step's first half can land while this step's second products still read the second; whole
- * measured 4-5 % faster (dev/cuda/bwd_d512_wgmma.sh variants, docs/cuda.md) */
-#ifndef WA_DKDV512_HALVES
-#define WA_DKDV512_HALVES 1
+/* The parts Q and dO are loaded and released in along D: 4 (the default), or 1 (whole), 2, 8 (lab).
+ * With parts, each part of Q and of dO has its own full / empty mbarriers and Q and dO a producer
+ * thread each; the first product waits for each part just before its k steps, and the second
+ * product commits a group per part and releases each part as its group completes, so that the
+ * next step's first parts are refilled, and its first product starts on them, while this step's
+ * last products still run (one stage of 128 KB leaves no room for a second). `winattn bench`
+ * backward TFLOP/s at (c) 8K causal / D = 512 with a 1024 window at 16K, per call: 4 parts
+ * 311-316 / 272, 2 parts 309-313 / 270-271, whole 303-305 / 264, 8 parts 274 / 249-250
+ * (dev/cuda/bwd_d512_wgmma.sh variants, docs/cuda.md). */
+#ifndef WA_DKDV512_PARTS
+#define WA_DKDV512_PARTS 4
 #endif
-constexpr int kQHalves = WA_DKDV512_HALVES;
-static_assert(kQHalves == 1 || kQHalves == 2, "Q and dO whole or in halves");
+constexpr int kQParts = WA_DKDV512_PARTS;
+static_assert(kQParts == 1 || kQParts == 2 || kQParts == 4 || kQParts == 8, "Q and dO whole or in 2, 4 or 8 parts");
 /* lab: the dQ kernel's key tile, 32 (one stage) or 16 (two) */
 #ifndef WA_DQ512_BN
 #define WA_DQ512_BN 32
@@ -1133,7 +1139,7 @@ struct kv_wide_layout {
      * products (1024-byte aligned: the 128-byte swizzle); barriers */
     static constexpr uint32_t k = 0, v = KV, q = 2 * KV, dout = q + QT, xp = dout + QT, sp = xp + 2 * P32, sds = sp + P16,
                               bars = sds + P16;
-    static constexpr uint32_t n_bars = 1 + 4 * kQHalves; /* kv_full; per part of Q and dO, full and empty */
+    static constexpr uint32_t n_bars = 1 + 4 * kQParts; /* kv_full; per part of Q and dO, full and empty */
     static constexpr size_t bytes = 1024 + bars + 8 * n_bars;
 };
 static_assert(kv_wide_layout::bytes <= 232448, "the D = 512 dK/dV kernel fits the 227 KB a CTA may have");
@@ -1178,18 +1184,34 @@ __device__ __forceinline__ void wide_row_stats(const kparams &p, long long b, lo
 
 /* The first product of a step in both kernels, waited for: s (64 queries × BN keys) = the 64 rows
  * of Q or dO at a_s times the BN rows of K or V at b_s, over all of D in one chain of 32 k steps
- * (prep's δ takes the same order) */
-template <typename T, int BN>
-__device__ __forceinline__ void wide_scores(float (&s)[BN / 8][4], uint32_t a_s, uint32_t b_s) {
+ * (prep's δ takes the same order). The chain's k steps come in PARTS parts along D, and
+ * wait_part(x) is called before part x's are issued (the dK/dV kernel's parts of Q and dO). */
+template <typename T, int BN, int PARTS = 1, typename WaitPart>
+__device__ __forceinline__ void wide_scores(float (&s)[BN / 8][4], uint32_t a_s, uint32_t b_s, WaitPart &&wait_part) {
+    constexpr int KS = kWideD / 16, PS = KS / PARTS;
     const uint64_t a_d = gmma_desc(opaque(a_s)), b_d = gmma_desc(opaque(b_s));
-    wg_fence();
 #pragma unroll
-    for (int ks = 0; ks < kWideD / 16; ks++)
-        wgmma_ss<T, BN>(s, desc_at(a_d, (ks >> 2) * (64 * 128) + (ks & 3) * 32), desc_at(b_d, (ks >> 2) * (BN * 128) + (ks & 3) * 32),
-                        ks > 0);
+    for (int x = 0; x < PARTS; x++) {
+        wait_part(x);
+        wg_fence();
+#pragma unroll
+        for (int ks = x * PS; ks < (x + 1) * PS; ks++)
+            wgmma_ss<T, BN>(s, desc_at(a_d, (ks >> 2) * (64 * 128) + (ks & 3) * 32), desc_at(b_d, (ks >> 2) * (BN * 128) + (ks & 3) * 32),
+                            ks > 0);
+    }
     wg_commit();
     wg_wait<0>();
     reg_fence(s);
+}
+
+/* the PARTS commit groups in flight, oldest first: each waited for in turn and release(x) called
+ * once group x is done */
+template <int PARTS, int X = 0, typename Release> __device__ __forceinline__ void release_groups_in_order(Release &&release) {
+    if constexpr (X < PARTS) {
+        wg_wait<PARTS - 1 - X>();
+        release(X);
+        release_groups_in_order<PARTS, X + 1>(release);
+    }
 }
 
 /* cw 0's step of both kernels: S (64 queries × BN keys from j0, raw) becomes P in place and pd = P
@@ -1239,7 +1261,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     __trap();
 #else
     using L = kv_wide_layout;
-    constexpr int D = kWideD, KEYS = kWideKeys, DB = D / 64, HB = DB / kQHalves;
+    constexpr int D = kWideD, KEYS = kWideKeys, DB = D / 64, HB = DB / kQParts;
     constexpr uint32_t PART = HB * (64 * 128); /* bytes of one part of Q or dO */
     extern __shared__ __align__(1024) unsigned char smem[];
     unsigned char *aligned = smem + (((smem_u32(smem) + 1023u) & ~1023u) - smem_u32(smem));
@@ -1247,9 +1269,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t sK = base + L::k, sV = base + L::v, sQ = base + L::q, sdO = base + L::dout, bar = base + L::bars;
     const uint32_t kv_full = bar;
     auto q_full = [&](int x) { return bar + 8 * (1 + x); };
-    auto q_empty = [&](int x) { return bar + 8 * (1 + kQHalves + x); };
-    auto do_full = [&](int x) { return bar + 8 * (1 + 2 * kQHalves + x); };
-    auto do_empty = [&](int x) { return bar + 8 * (1 + 3 * kQHalves + x); };
+    auto q_empty = [&](int x) { return bar + 8 * (1 + kQParts + x); };
+    auto do_full = [&](int x) { return bar + 8 * (1 + 2 * kQParts + x); };
+    auto do_empty = [&](int x) { return bar + 8 * (1 + 3 * kQParts + x); };
 
     const int warp = warp_index(), wg = warp >> 2, lane = threadIdx.x & 31;
     const cta_tile at = heaviest_first<kDkdvWideAcrossHeads>(false); /* the first key tiles first: under a causal mask they are the longest */
@@ -1264,7 +1286,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     if (threadIdx.x == 0) {
         mbar_init(kv_full, 1);
-        for (int x = 0; x < kQHalves; x++) {
+        for (int x = 0; x < kQParts; x++) {
             mbar_init(q_full(x), 1), mbar_init(do_full(x), 1);
             mbar_init(q_empty(x), 8), mbar_init(do_empty(x), 8); /* one arrival per consumer warp */
         }
@@ -1272,27 +1294,37 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncthreads();
 
-    if (wg == 0) { /* producer: K and V once, then Q and dO of every step, part by part as released */
+    if (wg == 0) { /* producer: K and V once, then Q and dO of every step, part by part as released;
+                    * in parts, Q by thread 0 and dO by thread 32, so that neither waits for the
+                    * other's release */
         setmaxnreg_dec<kProducerRegs>();
-        if (threadIdx.x == 0 && steps > 0) {
-            const CUtensorMap *mq = seq_map<VARLEN>(tq, kp, 0), *mdo = seq_map<VARLEN>(tdo, kp, 1), *mk = seq_map<VARLEN>(tk, kp, 2),
-                              *mv = seq_map<VARLEN>(tv, kp, 3);
+        const bool loads_q = threadIdx.x == 0, loads_do = kQParts == 1 ? threadIdx.x == 0 : threadIdx.x == 32;
+        if ((loads_q || loads_do) && steps > 0) {
+            const CUtensorMap *mq = seq_map<VARLEN>(tq, kp, 0), *mdo = seq_map<VARLEN>(tdo, kp, 1);
             const long long q_row0 = VARLEN ? p.q_row0 : 0, k_row0 = VARLEN ? p.k_row0 : 0; /* TMA rows of the sequence */
-            mbar_expect_tx(kv_full, 2 * L::KV);
-            for (int c = 0; c < DB; c++) {
-                tma_load(sK + c * (KEYS * 128), mk, kv_full, c * 64, (int)(k_row0 + j0), (int)hk, (int)b);
-                tma_load(sV + c * (KEYS * 128), mv, kv_full, c * 64, (int)(k_row0 + j0), (int)hk, (int)b);
+            if (loads_q) {
+                const CUtensorMap *mk = seq_map<VARLEN>(tk, kp, 2), *mv = seq_map<VARLEN>(tv, kp, 3);
+                mbar_expect_tx(kv_full, 2 * L::KV);
+                for (int c = 0; c < DB; c++) {
+                    tma_load(sK + c * (KEYS * 128), mk, kv_full, c * 64, (int)(k_row0 + j0), (int)hk, (int)b);
+                    tma_load(sV + c * (KEYS * 128), mv, kv_full, c * 64, (int)(k_row0 + j0), (int)hk, (int)b);
+                }
             }
             for (int n = 0; n < steps; n++) {
                 const uint32_t ph = (uint32_t)n & 1u;
                 const int h = (int)(hk * p.group + n / nqt), row = (int)(q_row0 + (qt0 + n % nqt) * 64);
-                for (int x = 0; x < kQHalves; x++) {
-                    if (n > 0) mbar_wait(q_empty(x), ph ^ 1u);
-                    mbar_expect_tx(q_full(x), PART);
-                    for (int c = x * HB; c < (x + 1) * HB; c++) tma_load(sQ + c * (64 * 128), mq, q_full(x), c * 64, row, h, (int)b);
-                    if (n > 0) mbar_wait(do_empty(x), ph ^ 1u);
-                    mbar_expect_tx(do_full(x), PART);
-                    for (int c = x * HB; c < (x + 1) * HB; c++) tma_load(sdO + c * (64 * 128), mdo, do_full(x), c * 64, row, h, (int)b);
+                for (int x = 0; x < kQParts; x++) {
+                    if (loads_q) {
+                        if (n > 0) mbar_wait(q_empty(x), ph ^ 1u);
+                        mbar_expect_tx(q_full(x), PART);
+                        for (int c = x * HB; c < (x + 1) * HB; c++) tma_load(sQ + c * (64 * 128), mq, q_full(x), c * 64, row, h, (int)b);
+                    }
+                    if (loads_do) {
+                        if (n > 0) mbar_wait(do_empty(x), ph ^ 1u);
+                        mbar_expect_tx(do_full(x), PART);
+                        for (int c = x * HB; c < (x + 1) * HB; c++)
+                            tma_load(sdO + c * (64 * 128), mdo, do_full(x), c * 64, row, h, (int)b);
+                    }
                 }
             }
         }
@@ -1326,9 +1358,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         wide_row_stats<VARLEN>(p, b, h, rows, cw, stat);
 
         float s[KEYS / 8][4];
-        for (int x = 0; x < kQHalves; x++) mbar_wait(first_full(x), ph);
-        wide_scores<T, KEYS>(s, first_a, first_b);
-        for (int x = 0; x < kQHalves; x++) mbar_arrive_if(first_empty(x), lane == 0);
+        wide_scores<T, KEYS, kQParts>(s, first_a, first_b, [&](int x) { mbar_wait(first_full(x), ph); });
+        for (int x = 0; x < kQParts; x++) mbar_arrive_if(first_empty(x), lane == 0);
 
         float4 *xp = (float4 *)(aligned + L::xp + buf * L::P32);
         if (cw == 0) {
@@ -1358,13 +1389,13 @@ __global__ void __launch_bounds__(kThreads, 1)
             fence_proxy_async(); /* the wgmma below reads it through the async proxy */
             named_sync(kWideOwn + cw, 128);
         }
-        for (int x = 0; x < kQHalves; x++) mbar_wait(second_full(x), ph);
         {
             const uint64_t t_d = gmma_desc(opaque(base + own_tile));
-            reg_fence(acc);
-            wg_fence();
 #pragma unroll
-            for (int x = 0; x < kQHalves; x++) {
+            for (int x = 0; x < kQParts; x++) { /* each part's products issued as soon as it has landed */
+                mbar_wait(second_full(x), ph);
+                if (x == 0) reg_fence(acc);
+                wg_fence();
 #pragma unroll
                 for (int c = x * HB; c < (x + 1) * HB; c++) {
                     const uint64_t m_d = gmma_desc_mn(opaque(second_a + c * (64 * 128)), 64 * 128);
@@ -1373,13 +1404,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                 }
                 wg_commit();
             }
-            if constexpr (kQHalves == 2) {
-                wg_wait<1>(); /* the first part's products are done: release it while the second's run */
-                mbar_arrive_if(second_empty(0), lane == 0);
-            }
-            wg_wait<0>();
+            /* each part released as soon as its products are done, while the later parts' run */
+            release_groups_in_order<kQParts>([&](int x) { mbar_arrive_if(second_empty(x), lane == 0); });
             reg_fence(acc);
-            mbar_arrive_if(second_empty(kQHalves - 1), lane == 0);
         }
     }
     /* acc[c][nb][e] is row (of D) 64 c + 16 w4 + g + 8 (e / 2) of the key j0 + 8 nb + 2 t4 + e % 2 */
@@ -1470,7 +1497,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         /* cw 0: S = Q Kᵀ, cw 1: dP = dO Vᵀ, over all of D */
         float s[BN / 8][4];
         mbar_wait(cw == 0 ? ring.k_full(st) : ring.v_full(st), ph);
-        wide_scores<T, BN>(s, first_a, (cw == 0 ? sK : sV) + st * TILE);
+        wide_scores<T, BN>(s, first_a, (cw == 0 ? sK : sV) + st * TILE, [](int) {});
         float4 *xp = (float4 *)(aligned + L::xp + buf * (BM * BN * 4));
         uint4 *xds = (uint4 *)(aligned + L::xds + buf * (BM * BN * 2));
         uint32_t pa[BN / 16][4]; /* dS as A fragments */
