@@ -10,9 +10,9 @@
 #            dK/dV kernel's Q and dO loaded, waited for and released in N parts along D, so that the
 #            next step's first parts land while this step's last products still read the last ones;
 #            1 loads them whole), then their D = 512 parity and bench rows, alternating with this
-#            tree's (the default, 4); VARIANTS_STEADY=C adds rows of
-#            C calls back to back (`bench --calls`); `build-variants` only builds them (make leaves
-#            them be in a later run on the same machine). bn16 (-DWA_DQ512_BN=16) is measured by
+#            tree's (the default, 4); VARIANTS_STEADY=C adds rows of C calls back to back (`bench
+#            --calls`); `build-variants` only builds them (make leaves them be in a later run on
+#            the same machine). bn16 (-DWA_DQ512_BN=16) is measured by
 #            `variants` at f050d6d;
 #   check    this tree only: the varlen group, the D = 512 varlen cases, the whole sweep in both
 #            backward modes (their logs come back), memcheck on a rectangular and a varlen D = 512
@@ -32,15 +32,19 @@
 #            first, and dev/cuda/bit_identity.py (this tree's libwinattn.so);
 #   torch    `bench/gpu_peers.py --systems winattn --shapes c,cw` (through PyTorch, per call and
 #            steady) on this tree's library and each variant's (VARIANT_PARTS; unpacked from
-#            .lab-prebuilt or built here), the builds alternating, TORCH_ROUNDS rounds (2), one row per shape and build; the
-#            tables in torch_peers.txt.
+#            .lab-prebuilt or built here), the builds alternating, TORCH_ROUNDS rounds (2), one
+#            row per shape and build; the tables in torch_peers.txt.
 # From the repository root on the H200 (DEPS as in scripts/cuda_check.sh):
 #   sh dev/cuda/bwd_d512_wgmma.sh [bench] [variants | build-variants] [check] [racecheck] [varlen] [nonfinite] [python] [torch]
 LAB_KEEP=1
 . dev/cuda/lab_env.sh
 unset WINATTN_CUDA
-# the lab values of WA_DKDV512_PARTS beside the default (4), each built into build-pN
+# the lab values of WA_DKDV512_PARTS beside the default (4), each built into build-pN;
+# build_variants TARGET makes build-pN/TARGET of each, in the background
 VBUILDS=$(for n in ${VARIANT_PARTS:-1 2 8}; do printf 'build-p%s ' "$n"; done)
+build_variants() {
+    for b in $VBUILDS; do (lab_build $b "" NVCCFLAGS="$FLAGS -DWA_DKDV512_PARTS=${b#build-p}" $b/$1) & done
+}
 FLAGS=$LAB_SM90_FLAGS
 lab_summary 58
 BENCH=0 VARIANTS=0 BUILD_VARIANTS=0 CHECK=0 RACE=0 DIAG=0 NONFINITE=0 PYTHON=0 TORCH=0
@@ -61,7 +65,7 @@ lab_build build "" NVCCFLAGS="$FLAGS" build/winattn build/tests/test_nonfinite l
 wait
 row "builds" "$(($(date +%s) - t0)) s"
 if [ $BUILD_VARIANTS = 1 ]; then # while the GPU runs what follows
-    for b in $VBUILDS; do (lab_build $b "" NVCCFLAGS="$FLAGS -DWA_DKDV512_PARTS=${b#build-p}" $b/winattn) & done
+    build_variants winattn
 fi
 
 W=build/winattn
@@ -154,7 +158,7 @@ fi
 if [ $TORCH = 1 ]; then
     wait
     # the variants' libraries (unpacked, or built here, as each needs)
-    for b in $VBUILDS; do (lab_build $b "" NVCCFLAGS="$FLAGS -DWA_DKDV512_PARTS=${b#build-p}" $b/libwinattn.so) & done
+    build_variants libwinattn.so
     wait
     # the C++ eager path, built once beside this tree's library, serves every build's library
     timeout 240 python3 python/build_torch_ext.py --build build --quiet >"$OUT/torch_ext.txt" 2>&1 ||

@@ -1313,18 +1313,15 @@ __global__ void __launch_bounds__(kThreads, 1)
             for (int n = 0; n < steps; n++) {
                 const uint32_t ph = (uint32_t)n & 1u;
                 const int h = (int)(hk * p.group + n / nqt), row = (int)(q_row0 + (qt0 + n % nqt) * 64);
+                /* part x of Q or dO into dst, once the consumers have released the previous step's */
+                auto refill = [&](int x, uint32_t dst, const CUtensorMap *m, uint32_t full, uint32_t empty) {
+                    if (n > 0) mbar_wait(empty, ph ^ 1u);
+                    mbar_expect_tx(full, PART);
+                    for (int c = x * HB; c < (x + 1) * HB; c++) tma_load(dst + c * (64 * 128), m, full, c * 64, row, h, (int)b);
+                };
                 for (int x = 0; x < kQParts; x++) {
-                    if (loads_q) {
-                        if (n > 0) mbar_wait(q_empty(x), ph ^ 1u);
-                        mbar_expect_tx(q_full(x), PART);
-                        for (int c = x * HB; c < (x + 1) * HB; c++) tma_load(sQ + c * (64 * 128), mq, q_full(x), c * 64, row, h, (int)b);
-                    }
-                    if (loads_do) {
-                        if (n > 0) mbar_wait(do_empty(x), ph ^ 1u);
-                        mbar_expect_tx(do_full(x), PART);
-                        for (int c = x * HB; c < (x + 1) * HB; c++)
-                            tma_load(sdO + c * (64 * 128), mdo, do_full(x), c * 64, row, h, (int)b);
-                    }
+                    if (loads_q) refill(x, sQ, mq, q_full(x), q_empty(x));
+                    if (loads_do) refill(x, sdO, mdo, do_full(x), do_empty(x));
                 }
             }
         }
