@@ -9,11 +9,14 @@
 #   variants the lab builds build-pN for N in VARIANT_PARTS ("1 2 8"; -DWA_DKDV512_PARTS=N: the
 #            dK/dV kernel's Q and dO loaded, waited for and released in N parts along D, so that the
 #            next step's first parts land while this step's last products still read the last ones;
-#            1 loads them whole), then their D = 512 parity and bench rows, alternating with this
-#            tree's (the default, 4); VARIANTS_STEADY=C adds rows of C calls back to back (`bench
-#            --calls`); `build-variants` only builds them (make leaves them be in a later run on
-#            the same machine). bn16 (-DWA_DQ512_BN=16) is measured by
-#            `variants` at f050d6d;
+#            1 loads them whole) and build-kN for N in VARIANT_KPARTS (none by default;
+#            -DWA_DQ512_KPARTS=N: the dQ kernel's K in N parts, 1 whole), and the builds named in
+#            VARIANT_PREBUILT, which come only from .lab-prebuilt (another commit's tree, named in
+#            their PREBUILT); then their D = 512 parity and bench rows, alternating with this
+#            tree's (the defaults, 4 and 4); VARIANTS_STEADY=C adds rows of C calls back to back
+#            (`bench --calls`); `build-variants` only builds them (make leaves them be in a later
+#            run on the same machine). bn16 (the dQ kernel on 16-key tiles in two stages) is
+#            measured by `variants` at f050d6d;
 #   check    this tree only: the varlen group, the D = 512 varlen cases, the whole sweep in both
 #            backward modes (their logs come back), memcheck on a rectangular and a varlen D = 512
 #            case, a varlen D = 128 one and case 309 (D = 128, the fused dK/dV kernel), racecheck on
@@ -31,20 +34,30 @@
 #   python   the Python tests on CUDA, winattn.torch's C++ path built for the machine's torch
 #            first, and dev/cuda/bit_identity.py (this tree's libwinattn.so);
 #   torch    `bench/gpu_peers.py --systems winattn --shapes c,cw` (through PyTorch, per call and
-#            steady) on this tree's library and each variant's (VARIANT_PARTS; unpacked from
-#            .lab-prebuilt or built here), the builds alternating, TORCH_ROUNDS rounds (2), one
+#            steady) on this tree's library and each variant's (unpacked from .lab-prebuilt or
+#            built here), the builds alternating, TORCH_ROUNDS rounds (2), one
 #            row per shape and build; the tables in torch_peers.txt.
 # From the repository root on the H200 (DEPS as in scripts/cuda_check.sh):
 #   sh dev/cuda/bwd_d512_wgmma.sh [bench] [variants | build-variants] [check] [racecheck] [varlen] [nonfinite] [python] [torch]
 LAB_KEEP=1
 . dev/cuda/lab_env.sh
 unset WINATTN_CUDA
-# the lab values of WA_DKDV512_PARTS beside the default (4), each built into build-pN;
-# build_variants TARGET makes build-pN/TARGET of each, in the background
-VBUILDS=$(for n in ${VARIANT_PARTS:-1 2 8}; do printf 'build-p%s ' "$n"; done)
-build_variants() {
-    for b in $VBUILDS; do (lab_build $b "" NVCCFLAGS="$FLAGS -DWA_DKDV512_PARTS=${b#build-p}" $b/$1) & done
+# the lab values of WA_DKDV512_PARTS and WA_DQ512_KPARTS beside the defaults, built into build-pN
+# and build-kN; build_variants TARGET makes DIR/TARGET of each, in the background, and unpacks the
+# prebuilt-only ones
+MADE=$(for n in ${VARIANT_PARTS-1 2 8}; do printf 'build-p%s ' "$n"; done
+    for n in ${VARIANT_KPARTS-}; do printf 'build-k%s ' "$n"; done)
+variant_defines() {
+    case $1 in build-p*) echo "-DWA_DKDV512_PARTS=${1#build-p}" ;; build-k*) echo "-DWA_DQ512_KPARTS=${1#build-k}" ;; esac
 }
+build_variants() {
+    for b in $MADE; do (lab_build $b "" NVCCFLAGS="$FLAGS $(variant_defines $b)" $b/$1) & done
+    for b in ${VARIANT_PREBUILT-}; do
+        tar xJf ".lab-prebuilt/$b.tar.xz" 2>/dev/null && row "prebuilt $b" "$(cat $b/PREBUILT)" || row "$b" "no .lab-prebuilt/$b.tar.xz"
+    done
+}
+VBUILDS="$MADE ${VARIANT_PREBUILT-}" # every variant
+
 FLAGS=$LAB_SM90_FLAGS
 lab_summary 58
 BENCH=0 VARIANTS=0 BUILD_VARIANTS=0 CHECK=0 RACE=0 DIAG=0 NONFINITE=0 PYTHON=0 TORCH=0
