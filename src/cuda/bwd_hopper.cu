@@ -1099,11 +1099,10 @@ __global__ void __launch_bounds__(kThreads, 1)
  *          blocks, A = dO or Q read transposed, B = P or dS stored transposed in shared memory): dVᵀ
  *          or dKᵀ of 512 × 32 is 128 registers a thread. Each warpgroup does half of every step's
  *          work: 8.4 MFLOP per step and CTA, 64 FLOP per byte brought from L2 (docs/cuda.md).
- *   dQ     one CTA per 64 query rows, Q and dO resident (128 KB), key tiles of 32: V in one stage,
- *          K in kDqKParts parts along D in a ring of kDqKSlots part-sized slots. Warpgroup 1 forms
- *          S and P and hands P (f32) to warpgroup 2, which forms dP and dS and hands dS back (bf16,
- *          as A fragments); each then adds dS K for its 256 of dQ's columns (dS from registers, K
- *          read transposed, one m64nNk16 chain per part: 128 registers).
+ *   dQ     one CTA per 64 query rows, Q and dO resident (128 KB), key tiles of kDqWideBN in a ring of
+ *          kDqWideStages. Warpgroup 1 forms S and P and hands P (f32) to warpgroup 2, which forms
+ *          dP and dS and hands dS back (bf16, as A fragments); each then adds dS K for its 256 of
+ *          dQ's columns (m64n256k16, dS from registers, K read transposed: 128 registers).
  * dP's k steps run in the order prep's δ takes (one chain over all of D), so a one-key window still
  * gives dP − δ = 0 exactly. */
 constexpr int kWideD = 512, kWideKeys = 32;
@@ -1121,21 +1120,13 @@ constexpr int kWideD = 512, kWideKeys = 32;
 #endif
 constexpr int kQParts = WA_DKDV512_PARTS;
 static_assert(kQParts == 1 || kQParts == 2 || kQParts == 4 || kQParts == 8, "Q and dO whole or in 2, 4 or 8 parts");
-/* The dQ kernel's K tiles come in kDqKParts parts along D (4, the default; 1, 2, 8 lab), each in
- * its own slot of a ring of kDqKSlots: with 4 or 8 parts one slot more than a tile's parts fits
- * beside Q, dO, V and the hand-over buffers (224 KB at 4 parts), so part 0 of the next tile lands
- * while this tile is still read, and each later part as soon as the slot it takes is released.
- * The first product waits for each part just before its own k steps; the second product reads
- * each warpgroup's 256 columns, one chain and commit group per part, and the warpgroup that reads
- * a part there releases it as its group completes (warpgroup 1's first product read it before P
- * was handed over, so the release covers both reads). With 1 part both warpgroups release the one
- * slot, as a whole-tile stage. V, read by warpgroup 2's first product only and released right
- * after it, stays one stage, loaded by its own producer thread. */
-#ifndef WA_DQ512_KPARTS
-#define WA_DQ512_KPARTS 4
+/* lab: the dQ kernel's key tile, 32 (one stage) or 16 (two) */
+#ifndef WA_DQ512_BN
+#define WA_DQ512_BN 32
 #endif
-constexpr int kDqWideBN = 32, kDqKParts = WA_DQ512_KPARTS, kDqKSlots = kDqKParts + (kDqKParts >= 4 ? 1 : 0);
-static_assert(kDqKParts == 1 || kDqKParts == 2 || kDqKParts == 4 || kDqKParts == 8, "K whole or in 2, 4 or 8 parts");
+constexpr int kDqWideBN = WA_DQ512_BN, kDqWideStages = kDqWideBN == 16 ? 2 : 1;
+static_assert(kDqWideBN == 16 || kDqWideBN == 32, "the dQ kernel's key tiles");
+using dq_wide_ring = kv_ring_of<kDqWideStages>;
 /* named barriers of both kernels: the f32 P of buffer b ready (1 + b) and free again (3 + b); a
  * warpgroup's own transposed tile written (5 + its index); dQ kernel: dS of buffer b ready (7 + b)
  * and free again (9 + b) */
@@ -1168,15 +1159,13 @@ constexpr bool kDsMbar = true;
 
 struct dq_wide_layout {
     static constexpr int BN = kDqWideBN;
-    static constexpr uint32_t QT = 64 * kWideD * 2, TILE = BN * kWideD * 2, PART = TILE / kDqKParts;
-    /* Q, dO; the K slots; V; P (f32) and dS (A fragments), two buffers each; barriers */
-    static constexpr uint32_t q = 0, dout = QT, k = 2 * QT, v = k + kDqKSlots * PART, xp = v + TILE, xds = xp + 2 * 64 * BN * 4,
-                              bars = xds + 2 * 64 * BN * 2;
-    /* Q and dO (once); per K slot, full and empty; V full and empty; kDsMbar: dS full 0, 1, empty 0, 1 */
-    static constexpr uint32_t n_bars = 1 + 2 * kDqKSlots + 2 + (kDsMbar ? 4 : 0);
-    static constexpr size_t bytes = 1024 + bars + 8 * n_bars;
+    static constexpr uint32_t QT = 64 * kWideD * 2, TILE = BN * kWideD * 2;
+    /* Q, dO; the ring's K and V stages; P (f32) and dS (A fragments), two buffers each; barriers */
+    static constexpr uint32_t q = 0, dout = QT, k = 2 * QT, v = k + kDqWideStages * TILE, xp = v + kDqWideStages * TILE,
+                              xds = xp + 2 * 64 * BN * 4, bars = xds + 2 * 64 * BN * 2;
+    static constexpr uint32_t ds_bars = bars + 8 * dq_wide_ring::n_bars; /* kDsMbar: full 0, 1, empty 0, 1 */
+    static constexpr size_t bytes = 1024 + ds_bars + (kDsMbar ? 8 * 4 : 0);
 };
-static_assert(dq_wide_layout::PART % 1024 == 0, "each K slot starts 1024-byte aligned (the 128-byte swizzle)");
 static_assert(dq_wide_layout::bytes <= 232448, "the D = 512 dQ kernel fits the 227 KB a CTA may have");
 
 /* lse2 (cw 0) or δ (cw 1) of a thread's two query rows of head h: the padding rows of the
@@ -1193,32 +1182,22 @@ __device__ __forceinline__ void wide_row_stats(const kparams &p, long long b, lo
     }
 }
 
-/* B of wide_scores in one tile (K and V resident in the dK/dV kernel, V in the dQ kernel) */
-struct whole_b {};
-
 /* The first product of a step in both kernels, waited for: s (64 queries × BN keys) = the 64 rows
- * of Q or dO at a_s times the BN rows of K or V, over all of D in one chain of 32 k steps (prep's
- * δ takes the same order). The chain's k steps come in PARTS parts along D, and wait_part(x) is
- * called before part x's are issued (the dK/dV kernel's parts of Q and dO, the dQ kernel's of K).
- * B is the tile at b_s, or with b_part given, part x is the slot at b_part(x) (the dQ kernel's K
- * ring: a part's column blocks from there, one descriptor per part). */
-template <typename T, int BN, int PARTS = 1, typename WaitPart, typename PartB = whole_b>
-__device__ __forceinline__ void wide_scores(float (&s)[BN / 8][4], uint32_t a_s, uint32_t b_s, WaitPart &&wait_part,
-                                            PartB &&b_part = {}) {
+ * of Q or dO at a_s times the BN rows of K or V at b_s, over all of D in one chain of 32 k steps
+ * (prep's δ takes the same order). The chain's k steps come in PARTS parts along D, and
+ * wait_part(x) is called before part x's are issued (the dK/dV kernel's parts of Q and dO). */
+template <typename T, int BN, int PARTS = 1, typename WaitPart>
+__device__ __forceinline__ void wide_scores(float (&s)[BN / 8][4], uint32_t a_s, uint32_t b_s, WaitPart &&wait_part) {
     constexpr int KS = kWideD / 16, PS = KS / PARTS;
-    constexpr bool whole = std::is_same_v<std::decay_t<PartB>, whole_b>;
-    const uint64_t a_d = gmma_desc(opaque(a_s));
-    uint64_t b_d = gmma_desc(opaque(b_s));
+    const uint64_t a_d = gmma_desc(opaque(a_s)), b_d = gmma_desc(opaque(b_s));
 #pragma unroll
     for (int x = 0; x < PARTS; x++) {
-        if constexpr (!whole) b_d = gmma_desc(opaque(b_part(x)));
-        const int b_block0 = whole ? 0 : x * (PS / 4); /* the first column block at b_d */
         wait_part(x);
         wg_fence();
 #pragma unroll
         for (int ks = x * PS; ks < (x + 1) * PS; ks++)
-            wgmma_ss<T, BN>(s, desc_at(a_d, (ks >> 2) * (64 * 128) + (ks & 3) * 32),
-                            desc_at(b_d, ((ks >> 2) - b_block0) * (BN * 128) + (ks & 3) * 32), ks > 0);
+            wgmma_ss<T, BN>(s, desc_at(a_d, (ks >> 2) * (64 * 128) + (ks & 3) * 32), desc_at(b_d, (ks >> 2) * (BN * 128) + (ks & 3) * 32),
+                            ks > 0);
     }
     wg_commit();
     wg_wait<0>();
@@ -1450,20 +1429,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     __trap();
 #else
     using L = dq_wide_layout;
-    constexpr int D = kWideD, BM = 64, BN = L::BN, DB = D / 64, TILE = L::TILE, PART = L::PART;
-    constexpr int P = kDqKParts, S = kDqKSlots, PB = DB / P; /* PB: column blocks of one part */
-    /* the second product: the parts a warpgroup's 256 columns take and the columns of each */
-    constexpr int WG_PARTS = P == 1 ? 1 : P / 2, PN = P == 1 ? 256 : D / P;
+    constexpr int D = kWideD, BM = 64, BN = L::BN, DB = D / 64, TILE = L::TILE;
     extern __shared__ __align__(1024) unsigned char smem[];
     unsigned char *aligned = smem + (((smem_u32(smem) + 1023u) & ~1023u) - smem_u32(smem));
     const uint32_t base = smem_u32(aligned);
-    const uint32_t sQ = base + L::q, sdO = base + L::dout, sK = base + L::k, sV = base + L::v, bar = base + L::bars;
-    const uint32_t qdo_full = bar, v_full = bar + 8 * (1 + 2 * S), v_empty = v_full + 8;
-    auto k_full = [&](int slot) { return bar + 8 * (1 + slot); };
-    auto k_empty = [&](int slot) { return bar + 8 * (1 + S + slot); };
-    /* part x of key tile it: the slot it takes and the parity of that slot's use */
-    auto k_slot = [](int it, int x) { return (it * P + x) % S; };
-    auto k_parity = [](int it, int x) { return (uint32_t)((it * P + x) / S) & 1u; };
+    const uint32_t sQ = base + L::q, sdO = base + L::dout, sK = base + L::k, sV = base + L::v;
+    const dq_wide_ring ring{base + L::bars};
 
     const int warp = warp_index(), wg = warp >> 2, lane = threadIdx.x & 31;
     const cta_tile at = heaviest_first<false>(true); /* the longest tiles first under causal masks */
@@ -1476,49 +1447,29 @@ __global__ void __launch_bounds__(kThreads, 1)
     wa_key_tiles_for_rows(&p.win, i0, i0 + m, BN, &kt0, &kt1);
     const int steps = (int)max(kt1 - kt0, (int64_t)0);
 
-    const uint32_t ds_full = bar + 8 * (3 + 2 * S), ds_empty = ds_full + 16; /* kDsMbar: + 8 buf */
+    const uint32_t ds_full = base + L::ds_bars, ds_empty = ds_full + 16; /* kDsMbar: + 8 buf */
     if (threadIdx.x == 0) {
-        mbar_init(qdo_full, 1);
-        for (int slot = 0; slot < S; slot++)
-            mbar_init(k_full(slot), 1), mbar_init(k_empty(slot), P == 1 ? 8 : 4); /* the warps that read it last */
-        mbar_init(v_full, 1), mbar_init(v_empty, 4);                           /* the second warpgroup's warps */
-        if constexpr (kDsMbar)
+        ring.init(8, 4); /* K: both warpgroups' warps; V: the second's */
+        if constexpr (kDsMbar) {
             for (int x = 0; x < 2; x++) mbar_init(ds_full + 8 * x, 128), mbar_init(ds_empty + 8 * x, 128);
-        mbar_init_fence();
+            mbar_init_fence();
+        }
     }
     __syncthreads();
 
-    if (wg == 0) { /* producer: Q and dO once, then the K parts by thread 0, V by thread 32 */
+    if (wg == 0) { /* producer: Q and dO once, then the key tiles */
         setmaxnreg_dec<kProducerRegs>();
-        if ((threadIdx.x == 0 || threadIdx.x == 32) && steps > 0) {
+        if (threadIdx.x == 0 && steps > 0) {
             /* maps 4..7 of the launch: this kernel's boxes */
             const CUtensorMap *mq = seq_map<VARLEN>(tq, kp, 4), *mdo = seq_map<VARLEN>(tdo, kp, 5), *mk = seq_map<VARLEN>(tk, kp, 6),
                               *mv = seq_map<VARLEN>(tv, kp, 7);
-            const long long k_row0 = VARLEN ? p.k_row0 : 0;
-            if (threadIdx.x == 0) {
-                const int row = (int)((VARLEN ? p.q_row0 : 0) + i0);
-                mbar_expect_tx(qdo_full, 2 * BM * D * 2);
-                for (int c = 0; c < DB; c++) {
-                    tma_load(sQ + c * (BM * 128), mq, qdo_full, c * 64, row, (int)h, (int)b);
-                    tma_load(sdO + c * (BM * 128), mdo, qdo_full, c * 64, row, (int)h, (int)b);
-                }
-                for (int it = 0; it < steps; it++)
-                    for (int x = 0; x < P; x++) {
-                        const int slot = k_slot(it, x);
-                        if (it * P + x >= S) mbar_wait(k_empty(slot), k_parity(it, x) ^ 1u); /* its last use released */
-                        mbar_expect_tx(k_full(slot), PART);
-                        for (int c = x * PB; c < (x + 1) * PB; c++)
-                            tma_load(sK + slot * PART + (c - x * PB) * (BN * 128), mk, k_full(slot), c * 64,
-                                     (int)(k_row0 + (kt0 + it) * BN), (int)hk, (int)b);
-                    }
-            } else {
-                for (int it = 0; it < steps; it++) {
-                    if (it > 0) mbar_wait(v_empty, ((uint32_t)it & 1u) ^ 1u);
-                    mbar_expect_tx(v_full, TILE);
-                    for (int c = 0; c < DB; c++)
-                        tma_load(sV + c * (BN * 128), mv, v_full, c * 64, (int)(k_row0 + (kt0 + it) * BN), (int)hk, (int)b);
-                }
+            const int row = (int)((VARLEN ? p.q_row0 : 0) + i0);
+            mbar_expect_tx(ring.once(), 2 * BM * D * 2);
+            for (int c = 0; c < DB; c++) {
+                tma_load(sQ + c * (BM * 128), mq, ring.once(), c * 64, row, (int)h, (int)b);
+                tma_load(sdO + c * (BM * 128), mdo, ring.once(), c * 64, row, (int)h, (int)b);
             }
+            ring.produce<BN, DB, true>(mk, mv, sK, sV, kt0, kt1, (int)hk, (int)b, VARLEN ? p.k_row0 : 0);
         }
         return;
     }
@@ -1533,21 +1484,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     const float scale2 = p.scale * kLog2e;
     float acc[4][8][4]; /* dQ's columns [256 cw, 256 cw + 256) */
     zero_frags(acc);
+    const uint32_t first_a = cw == 0 ? sQ : sdO;
 
-    if (steps > 0) mbar_wait(qdo_full, 0);
+    if (steps > 0) mbar_wait(ring.once(), 0);
     for (int it = 0; it < steps; it++) {
         const long long kt = kt0 + it;
-        const int buf = it & 1;
-        /* cw 0: S = Q Kᵀ, part by part of K as each lands; cw 1: dP = dO Vᵀ; over all of D */
+        const int st = dq_wide_ring::stage(it), buf = it & 1;
+        const uint32_t ph = dq_wide_ring::parity(it);
+        /* cw 0: S = Q Kᵀ, cw 1: dP = dO Vᵀ, over all of D */
         float s[BN / 8][4];
-        if (cw == 0)
-            wide_scores<T, BN, P>(
-                s, sQ, sK, [&](int x) { mbar_wait(k_full(k_slot(it, x)), k_parity(it, x)); },
-                [&](int x) { return sK + k_slot(it, x) * PART; });
-        else {
-            mbar_wait(v_full, (uint32_t)it & 1u);
-            wide_scores<T, BN>(s, sdO, sV, [](int) {});
-        }
+        mbar_wait(cw == 0 ? ring.k_full(st) : ring.v_full(st), ph);
+        wide_scores<T, BN>(s, first_a, (cw == 0 ? sK : sV) + st * TILE, [](int) {});
         float4 *xp = (float4 *)(aligned + L::xp + buf * (BM * BN * 4));
         uint4 *xds = (uint4 *)(aligned + L::xds + buf * (BM * BN * 2));
         uint32_t pa[BN / 16][4]; /* dS as A fragments */
@@ -1568,7 +1515,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             if constexpr (kDsMbar) mbar_arrive_if(ds_empty + 8 * buf, it + 2 < steps);
             else if (it + 2 < steps) named_arrive(kWideDsFree + buf, 256);
         } else {
-            mbar_arrive_if(v_empty, lane == 0);
+            mbar_arrive_if(ring.v_empty(st), lane == 0);
             named_sync(kWideReady + buf, 256);
             wide_dscores<BN>(p, s, xp, stat, tid);
             if (it + 2 < steps) named_arrive(kWideFree + buf, 256);
@@ -1581,26 +1528,21 @@ __global__ void __launch_bounds__(kThreads, 1)
             for (int kk = 0; kk < BN / 16; kk++) xds[kk * 128 + tid] = make_uint4(pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3]);
             if constexpr (kDsMbar) mbar_arrive_if(ds_full + 8 * buf, true);
             else named_arrive(kWideDsReady + buf, 256);
+            mbar_wait(ring.k_full(st), ph); /* K, read below */
         }
-        /* dQ += dS K over this warpgroup's 256 columns, K read transposed as V in the forward: one
-         * chain and commit group per part, each part released as its group completes */
+        /* dQ += dS K over this warpgroup's 256 columns, K read transposed as V in the forward */
         reg_fence(pa);
         reg_fence(acc);
-        auto wg_part = [&](int xl) { return P == 1 ? 0 : cw * WG_PARTS + xl; };
+        wg_fence();
+        {
+            const uint64_t k_d = gmma_desc_mn(opaque(sK + st * TILE + cw * 4 * (BN * 128)), BN * 128);
 #pragma unroll
-        for (int xl = 0; xl < WG_PARTS; xl++) {
-            const int x = wg_part(xl);
-            mbar_wait(k_full(k_slot(it, x)), k_parity(it, x)); /* landed (cw 0 waited for it above) */
-            const uint32_t cols = sK + k_slot(it, x) * PART + (P == 1 ? cw * 4 * (BN * 128) : 0);
-            const uint64_t k_d = gmma_desc_mn(opaque(cols), BN * 128);
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; kk++)
-                wgmma_rs_t<T, PN>(reinterpret_cast<float (&)[PN / 8][4]>(acc[xl * (PN / 64)]), pa[kk], desc_at(k_d, kk * (16 * 128)), 1);
-            wg_commit();
+            for (int kk = 0; kk < BN / 16; kk++) wide_mn_product<T, 256>(acc, pa[kk], desc_at(k_d, kk * (16 * 128)));
         }
-        release_groups_in_order<WG_PARTS>([&](int xl) { mbar_arrive_if(k_empty(k_slot(it, wg_part(xl))), lane == 0); });
+        wg_commit();
+        wg_wait<0>();
         reg_fence(acc);
+        mbar_arrive_if(ring.k_empty(st), lane == 0);
     }
     store_frag_rows<T, 32>(p.dq, reinterpret_cast<const float (&)[32][4]>(acc), rows, p.Nq, b, h, t4, cw * 256);
 #endif

@@ -210,20 +210,24 @@ template <int STAGES> struct kv_ring_of {
     __device__ static int stage(int it) { return it & (kStages - 1); } /* it >= 0 */
     __device__ static uint32_t parity(int it) { return ((uint32_t)it / kStages) & 1u; }
 
-    /* by one thread, before the CTA's __syncthreads(): the consumer warps that release each stage */
-    __device__ void init(uint32_t k_warps) const {
+    /* by one thread, before the CTA's __syncthreads(): the consumer warps that release each K
+     * stage, and each V stage (the same unless given: the D = 512 dQ kernel reads V in one
+     * warpgroup only) */
+    __device__ void init(uint32_t k_warps, uint32_t v_warps = 0) const {
         mbar_init(once(), 1);
         for (int s = 0; s < kStages; s++) {
             mbar_init(k_full(s), 1), mbar_init(v_full(s), 1);
-            mbar_init(k_empty(s), k_warps), mbar_init(v_empty(s), k_warps);
+            mbar_init(k_empty(s), k_warps), mbar_init(v_empty(s), v_warps ? v_warps : k_warps);
         }
         mbar_init_fence();
     }
     /* the producer thread: K and V of key tiles [kt0, kt1) of kv head hk, boxes of 64 values × BN
      * rows (the tensor maps'), into the stages at sK and sV (tiles of BN × DB × 64 values); row0
      * is the sequence's first row in a varlen call's packed tensors (0 otherwise); it0 the ring's
-     * tiles before these (a persistent CTA's earlier work items) */
-    template <int BN, int DB>
+     * tiles before these (a persistent CTA's earlier work items). V_FIRST loads each tile's V
+     * before its K: the D = 512 dQ kernel releases V early in a step and K at its end, so its
+     * single stage can take the next V while this step's K is still read. */
+    template <int BN, int DB, bool V_FIRST = false>
     __device__ void produce(const CUtensorMap *tk, const CUtensorMap *tv, uint32_t sK, uint32_t sV, long long kt0,
                             long long kt1, int hk, int b, long long row0, int it0 = 0) const {
         constexpr uint32_t TILE = BN * DB * 64 * 2;
@@ -236,8 +240,8 @@ template <int STAGES> struct kv_ring_of {
                 mbar_expect_tx(full, TILE);
                 for (int c = 0; c < DB; c++) tma_load(dst + c * (BN * 128), is_v ? tv : tk, full, c * 64, (int)(row0 + kt * BN), hk, b);
             };
-            load(false);
-            load(true);
+            load(V_FIRST);
+            load(!V_FIRST);
         }
     }
     /* produce() for a pair of CTAs that read the same key tiles (the lab's two-CTA D = 512
