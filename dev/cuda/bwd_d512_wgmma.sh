@@ -9,14 +9,13 @@
 #   variants the lab builds build-pN for N in VARIANT_PARTS ("1 2 8"; -DWA_DKDV512_PARTS=N: the
 #            dK/dV kernel's Q and dO loaded, waited for and released in N parts along D, so that the
 #            next step's first parts land while this step's last products still read the last ones;
-#            1 loads them whole) and build-kN for N in VARIANT_KPARTS (none by default;
-#            -DWA_DQ512_KPARTS=N: the dQ kernel's K in N parts, 1 whole), and the builds named in
-#            VARIANT_PREBUILT, which come only from .lab-prebuilt (another commit's tree, named in
-#            their PREBUILT); then their D = 512 parity and bench rows, alternating with this
-#            tree's (the defaults, 4 and 4); VARIANTS_STEADY=C adds rows of C calls back to back
-#            (`bench --calls`); `build-variants` only builds them (make leaves them be in a later
-#            run on the same machine). bn16 (the dQ kernel on 16-key tiles in two stages) is
-#            measured by `variants` at f050d6d;
+#            1 loads them whole), and the builds named in VARIANT_PREBUILT, which come only from
+#            .lab-prebuilt (another commit's tree, named in their PREBUILT); then their D = 512
+#            parity and bench rows, alternating with this tree's (the default, 4); VARIANTS_STEADY=C
+#            adds rows of C calls back to back (`bench --calls`); `build-variants` only builds them
+#            (make leaves them be in a later run on the same machine). bn16 (the dQ kernel on
+#            16-key tiles in two stages) is measured by `variants` at f050d6d, the dQ kernel's K
+#            in parts (-DWA_DQ512_KPARTS=N, build-kN) at 2fd558d;
 #   check    this tree only: the varlen group, the D = 512 varlen cases, the whole sweep in both
 #            backward modes (their logs come back), memcheck on a rectangular and a varlen D = 512
 #            case, a varlen D = 128 one and case 309 (D = 128, the fused dK/dV kernel), racecheck on
@@ -42,16 +41,12 @@
 LAB_KEEP=1
 . dev/cuda/lab_env.sh
 unset WINATTN_CUDA
-# the lab values of WA_DKDV512_PARTS and WA_DQ512_KPARTS beside the defaults, built into build-pN
-# and build-kN; build_variants TARGET makes DIR/TARGET of each, in the background, and unpacks the
+# the lab values of WA_DKDV512_PARTS beside the default (4), each built into build-pN;
+# build_variants TARGET makes build-pN/TARGET of each, in the background, and unpacks the
 # prebuilt-only ones
-MADE=$(for n in ${VARIANT_PARTS-1 2 8}; do printf 'build-p%s ' "$n"; done
-    for n in ${VARIANT_KPARTS-}; do printf 'build-k%s ' "$n"; done)
-variant_defines() {
-    case $1 in build-p*) echo "-DWA_DKDV512_PARTS=${1#build-p}" ;; build-k*) echo "-DWA_DQ512_KPARTS=${1#build-k}" ;; esac
-}
+MADE=$(for n in ${VARIANT_PARTS-1 2 8}; do printf 'build-p%s ' "$n"; done)
 build_variants() {
-    for b in $MADE; do (lab_build $b "" NVCCFLAGS="$FLAGS $(variant_defines $b)" $b/$1) & done
+    for b in $MADE; do (lab_build $b "" NVCCFLAGS="$FLAGS -DWA_DKDV512_PARTS=${b#build-p}" $b/$1) & done
     for b in ${VARIANT_PREBUILT-}; do
         tar xJf ".lab-prebuilt/$b.tar.xz" 2>/dev/null && row "prebuilt $b" "$(cat $b/PREBUILT)" || row "$b" "no .lab-prebuilt/$b.tar.xz"
     done
