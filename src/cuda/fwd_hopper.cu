@@ -731,6 +731,14 @@ constexpr bool kAsymKHalves = WA_FWD512_KHALVES != 0, kAsymStagedO = WA_FWD512_S
 #define WA_FWD512_ASYM_QREG 0
 #endif
 constexpr int kAsymQRegSteps = WA_FWD512_ASYM_QREG;
+/* Lab form (-DWA_FWD512_OVERLAP=1): consumer 0 issues tile t's S and then tile t - 1's O += P V
+ * behind it, and runs tile t's softmax while that product does (FlashAttention 3's overlap inside
+ * a warpgroup), so the tensor cores are not idle during the softmax; K's single stage then has
+ * only the softmax, not the softmax and the product, to be refilled in. Not yet run on the GPU. */
+#ifndef WA_FWD512_OVERLAP
+#define WA_FWD512_OVERLAP 0
+#endif
+constexpr bool kAsymOverlap = WA_FWD512_OVERLAP != 0;
 static_assert(kAsymQRegSteps >= 0 && kAsymQRegSteps <= kWideD / 16, "consumer 0 has D / 16 k steps of Q");
 /* PERSIST (rectangular calls): one CTA per SM walks the work items (query tile, head, batch
  * entry), so that what a CTA of one item leaves exposed (launch, barrier set-up, the first Q and K
@@ -928,45 +936,101 @@ __global__ void __launch_bounds__(kThreads, 1)
                     reg_fence(qa);
                 }
             }
-            for (int it = 0; it < n; it++) {
-                const long long kt = kt0 + it;
+            /* tile it's S, issued after K's halves are in (KHALVES: two commit groups) */
+            auto issue_s_groups = [&](float (&s)[BN / 8][4], int it) {
                 const uint32_t ph = (kit + (uint32_t)it) & 1u;
-                float s[BN / 8][4], alpha[2];
                 mbar_wait(bar(L::k_full), ph);
+                /* both halves in before the first product: a wait between the two groups makes ptxas
+                 * fence the second (C7519, "warpgroup.arrive injected") */
+                if constexpr (kAsymKHalves) mbar_wait(bar(L::kb_full), ph);
+                wg_fence();
                 if constexpr (kAsymKHalves) {
-                    /* both halves in before the first product: a wait between the two groups makes ptxas
-                     * fence the second (C7519, "warpgroup.arrive injected") */
-                    mbar_wait(bar(L::kb_full), ph);
-                    wg_fence();
                     issue_s(s, 0, KS / 2);
                     wg_commit();
                     issue_s(s, KS / 2, KS);
-                    wg_commit();
-                    wg_wait<1>(); /* K's first half read: refilled under the second's products */
-                    mbar_arrive_if(bar(L::k_empty), lane == 0);
-                    wg_wait<0>();
-                    reg_fence(s);
-                    mbar_arrive_if(bar(L::kb_empty), lane == 0);
                 } else {
-                    wg_fence();
                     issue_s(s, 0, KS);
-                    wg_commit();
-                    wg_wait<0>();
-                    reg_fence(s);
+                }
+                wg_commit();
+            };
+            /* S done, with `later` (std::integral_constant) groups committed behind it still running;
+             * K released as its halves are read (the first refilled under the second's products) */
+            auto retire_s = [&](float (&s)[BN / 8][4], auto later) {
+                constexpr int LATER = decltype(later)::value;
+                if constexpr (kAsymKHalves) {
+                    wg_wait<LATER + 1>();
                     mbar_arrive_if(bar(L::k_empty), lane == 0);
                 }
+                wg_wait<LATER>();
+                reg_fence(s);
+                mbar_arrive_if(bar(kAsymKHalves ? L::kb_empty : L::k_empty), lane == 0);
+            };
+            /* tile it's softmax; alpha rescales O before its P V */
+            auto softmax_of = [&](float (&s)[BN / 8][4], float (&alpha)[2], int it) {
+                const long long kt = kt0 + it;
                 mbar_arrive_if(bar(L::q_empty), lane == 0 && it == n - 1); /* the item's last read of Q */
                 softmax_scores<BN, CAP>(p, s, row_max, row_sum, alpha, rows, kt * BN, !(kt >= ut0 && kt < ut1), t4, scale2);
-                uint32_t pa[4][4];
+            };
+            /* its P packed as A fragments and handed to consumer 1 with the rows' factors */
+            auto hand_over = [&](const float (&s)[BN / 8][4], uint32_t (&pa)[4][4], const float (&alpha)[2], int it) {
                 pack_a<T, BN>(pa, s);
-                /* P and its rows' factors to consumer 1 */
                 const uint32_t slot = handover_slot(pit + (uint32_t)it);
 #pragma unroll
                 for (int kk = 0; kk < 4; kk++) stsm_x4(sP + slot * L::P + blk_off<BM>(f_row, 2 * kk + f_chunk), pa[kk]);
                 alphas[slot * 128 + tid] = make_float2(alpha[0], alpha[1]);
                 mbar_arrive_if(bar(L::p_full + slot), true);
-                rescale_lazy<32>(reinterpret_cast<float (&)[32][4]>(acc), alpha);
-                product_and_release(pa, it);
+            };
+            if constexpr (!kAsymOverlap) {
+                for (int it = 0; it < n; it++) {
+                    float s[BN / 8][4], alpha[2];
+                    uint32_t pa[4][4];
+                    issue_s_groups(s, it);
+                    retire_s(s, std::integral_constant<int, 0>{});
+                    softmax_of(s, alpha, it);
+                    hand_over(s, pa, alpha, it);
+                    rescale_lazy<32>(reinterpret_cast<float (&)[32][4]>(acc), alpha);
+                    product_and_release(pa, it);
+                }
+            } else if (n > 0) {
+                /* OVERLAP: tile it's S is issued, then the last tile's O += P V behind it, and the
+                 * softmax runs while that product does */
+                uint32_t pa[4][4]; /* P of the tile whose product is next */
+                {
+                    float s[BN / 8][4], alpha[2];
+                    issue_s_groups(s, 0);
+                    retire_s(s, std::integral_constant<int, 0>{});
+                    softmax_of(s, alpha, 0);
+                    hand_over(s, pa, alpha, 0);
+                    rescale_lazy<32>(reinterpret_cast<float (&)[32][4]>(acc), alpha);
+                }
+                for (int it = 1; it < n; it++) {
+                    float s[BN / 8][4], alpha[2];
+                    uint32_t pn[4][4];
+                    reg_fence(pa);
+                    reg_fence(acc);
+                    issue_s_groups(s, it);
+                    /* tile it - 1's half of V, refilled from this consumer's release one tile ago,
+                     * waited for while S runs; the fence orders the wait before the product */
+                    mbar_wait(bar(L::vf_full), (kit + (uint32_t)it - 1u) & 1u);
+                    wg_fence();
+                    issue_pv(pa);
+                    wg_commit();
+                    retire_s(s, std::integral_constant<int, 1>{});
+                    softmax_of(s, alpha, it);
+                    wg_wait<0>();
+                    reg_fence(acc);
+                    mbar_arrive_if(v_empty, lane == 0); /* tile it - 1's half of V read (never the staged last) */
+                    /* P packed only now, as FlashAttention 3 does: packing it while the product runs
+                     * makes ptxas serialize every wgmma of the kernel (C7513, input registers defined
+                     * in the product's pipeline stage) */
+                    hand_over(s, pn, alpha, it);
+                    rescale_lazy<32>(reinterpret_cast<float (&)[32][4]>(acc), alpha);
+#pragma unroll
+                    for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) pa[kk][e] = pn[kk][e];
+                }
+                product_and_release(pa, n - 1);
             }
             /* consumer 1 divides its columns by the same row sums (each thread's quarter, as here) */
             const uint32_t slot = handover_slot(pit + (uint32_t)n);
