@@ -702,7 +702,7 @@ __global__ void __launch_bounds__(kThreads, 1)
  * 607-608 / 585-638 TFLOP/s against the split-D kernel's 524-526 / 502-513, D = 512 with a 1024
  * window 470-474 against 420-422 (both with WA_WG_UNIFORM); consumer 0 issuing S of a tile behind
  * O += P V of the last, as the version-4 forward does, measured 346-352 (bd6a93b's
- * -DWA_FWD512_ASYM=2; docs/cuda.md). */
+ * -DWA_FWD512_ASYM=2), but ptxas had serialized its wgmma (C7515; OVERLAP below, docs/cuda.md). */
 #ifndef WA_FWD512_ASYM
 #define WA_FWD512_ASYM 1
 #endif
