@@ -731,14 +731,27 @@ constexpr bool kAsymKHalves = WA_FWD512_KHALVES != 0, kAsymStagedO = WA_FWD512_S
 #define WA_FWD512_ASYM_QREG 0
 #endif
 constexpr int kAsymQRegSteps = WA_FWD512_ASYM_QREG;
-/* Lab form (-DWA_FWD512_OVERLAP=1): consumer 0 issues tile t's S and then tile t - 1's O += P V
- * behind it, and runs tile t's softmax while that product does (FlashAttention 3's overlap inside
- * a warpgroup), so the tensor cores are not idle during the softmax; K's single stage then has
- * only the softmax, not the softmax and the product, to be refilled in. Not yet run on the GPU. */
+/* OVERLAP (the default, 1): consumer 0 issues tile t's S and then tile t - 1's O += P V behind it,
+ * and runs tile t's softmax while that product does (FlashAttention 3's overlap inside a
+ * warpgroup), so the tensor cores are not idle during the softmax. 0 builds the plain order (S,
+ * softmax, hand-over, O += P V of the same tile). It needs V_THREADS 2: V's two halves each loaded
+ * by its own producer thread. With one thread loading them in order, the back half of tile t
+ * waits behind the front half's wait for consumer 0's release of tile t - 1, which the overlap
+ * moves to the end of consumer 0's next step; consumer 1 then waited for V (13 % of the kernel's
+ * stall samples against 0.5 %) and the overlap lost 6-10 %. `winattn bench --forward-only`, two
+ * rounds on an H100 (`ROWS=d512 sh dev/cuda/fwd_variants.sh`; docs/cuda.md has the command whole):
+ * (c) 8K / 16K 656 / 650-667 TFLOP/s against 640-642 / 631-646 for the plain order, window 1024
+ * at 16K 554 against 549-551; ten calls back to back 609-613 / 622 against 570-587 / 594 and
+ * 550-555 against 516-517. V_THREADS 2 alone changes nothing measurable. */
 #ifndef WA_FWD512_OVERLAP
-#define WA_FWD512_OVERLAP 0
+#define WA_FWD512_OVERLAP 1
 #endif
 constexpr bool kAsymOverlap = WA_FWD512_OVERLAP != 0;
+#ifndef WA_FWD512_V_THREADS
+#define WA_FWD512_V_THREADS 2
+#endif
+constexpr int kAsymVThreads = WA_FWD512_V_THREADS;
+static_assert(kAsymVThreads == 1 || kAsymVThreads == 2, "WA_FWD512_V_THREADS is 1 or 2");
 static_assert(kAsymQRegSteps >= 0 && kAsymQRegSteps <= kWideD / 16, "consumer 0 has D / 16 k steps of Q");
 /* PERSIST (rectangular calls): one CTA per SM walks the work items (query tile, head, batch
  * entry), so that what a CTA of one item leaves exposed (launch, barrier set-up, the first Q and K
@@ -817,16 +830,17 @@ __global__ void __launch_bounds__(kThreads, 1)
      * before the item, qi the items with keys (Q), pit the hand-overs to consumer 1 (one per key
      * tile and one of the row sums per item). */
     uint32_t kit = 0, qi = 0;
-    if (wg == 0) { /* producer: Q and K by one thread, V's halves by another */
+    if (wg == 0) { /* producer: Q and K by one thread, V's halves by one each (V_THREADS 1: one for both) */
         setmaxnreg_dec<kProducerRegs>();
-        if (threadIdx.x != 0 && threadIdx.x != 32) return;
+        if (threadIdx.x != 0 && threadIdx.x != 32 && !(kAsymVThreads == 2 && threadIdx.x == 64)) return;
         const long long q_row0 = VARLEN ? p.q_row0 : 0, k_row0 = VARLEN ? p.k_row0 : 0;
         const CUtensorMap *mq = seq_map<VARLEN>(tq, kp, 0), *mk = seq_map<VARLEN>(tk, kp, 1), *mv = seq_map<VARLEN>(tv, kp, 2);
-        /* tile kt (the it-th of the CTA) of K or V by halves of D (column blocks 0-3, 4-7), each half
-         * behind its full barrier once its empty one says that the last tile's half has been read */
+        /* tile kt (the it-th of the CTA) of K or V by halves of D (column blocks 0-3, 4-7), halves
+         * [h0, h1), each behind its full barrier once its empty one says that the last tile's half
+         * has been read */
         auto load_by_halves = [&](uint32_t dst, const CUtensorMap *map, uint32_t full0, uint32_t empty0, uint32_t full1, uint32_t empty1,
-                                  uint32_t it, long long kt, long long hk, long long b) {
-            for (int half = 0; half < 2; half++) {
+                                  uint32_t it, long long kt, long long hk, long long b, int h0 = 0, int h1 = 2) {
+            for (int half = h0; half < h1; half++) {
                 const uint32_t full = bar(half ? full1 : full0), empty = bar(half ? empty1 : empty0);
                 if (it > 0) mbar_wait(empty, (it - 1) & 1u);
                 mbar_expect_tx(full, L::TILE / 2);
@@ -854,8 +868,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                     }
                 }
             } else {
+                const int h0 = kAsymVThreads == 2 && threadIdx.x == 64, h1 = kAsymVThreads == 2 ? h0 + 1 : 2;
                 for (long long kt = kt0; kt < kt1; kt++)
-                    load_by_halves(sV, mv, L::vf_full, L::vf_empty, L::vb_full, L::vb_empty, kit + (uint32_t)(kt - kt0), kt, hk, b);
+                    load_by_halves(sV, mv, L::vf_full, L::vf_empty, L::vb_full, L::vb_empty, kit + (uint32_t)(kt - kt0), kt, hk, b, h0, h1);
             }
             qi++, kit += (uint32_t)(kt1 - kt0);
         });
