@@ -5,7 +5,9 @@ lab_source_profile in lab_env.sh writes it, gzipped or not):
     python3 dev/cuda/source_stalls.py src_NAME.csv.gz [--top 25]
 Prints the instructions by warp-stall samples (all samples), each with its share of the kernel's
 samples and, where the export has per-reason columns (headers naming a stall reason), its three
-largest reasons; then the instructions with excess shared-memory wavefronts (bank conflicts), where
+largest reasons (a branch that closes an mbarrier wait loop names the barrier address it
+polls, the operand of the SYNCS.PHASECHK just before it: the offsets tell the kernel's barriers
+apart, so a wait's samples can be put to the barrier and role); then the instructions with excess shared-memory wavefronts (bank conflicts), where
 the export has that column; then the samples summed by opcode. Columns are found by name, so that exports
 of other Nsight Compute versions read the same."""
 import argparse
@@ -66,13 +68,25 @@ def main():
                and "not issued" not in name.lower()]
     rows = [r for r in rows if len(r) > max(samples, source)]
     total = sum(number(r[samples]) for r in rows) or 1.0
+    position = {id(r): i for i, r in enumerate(rows)}  # the export's order: the kernel's
+
+    def polled_barrier(r):
+        """for a branch, the mbarrier address polled just before it (a wait loop's exit test)"""
+        if "BRA" not in r[source]:
+            return ""
+        i = position[id(r)]
+        for prev in rows[max(0, i - 4):i][::-1]:
+            text = prev[source]
+            if "SYNCS.PHASECHK" in text and "[" in text:
+                return " (polls %s)" % text[text.index("["):text.index("]") + 1]
+        return ""
     print("%d instructions, %.0f warp-stall samples" % (len(rows), total))
     print("| share | samples | address | instruction | largest reasons |\n|---|---|---|---|---|")
     for r in sorted(rows, key=lambda r: -number(r[samples]))[:a.top]:
         top = sorted(((number(r[i]), header[i]) for i in reasons if i < len(r) and number(r[i]) > 0), reverse=True)[:3]
         print("| %.1f %% | %.0f | %s | `%s` | %s |" % (
             100 * number(r[samples]) / total, number(r[samples]), r[address] if address is not None else "-",
-            r[source].strip()[:70], ", ".join("%s %.0f" % (n, v) for v, n in top) or "-"))
+            r[source].strip()[:70] + polled_barrier(r), ", ".join("%s %.0f" % (n, v) for v, n in top) or "-"))
     excess = column(header, "wavefronts shared excessive", required=False)
     if excess is not None:
         conflicted = sorted((r for r in rows if number(r[excess]) > 0), key=lambda r: -number(r[excess]))
