@@ -44,7 +44,7 @@ else
 SONAME_FLAG = -Wl,-soname,$(SONAME)
 endif
 
-LIB_SRC := src/winattn.c src/overlap.c src/cpu/pool.c src/cpu/dispatch.c src/cpu/dense.c
+LIB_SRC := src/winattn.c src/status.c src/overlap.c src/cpu/pool.c src/cpu/dispatch.c src/cpu/dense.c
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o) $(BUILD)/src/cpu/attn_generic.o
 ifdef X86
 LIB_OBJ += $(BUILD)/src/cpu/attn_avx512bf16.o $(BUILD)/src/cpu/attn_avx512.o $(BUILD)/src/cpu/attn_avx2.o
@@ -88,6 +88,10 @@ endif
 REF_OBJ  := $(BUILD)/src/ref/oracle.o $(BUILD)/src/ref/case.o
 TOOL_SRC := $(wildcard tools/*.c)
 TOOL_OBJ := $(TOOL_SRC:%.c=$(BUILD)/%.o)
+# formats/: the safetensors reader and writer, atomic output files and the platform layer, below
+# both the trainer and the command (tests/test_layers.sh checks the order)
+FORMATS_SRC := $(wildcard formats/*.c)
+FORMATS_OBJ := $(FORMATS_SRC:%.c=$(BUILD)/%.o)
 # jansson for the command's JSON; JANSSON_CFLAGS/JANSSON_LIBS point elsewhere when the
 # machine has no libjansson-dev (e.g. a carried copy on the GPU machine)
 JANSSON_CFLAGS ?=
@@ -117,7 +121,7 @@ $(BUILD)/train/linalg.o: WA_CFLAGS += -DWA_HAVE_CBLAS
 TRAIN_LIBS := -lopenblas
 endif
 
-TEST_NAMES := test_geometry test_convert test_oracle test_kernels test_api test_safetensors test_nonfinite
+TEST_NAMES := test_geometry test_convert test_oracle test_kernels test_api test_safetensors test_nonfinite test_fork
 # tests/test_misuse.c (hostile and odd inputs; run under `make sanitize`) builds once it exists
 TEST_NAMES += $(if $(wildcard tests/test_misuse.c),test_misuse)
 TESTS    := $(TEST_NAMES:%=$(BUILD)/tests/%) $(BUILD)/tests/cli_helper $(BUILD)/tests/test_train \
@@ -137,7 +141,7 @@ lib: $(STATIC) $(SHARED)
 tests: $(TESTS)
 
 ifneq ($(HAVE_JANSSON),1)
-$(TOOL_OBJ) $(TRAIN_OBJ) $(BUILD)/tests/test_safetensors.o $(BUILD)/tests/test_train.o $(BUILD)/tests/test_train_cuda.o $(BUILD)/tests/cli_helper.o: | no-jansson
+$(TOOL_OBJ) $(TRAIN_OBJ) $(BUILD)/formats/safetensors.o $(BUILD)/tests/test_safetensors.o $(BUILD)/tests/test_train.o $(BUILD)/tests/test_train_cuda.o $(BUILD)/tests/cli_helper.o: | no-jansson
 no-jansson:
 	@echo "winattn: jansson not found (<jansson.h>, -ljansson): run 'sh scripts/deps.sh', or apt-get install libjansson-dev pkg-config" >&2
 	@exit 1
@@ -181,7 +185,7 @@ $(BUILD)/src/cuda/%.o: src/cuda/%.cu $(wildcard src/cuda/*.cuh) src/internal.h s
 # model.c twice: float for training, double for the finite-difference tests
 $(BUILD)/train/model_cuda.o: train/model_cuda.cu train/model_cuda.h train/model.h train/model_generic.h train/config.h train/checkpoint.h include/winattn.h src/convert.h
 	@mkdir -p $(@D)
-	$(NVCC) $(NVCCFLAGS) -Itrain -Isrc -Itools -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) -Itrain -Isrc -Iformats -c $< -o $@
 $(BUILD)/train/model_f32.o: train/model.c
 	@mkdir -p $(@D)
 	$(COMPILE) -c $< -o $@
@@ -189,28 +193,30 @@ $(BUILD)/train/model_f64.o: train/model.c
 	@mkdir -p $(@D)
 	$(COMPILE) -DMODEL_F64 -c $< -o $@
 
-$(BUILD)/winattn: $(TOOL_OBJ) $(REF_OBJ) $(TRAIN_OBJ) $(STATIC)
+$(BUILD)/winattn: $(TOOL_OBJ) $(REF_OBJ) $(TRAIN_OBJ) $(FORMATS_OBJ) $(STATIC)
 	$(LINK) -o $@ $^ $(TOOL_LIBS) $(TRAIN_LIBS) $(WA_LIBS) $(LDLIBS)
 
-$(BUILD)/tests/test_train: $(BUILD)/tests/test_train.o $(BUILD)/tests/check.o $(TRAIN_OBJ) $(BUILD)/tools/safetensors.o $(BUILD)/tools/tool.o $(STATIC)
+$(BUILD)/tests/test_train: $(BUILD)/tests/test_train.o $(BUILD)/tests/check.o $(TRAIN_OBJ) $(FORMATS_OBJ) $(STATIC)
 	$(LINK) -o $@ $^ $(TOOL_LIBS) $(TRAIN_LIBS) $(WA_LIBS) $(LDLIBS)
 
-$(BUILD)/tests/test_train_cuda: $(BUILD)/tests/test_train_cuda.o $(BUILD)/tests/check.o $(TRAIN_OBJ) $(BUILD)/tools/safetensors.o $(BUILD)/tools/tool.o $(STATIC)
+$(BUILD)/tests/test_train_cuda: $(BUILD)/tests/test_train_cuda.o $(BUILD)/tests/check.o $(TRAIN_OBJ) $(FORMATS_OBJ) $(STATIC)
 	$(LINK) -o $@ $^ $(TOOL_LIBS) $(TRAIN_LIBS) $(WA_LIBS) $(LDLIBS)
 
-# safetensors.o writes through tool.o's out_open
-$(BUILD)/tests/test_safetensors: $(BUILD)/tests/test_safetensors.o $(BUILD)/tools/safetensors.o $(BUILD)/tools/tool.o
+$(BUILD)/tests/test_safetensors: $(BUILD)/tests/test_safetensors.o $(FORMATS_OBJ)
 	$(LINK) -o $@ $^ $(TOOL_LIBS) $(WA_LIBS) $(LDLIBS)
 
-$(BUILD)/tests/cli_helper: $(BUILD)/tests/cli_helper.o $(BUILD)/tests/check.o $(BUILD)/tools/safetensors.o $(BUILD)/tools/tool.o $(REF_OBJ) $(STATIC)
+$(BUILD)/tests/cli_helper: $(BUILD)/tests/cli_helper.o $(BUILD)/tests/check.o $(FORMATS_OBJ) $(REF_OBJ) $(STATIC)
 	$(LINK) -o $@ $^ $(TOOL_LIBS) $(WA_LIBS) $(LDLIBS)
 
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/tests/check.o $(REF_OBJ) $(STATIC)
 	$(LINK) -o $@ $^ $(WA_LIBS) $(LDLIBS)
 
-$(BUILD)/tests/%.o: WA_CFLAGS += -Isrc -Itools -Itrain $(JANSSON_CFLAGS)
-$(BUILD)/tools/%.o: WA_CFLAGS += -Isrc -Itools -Itrain $(JANSSON_CFLAGS)
-$(BUILD)/train/%.o: WA_CFLAGS += -Isrc -Itools $(JANSSON_CFLAGS)
+# Include paths follow the layers (tests/test_layers.sh): include/ < src/ < formats/ < train/ <
+# tools/ < tests/; a folder sees the ones below it, never one above
+$(BUILD)/tests/%.o: WA_CFLAGS += -Isrc -Iformats -Itrain -Itools $(JANSSON_CFLAGS)
+$(BUILD)/tools/%.o: WA_CFLAGS += -Isrc -Iformats -Itrain $(JANSSON_CFLAGS)
+$(BUILD)/train/%.o: WA_CFLAGS += -Isrc -Iformats $(JANSSON_CFLAGS)
+$(BUILD)/formats/%.o: WA_CFLAGS += $(JANSSON_CFLAGS)
 
 # EXTRA=all (or a list of portability, sanitize, fuzz, aarch64) adds tests/extra_checks.sh's checks; CI runs all
 EXTRA ?=
@@ -251,8 +257,8 @@ test-long: all
 # libFuzzer target for the safetensors reader (needs clang and libclang-rt-14-dev or newer).
 fuzz:
 	@mkdir -p $(BUILD)/fuzz
-	clang -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined $(CPPFLAGS) -Iinclude -Isrc -Itools $(JANSSON_CFLAGS) \
-	    tools/safetensors.c tools/tool.c tests/fuzz/fuzz_safetensors.c $(LDFLAGS) $(JANSSON_LIBS) -lm -o $(BUILD)/fuzz/fuzz_safetensors
+	clang -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined $(CPPFLAGS) -Iinclude -Iformats $(JANSSON_CFLAGS) \
+	    formats/safetensors.c formats/atomic_file.c tests/fuzz/fuzz_safetensors.c $(LDFLAGS) $(JANSSON_LIBS) -lm -o $(BUILD)/fuzz/fuzz_safetensors
 	@echo "run: mkdir -p $(BUILD)/fuzz/new && $(BUILD)/fuzz/fuzz_safetensors $(BUILD)/fuzz/new tests/fuzz/corpus -max_total_time=600"
 
 install: lib

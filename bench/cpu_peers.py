@@ -23,7 +23,7 @@ Every peer runs in its own child process with an address-space limit below the f
 one that would not fit fails with an allocation error (reported as OOM) instead of taking the
 machine down; the parent reads the child's peak RSS from wait4(). Peak above inputs = peak RSS
 minus the child's own peak after it created its inputs. TFLOP/s counts visible pairs
-(DESIGN.md section 5: forward 4*D*pairs per query head, backward 2.5x forward); for the dense
+(docs/design.md §5: forward 4*D*pairs per query head, backward 2.5x forward); for the dense
 peers that is the work a windowed kernel needs, not the work they do, so it measures
 usefulness, not their arithmetic rate.
 """

@@ -30,7 +30,7 @@ Shapes (the issue's): (a) B=1, Hq=32, Hkv=16, D=256, sliding window 1024, N = 8K
 (b) Hq=32, Hkv=8, D=128, window 4096, N = 8K, 32K; (c) Hq=32, Hkv=4, D=512, causal, N = 8K, 16K;
 (cw) as (c) with a window of 1024, N = 16K.
 
-TFLOP/s counts visible (query, key) pairs of the mask each system computes (DESIGN.md section 5:
+TFLOP/s counts visible (query, key) pairs of the mask each system computes (docs/design.md §5:
 forward 4*D*pairs per query head, backward 2.5x forward). The systems of a shape are set up together,
 warmed up (two calls each), then timed in --reps rounds of one timing each, the order rotating
 every round: the GPU runs hotter and, under its 700 W limit, at lower clocks after a system's
@@ -76,7 +76,7 @@ SHAPE_OF = {label: (hq, hkv, d, window) for label, hq, hkv, d, window, _ in SHAP
 
 
 def shape_cases(text):
-    """argparse type of the dev/cuda tools' --cases: SHAPE:N pairs of SHAPES, comma-separated"""
+    """argparse type of bench/kernel_timeline.py's and bench/call_gap.py's --cases: SHAPE:N pairs of SHAPES, comma-separated"""
     out = []
     for c in text.split(","):
         label, _, n = c.partition(":")
@@ -277,7 +277,7 @@ def measure_shape(names, n, hq, hkv, d, window, reps):
 
 
 def one_shape_args(ap, n):
-    """the arguments of the dev/cuda tools that measure one shape: --peers-dir, --systems, --shape,
+    """the arguments of the tools that measure one shape (bench/call_gap.py): --peers-dir, --systems, --shape,
     --n (default n)"""
     ap.add_argument("--peers-dir", help="where bench/peer_wheels.py installed the peers")
     ap.add_argument("--systems", default="fa4,winattn")
@@ -315,7 +315,7 @@ def spin_gpu(ms):
 
 
 def warmed_trials(tool, names, label, n):
-    """trials_at for the dev/cuda tools that measure one shape (tool names them in errors): exits
+    """trials_at for the tools that measure one shape (tool names them in errors): exits
     on an unknown shape or a system that cannot run it"""
     if label not in SHAPE_OF:
         sys.exit("%s: --shape %s: not one of %s" % (tool, label, ", ".join(SHAPE_OF)))

@@ -1,23 +1,16 @@
-/* internal.h — what the library's parts share and callers never see: error recording, the
- * context, the thread pool, and the normalised description of one attention call (wa_problem)
- * that validation produces and every backend consumes.
+/* internal.h — what the library's parts share and callers never see: error recording and
+ * allocation (status.h), the context, the thread pool, and the normalised description of one
+ * attention call (wa_problem) that validation produces and every backend consumes.
  */
 #ifndef WA_INTERNAL_H
 #define WA_INTERNAL_H
 
 #include "winattn.h"
+#include "status.h" /* wa_fail, wa_clear_error, wa_alloc, wa_free (src/status.c) */
 #include "tile_geometry.h"
 
 #include <stddef.h>
 #include <stdint.h>
-
-/* Record a one-line detail for wa_last_error() and return the status (printf-style). */
-wa_status wa_fail(wa_status s, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 2, 3)))
-#endif
-    ;
-void wa_clear_error(void);
 
 /* ---- thread pool: persistent workers, units handed out by an atomic counter. Each unit writes
  * its own outputs, so results never depend on which worker ran it. ---- */
@@ -42,9 +35,6 @@ struct wa_context {
     int cuda_ws_device;
     int busy; /* 1 while a call runs (atomic exchange in winattn.c): one thread at a time */
 };
-
-void *wa_alloc(wa_context *ctx, size_t bytes);
-void wa_free(wa_context *ctx, void *ptr);
 
 /* Exact memory-overlap tests for strided views (overlap.c); they may allocate through ctx. */
 wa_status wa_views_overlap(wa_context *ctx, const wa_tensor *x, const wa_tensor *y, int *overlap);

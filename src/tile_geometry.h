@@ -160,7 +160,7 @@ WA_HD static inline void wa_unmasked_query_tiles(const wa_window *w, int64_t j0,
     if (a < b) *t0 = a, *t1 = b;
 }
 
-/* Exact number of visible (query, key) pairs, for FLOP counts (DESIGN.md section 5). */
+/* Exact number of visible (query, key) pairs, for FLOP counts (docs/design.md §5). */
 WA_HD static inline int64_t wa_visible_pairs(const wa_window *w) {
     int64_t rb, re, n = 0;
     wa_nonempty_rows(w, &rb, &re);

@@ -1,5 +1,6 @@
 /* winattn.c — the public entry points: one validator every backend relies on, the context, and
- * the dispatch to the CPU tiled kernels, the dense baseline or CUDA.
+ * the dispatch to the CPU tiled kernels, the dense baseline or CUDA. The backends call back only
+ * into status.c (errors, allocation), never into this file.
  *
  * "The function that decides support is the function that dispatches": validate() fills a
  * wa_problem, and nothing downstream re-checks caller input.
@@ -8,53 +9,17 @@
 #include "internal.h"
 
 #include <math.h>
-#include <stdarg.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-/* ---- errors ---- */
-
-static _Thread_local char last_error[512];
-
-wa_status wa_fail(wa_status s, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
-    va_end(ap);
-    return s;
+/* the version has one source, the WINATTN_VERSION_* macros of winattn.h (the Python package's
+ * version is read from them too: python/setup.py) */
+#define WA_STR_(x) #x
+#define WA_STR(x) WA_STR_(x)
+const char *wa_version(void) {
+    return WA_STR(WINATTN_VERSION_MAJOR) "." WA_STR(WINATTN_VERSION_MINOR) "." WA_STR(WINATTN_VERSION_PATCH);
 }
-
-void wa_clear_error(void) { last_error[0] = '\0'; }
-
-const char *wa_last_error(void) { return last_error; }
-
-const char *wa_status_str(wa_status s) {
-    switch (s) {
-    case WA_OK: return "ok";
-    case WA_ERR_INVALID_ARG: return "invalid argument";
-    case WA_ERR_SHAPE: return "bad shape";
-    case WA_ERR_STRIDE: return "bad stride";
-    case WA_ERR_DTYPE: return "bad dtype";
-    case WA_ERR_DEVICE: return "bad device";
-    case WA_ERR_UNSUPPORTED: return "unsupported";
-    case WA_ERR_NO_MEMORY: return "out of memory";
-    case WA_ERR_CUDA: return "CUDA error";
-    }
-    return "unknown status";
-}
-
-size_t wa_dtype_size(wa_dtype dt) {
-    switch (dt) {
-    case WA_F32: return 4;
-    case WA_F16:
-    case WA_BF16: return 2;
-    }
-    return 0;
-}
-
-const char *wa_version(void) { return "0.2.0"; }
 
 const char *wa_cpu_kernels(void) { return wa_cpu_isa(); }
 
@@ -65,21 +30,6 @@ int wa_device_available(wa_device dev) {
 }
 
 /* ---- context ---- */
-
-void *wa_alloc(wa_context *ctx, size_t bytes) {
-    if (bytes == 0) bytes = 64;
-    if (ctx->params.alloc) return ctx->params.alloc(ctx->params.alloc_user, bytes);
-    void *p = NULL;
-    size_t rounded = (bytes + 63) & ~(size_t)63;
-    if (posix_memalign(&p, 64, rounded) != 0) return NULL;
-    return p;
-}
-
-void wa_free(wa_context *ctx, void *ptr) {
-    if (!ptr) return;
-    if (ctx->params.free) ctx->params.free(ctx->params.alloc_user, ptr);
-    else free(ptr);
-}
 
 #define WA_DEFAULT_TILE_Q 64
 #define WA_DEFAULT_TILE_K 64

@@ -100,7 +100,7 @@ aarch64)
 sanitize)
     B=${SAN_BUILD:-build-san}
     if build "sanitizer build (make sanitize: ASan + UBSan, $B)" sanitize SAN_BUILD="$B"; then
-        for t in test_geometry test_convert test_oracle test_api test_safetensors test_misuse test_kernels; do
+        for t in test_geometry test_convert test_oracle test_api test_safetensors test_misuse test_fork test_kernels; do
             sub "$t (ASan+UBSan)" $B/tests/$t
         done
         sub "test_cli (ASan+UBSan)" sh tests/test_cli.sh "$B"
@@ -135,7 +135,7 @@ portability)
     W="-std=c11 -Wall -Wextra -Wpedantic -Werror -ffp-contract=off -Iinclude -Isrc"
     if need "clang" clang; then
         for t in x86_64-linux-gnu aarch64-linux-gnu; do
-            for f in src/winattn.c src/overlap.c src/cpu/pool.c src/cpu/dense.c src/cuda/stub.c; do
+            for f in src/winattn.c src/status.c src/overlap.c src/cpu/pool.c src/cpu/dense.c src/cuda/stub.c; do
                 cc_check "$t $f" clang --target=$t $W -c $f -o /dev/null
             done
         done
@@ -149,15 +149,15 @@ portability)
             t=$1; shift
             cc_check "$t src/cpu/attn_cpu.c $1 $2" clang --target=$t $W "$@" -c src/cpu/attn_cpu.c -o /dev/null
         done
-        for h in include/winattn.h src/internal.h src/tile_geometry.h src/convert.h src/cpu/cpu.h; do
+        for h in include/winattn.h src/status.h src/internal.h src/tile_geometry.h src/convert.h src/cpu/cpu.h; do
             echo "#include \"$h\"" >"$out.c"
             cc_check "$h alone" clang $W -I. -fsyntax-only "$out.c"
         done
         echo '#include "winattn.h"' >"$out.cpp"
         cc_check "include/winattn.h as C++17" clang++ -std=c++17 -Wall -Wextra -Wpedantic -Werror -Iinclude -fsyntax-only "$out.cpp"
         for plat in "" -DWA_PLATFORM_GENERIC; do
-            for f in tools/*.c; do
-                cc_check "$f ${plat:-(Linux platform layer)}" clang $W -Itools -Itrain $plat -c $f -o /dev/null
+            for f in formats/*.c tools/*.c; do
+                cc_check "$f ${plat:-(Linux platform layer)}" clang $W -Iformats -Itrain $plat -c $f -o /dev/null
             done
         done
     fi

@@ -26,7 +26,7 @@ run() {
     total_pass=$((total_pass + p)) total_fail=$((total_fail + f))
 }
 
-for t in test_geometry test_convert test_oracle test_api test_misuse test_safetensors test_kernels; do
+for t in test_geometry test_convert test_oracle test_api test_misuse test_fork test_safetensors test_kernels; do
     run "$t" "$BUILD/tests/$t"
 done
 run "test_nonfinite" "$BUILD/tests/test_nonfinite"

@@ -123,7 +123,7 @@ int main(void) {
                     }
     check(bad == 0, "geometry: %lld configurations (sizes 0..17, windows -1..16, 5 tile shapes) against wa_visible, %lld wrong",
           (long long)configs, (long long)bad);
-    /* the pair formula of DESIGN.md section 5 */
+    /* the pair formula of docs/design.md §5 */
     wa_window w = {8192, 8192, 1023, 0};
     int64_t W = 1024, N = 8192;
     check(wa_visible_pairs(&w) == N * W - W * (W - 1) / 2, "pairs(N=8192, W=1024) = N*W - W(W-1)/2 = %lld",

@@ -1,4 +1,4 @@
-/* test_safetensors.c — unit tests for tools/safetensors.c.
+/* test_safetensors.c — unit tests for formats/safetensors.c.
  *
  * The reader is the tool's first contact with untrusted input, so most cases here are malformed
  * files: each is built in memory, fed to st_parse, and must fail with a one-line message that
@@ -6,8 +6,8 @@
  * read, and the atomic-write promise (no file, no leftover temporary on failure) is checked by
  * listing the output directory. Prints one line per case and a final "N passed, N failed".
  *
- * Build: gcc -std=c11 -O2 -g -Wall -Wextra -Werror -fsanitize=address,undefined -Itools \
- *          tools/safetensors.c tests/test_safetensors.c -ljansson -o /tmp/test_st
+ * Build: gcc -std=c11 -O2 -g -Wall -Wextra -Werror -fsanitize=address,undefined -Iformats \
+ *          formats/safetensors.c formats/atomic_file.c tests/test_safetensors.c -ljansson -o /tmp/test_st
  */
 #define _POSIX_C_SOURCE 200809L
 

@@ -1,5 +1,5 @@
 /* cmd_bench.c — `winattn bench`: time winattn's forward and backward on one shape and a list of
- * lengths; TFLOP/s counted on visible (query, key) pairs (DESIGN.md section 5: forward
+ * lengths; TFLOP/s counted on visible (query, key) pairs (docs/design.md §5: forward
  * 4*D*pairs per query head, backward 2.5x that). Each figure is the median of --reps timed runs
  * after one warm-up, per call: a run makes --calls calls back to back and synchronises once (more
  * than one: the steady state of a training step, where the host runs ahead of the GPU and a

@@ -1,6 +1,6 @@
 /* cmd_parity.c — `winattn parity`: the gradient parity sweep. Every case runs the kernel under
  * test forward and backward on fresh random inputs and compares o, lse, dq, dk, dv with the
- * float64 oracle under FlashAttention's criterion (DESIGN.md section 4; src/ref/case.c):
+ * float64 oracle under FlashAttention's criterion (docs/design.md §4; src/ref/case.c):
  *   max|kernel - oracle| <= 2 * max|baseline - oracle| + atol
  * with the low-precision baseline computed from the same inputs: for f32 the float32 reference in
  * src/ref/oracle.c (wa_baseline, which shares no code with the library), for f16 and bf16 the
@@ -393,7 +393,7 @@ int cmd_parity(int argc, char **argv) {
         if (per_group[g]) printf("  %-14s %4d cases, %d failed\n", group_names[g], per_group[g], per_group_fail[g]);
     printf("criterion: max|kernel-oracle| <= 2*max|baseline-oracle| + atol (FlashAttention's; baseline: f32 src/ref's float32 "
            "reference, f16/bf16 the dense path); %d passing case(s) "
-           "needed 3x on a gradient (FlashAttention-2's gradient multiple; DESIGN.md section 4)\n", used3);
+           "needed 3x on a gradient (FlashAttention-2's gradient multiple; docs/design.md §4)\n", used3);
     printf("time: %.1f s (summed over cases: kernels %.1f s, baselines %.1f s, oracle %.1f s)\n", secs, kern_s, base_s,
            oracle_s);
     if (json_path) {

@@ -1,16 +1,10 @@
 /* cmd_train.c — `winattn train`: LoRA fine-tuning of a Gemma 4 / Gemma 3 checkpoint through one
- * of three attention arms (train/trainer.h); and `winattn init-model`: a seeded random checkpoint
+ * of three attention arms (train/train.h); and `winattn init-model`: a seeded random checkpoint
  * for a config, for demos and tests where no pretrained weights are reachable. */
 #define _GNU_SOURCE
 #include "tool.h"
+#include "train.h" /* the trainer's one interface (libwinattn_train.a) */
 
-#include "config.h"
-#include "rng.h"
-#include "safetensors.h"
-#include "trainer.h"
-
-#include <errno.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,9 +49,7 @@ static unsigned parse_keys(const char *v) {
     char buf[256];
     snprintf(buf, sizeof buf, "%s", v);
     for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        int found = -1;
-        for (int p = 0; p < PROJ_COUNT; p++)
-            if (strcmp(t, gemma_proj_short[p]) == 0) found = p;
+        int found = train_lora_key(t);
         if (found < 0) usage_error(train_usage, "--lora-keys: '%s' is not one of q, k, v, o, gate, up, down", t);
         mask |= 1u << found;
     }
@@ -162,32 +154,18 @@ int cmd_train(int argc, char **argv) {
 
 static const char init_usage[] = "winattn init-model CONFIG.json OUT_DIR [--seed S] [--dtype bf16|f32]";
 
-/* Box–Muller normal draws from a splitmix64 stream */
-static double init_normal(uint64_t *s) {
-    double u1 = ((splitmix64(s) >> 11) + 1) * 0x1.0p-53, u2 = splitmix64_unit(s);
-    return sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2);
-}
-
-typedef struct init_tensor {
-    char name[128];
-    int64_t rows, cols; /* cols 0: a vector; rows 0: a one-element [1] */
-    double std, fill;   /* normal(0, std) when std > 0, else every element = fill */
-} init_tensor;
-
-/* transformers' Gemma initialisation: linear and embedding weights N(0, 0.02), norms 1 (Gemma 4)
- * or 0 (Gemma 3, whose norms use 1 + w), layer_scalar 1. */
 int cmd_init_model(int argc, char **argv) {
     const char *cfg_path = NULL, *out = NULL, *v;
     uint64_t seed = 0;
-    st_dtype dtype = ST_BF16;
+    int dtype_f32 = 0;
     for (int i = 1; i < argc; i++) {
         if ((v = flag_value(argc, argv, &i, "--seed", init_usage))) {
             int64_t x;
             if (parse_i64(v, 0, INT32_MAX, &x)) usage_error(init_usage, "--seed '%s'", v);
             seed = (uint64_t)x;
         } else if ((v = flag_value(argc, argv, &i, "--dtype", init_usage))) {
-            if (strcmp(v, "bf16") == 0) dtype = ST_BF16;
-            else if (strcmp(v, "f32") == 0) dtype = ST_F32;
+            if (strcmp(v, "bf16") == 0) dtype_f32 = 0;
+            else if (strcmp(v, "f32") == 0) dtype_f32 = 1;
             else usage_error(init_usage, "--dtype '%s': bf16 or f32", v);
         } else if (argv[i][0] == '-') usage_error(init_usage, "unknown flag '%s'", argv[i]);
         else if (!cfg_path) cfg_path = argv[i];
@@ -195,90 +173,8 @@ int cmd_init_model(int argc, char **argv) {
         else usage_error(init_usage, "unexpected argument '%s'", argv[i]);
     }
     if (!cfg_path || !out) usage_error(init_usage, "needs CONFIG.json and OUT_DIR");
-    gemma_config c;
-    char err[1024];
-    if (gemma_config_load(cfg_path, &c, err, sizeof err) != 0) die("%s", err);
-    if (mkdir(out, 0777) != 0 && errno != EEXIST) die("%s: cannot create the directory", out);
-
-    int cap = 3 + c.layers * 16, n = 0;
-    init_tensor *ts = calloc((size_t)cap, sizeof *ts);
-    double norm_fill = c.family == GEMMA_3 ? 0.0 : 1.0;
-#define ADD(rows_, cols_, std_, fill_, ...)                                        \
-    do {                                                                          \
-        snprintf(ts[n].name, sizeof ts[n].name, __VA_ARGS__);                     \
-        ts[n].rows = rows_, ts[n].cols = cols_, ts[n].std = std_, ts[n].fill = fill_; \
-        n++;                                                                      \
-    } while (0)
-    ADD(c.vocab, c.hidden, 0.02, 0, "model.embed_tokens.weight");
-    for (int l = 0; l < c.layers; l++) {
-        const gemma_attn_shape *a = &c.kind[c.layer_kind[l]];
-        int qd = c.heads * a->head_dim, kd = a->kv_heads * a->head_dim;
-        ADD(qd, c.hidden, 0.02, 0, "model.layers.%d.self_attn.q_proj.weight", l);
-        ADD(kd, c.hidden, 0.02, 0, "model.layers.%d.self_attn.k_proj.weight", l);
-        if (!a->k_eq_v) ADD(kd, c.hidden, 0.02, 0, "model.layers.%d.self_attn.v_proj.weight", l);
-        ADD(c.hidden, qd, 0.02, 0, "model.layers.%d.self_attn.o_proj.weight", l);
-        ADD(a->head_dim, 0, 0, norm_fill, "model.layers.%d.self_attn.q_norm.weight", l);
-        ADD(a->head_dim, 0, 0, norm_fill, "model.layers.%d.self_attn.k_norm.weight", l);
-        ADD(c.intermediate, c.hidden, 0.02, 0, "model.layers.%d.mlp.gate_proj.weight", l);
-        ADD(c.intermediate, c.hidden, 0.02, 0, "model.layers.%d.mlp.up_proj.weight", l);
-        ADD(c.hidden, c.intermediate, 0.02, 0, "model.layers.%d.mlp.down_proj.weight", l);
-        ADD(c.hidden, 0, 0, norm_fill, "model.layers.%d.input_layernorm.weight", l);
-        ADD(c.hidden, 0, 0, norm_fill, "model.layers.%d.post_attention_layernorm.weight", l);
-        ADD(c.hidden, 0, 0, norm_fill, "model.layers.%d.pre_feedforward_layernorm.weight", l);
-        ADD(c.hidden, 0, 0, norm_fill, "model.layers.%d.post_feedforward_layernorm.weight", l);
-        if (c.family == GEMMA_4) ADD(0, 0, 0, 1.0, "model.layers.%d.layer_scalar", l);
-    }
-    ADD(c.hidden, 0, 0, norm_fill, "model.norm.weight");
-    if (!c.tied_embeddings) ADD(c.vocab, c.hidden, 0.02, 0, "lm_head.weight");
-#undef ADD
-    st_out *outs = calloc((size_t)n, sizeof *outs);
-    size_t esz = st_dtype_size(dtype);
-    uint64_t s = seed;
-    for (int i = 0; i < n; i++) {
-        init_tensor *t = &ts[i];
-        size_t count = t->rows == 0 ? 1 : (size_t)t->rows * (size_t)(t->cols ? t->cols : 1);
-        unsigned char *data = xmalloc(count * esz, t->name);
-        for (size_t j = 0; j < count; j++) {
-            float x = (float)(t->std > 0 ? t->std * init_normal(&s) : t->fill);
-            if (dtype == ST_F32) memcpy(data + 4 * j, &x, 4);
-            else {
-                uint32_t u;
-                memcpy(&u, &x, 4);
-                uint16_t b = (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16); /* round to nearest even */
-                memcpy(data + 2 * j, &b, 2);
-            }
-        }
-        outs[i].name = t->name;
-        outs[i].dtype = dtype;
-        outs[i].rank = t->cols ? 2 : 1;
-        outs[i].shape[0] = t->rows ? t->rows : 1;
-        outs[i].shape[1] = t->cols;
-        outs[i].data = data;
-    }
-    char path[4096], seed_text[32];
-    snprintf(seed_text, sizeof seed_text, "%llu", (unsigned long long)seed);
-    const char *meta[] = {"format", "pt", "winattn_init_seed", seed_text, NULL};
-    snprintf(path, sizeof path, "%s/model.safetensors", out);
-    int rc = st_write(path, outs, n, meta, err, sizeof err);
-    for (int i = 0; i < n; i++) free((void *)outs[i].data);
-    free(outs);
-    free(ts);
-    if (rc) die("%s", err);
-    /* the config travels with the weights, byte for byte */
-    FILE *f = fopen(cfg_path, "rb");
-    if (!f) die("%s: cannot open", cfg_path);
-    char *text = NULL;
-    size_t len = 0;
-    FILE *mem = open_memstream(&text, &len);
-    int ch;
-    while ((ch = fgetc(f)) != EOF) fputc(ch, mem);
-    fclose(f);
-    fclose(mem);
-    snprintf(path, sizeof path, "%s/config.json", out);
-    write_file_atomic(path, text);
-    free(text);
-    char desc[512];
-    gemma_config_describe(&c, desc, sizeof desc);
+    char err[1024], desc[512];
+    if (train_init_model(cfg_path, out, seed, dtype_f32, desc, sizeof desc, err, sizeof err) != 0) die("%s", err);
     printf("wrote %s/model.safetensors and config.json: %s, seed %llu\n", out, desc, (unsigned long long)seed);
     return 0;
 }

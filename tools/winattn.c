@@ -35,7 +35,7 @@ int main(int argc, char **argv) {
     }
     const char *cmd = argv[1];
     tool_cmd = cmd;
-    tool_argv0 = argv[0];
+    platform_argv0 = argv[0];
     if (strcmp(cmd, "attn") == 0) return cmd_attn(argc - 1, argv + 1);
     if (strcmp(cmd, "probe") == 0) return cmd_probe(argc - 1, argv + 1);
     if (strcmp(cmd, "probe-child") == 0) return cmd_probe_child(argc - 1, argv + 1);

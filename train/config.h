@@ -1,5 +1,5 @@
 /* config.h — the Gemma text architecture as the trainer implements it, read from a Hugging
- * Face config.json (notes/gemma.md §1).
+ * Face config.json (docs/design.md §6.1).
  *
  * Two families share one code path; the differences are switches here, not separate models:
  *                      Gemma 4                         Gemma 3
@@ -16,9 +16,9 @@
 #ifndef WA_TRAIN_CONFIG_H
 #define WA_TRAIN_CONFIG_H
 
-#include <stddef.h>
+#include "train.h" /* GEMMA_MAX_LAYERS */
 
-#define GEMMA_MAX_LAYERS 256
+#include <stddef.h>
 
 typedef enum gemma_family { GEMMA_4, GEMMA_3 } gemma_family;
 typedef enum gemma_layer_kind { LAYER_SLIDING, LAYER_FULL } gemma_layer_kind;

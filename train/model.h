@@ -23,6 +23,7 @@
 
 #include "checkpoint.h"
 #include "config.h"
+#include "train.h" /* attn_arm, lora_config (proj_mask: a bit per gemma_proj) */
 #include "winattn.h"
 
 #include <stddef.h>
@@ -36,22 +37,7 @@ extern const char *const gemma_proj_path[PROJ_COUNT];
 /* "q", "k", "v", "o", "gate", "up", "down": the short names the command line takes */
 extern const char *const gemma_proj_short[PROJ_COUNT];
 
-typedef enum attn_arm {
-    ATTN_FUSED,   /* winattn's kernels (float only) */
-    ATTN_DENSE,   /* every head's full T×T scores and probabilities, masked: the stock fallback */
-    ATTN_CHUNKED  /* query blocks against their visible keys with plain matmuls: the write-up's workaround */
-} attn_arm;
-
 const char *attn_arm_name(attn_arm arm);
-
-/* mlx-lm's LoRA: y = W x + scale · (x A) B, A [in, r], B [r, out], on the projections in
- * proj_mask (bit per gemma_proj) of the last num_layers layers (0 = all). */
-typedef struct lora_config {
-    int rank;
-    double scale;
-    unsigned proj_mask;
-    int num_layers;
-} lora_config;
 
 /* One adapted projection: where its A and B live in the model's flat parameter vector. */
 typedef struct lora_slot {

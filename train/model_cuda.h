@@ -32,8 +32,6 @@ extern "C" {
 
 typedef struct gemma_cuda gemma_cuda;
 
-typedef enum gemma_precision { PRECISION_BF16, PRECISION_F32 } gemma_precision;
-
 typedef struct gemma_cuda_options {
     gemma_precision precision;
     int random_init;     /* 1: base weights drawn on the GPU from seed, the checkpoint's tensors unread */

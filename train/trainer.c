@@ -8,8 +8,9 @@
 #include "data.h"
 #include "linalg.h"
 #include "rng.h"
+#include "atomic_file.h"
+#include "platform.h"
 #include "safetensors.h"
-#include "tool.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -100,9 +101,9 @@ int adapters_save(const gemma_model_f32 *m, const char *dir, char *err, size_t e
     char *text = json_dumps(cfg, JSON_INDENT(2));
     json_decref(cfg);
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
-    write_file_atomic(path, text);
+    rc = write_text_atomic(path, text, err, errlen);
     free(text);
-    return 0;
+    return rc;
 }
 
 int adapter_config_load(const char *path, int layers, lora_config *lc, char *err, size_t errlen) {
@@ -271,7 +272,7 @@ static void optimizer_update(optimizer *opt, float *params, const float *grads, 
 
 /* ---------------------------------------------------------------------------------------------
  * Schedule: mlx-lm's iterate_batches. Batches are consecutive records (its length sort compares
- * raw records and is a no-op, notes/gemma.md §2.3), the remainder is dropped, and every pass
+ * raw records and is a no-op, docs/design.md §6.3), the remainder is dropped, and every pass
  * visits the batches in a fresh permutation. */
 
 /* order[i] = the first record of the i-th batch trained, for iters batches */

@@ -1,4 +1,4 @@
-"""The Python tests' report format (STYLE.md): one PASS|FAIL|SKIP line per case, a closing
+"""The Python tests' report format (docs/design.md §4): one PASS|FAIL|SKIP line per case, a closing
 "N passed, N failed" line, exit status 1 on any failure."""
 import sys
 import traceback

@@ -8,7 +8,7 @@
  * 32,768 tokens: peak = mask + three score-sized tensors.
  *
  * It serves three purposes: the probe's "dense" column (its memory is the point), the parity
- * sweep's low-precision baseline for f16 and bf16 (DESIGN.md section 4: "scores and
+ * sweep's low-precision baseline for f16 and bf16 (docs/design.md §4: "scores and
  * probabilities rounded to the dtype as a plain framework would"; f32 uses the independent
  * wa_baseline in src/ref, docs/algorithm.md section 5), and the trainer's dense arm. It is not
  * meant to be fast, but it uses the same GEMM micro-kernel so the probe finishes. Unlike a plain

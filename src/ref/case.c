@@ -380,7 +380,7 @@ void wa_run_case(const wa_case *c, wa_context *kernel, wa_context *baseline, dou
                          {c->Nq, c->Nk, c->left, c->right}};
     /* the kernel's scale is a float: use exactly that value */
     s.scale = (double)(c->scale != 0 ? c->scale : (float)(1.0 / sqrt((double)c->D)));
-    /* the criterion's baseline (DESIGN.md section 4): for f32 the independent one in oracle.c
+    /* the criterion's baseline (docs/design.md §4): for f32 the independent one in oracle.c
      * (wa_baseline); for f16 and bf16 the library's dense path, through its varlen call for a
      * packed batch (docs/algorithm.md section 5 says why) */
     double tb = seconds();
@@ -434,7 +434,7 @@ void wa_run_case(const wa_case *c, wa_context *kernel, wa_context *baseline, dou
         r->mult[t] = 2.0;
         r->bound[t] = 2.0 * r->base_err[t] + r->atol[t];
         if (t >= WA_OUT_DQ && grad_mult > 2.0 && !(r->err[t] <= r->bound[t])) {
-            /* DESIGN.md section 4: gradients may use the looser multiple; the case says so */
+            /* docs/design.md §4: gradients may use the looser multiple; the case says so */
             r->mult[t] = grad_mult;
             r->bound[t] = grad_mult * r->base_err[t] + r->atol[t];
             if (r->err[t] <= r->bound[t]) r->used_grad_mult = 1;

@@ -1,7 +1,7 @@
 /* case.h — one correctness case, run the same way by the unit tests and `winattn parity`:
  * fresh random inputs, the kernel under test (forward and backward, outputs guarded and
  * poisoned), the float64 oracle, the low-precision baseline, and FlashAttention's criterion
- * (DESIGN.md section 4) per output tensor. */
+ * (docs/design.md §4) per output tensor. */
 #ifndef WA_CASE_H
 #define WA_CASE_H
 

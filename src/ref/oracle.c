@@ -1,4 +1,4 @@
-/* oracle.c — see oracle.h. Row by row, straight from the definitions in DESIGN.md section 1:
+/* oracle.c — see oracle.h. Row by row, straight from the definitions in docs/design.md §1:
  *   s_j = softcap(scale * q_i . k_j) for visible j     p = softmax(s)     o_i = sum_j p_j v_j
  *   lse_i = log sum_j exp(s_j)
  *   dp_j = dO_i . v_j    ds_j = p_j (dp_j - sum_l p_l dp_l) * softcap'(.) * scale

@@ -21,7 +21,7 @@ typedef struct wa_oracle_shape {
 void wa_oracle(const wa_oracle_shape *s, const double *q, const double *k, const double *v, const double *do_,
                double *o, double *lse, double *dq, double *dk, double *dv);
 
-/* The criterion's low-precision baseline (DESIGN.md section 4): attention computed the way a
+/* The criterion's low-precision baseline (docs/design.md §4): attention computed the way a
  * framework's unfused fallback computes it, in float32 with every op's output rounded to dt
  * (docs/algorithm.md section 4 lists where), in plain loops that share no code with the library's
  * kernels or its dense path, so that an accuracy loss common to both cannot hide in the bound.

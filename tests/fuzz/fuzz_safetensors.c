@@ -1,4 +1,4 @@
-/* fuzz_safetensors.c — libFuzzer target for the safetensors reader (tools/safetensors.c).
+/* fuzz_safetensors.c — libFuzzer target for the safetensors reader (formats/safetensors.c).
  *
  * st_parse is the code that sees untrusted files, so the fuzzer feeds it arbitrary bytes. When a
  * file is accepted, every byte of every tensor is read: the parser promises that each tensor's
@@ -6,8 +6,8 @@
  * into a crash. A rejected file must come with a non-empty one-line message and an empty
  * st_file, and everything must be freed (LeakSanitizer checks jansson's allocations too).
  *
- * Build: clang -g -O1 -fsanitize=fuzzer,address,undefined -Itools tools/safetensors.c \
- *          tests/fuzz/fuzz_safetensors.c -ljansson -o /tmp/fuzz_st
+ * Build: clang -g -O1 -fsanitize=fuzzer,address,undefined -Iformats formats/safetensors.c \
+ *          formats/atomic_file.c tests/fuzz/fuzz_safetensors.c -ljansson -o /tmp/fuzz_st
  * Run:   /tmp/fuzz_st -max_total_time=300 tests/fuzz/corpus
  */
 #include "safetensors.h"

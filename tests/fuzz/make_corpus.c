@@ -7,7 +7,7 @@
  * produces). Seeds are kept to a few hundred bytes so mutations stay cheap.
  *
  * Build and run from the repository root:
- *   gcc -std=c11 -O2 -Wall -Wextra -Iinclude -Isrc -Itools tools/safetensors.c tools/tool.c tests/fuzz/make_corpus.c \
+ *   gcc -std=c11 -O2 -Wall -Wextra -Iformats formats/safetensors.c formats/atomic_file.c tests/fuzz/make_corpus.c \
  *       -ljansson -o /tmp/make_corpus && /tmp/make_corpus tests/fuzz/corpus
  */
 #define _POSIX_C_SOURCE 200809L

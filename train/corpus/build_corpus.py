@@ -7,7 +7,7 @@
 Writes <out>/train.jsonl (171 records) and <out>/valid.jsonl (21 records) of {"text": ...},
 and <out>/summary.json. Lengths are counted in the trainer's byte-level tokens (one token
 per UTF-8 byte, plus BOS and EOS), and the documents are picked so the profile matches the
-write-up's job: mean about 8.7K tokens, longest about 30.5K (notes/gemma.md section 4).
+write-up's job: mean about 8.7K tokens, longest about 30.5K (docs/design.md §6.7).
 Needs only the Python standard library, apt-get and dpkg-deb (no root).
 """
 import argparse

@@ -1,0 +1,98 @@
+/* train.h — the trainer's one interface (libwinattn_train.a): what the command's `winattn train`
+ * and `winattn init-model` call, and all they may include from train/. The trainer's own headers
+ * (trainer.h, model.h, config.h, ...) take the types below from here; nothing here includes them.
+ *
+ * LoRA fine-tuning of a Gemma 4 / Gemma 3 checkpoint after mlx-lm's trainer, with attention
+ * through one of three arms: winattn's kernels, dense score matrices, or query blocks. Nothing
+ * here exits; failures come back as -1 with a one-line message in err.
+ */
+#ifndef WA_TRAIN_TRAIN_H
+#define WA_TRAIN_TRAIN_H
+
+#include "winattn.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GEMMA_MAX_LAYERS 256
+
+typedef enum attn_arm {
+    ATTN_FUSED,   /* winattn's kernels (float only) */
+    ATTN_DENSE,   /* every head's full T×T scores and probabilities, masked: the stock fallback */
+    ATTN_CHUNKED  /* query blocks against their visible keys with plain matmuls: the write-up's workaround */
+} attn_arm;
+
+/* mlx-lm's LoRA: y = W x + scale · (x A) B, A [in, r], B [r, out], on the projections in
+ * proj_mask (bit per projection, in the order of train_lora_key) of the last num_layers layers
+ * (0 = all). */
+typedef struct lora_config {
+    int rank;
+    double scale;
+    unsigned proj_mask;
+    int num_layers;
+} lora_config;
+
+/* The GPU model's precision (model_cuda.h). */
+typedef enum gemma_precision { PRECISION_BF16, PRECISION_F32 } gemma_precision;
+
+typedef struct train_options {
+    const char *model_dir;     /* config.json + safetensors */
+    const char *data_dir;      /* train.jsonl and valid.jsonl */
+    const char *out_dir;       /* adapters, adapter_config.json, optimizer state, log; NULL = none */
+    const char *resume_dir;    /* continue from a previous out_dir (adapters + optimizer + step) */
+    const char *adapters_path; /* start from (or evaluate) these adapters instead of a fresh init */
+    attn_arm arm;
+    int chunk;                 /* query block of the chunked arm */
+    int threads;
+    double epochs;             /* used when iters is 0: iters = ceil(epochs · records / batch) */
+    int iters;                 /* batches to train on */
+    int batch;
+    int pack;                  /* 1: each batch's records packed into one sequence (default); 0: one by one */
+    int grad_accum;            /* batches per optimizer update */
+    double lr, beta1, beta2, eps, weight_decay;
+    int adamw;                 /* decoupled weight decay */
+    int bias_correction;       /* off by default, as in MLX's Adam */
+    lora_config lora;
+    uint64_t seed;
+    int eval_only;
+    int eval_at_end;
+    int eval_every;            /* 0 = never during training */
+    int max_len;
+    int pad_target;
+    const char *log_path;      /* JSON lines per step and evaluation; NULL = out_dir/log.jsonl or none */
+    wa_device device;          /* WA_DEVICE_CPU (the reference) or WA_DEVICE_CUDA (model_cuda.h) */
+    gemma_precision precision; /* on the GPU: bf16 weights and activations (default) or f32 */
+    int random_init;           /* on the GPU: base weights drawn from init_seed, the checkpoint's unread */
+    uint64_t init_seed;
+} train_options;
+
+/* Zeroes *o and sets the defaults: the write-up's job (LoRA r = 32 on q, k, v, o of every layer,
+ * batch 4, 2 epochs) with mlx-lm's defaults where it says nothing (scale 20, lr 1e-5, Adam
+ * without bias correction, seed 0), fused attention, batches packed. */
+void train_defaults(train_options *o);
+
+/* Run training and/or evaluation as o says, printing progress to stdout (and a live line to
+ * stderr when it is a terminal). 0 on success; -1 with a one-line message in err. */
+int train_run(const train_options *o, char *err, size_t errlen);
+
+/* The bit (0..6) of lora_config.proj_mask for a projection's short name ("q", "k", "v", "o",
+ * "gate", "up", "down"), or -1 for any other name. */
+int train_lora_key(const char *name);
+
+/* A seeded random checkpoint for the config.json at config_path, for demos and tests where no
+ * pretrained weights are reachable: out_dir (created if missing) gets model.safetensors (bf16, or
+ * f32 when f32 is set; transformers' initialisation: linear and embedding weights N(0, 0.02),
+ * norms 1 for Gemma 4 and 0 for Gemma 3, layer scalars 1) and config.json copied byte for byte.
+ * 0 with a one-line description of the config in summary; -1 with a one-line message in err. */
+int train_init_model(const char *config_path, const char *out_dir, uint64_t seed, int f32, char *summary,
+                     size_t summary_len, char *err, size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
