@@ -8,7 +8,9 @@
 #include "internal.h"
 
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 /* ---- errors ---- */
@@ -57,6 +59,9 @@ void *wa_alloc(wa_context *ctx, size_t bytes) {
     if (bytes == 0) bytes = 64;
     if (ctx->params.alloc) return ctx->params.alloc(ctx->params.alloc_user, bytes);
     void *p = NULL;
+    /* no object may be larger than PTRDIFF_MAX (pointer differences inside it would overflow);
+     * that bound also keeps the rounding below from wrapping to a tiny block */
+    if (bytes > PTRDIFF_MAX) return NULL;
     size_t rounded = (bytes + 63) & ~(size_t)63;
     if (posix_memalign(&p, 64, rounded) != 0) return NULL;
     return p;

@@ -99,6 +99,17 @@ static void test_sizes(wa_context *ctx) {
            "a tensor that wraps past the end of the address space");
     wa_tensor empty = T4(NULL, 0, (int64_t)1 << 30, (int64_t)1 << 30, 512), oe = empty;
     expect(wa_forward(ctx, &desc, &empty, &empty, &empty, &oe, NULL), WA_OK, NULL, "B = 0 with huge other dims: nothing to do");
+
+    /* sizes whose rounding up to the 64-byte alignment would wrap to a tiny block */
+    const size_t near_max[] = {SIZE_MAX, SIZE_MAX - 1, SIZE_MAX - 62, SIZE_MAX - 63, SIZE_MAX / 2 + 1};
+    for (size_t i = 0; i < sizeof near_max / sizeof near_max[0]; i++) {
+        void *p = (void *)1;
+        char what[96];
+        snprintf(what, sizeof what, "wa_malloc of SIZE_MAX - %zu bytes", SIZE_MAX - near_max[i]);
+        expect(wa_malloc(ctx, WA_DEVICE_CPU, near_max[i], &p), WA_ERR_NO_MEMORY, "cannot allocate", what);
+        check(p == NULL, "%s leaves *ptr NULL", what);
+        wa_free_memory(ctx, WA_DEVICE_CPU, p);
+    }
 }
 
 /* ---- outputs sharing memory ---- */
