@@ -463,7 +463,7 @@ def run_torch():
     def _():
         # lse is not differentiable and its gradient is never read: the eager paths turn off
         # autograd's materialised gradients, which filled a zero tensor for it before every
-        # backward (host time that grew with the length; docs/cuda.md). The aten ops the
+        # backward (host time that grew with the length; docs/experiments.md). The aten ops the
         # backward dispatches, seen by a dispatch mode: the three empty gradients, no zeros.
         from torch.utils._python_dispatch import TorchDispatchMode
 

@@ -207,7 +207,7 @@ template <typename ViewOf, typename LseOf, typename Call>
 tensor_list run_backward(AutogradContext *ctx, const tensor_list &grads, ViewOf view_of, LseOf lse_of, Call call) {
     /* The forwards turn off autograd's materialised gradients: otherwise it fills a zero tensor for
      * lse's gradient (lse is not differentiable; nothing reads it) before every backward, and that
-     * fill cost more host time than the rest of the backward (docs/cuda.md, call_gap.py). So an
+     * fill cost more host time than the rest of the backward (docs/experiments.md, bench/call_gap.py). So an
      * output no gradient reached comes as an undefined tensor: o's means none for q, k, v. */
     if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
     const bool graph = at::GradMode::is_enabled() && grads[0].requires_grad();
