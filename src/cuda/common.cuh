@@ -1,16 +1,19 @@
-/* common.cuh — what the CUDA translation units share: the kernel parameter block, dtype
- * conversions, and the entry points of the tensor-core kernels (attn_mma.cu) that the
- * dispatcher in attn_cuda.cu calls. */
+/* common.cuh — what the dispatcher (dispatch.cu) and the kernel files share: the kernel parameter
+ * block, dtype conversions, the per-sequence view of a varlen call, the target a call runs on, and
+ * the launch functions each kernel file exposes. */
 #ifndef WA_CUDA_COMMON_CUH
 #define WA_CUDA_COMMON_CUH
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 extern "C" {
 #include "../internal.h"
 }
+
+#include "traits.cuh"
 
 #define CUDA_TRY(call)                                                                                        \
     do {                                                                                                      \
@@ -19,10 +22,10 @@ extern "C" {
             return wa_fail(WA_ERR_CUDA, "%s failed: %s (%s:%d)", #call, cudaGetErrorString(err_), __FILE__, __LINE__); \
     } while (0)
 
-/* The Hopper kernels (version 4, version 5's forward, version 3's forward: wgmma, TMA, mbarrier
- * transactions, setmaxnreg) exist only in the sm_90a compilation. Every other one (compute_80: the
- * SASS for sm_80, sm_86, sm_89 and the PTX that newer GPUs JIT-compile) gets bodies that trap, which
- * the dispatcher never launches (cuda_target, attn_cuda.cu). The host pass sees the real bodies. */
+/* The sm90/ kernels (wgmma, TMA, mbarrier transactions, setmaxnreg) exist only in the sm_90a
+ * compilation. Every other one (compute_80: the SASS for sm_80, sm_86, sm_89 and the PTX that newer
+ * GPUs JIT-compile) gets bodies that trap, which the dispatcher never launches (cuda_target.hopper).
+ * The host pass sees the real bodies. */
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define WA_HOPPER_STUB 1
 #else
@@ -40,14 +43,15 @@ struct kparams {
     float scale, softcap;
     wa_window win;
     float *delta, *rnorm; /* [B, Hq, Nq]; rnorm only for f32 */
-    float *dq_acc;        /* the atomic-dQ option's f32 accumulator (else NULL), B*Hq*nq_pad*D floats:
-                           * version 2 uses [B, Hq, Nq, D], version 4 its own order (bwd_hopper.cu) */
-    int *dq_order;        /* version 4's ordered fused dQ (the deterministic form where bwd_hopper.cu's
-                           * hopper_backward_orders_dq says so, rectangular calls): one counter per
-                           * 64 × 64 block of dq_acc, the shares added so far (else NULL) */
-    float *lse2;          /* version-4 backward: lse·log2(e) per row, +inf past Nq and for empty rows */
-    long long nq_pad;     /* row stride of delta and lse2 in the version-4 backward (Nq rounded up to 64) */
-    int tile, n_qtiles, n_ktiles; /* version 1's, per kernel (attn_cuda.cu: for_kernel); 0 for the other versions */
+    float *dq_acc;        /* the fused dQ's f32 accumulator (else NULL), B*Hq*nq_pad*D floats: the
+                           * sm80 kernels use [B, Hq, Nq, D], the sm90 ones their own order
+                           * (sm90/bwd_dkdv.cu) */
+    int *dq_order;        /* the sm90 ordered dQ (the deterministic form at kSm90OrderedDqD, rectangular
+                           * calls): one counter per 64 × 64 block of dq_acc, the shares added so far
+                           * (else NULL) */
+    float *lse2;          /* sm90 backward: lse·log2(e) per row, +inf past Nq and for empty rows */
+    long long nq_pad;     /* row stride of delta and lse2 in the sm90 backward (Nq rounded up to 64) */
+    int tile, n_qtiles, n_ktiles; /* the portable kernels', per kernel (portable/attn.cu); 0 otherwise */
     /* Packed variable-length batches (NULL cu_q: rectangular). The tensors are [1, H, T, D], B
      * counts sequences, Nq and Nk are the longest lengths (the grid's size); cu_q and cu_k hold
      * B + 1 offsets on the device, read by each CTA (seq_view below). The workspace is packed by
@@ -58,7 +62,7 @@ struct kparams {
     long long seq0;           /* the first sequence of this launch (grid z holds at most 65535) */
     long long q_row0, k_row0; /* set by seq_view: the sequence's first rows (TMA coordinates) */
     /* varlen calls on the TMA kernels: per sequence, copies of the launch's tensor maps whose row
-     * extent ends at the sequence's last row (hopper_prims.cuh: seq_maps_kernel); device memory of
+     * extent ends at the sequence's last row (prims/hopper.cuh: seq_maps_kernel); device memory of
      * B × kMaxSeqMaps × 128 bytes from the workspace, NULL otherwise */
     void *seq_maps;
 };
@@ -144,55 +148,69 @@ template <typename F> static wa_status over_sequences(const kparams &kp, F &&f) 
     return WA_OK;
 }
 
-/* What the current device runs, for every dispatch decision below (attn_cuda.cu: cuda_target_now,
- * the device's facts read once per device, WINATTN_CUDA applied per call). Compute capability 8.0
- * and up runs versions 1, 2 and 5's mma.sync kernels; versions 3, 4 and 5's wgmma forward only
- * where the sm_90a build is the code loaded. */
+/* What the current device runs, for every dispatch decision (dispatch.cu: cuda_target_now, the
+ * device's facts read once per device, WINATTN_CUDA applied per call). Compute capability 8.0 and
+ * up runs the portable and the mma.sync kernels; the wgmma kernels only where the sm_90a build is
+ * the code loaded. */
 struct cuda_target {
-    bool tensor_cores; /* versions 2 to 5 at all (WINATTN_CUDA=v1: no) */
-    bool hopper;       /* versions 3, 4 and 5's wgmma forward: compute capability 9.0 running the sm_90a
-                        * kernels (not the compute_80 PTX JIT-compiled, whose Hopper kernels are
-                        * stubs), unless WINATTN_CUDA=mma, sm80 or sm86 keeps them off */
+    bool tensor_cores; /* any mma.sync or wgmma kernel at all (WINATTN_CUDA=v1: no) */
+    bool hopper;       /* the sm90/ kernels: compute capability 9.0 running the sm_90a kernels (not
+                        * the compute_80 PTX JIT-compiled, whose sm90 kernels are stubs), unless
+                        * WINATTN_CUDA=mma, sm80 or sm86 keeps them off */
     size_t smem_optin; /* dynamic shared memory a block may opt in to: the device's
                         * (cudaDevAttrMaxSharedMemoryPerBlockOptin), or less under WINATTN_CUDA=sm80
                         * (A100's 163 KB) or sm86 (99 KB, sm_86 / sm_89) */
+    size_t smem_device; /* the device's own opt-in limit, whatever WINATTN_CUDA says: the portable
+                         * kernels' limits are raised to what their tiles need there */
     int sms;           /* the device's SMs (cudaDevAttrMultiProcessorCount): a persistent kernel's grid */
 };
 
-/* ---- tensor-core path (attn_mma.cu): f16/bf16, D in {64, 128, 256, 512}, 16-byte aligned rows ---- */
-/* whether the call runs there on target t: on Hopper always (every fallback fits its 227 KB), elsewhere
- * when the mma.sync kernels of the direction (forward, or backward when `backward`) fit t.smem_optin;
- * the rest runs on version 1 */
-int mma_supports(const wa_problem *p, const cuda_target &t, int backward);
-/* forward into o and lse */
-wa_status mma_forward(const kparams &kp, wa_dtype dt, const cuda_target &t, cudaStream_t s);
-/* whether the current device runs fwd_hopper.cu's kernels as built for sm_90a (rather than the stubs
- * of the compute_80 PTX) */
-int hopper_code_loaded(void);
-/* version 4's forward (fwd_hopper.cu: TMA, warp-specialised wgmma) when it applies (D = 64, 128,
- * 256, strides TMA can express), and version 5's at D = 512; *taken = 0 leaves the call to
- * mma_forward. Only where t.hopper */
-wa_status hopper_forward(const kparams &kp, wa_dtype dt, const cuda_target &t, cudaStream_t s, int *taken);
-/* the Hopper backward (bwd_hopper.cu) when it applies (version 4 at D = 64, 128, 256; version 5's
- * wgmma kernels at D = 512; lse given, strides TMA can express); it needs
- * kp.delta and kp.lse2 with B*Hq*nq_pad floats each. *taken = 0 leaves the call to version 2 or
- * 5's mma.sync kernels in mma_backward. Only where t.hopper */
-int hopper_backward_supports(const kparams &kp);
-/* whether version 4 has the fused form (dQ added by the dK/dV kernel into kp.dq_acc) for kp's
- * head dim (D <= 128); elsewhere it ignores kp.dq_acc */
-int hopper_backward_fuses_dq(const kparams &kp);
-/* whether the deterministic form of kp (at those head dims) is the fused kernel with dQ's shares
- * added in a fixed order (kp.dq_order; rectangular calls) rather than the dQ kernel */
-int hopper_backward_orders_dq(const kparams &kp);
-wa_status hopper_backward(const kparams &kp, wa_dtype dt, cudaStream_t s, int *taken);
-/* version 5's backward at D = 512 (bwd_wide.cu, mma.sync); dQ by atomic adds into kp.dq_acc
- * ([B, Hq, Nq, D] f32) when it is set, else by its own deterministic kernel; the dispatcher sets it
- * only where wide_backward_atomic_dq() says so (a lab build) */
-int wide_backward_atomic_dq(void);
-/* the dynamic shared memory of its largest kernel */
-size_t wide_backward_smem(void);
-wa_status wide_backward(const kparams &kp, wa_dtype dt, cudaStream_t s);
-/* backward; kp.delta must point to B*Hq*Nq floats of workspace, which this fills */
-wa_status mma_backward(const kparams &kp, wa_dtype dt, const cuda_target &t, cudaStream_t s);
+/* ---- launch functions of the kernel files. Each runs the kernels of its file for kp as the
+ * dispatcher chose them (dtype, head dim, varlen or not), raising each kernel's shared-memory limit
+ * once per device; none decides whether the call belongs to it. ---- */
+
+/* portable/attn.cu: f32/f16/bf16, any D up to WA_MAX_HEAD_DIM. portable_check_fits: WA_OK when
+ * every kernel of the direction fits smem_optin at its smallest tile. The backward needs kp.delta
+ * (and for f32 kp.rnorm) with B*Hq*Nq floats (rectangular) or Hq*Tq (varlen). */
+wa_status portable_check_fits(long long D, int backward, size_t smem_optin);
+wa_status portable_forward(const kparams &kp, wa_dtype dt, const cuda_target &t, cudaStream_t s);
+wa_status portable_backward(const kparams &kp, wa_dtype dt, const cuda_target &t, cudaStream_t s);
+
+/* sm80/: f16/bf16, D in {64, 128, 256, 512}, rows 16-byte aligned. The dynamic shared memory of
+ * the forward kernel and of the backward's largest at D; the forward; the backward at D <= 256
+ * (dQ by f32 atomic adds into kp.dq_acc, [B, Hq, Nq, D], when it is set, else by the dQ kernel)
+ * and at D = 512 (always the dQ kernel). kp.delta: B*Hq*Nq floats of workspace. */
+size_t sm80_forward_smem(long long D);
+size_t sm80_backward_smem(long long D);
+size_t sm80_backward_d512_smem(void);
+wa_status sm80_forward(const kparams &kp, wa_dtype dt, cudaStream_t s);
+wa_status sm80_backward(const kparams &kp, wa_dtype dt, cudaStream_t s);
+wa_status sm80_backward_d512(const kparams &kp, wa_dtype dt, cudaStream_t s);
+
+/* sm90/: only where cuda_target.hopper. sm90_code_loaded: whether the current device runs the
+ * sm_90a kernels (rather than the stubs of the compute_80 PTX). The TMA kernels take the tensor
+ * maps the dispatcher encoded (dispatch.cu: the boxes from traits.cuh); maps of a varlen call are
+ * copied per sequence into kp.seq_maps first. */
+int sm90_code_loaded(void);
+/* the D = 256 forward without TMA (cp.async loads) */
+wa_status sm90_forward_cp_async(const kparams &kp, wa_dtype dt, cudaStream_t s);
+/* maps: Q, K, V. pipelined: O += P V of one key tile overlapped with the next tile's softmax */
+wa_status sm90_forward(const kparams &kp, wa_dtype dt, const CUtensorMap (&maps)[3], bool pipelined, int sms, cudaStream_t s);
+wa_status sm90_forward_d512(const kparams &kp, wa_dtype dt, const CUtensorMap (&maps)[3], int sms, cudaStream_t s);
+/* The backward's kernels, each launched on one chunk of sequences (over_sequences: z, c.seq0) with
+ * maps Q, dO, K, V in the dK/dV kernel's boxes (0-3) and in the dQ kernel's (4-7), after
+ * sm90_write_seq_maps. prep: δ and lse2 (and the fused form's accumulator zeroed: all of it, or
+ * with zero_all false only the tiles no key tile writes first). dkdv: fused adds dQ into
+ * c.dq_acc, ordered in a fixed order (c.dq_order). dq_convert: dq from the fused accumulator
+ * (rectangular); dq_convert_rows the same for a varlen call, once for all its sequences. */
+wa_status sm90_write_seq_maps(const kparams &kp, const CUtensorMap (&maps)[8], cudaStream_t s);
+wa_status sm90_prep(const kparams &c, wa_dtype dt, bool zero_all, unsigned z, cudaStream_t s);
+wa_status sm90_dkdv(const kparams &c, wa_dtype dt, const CUtensorMap (&maps)[8], bool fused, bool ordered, unsigned z,
+                    cudaStream_t s);
+wa_status sm90_dq(const kparams &c, wa_dtype dt, const CUtensorMap (&maps)[8], unsigned z, cudaStream_t s);
+wa_status sm90_dq_convert(const kparams &c, wa_dtype dt, unsigned z, cudaStream_t s);
+wa_status sm90_dq_convert_rows(const kparams &kp, wa_dtype dt, cudaStream_t s);
+wa_status sm90_dkdv_d512(const kparams &c, wa_dtype dt, const CUtensorMap (&maps)[8], unsigned z, cudaStream_t s);
+wa_status sm90_dq_d512(const kparams &c, wa_dtype dt, const CUtensorMap (&maps)[8], unsigned z, cudaStream_t s);
 
 #endif /* WA_CUDA_COMMON_CUH */

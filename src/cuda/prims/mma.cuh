@@ -1,11 +1,12 @@
-/* mma_prims.cuh — the building blocks the tensor-core kernels share (attn_mma.cu: versions 2 and
- * 3; fwd_hopper.cu: version 4): PTX wrappers (cp.async, ldmatrix, mma.sync, wgmma fences), the
- * swizzled shared-memory tile layouts, the masked online-softmax step and the forward's epilogue.
- * Everything sits in an anonymous namespace: each translation unit gets its own inlined copy. */
+/* prims/mma.cuh — the building blocks the tensor-core kernels share (sm80/, sm90/): PTX wrappers
+ * (cp.async, ldmatrix, mma.sync, wgmma fences and descriptors), the swizzled shared-memory tile
+ * layouts, the masked online-softmax step, the forward's epilogue and the backward pieces of the
+ * mma.sync kernels. Everything sits in an anonymous namespace: each translation unit gets its own
+ * inlined copy. */
 #ifndef WA_CUDA_MMA_PRIMS_CUH
 #define WA_CUDA_MMA_PRIMS_CUH
 
-#include "common.cuh"
+#include "../common.cuh"
 
 #include <math.h>
 #include <stdint.h>
@@ -73,16 +74,12 @@ __device__ __forceinline__ void atomic_add2(float *dst, float x, float y) {
 #endif
 }
 
-/* 2^x as the bare MUFU instruction (flushes denormal results to 0, which P never needs): 3-8 %
- * faster than exp2f in the lab (dev/cuda/README.md); -DWA_EXP2F restores exp2f */
+/* 2^x as the bare MUFU instruction (flushes denormal results to 0, which P never needs), without
+ * exp2f's range handling */
 __device__ __forceinline__ float exp2_(float x) {
-#ifndef WA_EXP2F
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
-#else
-    return exp2f(x);
-#endif
 }
 
 /* ---- shared-memory tiles ---- */
@@ -144,9 +141,10 @@ template <int W> __device__ __forceinline__ void load_at(uint32_t (&a)[4], uint3
     ldsm_x4_t(a, tile + swz<W>(k + (lane & 7) + ((lane >> 4) << 3), mc * 2 + ((lane >> 3) & 1)));
 }
 
-/* Whether a kernel's softmax applies the softcap: decided per call (versions 2 and 3), or fixed
- * at compile time (version 4 instantiates both: tanhf's temporaries, unrolled over a 64 × 128
- * tile, made the uncapped kernel spill when the choice was left to run time). */
+/* Whether a kernel's softmax applies the softcap: decided per call (the sm80 and the cp.async
+ * forwards), or fixed at compile time (the TMA kernels instantiate both: tanhf's temporaries,
+ * unrolled over a 64 × 128 tile, make the uncapped kernel spill when the choice is left to run
+ * time). */
 enum class Cap { per_call, off, on };
 
 /* the scores of one accumulator element in log2 units (softcapped if asked) */
@@ -157,7 +155,7 @@ template <Cap CAP = Cap::per_call> __device__ __forceinline__ float score2(const
 
 /* The keys of query row `row` that tile columns [j0, j0 + BN) hold, as columns [lo, hi] clamped
  * to [-1, BN] (empty when lo > hi): edge tiles then mask with 32-bit compares per element
- * (64-bit ones cost the version-4 kernels their spare registers). */
+ * (64-bit ones cost the TMA kernels their spare registers). */
 template <int BN> __device__ __forceinline__ void visible_cols(const kparams &p, long long row, long long j0, int &lo, int &hi) {
     lo = (int)wa_max64(-1, wa_min64(BN, wa_row_first_key(&p.win, row) - j0));
     hi = (int)wa_max64(-1, wa_min64(BN, wa_row_last_key(&p.win, row) - j0));
@@ -178,13 +176,10 @@ template <int BM> __device__ __forceinline__ void visible_query_cols(const kpara
  * first, as key tiles are). CTAs start in the order of their linear index (x fastest).
  * across_heads (the dK/dV kernels): CTA L = x + tiles·y takes tile L / heads of head L % heads,
  * each tile index in every head before the next, so the last wave holds the lightest tiles of all
- * heads. In the grid's own order the last wave held every tile of the last heads: the dK/dV
- * kernels have few CTAs (3.9 waves at (b) 8K), their SMs stood idle 14 % of the time (Nsight
- * Compute; a greedy simulation of the schedule: 1.145× the ideal, 1.000 across heads), and the
- * order took the (b) 8K backward from 401-404 to 450-455 TFLOP/s (dev/cuda/instruction_ablations.sh, tree recorded in e17e04c). The query-side
- * kernels (16 waves and more) keep the grid's order, in which neighbouring query tiles of a head,
- * which share most of their keys, run together: across heads their forward measured 0-5 % slower
- * ((a) 8K 492 against 518, the D = 512 forward 347 against 355; same run). */
+ * heads; in the grid's own order the last wave would hold every tile of the last heads, and the
+ * dK/dV kernels have few CTAs (a few waves), so SMs would stand idle at the end. The query-side
+ * kernels (many waves) keep the grid's order, in which neighbouring query tiles of a head, which
+ * share most of their keys, run together. */
 struct cta_tile {
     int tile, head; /* 32 bits, as the grid's x and y (two registers less than 64-bit ones) */
 };
@@ -198,13 +193,11 @@ template <bool ACROSS_HEADS> __device__ __forceinline__ cta_tile heaviest_first(
 }
 
 /* f(edge_fixed<true>{}) on edge tiles, f(edge_fixed<false>{}) on the others (f reads it as a bool): the
- * masked and the unmasked form of a step compiled apart, in the version-4/5 forwards and the
- * version-4 backward. With one form whose masks test a run-time flag, ptxas computes the masks on
- * every tile (the default bounds make them no-ops): Nsight Compute found those compares and selects
- * over a quarter of the forward's instructions at (b), where it was bound by instruction issue (dev/cuda/instruction_profile.sh on 724b3f4).
+ * masked and the unmasked form of a step compiled apart, in the TMA kernels. With one form whose
+ * masks test a run-time flag, ptxas computes the masks on every tile (the default bounds make them
+ * no-ops), a large share of the forward's instructions where it is bound by instruction issue.
  * Only without a softcap: with tanhf's temporaries two forms spill at D = 256 (forward) and D = 128
- * (dK/dV). Versions 2 and 3 pass edge_at_run_time themselves; -DWA_NO_EDGE_SPLIT (lab) keeps one
- * form everywhere. */
+ * (dK/dV). The sm80 and cp.async forwards pass edge_at_run_time themselves. */
 template <bool V> struct edge_fixed {
     __device__ constexpr operator bool() const { return V; }
 };
@@ -213,13 +206,11 @@ struct edge_at_run_time {
     __device__ constexpr operator bool() const { return value; }
 };
 template <Cap CAP, typename F> __device__ __forceinline__ void edge_form(bool edge, F &&f) {
-#ifndef WA_NO_EDGE_SPLIT
     if (CAP == Cap::off) {
         if (edge) f(edge_fixed<true>{});
         else f(edge_fixed<false>{});
         return;
     }
-#endif
     f(edge_at_run_time{edge});
 }
 
@@ -230,23 +221,23 @@ constexpr float kLazyLog2 = 8.0f;
  * holds the raw scores of its two rows (rows[0], rows[1]; columns j0 + nb*8 + 2*t4 + {0,1}) and
  * becomes exp2(score - new max); the running max and sum are updated, and alpha[r] is the factor
  * the row's output accumulator must be multiplied by (rescale() below). Split from the rescale so
- * that the version-4 forward can run it while O += P V of the previous tile is still in flight.
+ * that the TMA forward can run it while O += P V of the previous tile is still in flight.
  * Masks only on edge tiles (edge_c: a bool, see edge_form), from tile_geometry.h.
- * FOLD (Cap::off in version 4/5, which the host takes only for a positive scale): the maximum is
+ * FOLD (Cap::off in the TMA forwards, which the host takes only for a positive scale): the maximum is
  * taken over the raw scores (a positive factor keeps their order, rounding included) and
  * exp2(score · scale2 − max) is one fused multiply-add, as FlashAttention-3 does, instead of a
  * multiply per score first. Masked scores are −∞ raw, hence −∞ after the multiply-add, 0 after
  * exp2.
- * LAZY (the version-4/5 forwards unless -DWA_FWD_LAZY_RESCALE=0): a row's running max moves only
+ * LAZY (the TMA forwards): a row's running max moves only
  * when a tile's scores pass it by more than kLazyLog2, as FlashAttention 4 does. The result is the
  * same function (O and the row sum carry the same stale max, which cancels in O / l and enters lse
  * exactly); P is then at most 2^kLazyLog2, harmless in f32 and in bf16/f16's exponent range, and
  * alpha is exactly 1 on most tiles, so that rescale_lazy() skips the multiply of O (128 registers
  * a thread at D = 256 and 512, once per 64 or 32 keys). */
-template <int BN, Cap CAP, bool FOLD, typename Edge, bool LAZY = false, bool SPLIT = false>
+template <int BN, Cap CAP, bool FOLD, typename Edge, bool LAZY = false>
 __device__ __forceinline__ void softmax_scores_as(const kparams &p, float (&s)[BN / 8][4], float (&row_max)[2],
                                                   float (&row_sum)[2], float (&alpha)[2], const long long (&rows)[2],
-                                                  long long j0, Edge edge_c, int t4, float scale2, int half = 0) {
+                                                  long long j0, Edge edge_c, int t4, float scale2) {
     const bool edge = edge_c;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -275,15 +266,11 @@ __device__ __forceinline__ void softmax_scores_as(const kparams &p, float (&s)[B
         alpha[r] = exp2_(row_max[r] - m_use);
         row_max[r] = m_new;
         row_sum[r] *= alpha[r];
-        /* SPLIT: only the columns of `half` (0 or 1) of the tile, into s[0 .. BN / 16): the D = 512
-         * forward's consumers share the exponentials (WA_FWD512_SPLIT_EXP); the select keeps
-         * the register indices compile-time */
-        constexpr int NB = SPLIT ? BN / 16 : BN / 8;
 #pragma unroll
-        for (int nb = 0; nb < NB; nb++)
+        for (int nb = 0; nb < BN / 8; nb++)
 #pragma unroll
             for (int e = 2 * r; e < 2 * r + 2; e++) {
-                const float x = SPLIT ? (half ? s[nb + NB][e] : s[nb][e]) : s[nb][e];
+                const float x = s[nb][e];
                 const float pv = exp2_(FOLD ? fmaf(x, scale2, -m_use) : x - m_use);
                 s[nb][e] = pv;
                 row_sum[r] += pv;
@@ -291,27 +278,16 @@ __device__ __forceinline__ void softmax_scores_as(const kparams &p, float (&s)[B
     }
 }
 
-/* the version-4/5 forwards' step (CAP off or on): the masked form on edge tiles only, folded
- * without a softcap, with lazy rescaling. -DWA_SOFTMAX_NO_FOLD (lab) restores the unfolded form (as
- * at 724b3f4); -DWA_FWD_LAZY_RESCALE=0 (lab) the eager rescale, measured 4-11 % slower at D = 256
- * and 512 and within 2 % at D = 128 (docs/cuda.md, *Tried and measured*). */
-#ifndef WA_FWD_LAZY_RESCALE
-#define WA_FWD_LAZY_RESCALE 1
-#endif
-constexpr bool kLazyRescale = WA_FWD_LAZY_RESCALE != 0;
-template <int BN, Cap CAP, bool SPLIT = false>
+/* the sm90 forwards' step (CAP off or on): the masked form on edge tiles only, folded without a
+ * softcap, with lazy rescaling */
+template <int BN, Cap CAP>
 __device__ __forceinline__ void softmax_scores(const kparams &p, float (&s)[BN / 8][4], float (&row_max)[2],
                                                float (&row_sum)[2], float (&alpha)[2], const long long (&rows)[2],
-                                               long long j0, bool edge, int t4, float scale2, int half = 0) {
-    static_assert(CAP != Cap::per_call, "versions 2 and 3 call softmax_step");
-#ifdef WA_SOFTMAX_NO_FOLD
-    constexpr bool fold = false;
-#else
+                                               long long j0, bool edge, int t4, float scale2) {
+    static_assert(CAP != Cap::per_call, "the sm80 forwards call softmax_step");
     constexpr bool fold = CAP == Cap::off;
-#endif
     edge_form<CAP>(edge, [&](auto edge_c) {
-        softmax_scores_as<BN, CAP, fold, decltype(edge_c), kLazyRescale, SPLIT>(p, s, row_max, row_sum, alpha, rows, j0, edge_c,
-                                                                                t4, scale2, half);
+        softmax_scores_as<BN, CAP, fold, decltype(edge_c), true>(p, s, row_max, row_sum, alpha, rows, j0, edge_c, t4, scale2);
     });
 }
 
@@ -324,7 +300,7 @@ template <int NA> __device__ __forceinline__ void rescale(float (&acc)[NA][4], c
 /* rescale() after softmax_scores, skipped where no row of the warp moved its max (with
  * kLazyRescale, most tiles); the vote keeps the branch uniform in the warp */
 template <int NA> __device__ __forceinline__ void rescale_lazy(float (&acc)[NA][4], const float (&alpha)[2]) {
-    if (!kLazyRescale || __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) rescale<NA>(acc, alpha);
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) rescale<NA>(acc, alpha);
 }
 
 /* both of the above, for the kernels that rescale at once */
@@ -410,7 +386,7 @@ __device__ __forceinline__ void store_frag_rows(const dev_tensor &t, const float
     }
 }
 
-/* ---- backward pieces shared by versions 2 and 5 ---- */
+/* ---- backward pieces of the mma.sync kernels (sm80/bwd.cu, sm80/bwd_d512.cu) ---- */
 
 /* a varlen call's packed tensors and workspace seen as one rectangular batch entry of Tq rows (the
  * host side of the kernels that need no sequence boundaries: dq_rows_convert_kernel) */
@@ -440,7 +416,7 @@ __device__ __forceinline__ void load_row_stats(float *lse_dst, float *delta_dst,
  * order as dP = dO Vᵀ in the dK/dV and dQ kernels. When a row sees one key, O_i = V_j bitwise, so
  * dP_ij and δ_i are the same rounded number and dS = 0 exactly, as in exact arithmetic (the
  * parity sweep's window-1 cases need dq = dk = 0 to rounding of the inputs alone). At D = 512 the
- * gradient kernels (bwd_wide.cu) form dP as two chains over the halves of D, added at the end; so
+ * gradient kernels (sm80/bwd_d512.cu) form dP as two chains over the halves of D, added at the end; so
  * does this one (dp_halves). */
 template <int D> __host__ __device__ constexpr int dp_halves() { return D > 256 ? 2 : 1; }
 template <typename T, int D, bool VARLEN> __global__ void __launch_bounds__(128) delta_mma_kernel(const kparams kp) {
@@ -511,8 +487,8 @@ __device__ __forceinline__ void grads_of(const kparams &p, float sacc, float dpa
     }
 }
 
-/* dq = the f32 accumulator [B, Hq, Nq, D] rounded to the dtype (the atomic-dQ option of versions 2
- * and 5; version 4 keeps its accumulator in fragment order and has its own). A varlen call's
+/* dq = the f32 accumulator [B, Hq, Nq, D] rounded to the dtype (the sm80 atomic dQ, and the sm90
+ * fused dQ of a varlen call; the rectangular sm90 one is in fragment order and has its own). A varlen call's
  * accumulator is [Hq, Tq, D] (every kernel's): it runs with B = 1, Nq = Tq (varlen_rows below).
  * SCALED: times the softmax scale, which the kernel that added into it left out of dS. */
 template <typename T, bool SCALED> __global__ void dq_rows_convert_kernel(kparams p) {
@@ -542,7 +518,7 @@ __device__ __forceinline__ uint64_t gmma_desc_mn(uint32_t addr, uint32_t lbo) {
  * field is the low 14 bits of the low word and a shared address stays below 256 KB, so one 32-bit
  * add does it. A loop forms one descriptor per operand and tile and adds the constant offsets of
  * its k steps, instead of masking and shifting a new address before every wgmma (eight
- * instructions each; 16 wgmma per key tile in the version-4 forward). */
+ * instructions each, per wgmma). */
 __device__ __forceinline__ uint64_t desc_at(uint64_t desc, uint32_t bytes) {
     uint32_t lo, hi;
     asm("mov.b64 {%0, %1}, %2;" : "=r"(lo), "=r"(hi) : "l"(desc));
@@ -576,7 +552,7 @@ template <int A> __device__ __forceinline__ void reg_fence(uint32_t (&x)[A][4]) 
 /* cp.async wrote through the generic proxy; wgmma reads through the async proxy */
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
-/* the f32 accumulator of the atomic-dQ option of versions 2 and 5 ([B, Hq, Nq, D], or [Hq, Tq, D]
+/* the f32 accumulator of the sm80 atomic dQ ([B, Hq, Nq, D], or [Hq, Tq, D]
  * varlen) set to 0, and rounded into dq once every add is in */
 static wa_status zero_dq_rows(const kparams &kp, cudaStream_t s) {
     const kparams c = kp.cu_q ? varlen_rows(kp) : kp;
@@ -584,7 +560,7 @@ static wa_status zero_dq_rows(const kparams &kp, cudaStream_t s) {
     return WA_OK;
 }
 /* SCALED: the accumulator holds Σ dS K without the softmax scale, which the rounding applies
- * (bwd_hopper.cu's by-rows kernels) */
+ * (the sm90 by-rows dK/dV kernels) */
 template <typename T, bool SCALED = false> static wa_status convert_dq_rows(const kparams &kp, cudaStream_t s) {
     dq_rows_convert_kernel<T, SCALED><<<1024, 256, 0, s>>>(kp.cu_q ? varlen_rows(kp) : kp);
     CUDA_TRY(cudaGetLastError());
@@ -593,8 +569,7 @@ template <typename T, bool SCALED = false> static wa_status convert_dq_rows(cons
 
 /* The dynamic shared-memory limit of each kernel is set once per device (bit `dev` of *done; a
  * device from 64 on every call: the attribute belongs to the kernel as loaded on the device), to its
- * one fixed size (different sizes per launch raced between host threads in version 1; see
- * attn_cuda.cu). */
+ * one fixed size (different sizes per launch race between host threads: see portable/attn.cu). */
 template <typename K> static cudaError_t raise_once(K kernel, size_t bytes, volatile unsigned long long *done) {
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);

@@ -1,10 +1,10 @@
-/* hopper_prims.cuh — what the version-4 kernels (fwd_hopper.cu, bwd_hopper.cu) add to
- * mma_prims.cuh: mbarriers, TMA tensor loads, named barriers, register
- * reallocation between warpgroups, and the host side of TMA (tensor maps). */
+/* prims/hopper.cuh — what the TMA kernels (sm90/) add to prims/mma.cuh: mbarriers, TMA tensor
+ * and bulk loads, bulk reduce-adds, named barriers, register reallocation between warpgroups, the
+ * key-tile ring, and the per-sequence tensor maps of a varlen call. */
 #ifndef WA_CUDA_HOPPER_PRIMS_CUH
 #define WA_CUDA_HOPPER_PRIMS_CUH
 
-#include "mma_prims.cuh"
+#include "mma.cuh"
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -37,12 +37,11 @@ __device__ __forceinline__ void mbar_arrive_if(uint32_t bar, bool pred) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %1, 0;\n@p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n" ::"r"(bar), "r"((int)pred)
                  : "memory");
 }
-/* Lab (-DWA_LAB_WAIT_TIMEOUT): a wait that spins 2^22 times (seconds) prints the barrier's
- * shared address, the parity, the CTA and the thread, and gives up, so that a deadlock shows
- * where it is instead of hanging the process (the kernel's results are then wrong). */
+/* wait until the barrier's phase of the given parity has completed; -DWA_DEBUG_WAIT_TIMEOUT
+ * (traits.cuh) makes a wait that spins 2^22 times print where it is and give up */
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
     uint32_t done;
-#ifdef WA_LAB_WAIT_TIMEOUT
+#ifdef WA_DEBUG_WAIT_TIMEOUT
     unsigned spins = 0;
 #endif
     do {
@@ -50,7 +49,7 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
                      : "=r"(done)
                      : "r"(bar), "r"(parity)
                      : "memory");
-#ifdef WA_LAB_WAIT_TIMEOUT
+#ifdef WA_DEBUG_WAIT_TIMEOUT
         if (!done && ++spins == (1u << 22)) {
             printf("mbar_wait gave up: bar %u parity %u grid %u %u %u block %u %u %u thread %u\n", bar, parity, gridDim.x, gridDim.y,
                    gridDim.z, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x);
@@ -73,42 +72,6 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_
                  "r"(bytes), "r"(bar)
                  : "memory");
 }
-/* ---- clusters (the lab's two-CTA D = 512 forward, -DWA_FWD512_CLUSTER) ---- */
-
-/* the CTA's rank in its cluster */
-__device__ __forceinline__ uint32_t cluster_rank() {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
-/* every thread of every CTA of the cluster: the writes before it (barrier initialisations
- * included) are seen by the threads and the async proxy of every CTA after it */
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-}
-/* arrive, when `pred`, on the mbarrier at the same shared offset as `bar` in the cluster's CTA `cta`
- * (this CTA's own included), releasing this thread's reads of the stage it guards. The default
- * semantics (release at CTA scope), as CUTLASS's ClusterBarrier arrives: with .release.cluster
- * ptxas puts a MEMBAR before every arrive, and the two-CTA forward measured 40 % slower than the
- * single-CTA one, Nsight Compute's top stall reasons `barrier` and `membar` (docs/cuda.md). The
- * reads released are complete (the wgmma that made them was waited for), and the writer that waits
- * on the barrier is TMA. */
-__device__ __forceinline__ void mbar_arrive_cta_if(uint32_t bar, uint32_t cta, bool pred) {
-    asm volatile("{\n.reg .pred p;\n.reg .b32 remote;\nsetp.ne.b32 p, %2, 0;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
-                 "@p mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
-                 "r"(cta), "r"((int)pred)
-                 : "memory");
-}
-/* tma_load's box into the same shared offset of every CTA of the cluster in `mask`, completion
- * counted on each one's mbarrier at bar's offset */
-__device__ __forceinline__ void tma_load_multicast(uint32_t dst, const CUtensorMap *map, uint32_t bar, int d, int n, int h, int b,
-                                                   uint16_t mask) {
-    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, "
-                 "%3, %4, %5}], [%6], %7;\n" ::"r"(dst),
-                 "l"((uint64_t)map), "r"(d), "r"(n), "r"(h), "r"(b), "r"(bar), "h"(mask)
-                 : "memory");
-}
-
 /* global f32 [dst, dst + bytes) += shared [src, src + bytes), element-wise, by the async proxy
  * (bytes a multiple of 16, both ends 16-byte aligned); the shared source must have been written
  * before a fence_proxy_async() and a barrier. Completion is tracked by bulk groups: */
@@ -143,22 +106,10 @@ template <int N> __device__ __forceinline__ void setmaxnreg_dec() { asm volatile
 /* The warp's index in the CTA, from which the kernels take the warpgroup's (warp / 4), read
  * through a shuffle from lane 0 so that the compiler knows it is the same in every lane. Derived
  * from threadIdx.x it looks per-thread: whatever the kernels build from the warpgroup index
- * (roles, tile rows, shared-memory offsets, each wgmma descriptor) then lives in ordinary
- * registers and is copied into uniform ones (R2UR) before every wgmma, and branches on it carry
- * divergence checks (BRA.DIV). In the (b) forward's kernel the shuffle takes the R2UR from 176 to
- * 6 and the static instruction count from 4976 to 4032 (nvdisasm); `winattn bench` forward +4-6 %
- * at (a), +4 % at (b), backward +5-7 % at (c), the rest within the runs' spread (docs/cuda.md).
- * -DWA_WG_UNIFORM=0 builds the form before. */
-#ifndef WA_WG_UNIFORM
-#define WA_WG_UNIFORM 1
-#endif
-__device__ __forceinline__ int warp_index() {
-#if WA_WG_UNIFORM
-    return __shfl_sync(0xffffffffu, (int)(threadIdx.x >> 5), 0);
-#else
-    return (int)(threadIdx.x >> 5);
-#endif
-}
+ * (roles, tile rows, shared-memory offsets, each wgmma descriptor) would then live in ordinary
+ * registers and be copied into uniform ones (R2UR) before every wgmma, and branches on it would
+ * carry divergence checks (BRA.DIV). */
+__device__ __forceinline__ int warp_index() { return __shfl_sync(0xffffffffu, (int)(threadIdx.x >> 5), 0); }
 /* named barriers 1..15 between warpgroups: `n` threads in all arrive or wait */
 __device__ __forceinline__ void named_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void named_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
@@ -169,25 +120,6 @@ __device__ __forceinline__ void stsm_x4(uint32_t addr, const uint32_t (&r)[4]) {
     asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
                  : "memory");
 }
-
-/* Turn-taking of two consumer warpgroups (FlashAttention-3's "warp scheduler barrier"): named
- * barriers id and id + 1 open warpgroup 0's and 1's turns; begin() waits for this warpgroup's turn,
- * end() opens the other's. Both warpgroups must take the same number of turns, `turns`; warpgroup 0
- * goes first, and warpgroup 1 opens none after its last (nobody would wait for it). With ON false
- * every call is nothing. */
-template <bool ON> struct pingpong {
-    int id, cw, turns, turn = 0;
-    __device__ pingpong(int id_, int cw_, int turns_) : id(id_), cw(cw_), turns(turns_) {
-        if (ON && cw == 1 && turns > 0) named_arrive(id, 256);
-    }
-    __device__ void begin() const {
-        if (ON) named_sync(id + cw, 256);
-    }
-    __device__ void end() {
-        if (ON && !(cw == 1 && turn == turns - 1)) named_arrive(id + 1 - cw, 256);
-        turn++;
-    }
-};
 
 /* The ring the forwards and the dQ kernels stream key tiles through: an "once" barrier for the
  * tiles loaded once per CTA (Q, and dO in the dQ kernels), then for each of STAGES stages a full
@@ -244,28 +176,6 @@ template <int STAGES> struct kv_ring_of {
             load(!V_FIRST);
         }
     }
-    /* produce() for a pair of CTAs that read the same key tiles (the lab's two-CTA D = 512
-     * forward): this CTA's producer loads column blocks [rank DB/2, rank DB/2 + DB/2) of each tile
-     * into both CTAs, the other's the rest, so each tile crosses from L2 once. A stage is refilled
-     * once the consumer warps of both CTAs released it (their empty barriers count both: the
-     * consumers arrive on each CTA's); each CTA's full barrier expects the whole tile, both halves
-     * signalling it. */
-    template <int BN, int DB>
-    __device__ void produce_pair(const CUtensorMap *tk, const CUtensorMap *tv, uint32_t sK, uint32_t sV, long long kt0,
-                                 long long kt1, int hk, int b, long long row0, uint32_t rank) const {
-        constexpr uint32_t TILE = BN * DB * 64 * 2;
-        for (long long kt = kt0; kt < kt1; kt++) {
-            const int it = (int)(kt - kt0), st = stage(it);
-            const uint32_t ph = parity(it);
-            for (int is_v = 0; is_v < 2; is_v++) {
-                if (it >= kStages) mbar_wait(is_v ? v_empty(st) : k_empty(st), ph ^ 1u);
-                const uint32_t full = is_v ? v_full(st) : k_full(st), dst = (is_v ? sV : sK) + st * TILE;
-                mbar_expect_tx(full, TILE);
-                for (int c = (int)rank * (DB / 2); c < ((int)rank + 1) * (DB / 2); c++)
-                    tma_load_multicast(dst + c * (BN * 128), is_v ? tv : tk, full, c * 64, (int)(row0 + kt * BN), hk, b, 0b11);
-            }
-        }
-    }
     /* a consumer warp's turn on key tile `it` when its rows see none of it: wait until it landed
      * (so the ring's phases stay in order) and release it */
     __device__ void skip(int it, int lane) const {
@@ -277,7 +187,7 @@ template <int STAGES> struct kv_ring_of {
         mbar_arrive_if(v_empty(st), lane == 0);
     }
 };
-using kv_ring = kv_ring_of<2>;
+using kv_ring = kv_ring_of<kSm90Stages>;
 
 /* ---- varlen: tensor maps cut at each sequence's end ----
  *
@@ -331,73 +241,23 @@ __device__ __forceinline__ const CUtensorMap *seq_map(const CUtensorMap &launch,
  * operand (V, K, Q or dO: a tile of R rows stored as D/64 column blocks R × 128 bytes apart) given
  * by its descriptor, gmma_desc_mn(rows, R * 128) moved on with desc_at. One wgmma m64nDk16 spanning
  * every column block (the descriptor's leading offset steps from block to block), not D/64 narrow
- * ones: fewer instructions, and the register operand is read once (version 4's first measurements;
- * the narrow form's lab switch -DWA_NARROW_MN went when the callers moved to desc_at (e17e04c; removed in 44c8ed2)). */
+ * ones: fewer instructions, and the register operand is read once. */
 template <typename T, int D>
 __device__ __forceinline__ void wide_mn_product(float (&acc)[D / 64][8][4], const uint32_t (&a)[4], uint64_t desc) {
     wgmma_rs_t<T, D>(reinterpret_cast<float (&)[D / 8][4]>(acc), a, desc, 1);
 }
 
-/* ---- host side: dispatch and tensor maps ---- */
+/* ---- host side ---- */
 
-/* WINATTN_CUDA=v3 keeps every call off version 4 (comparisons in dev/cuda; mma, sm80 and sm86 keep
- * the calls off every wgmma kernel through cuda_target) */
-static bool hopper_forced_off() {
-    const char *force = getenv("WINATTN_CUDA");
-    return force && !strcmp(force, "v3");
-}
-
-/* f(std::integral_constant<int, D>) for the head dims version 4 is built for (64, 128, 256) */
+/* f(std::integral_constant<int, D>) for the head dims the sm90 kernels of D = 64, 128, 256 are built for */
 template <typename F> static wa_status for_head_dim(long long D, F &&f) {
     switch (D) {
     case 64: return f(std::integral_constant<int, 64>{});
     case 128: return f(std::integral_constant<int, 128>{});
     case 256: return f(std::integral_constant<int, 256>{});
     }
-    return wa_fail(WA_ERR_UNSUPPORTED, "version-4 kernels: D = %lld", D);
+    return wa_fail(WA_ERR_UNSUPPORTED, "sm90 kernels: D = %lld", D);
 }
-static bool hopper_head_dim(long long D) { return D == 64 || D == 128 || D == 256; }
-
-using encode_fn = PFN_cuTensorMapEncodeTiled_v12000;
-
-static encode_fn tensor_map_encoder() {
-    static const encode_fn fn = [] {
-        void *f = nullptr;
-        cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-            q != cudaDriverEntryPointSuccess)
-            return (encode_fn) nullptr;
-        return (encode_fn)f;
-    }();
-    return fn;
-}
-
-/* t as the 4-D tensor (d, n, h, b) of 16-bit values, read in boxes of 64 values × rows with the
- * 128-byte swizzle. False when TMA cannot express it (a dimension of more than one row with a
- * stride that is zero or not a multiple of 16 bytes). A varlen call's tensors are mapped whole
- * (B = 1, N = T rows): a CTA loads at its sequence's first row plus the tile's (kparams q_row0,
- * k_row0); rows past the sequence then hold the next one's (past T, zeros), and are masked exactly
- * as a ragged last tile's zeros are (tile_geometry.h bounds every mask by the sequence's own Nq,
- * Nk); no kernel stores through TMA. */
-static bool tensor_map(CUtensorMap *map, const dev_tensor &t, wa_dtype dt, long long B, long long H, long long N, int D,
-                       int rows) {
-    const encode_fn encode = tensor_map_encoder();
-    if (!encode || N <= 0 || H <= 0 || B <= 0) return false;
-    const cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)N, (cuuint64_t)H, (cuuint64_t)B};
-    long long strides[3] = {t.s2 * 2, t.s1 * 2, t.s0 * 2};
-    long long extent = (long long)D * 2; /* bytes spanned so far: stands in for a size-1 dimension's stride */
-    for (int i = 0; i < 3; i++) {
-        if (dims[i + 1] == 1) strides[i] = extent;
-        if (strides[i] <= 0 || strides[i] % 16 || strides[i] >= (1LL << 40)) return false;
-        extent = strides[i] * (long long)dims[i + 1];
-    }
-    const cuuint64_t gstride[3] = {(cuuint64_t)strides[0], (cuuint64_t)strides[1], (cuuint64_t)strides[2]};
-    const cuuint32_t box[4] = {64, (cuuint32_t)rows, 1, 1}, estride[4] = {1, 1, 1, 1};
-    return encode(map, dt == WA_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, t.data, dims,
-                  gstride, box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
 /* a varlen launch's per-sequence maps (seq_maps_kernel) from its `count` maps, before the kernels
  * that read them on stream s; rectangular: nothing */
 static wa_status write_seq_maps(const kparams &kp, const CUtensorMap *maps, int count, unsigned key_rows, cudaStream_t s) {
@@ -412,11 +272,6 @@ static wa_status write_seq_maps(const kparams &kp, const CUtensorMap *maps, int 
     CUDA_TRY(cudaGetLastError());
     return WA_OK;
 }
-
-/* the batch entries and rows a tensor map spans: the packed tensor whole for varlen */
-static long long map_batch(const kparams &kp) { return kp.cu_q ? 1 : kp.B; }
-static long long map_q_rows(const kparams &kp) { return kp.cu_q ? kp.Tq : kp.Nq; }
-static long long map_k_rows(const kparams &kp) { return kp.cu_q ? kp.Tk : kp.Nk; }
 
 } /* namespace */
 

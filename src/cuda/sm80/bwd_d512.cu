@@ -1,10 +1,10 @@
-/* bwd_wide.cu — version 5: the backward at head dim 512 (Gemma 4's global layers) on mma.sync.
- * (Version 5's forward is fwd_wide_ws_kernel in fwd_hopper.cu, on wgmma, with the split form of
- * fwd_mma_kernel in attn_mma.cu as its fallback; docs/cuda.md has the measurements.)
+/* sm80/bwd_d512.cu — the backward at head dim 512 on mma.sync: the tensor-core backward of GPUs
+ * of compute capability 8.x and up at D = 512 (where their shared memory fits), and on Hopper the
+ * fallback where the wgmma D = 512 backward does not take the call (dispatch.cu).
  *
- * Versions 2 and 4 keep a warp's share of dK and dV (or dQ) in registers over whole rows of D
- * columns; at D = 512 that is twice what a thread has. Here every tile is 32 × 32 and the work is
- * cut along D instead:
+ * The D <= 256 kernels (sm80/bwd.cu) keep a warp's share of dK and dV (or dQ) in registers over
+ * whole rows of D columns; at D = 512 that is twice what a thread has. Here every tile is 32 × 32
+ * and the work is cut along D instead:
  *
  *   pair tile  S = Q Kᵀ and dP = dO Vᵀ for 32 queries × 32 keys: warp w forms the 16 × 16 block
  *              (queries 16 (w & 1).., keys 16 ((w >> 1) & 1)..) over one half of D (256 (w >> 2)..);
@@ -15,22 +15,19 @@
  *              query tiles the window allows (two stages of Q and dO): warp w owns keys 16 (w & 1)..
  *              and columns 128 (w >> 1).. of dK and dV (128 registers a thread, as at D = 256).
  *   dQ         one CTA per 32 query rows forms the same pair tiles again and owns its dQ (no
- *              atomics: deterministic). The lab form -DWA_WIDE_ATOMIC_DQ has the dK/dV kernel add
- *              dQ += dS K instead (f32 atomics into kp.dq_acc, rounded by dq_rows_convert_kernel):
- *              measured no faster (dev/cuda/v5_d512.sh, commit dabf035: 110.2 against 109.6 TFLOP/s at (c)) and it needs
- *              the f32 copy of dQ, so both library modes take the deterministic form.
- *   δ          delta_mma_kernel (mma_prims.cuh), whose k chain at D = 512 is the same two halves, so
+ *              atomics: deterministic in both library modes).
+ *   δ          delta_mma_kernel (prims/mma.cuh), whose k chain at D = 512 is the same two halves, so
  *              that dP − δ is exactly 0 where a row sees a single key.
  *
  * Shared memory: K, V 32 KB each, Q and dO two stages of 32 KB each, P, dS, the exchange buffer and
- * the row statistics: 208.5 KB (the dQ kernel 204 KB). Masks come from tile_geometry.h as in
- * version 2: element-wise on edge and ragged tiles only.
+ * the row statistics: 208.5 KB (the dQ kernel 204 KB). Masks come from tile_geometry.h,
+ * element-wise on edge and ragged tiles only.
  */
-#include "mma_prims.cuh"
+#include "../prims/mma.cuh"
 
 namespace {
 
-constexpr int kD = 512, kBN = 32, kBM = 32, kThreads = 256, kKS = kD / 16;
+constexpr int kD = 512, kBN = kSm80D512Keys, kBM = kSm80D512Rows, kThreads = kSm80D512Threads, kKS = kD / 16;
 constexpr int kTile = kBN * kD * 2;      /* bytes of one 32 × 512 tile */
 constexpr int kPairW = 64;               /* P and dS rows padded to 64 values: swz<64> stays inside them */
 constexpr int kPair = kBM * kPairW * 2;  /* bytes of P or dS */
@@ -120,8 +117,8 @@ __device__ __forceinline__ void dq_chunk(float (&acc)[8][4], uint32_t sdS, uint3
 constexpr size_t kDkdvSmem = (size_t)6 * kTile + 2 * kPair + kXch + 4 * kBM * sizeof(float);
 constexpr size_t kDqSmem = (size_t)6 * kTile + kPair + kXch + 2 * kBM * sizeof(float);
 
-/* owner of dK, dV for keys [j0, j0 + 32) of kv head hk; with ATOMIC_DQ also adds dQ = dS K */
-template <typename T, bool ATOMIC_DQ, bool VARLEN> __global__ void __launch_bounds__(kThreads, 1) dkdv_wide_kernel(const kparams kp) {
+/* owner of dK, dV for keys [j0, j0 + 32) of kv head hk */
+template <typename T, bool VARLEN> __global__ void __launch_bounds__(kThreads, 1) dkdv_wide_kernel(const kparams kp) {
     constexpr int D = kD, BN = kBN, BM = kBM, NT = kThreads;
     extern __shared__ __align__(1024) unsigned char smem[];
     const uint32_t sK = smem_u32(smem), sV = sK + kTile, sQ = sV + kTile, sdO = sQ + 2 * kTile, sP = sdO + 2 * kTile,
@@ -164,7 +161,7 @@ template <typename T, bool ATOMIC_DQ, bool VARLEN> __global__ void __launch_boun
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
-        const long long h = hk * p.group + it / per_head, i0 = (qt0 + it % per_head) * BM;
+        const long long i0 = (qt0 + it % per_head) * BM;
         const int m = (int)min((long long)BM, p.Nq - i0);
         const uint32_t q_s = sQ + stage * kTile, do_s = sdO + stage * kTile;
         const bool edge = m < BM || n < BN || wa_tile_needs_mask(&p.win, i0, i0 + m, j0, j0 + n);
@@ -187,23 +184,6 @@ template <typename T, bool ATOMIC_DQ, bool VARLEN> __global__ void __launch_boun
                 mma<T>(dv[2 * nd + 1], ap, bo[2], bo[3]);
                 mma<T>(dk[2 * nd], as, bq[0], bq[1]);
                 mma<T>(dk[2 * nd + 1], as, bq[2], bq[3]);
-            }
-        }
-        if (ATOMIC_DQ) { /* rows 16 (w & 1).., columns 128 (w >> 1).. in two chunks of 64 */
-            const long long r0 = i0 + (warp & 1) * 16 + g;
-            float *acc_row0 = p.dq_acc + (ws_head<VARLEN>(p, b, h, p.Nq) + r0) * D, *acc_row1 = acc_row0 + 8 * D;
-#pragma unroll
-            for (int ch = 0; ch < 2; ch++) {
-                float dq[8][4];
-#pragma unroll
-                for (int i = 0; i < 8; i++) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
-                dq_chunk<T>(dq, sdS, sK, ch, lane);
-#pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    const int col = c4 * 128 + ch * 64 + i * 8 + 2 * t4;
-                    if (r0 < p.Nq) atomic_add2(acc_row0 + col, dq[i][0], dq[i][1]);
-                    if (r0 + 8 < p.Nq) atomic_add2(acc_row1 + col, dq[i][2], dq[i][3]);
-                }
             }
         }
         __syncthreads(); /* the stage, P, dS and the exchange buffer are free for the next iteration */
@@ -293,49 +273,31 @@ template <typename T, bool VARLEN> __global__ void __launch_bounds__(kThreads, 1
  * (over_sequences), tiles from the longest sequence, each CTA past its own sequence's end leaving
  * at once */
 template <typename T, bool VARLEN> static wa_status launch(const kparams &kp, cudaStream_t s) {
-    static volatile unsigned long long done_kv = 0, done_kva = 0, done_q = 0;
-    CUDA_TRY(raise_once(dkdv_wide_kernel<T, false, VARLEN>, kDkdvSmem, &done_kv));
-    CUDA_TRY(raise_once(dkdv_wide_kernel<T, true, VARLEN>, kDkdvSmem, &done_kva));
+    static volatile unsigned long long done_kv = 0, done_q = 0;
+    CUDA_TRY(raise_once(dkdv_wide_kernel<T, VARLEN>, kDkdvSmem, &done_kv));
     CUDA_TRY(raise_once(dq_wide_kernel<T, VARLEN>, kDqSmem, &done_q));
-    const bool atomic = kp.dq_acc != nullptr;
-    if (atomic) {
-        const wa_status st = zero_dq_rows(kp, s);
-        if (st != WA_OK) return st;
-    }
-    const wa_status st = over_sequences(kp, [&](const kparams &c, unsigned z) {
+    return over_sequences(kp, [&](const kparams &c, unsigned z) {
         if (kp.Nq > 0) {
             delta_mma_kernel<T, kD, VARLEN><<<dim3((unsigned)((kp.Nq + 63) / 64), (unsigned)kp.Hq, z), 128, 0, s>>>(c);
             CUDA_TRY(cudaGetLastError());
         }
         if (kp.Nk > 0) { /* also when Nq = 0: every key tile then writes dK = dV = 0 */
-            const dim3 grid((unsigned)((kp.Nk + kBN - 1) / kBN), (unsigned)kp.Hkv, z);
-            if (atomic) dkdv_wide_kernel<T, true, VARLEN><<<grid, kThreads, kDkdvSmem, s>>>(c);
-            else dkdv_wide_kernel<T, false, VARLEN><<<grid, kThreads, kDkdvSmem, s>>>(c);
+            dkdv_wide_kernel<T, VARLEN><<<dim3((unsigned)((kp.Nk + kBN - 1) / kBN), (unsigned)kp.Hkv, z), kThreads, kDkdvSmem, s>>>(c);
             CUDA_TRY(cudaGetLastError());
         }
-        if (kp.Nq > 0 && !atomic) {
+        if (kp.Nq > 0) {
             dq_wide_kernel<T, VARLEN><<<dim3((unsigned)((kp.Nq + kBM - 1) / kBM), (unsigned)kp.Hq, z), kThreads, kDqSmem, s>>>(c);
             CUDA_TRY(cudaGetLastError());
         }
         return WA_OK;
     });
-    if (st != WA_OK || !atomic || kp.Nq == 0) return st;
-    return convert_dq_rows<T>(kp, s);
 }
 
 } /* namespace */
 
-int wide_backward_atomic_dq(void) {
-#ifdef WA_WIDE_ATOMIC_DQ
-    return 1;
-#else
-    return 0;
-#endif
-}
+size_t sm80_backward_d512_smem(void) { return kDkdvSmem > kDqSmem ? kDkdvSmem : kDqSmem; }
 
-size_t wide_backward_smem(void) { return kDkdvSmem > kDqSmem ? kDkdvSmem : kDqSmem; }
-
-wa_status wide_backward(const kparams &kp, wa_dtype dt, cudaStream_t s) {
+wa_status sm80_backward_d512(const kparams &kp, wa_dtype dt, cudaStream_t s) {
     if (kp.cu_q) return dt == WA_BF16 ? launch<__nv_bfloat16, true>(kp, s) : launch<__half, true>(kp, s);
     return dt == WA_BF16 ? launch<__nv_bfloat16, false>(kp, s) : launch<__half, false>(kp, s);
 }
