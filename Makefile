@@ -55,23 +55,55 @@ LIB_OBJ += $(BUILD)/src/cpu/attn_neon.o
 $(BUILD)/src/cpu/dispatch.o: WA_CFLAGS += -DWA_HAVE_NEON_KERNELS
 endif
 
-# CUDA: built whenever nvcc is found (NO_CUDA=1 forces it off); otherwise a stub that reports
-# CUDA as unsupported at run time.
+# CUDA: the kernels are built for the GPUs this machine has, with nvcc (NO_CUDA=1 forces them
+# off); without them the library gets a stub that reports CUDA as unsupported at run time.
+#   CUDA_ARCHS=auto (the default): nvidia-smi's compute capabilities: 9.0 builds sm_90a, 8.x the
+#     mma.sync build for that sm, anything newer the compute_80 PTX; no GPU (or no nvidia-smi):
+#     no kernels, as NO_CUDA=1
+#   CUDA_ARCHS=all: sm_90a, sm_80, sm_86, sm_89 and the compute_80 PTX
+#   CUDA_ARCHS="sm_90a sm_80": those (sm_8x from compute_80; compute_80 alone is the PTX)
+# Every .cu file gets the same targets: the dispatcher asks one kernel which code the driver
+# loaded and takes the answer for all (src/cuda/sm90/fwd.cu: sm90_code_loaded).
 NVCC ?= $(shell command -v nvcc 2>/dev/null)
 ifeq ($(NO_CUDA),1)
 NVCC :=
 endif
-CUDA_SRC := $(wildcard src/cuda/*.cu)
+# the kernel files sit one folder down (portable/, sm80/, sm90/); dispatch.cu at the top
+CUDA_SRC := $(wildcard src/cuda/*.cu src/cuda/*/*.cu)
+CUDA_HDR := $(wildcard src/cuda/*.cuh src/cuda/*/*.cuh)
+CUDA_ARCHS ?= auto
+ifeq ($(CUDA_ARCHS),auto)
+CUDA_GPU_CAPS := $(if $(NVCC),$(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null))
+cuda_arch_of = $(if $(filter 9.0,$(1)),sm_90a,$(if $(filter 8.%,$(1)),sm_$(subst .,,$(1)),$(if $(filter 1%,$(1)),compute_80)))
+CUDA_ARCH_LIST := $(sort $(foreach c,$(CUDA_GPU_CAPS),$(call cuda_arch_of,$(c))))
+else ifeq ($(CUDA_ARCHS),all)
+CUDA_ARCH_LIST := sm_90a sm_80 sm_86 sm_89 compute_80
+else
+CUDA_ARCH_LIST := $(CUDA_ARCHS)
+endif
+comma := ,
+cuda_gencode = $(if $(filter sm_90a,$(1)),-gencode=arch=compute_90a$(comma)code=sm_90a,$(if $(filter compute_%,$(1)),-gencode=arch=$(1)$(comma)code=$(1),-gencode=arch=compute_80$(comma)code=$(1)))
 ifneq ($(NVCC),)
 ifneq ($(CUDA_SRC),)
+# NVCCFLAGS given on the command line bring their own targets
+ifneq ($(CUDA_ARCH_LIST)$(filter command line environment,$(origin NVCCFLAGS)),)
 CUDA_ON := 1
 endif
 endif
+endif
+# the `all` target's closing line: what was built, or why not and how to get the kernels
+ifdef CUDA_ON
+CUDA_STATUS := CUDA on: $(NVCC), $(or $(CUDA_ARCH_LIST),NVCCFLAGS)
+else ifneq ($(NVCC),)
+CUDA_STATUS := CUDA off: no GPU found (CUDA_ARCHS=$(CUDA_ARCHS)); CUDA_ARCHS=all or a list such as CUDA_ARCHS='sm_90a sm_80' builds the kernels
+else ifeq ($(NO_CUDA),1)
+CUDA_STATUS := CUDA off: NO_CUDA=1
+else
+CUDA_STATUS := CUDA off: nvcc not found
+endif
 ifdef CUDA_ON
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(realpath $(NVCC)))
-NVCCFLAGS ?= -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_80,code=sm_86 -gencode=arch=compute_80,code=sm_89 -gencode=arch=compute_80,code=compute_80 -Xcompiler -fPIC -Iinclude -std=c++17
-# kernel-lab variants (dev/cuda): e.g. make BUILD=build-x CUDA_DEFINES=-DWA_FWD_NO_PINGPONG
-NVCCFLAGS += $(CUDA_DEFINES)
+NVCCFLAGS ?= -O3 -lineinfo $(foreach a,$(CUDA_ARCH_LIST),$(call cuda_gencode,$(a))) -Xcompiler -fPIC -Iinclude -std=c++17
 # a host function that calls itself forever is an error where nvcc's host compiler (g++ unless
 # -ccbin says otherwise) can tell: CI builds the CUDA sources but runs none of them, and one such
 # function once hung every varlen call on the GPU
@@ -102,11 +134,13 @@ TOOL_LIBS := $(JANSSON_LIBS)
 HAVE_JANSSON := $(shell printf '\043include <jansson.h>\nint main(void){return json_object()==0;}\n' | \
                 $(CC) $(CPPFLAGS) $(JANSSON_CFLAGS) -x c - -x none $(LDFLAGS) $(JANSSON_LIBS) -o /dev/null >/dev/null 2>&1 && echo 1)
 
-# The trainer (train/, `winattn train`): part of the command, not of the library. Its matrix
+# The trainer (train/, `winattn train`): a library of its own, $(BUILD)/libwinattn_train.a, which
+# the command links through one header, train/train.h; not part of libwinattn. Its matrix
 # products use OpenBLAS when it links (libopenblas-dev), else built-in loops.
 HAVE_CBLAS := $(shell printf '\043include <cblas.h>\nint main(void){openblas_set_num_threads(1);return 0;}\n' | \
                 $(CC) $(CPPFLAGS) $(CFLAGS) -x c - $(LDFLAGS) -lopenblas -o /dev/null >/dev/null 2>&1 && echo 1)
-TRAIN_SRC  := train/config.c train/checkpoint.c train/data.c train/linalg.c train/trainer.c
+TRAIN_SRC  := train/train.c train/config.c train/checkpoint.c train/data.c train/linalg.c train/trainer.c
+TRAIN_LIB  := $(BUILD)/libwinattn_train.a
 TRAIN_OBJ  := $(TRAIN_SRC:%.c=$(BUILD)/%.o) $(BUILD)/train/model_f32.o $(BUILD)/train/model_f64.o
 TRAIN_LIBS :=
 # `winattn train --device cuda` (train/model_cuda.cu): built with the CUDA backend; cuBLAS is
@@ -130,12 +164,15 @@ TESTS    := $(TEST_NAMES:%=$(BUILD)/tests/%) $(BUILD)/tests/cli_helper $(BUILD)/
 STATIC   := $(BUILD)/libwinattn.a
 SHARED   := $(BUILD)/libwinattn.so
 SONAME   := libwinattn.so.0
+# the version's one source is include/winattn.h (WINATTN_VERSION_*): wa_version(), the Python
+# package (python/setup.py) and winattn.pc read it from there
+WA_VERSION := $(shell sed -n 's/^\#define WINATTN_VERSION_[A-Z]* \([0-9]*\)$$/\1/p' include/winattn.h | paste -sd. -)
 
 .PHONY: all lib tests test test-long sanitize install uninstall clean help fuzz demo tile-gemm no-jansson torch-ext
 # keep intermediate objects (and keep make quiet after the test summary)
 .SECONDARY:
 all: lib $(BUILD)/winattn $(TESTS)
-	@echo "winattn: built ($(if $(CUDA_ON),CUDA on: $(NVCC),CUDA off: nvcc not found))"
+	@echo "winattn: built ($(CUDA_STATUS))"
 
 lib: $(STATIC) $(SHARED)
 tests: $(TESTS)
@@ -178,12 +215,12 @@ $(BUILD)/src/cpu/attn_generic.o: src/cpu/attn_cpu.c
 	$(COMPILE) -DWA_ISA_GENERIC -c $< -o $@
 
 # nvcc writes no dependency files here: the .cu objects depend on every header they may include
-$(BUILD)/src/cuda/%.o: src/cuda/%.cu $(wildcard src/cuda/*.cuh) src/internal.h src/tile_geometry.h include/winattn.h
+$(BUILD)/src/cuda/%.o: src/cuda/%.cu $(CUDA_HDR) $(wildcard src/*.h) include/winattn.h
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
 # model.c twice: float for training, double for the finite-difference tests
-$(BUILD)/train/model_cuda.o: train/model_cuda.cu train/model_cuda.h train/model.h train/model_generic.h train/config.h train/checkpoint.h include/winattn.h src/convert.h
+$(BUILD)/train/model_cuda.o: train/model_cuda.cu train/model_cuda.h train/model.h train/model_generic.h train/config.h train/checkpoint.h train/train.h include/winattn.h src/convert.h
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -Itrain -Isrc -Iformats -c $< -o $@
 $(BUILD)/train/model_f32.o: train/model.c
@@ -193,13 +230,17 @@ $(BUILD)/train/model_f64.o: train/model.c
 	@mkdir -p $(@D)
 	$(COMPILE) -DMODEL_F64 -c $< -o $@
 
-$(BUILD)/winattn: $(TOOL_OBJ) $(REF_OBJ) $(TRAIN_OBJ) $(FORMATS_OBJ) $(STATIC)
+$(TRAIN_LIB): $(TRAIN_OBJ)
+	rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/winattn: $(TOOL_OBJ) $(REF_OBJ) $(TRAIN_LIB) $(FORMATS_OBJ) $(STATIC)
 	$(LINK) -o $@ $^ $(TOOL_LIBS) $(TRAIN_LIBS) $(WA_LIBS) $(LDLIBS)
 
-$(BUILD)/tests/test_train: $(BUILD)/tests/test_train.o $(BUILD)/tests/check.o $(TRAIN_OBJ) $(FORMATS_OBJ) $(STATIC)
+$(BUILD)/tests/test_train: $(BUILD)/tests/test_train.o $(BUILD)/tests/check.o $(TRAIN_LIB) $(FORMATS_OBJ) $(STATIC)
 	$(LINK) -o $@ $^ $(TOOL_LIBS) $(TRAIN_LIBS) $(WA_LIBS) $(LDLIBS)
 
-$(BUILD)/tests/test_train_cuda: $(BUILD)/tests/test_train_cuda.o $(BUILD)/tests/check.o $(TRAIN_OBJ) $(FORMATS_OBJ) $(STATIC)
+$(BUILD)/tests/test_train_cuda: $(BUILD)/tests/test_train_cuda.o $(BUILD)/tests/check.o $(TRAIN_LIB) $(FORMATS_OBJ) $(STATIC)
 	$(LINK) -o $@ $^ $(TOOL_LIBS) $(TRAIN_LIBS) $(WA_LIBS) $(LDLIBS)
 
 $(BUILD)/tests/test_safetensors: $(BUILD)/tests/test_safetensors.o $(FORMATS_OBJ)
@@ -268,7 +309,7 @@ install: lib
 	install -m 755 $(SHARED) $(DESTDIR)$(PREFIX)/lib/$(SONAME)
 	ln -sf $(SONAME) $(DESTDIR)$(PREFIX)/lib/libwinattn.so
 	if [ -f $(BUILD)/winattn ]; then install -m 755 $(BUILD)/winattn $(DESTDIR)$(PREFIX)/bin/; fi
-	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBS@|$(WA_LIBS)|' winattn.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/winattn.pc
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBS@|$(WA_LIBS)|' -e 's|@VERSION@|$(WA_VERSION)|' winattn.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/winattn.pc
 
 uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/include/winattn.h $(DESTDIR)$(PREFIX)/lib/libwinattn.a \
