@@ -410,6 +410,16 @@ static void test_config(void) {
         {", \"num_global_key_value_heads\": 3", "multiple", "heads not a multiple of KV heads"},
         {", \"rope_parameters\": {\"sliding_attention\": {\"rope_type\": \"yarn\"}, \"full_attention\": {}}", "yarn",
          "unimplemented RoPE"},
+        /* a failed read leaves 0 behind: none of these may reach a division (SIGFPE before) */
+        {", \"num_global_key_value_heads\": 0", "\"num_global_key_value_heads\" = 0 is out of range", "0 global KV heads"},
+        {", \"num_global_key_value_heads\": -1", "= -1 is out of range", "-1 global KV heads"},
+        {", \"num_global_key_value_heads\": 2000", "= 2000 is out of range", "2000 global KV heads"},
+        {", \"num_global_key_value_heads\": \"2\"", "must be an integer, not \"2\"", "KV heads as a string"},
+        {", \"per_layer_config\": {\"01\": {\"num_key_value_heads\": 0}}", "\"num_key_value_heads\" = 0",
+         "a per-layer 0 KV heads"},
+        {", \"per_layer_config\": {\" 1\": {\"head_dim\": 8}}", "key \" 1\"", "a per-layer key with a space"},
+        {", \"per_layer_config\": {\"+1\": {\"head_dim\": 8}}", "key \"+1\"", "a per-layer key with a sign"},
+        {", \"per_layer_config\": {\"2\": {\"head_dim\": 8}}", "below 2", "a per-layer key past the last layer"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         snprintf(buf, sizeof buf, "%s%s}", base, bad[i].extra);
@@ -422,6 +432,40 @@ static void test_config(void) {
                         "\"intermediate_size\": 64, \"num_hidden_layers\": 3, \"num_attention_heads\": 4, "
                         "\"sliding_window\": 4, \"layer_types\": [\"sliding_attention\"]}",
                         "layer_types", "layer_types of the wrong length");
+    expect_config_error("{\"model_type\": \"gemma4_text\", \"vocab_size\": 300, \"hidden_size\": 3, "
+                        "\"intermediate_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+                        "\"sliding_window\": 4}",
+                        "hidden_size / num_attention_heads = 3 / 4 = 0", "a head_dim derived as 0");
+    expect_config_error("{\"model_type\": \"gemma4_text\", \"vocab_size\": 300, \"hidden_size\": 32, "
+                        "\"intermediate_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 0, "
+                        "\"sliding_window\": 4}",
+                        "\"num_attention_heads\" = 0", "0 attention heads");
+    expect_config_error("{\"model_type\": \"gemma3_text\", \"vocab_size\": 300, \"hidden_size\": 32, "
+                        "\"intermediate_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+                        "\"sliding_window\": 4, \"sliding_window_pattern\": 0}",
+                        "\"sliding_window_pattern\" = 0", "a layer pattern of 0");
+}
+
+/* config.json paths that are not files: each refused at once, none read or waited on */
+static void test_config_files(const char *tmp) {
+    gemma_config c;
+    char err[512] = "", fifo[1024];
+    snprintf(fifo, sizeof fifo, "%s/config_fifo.json", tmp);
+    unlink(fifo);
+    const char *paths[] = {"/dev/zero", tmp, fifo, "/nonexistent/config.json"};
+    const char *needles[] = {"not a regular file", "not a regular file", "not a regular file", "cannot open"};
+    int have_fifo = mkfifo(fifo, 0600) == 0;
+    for (int i = 0; i < 4; i++) {
+        if (i == 2 && !have_fifo) {
+            check_skip("config.json as a FIFO: mkfifo failed");
+            continue;
+        }
+        err[0] = '\0';
+        int rc = gemma_config_load(paths[i], &c, err, sizeof err);
+        check(rc != 0 && strstr(err, needles[i]) && strstr(err, paths[i]), "config.json at %s refused: \"%s\"",
+              paths[i], err);
+    }
+    unlink(fifo);
 }
 
 static void write_text(const char *path, const char *text) {
@@ -941,6 +985,7 @@ int main(int argc, char **argv) {
     if (!mkdtemp(tmp)) return 1;
     setvbuf(stdout, NULL, _IOLBF, 0);
     test_config();
+    test_config_files(tmp);
     test_data(tmp);
     test_checkpoint_variants();
     test_fixture("gemma4_smoke");

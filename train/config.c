@@ -4,12 +4,16 @@
 #define _GNU_SOURCE
 #include "config.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 typedef struct parse_ctx {
     const char *name;
@@ -31,6 +35,15 @@ static int fail(parse_ctx *p, const char *fmt, ...) {
     return -1;
 }
 
+/* The value as JSON text for a message, cut to fit one line. */
+static const char *shown(const json_t *v, char *buf, size_t len) {
+    char *text = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+    snprintf(buf, len, "%s", text ? text : "?");
+    if (text && strlen(text) >= len && len > 4) strcpy(buf + len - 4, "...");
+    free(text);
+    return buf;
+}
+
 /* An integer field: required when dflt < 0 is not allowed by the caller (has_default = 0). */
 static int get_int(parse_ctx *p, const json_t *obj, const char *key, int has_default, long dflt, long lo, long hi) {
     const json_t *v = json_object_get(obj, key);
@@ -38,7 +51,8 @@ static int get_int(parse_ctx *p, const json_t *obj, const char *key, int has_def
         if (!has_default) fail(p, "missing \"%s\"", key);
         return (int)dflt;
     }
-    if (!json_is_integer(v)) return fail(p, "\"%s\" must be an integer", key), 0;
+    char b[48];
+    if (!json_is_integer(v)) return fail(p, "\"%s\" must be an integer, not %s", key, shown(v, b, sizeof b)), 0;
     json_int_t x = json_integer_value(v);
     if (x < lo || x > hi) return fail(p, "\"%s\" = %lld is out of range [%ld, %ld]", key, (long long)x, lo, hi), 0;
     return (int)x;
@@ -48,7 +62,8 @@ static int get_int(parse_ctx *p, const json_t *obj, const char *key, int has_def
 static double get_num(parse_ctx *p, const json_t *obj, const char *key, double dflt) {
     const json_t *v = json_object_get(obj, key);
     if (!v || json_is_null(v)) return dflt;
-    if (!json_is_number(v)) return fail(p, "\"%s\" must be a number", key), dflt;
+    char b[48];
+    if (!json_is_number(v)) return fail(p, "\"%s\" must be a number, not %s", key, shown(v, b, sizeof b)), dflt;
     double x = json_number_value(v);
     if (!isfinite(x)) return fail(p, "\"%s\" is not finite", key), dflt;
     return x;
@@ -57,7 +72,8 @@ static double get_num(parse_ctx *p, const json_t *obj, const char *key, double d
 static int get_bool(parse_ctx *p, const json_t *obj, const char *key, int dflt) {
     const json_t *v = json_object_get(obj, key);
     if (!v || json_is_null(v)) return dflt;
-    if (!json_is_boolean(v)) return fail(p, "\"%s\" must be true or false", key), dflt;
+    char b[48];
+    if (!json_is_boolean(v)) return fail(p, "\"%s\" must be true or false, not %s", key, shown(v, b, sizeof b)), dflt;
     return json_is_true(v);
 }
 
@@ -124,7 +140,10 @@ static void parse_text_config(parse_ctx *p, const json_t *t, gemma_family fam, g
     c->layers = get_int(p, t, "num_hidden_layers", 0, 0, 1, GEMMA_MAX_LAYERS);
     c->heads = get_int(p, t, "num_attention_heads", 0, 0, 1, 1024);
     int kv = get_int(p, t, "num_key_value_heads", 1, c->heads, 1, 1024);
-    int hd = get_int(p, t, "head_dim", 1, c->heads ? c->hidden / (c->heads ? c->heads : 1) : 0, 2, 1024);
+    int hd = get_int(p, t, "head_dim", 1, c->heads ? c->hidden / c->heads : 0, 2, 1024);
+    if (!p->failed && (hd < 2 || hd > 1024))
+        fail(p, "no \"head_dim\", and hidden_size / num_attention_heads = %d / %d = %d is out of range [2, 1024]",
+             c->hidden, c->heads, hd);
     c->sliding_window = get_int(p, t, "sliding_window", 0, 0, 1, 1 << 30);
     c->norm_eps = get_num(p, t, "rms_norm_eps", 1e-6);
     c->final_softcap = get_num(p, t, "final_logit_softcapping", 0.0);
@@ -136,6 +155,7 @@ static void parse_text_config(parse_ctx *p, const json_t *t, gemma_family fam, g
     c->attn_softcap = 0;
     c->tied_embeddings = get_bool(p, t, "tie_word_embeddings", 1);
     refuse_unimplemented(p, t);
+    /* every later step divides by or indexes with what was read: a failed read left 0 there */
     if (p->failed) return;
     if (c->final_softcap < 0 || c->attn_softcap_ignored < 0) fail(p, "softcaps must be positive or null");
     if (c->norm_eps <= 0) fail(p, "rms_norm_eps must be positive");
@@ -151,10 +171,12 @@ static void parse_text_config(parse_ctx *p, const json_t *t, gemma_family fam, g
         fu->kv_heads = get_int(p, t, "num_global_key_value_heads", 1, kv, 1, 1024);
         fu->k_eq_v = get_bool(p, t, "attention_k_eq_v", 0);
         c->score_scale = 1.0;
+        if (p->failed) return;
     } else {
         double qpas = get_num(p, t, "query_pre_attn_scalar", (double)hd);
         if (qpas <= 0) fail(p, "query_pre_attn_scalar must be positive");
         c->score_scale = 1.0 / sqrt(qpas);
+        if (p->failed) return;
     }
 
     /* layer kinds: the explicit list, else Gemma 3's rule (every sliding_window_pattern-th is full) */
@@ -175,6 +197,7 @@ static void parse_text_config(parse_ctx *p, const json_t *t, gemma_family fam, g
         }
     } else {
         int pattern = get_int(p, t, "sliding_window_pattern", 1, 6, 1, 1 << 20);
+        if (p->failed) return;
         for (int l = 0; l < c->layers; l++) c->layer_kind[l] = (l + 1) % pattern == 0 ? LAYER_FULL : LAYER_SLIDING;
     }
 
@@ -193,15 +216,18 @@ static void parse_text_config(parse_ctx *p, const json_t *t, gemma_family fam, g
         const char *key;
         const json_t *ov;
         json_object_foreach((json_t *)plc, key, ov) {
-            char *end;
-            long l = strtol(key, &end, 10);
-            if (*key == '\0' || *end || l < 0 || l >= c->layers || !json_is_object(ov)) {
-                fail(p, "per_layer_config key \"%s\" must be a layer index with an object", key);
+            /* digits only: strtol alone would take " 1", "+1" and "1e0" */
+            long l = 0;
+            size_t n = 0;
+            while (key[n] >= '0' && key[n] <= '9' && n < 9) l = l * 10 + (key[n++] - '0');
+            if (n == 0 || key[n] != '\0' || l >= c->layers || !json_is_object(ov)) {
+                fail(p, "per_layer_config key \"%s\" must be a layer index below %d with an object", key, c->layers);
                 return;
             }
             gemma_attn_shape want = c->kind[c->layer_kind[l]];
             want.head_dim = get_int(p, ov, "head_dim", 1, want.head_dim, 2, 1024);
             want.kv_heads = get_int(p, ov, "num_key_value_heads", 1, want.kv_heads, 1, 1024);
+            if (p->failed) return;
             gemma_attn_shape *have = &c->kind[c->layer_kind[l]];
             if (seen[c->layer_kind[l]] && (have->head_dim != want.head_dim || have->kv_heads != want.kv_heads)) {
                 fail(p, "per_layer_config gives layers of one kind different shapes (not implemented)");
@@ -267,25 +293,44 @@ int gemma_config_parse(const char *json_text, const char *name, gemma_config *cf
     return p.failed ? -1 : 0;
 }
 
+/* config.json files are a few kilobytes; this bound keeps a wrong path (a model file, /dev/zero)
+ * from being read into memory */
+#define CONFIG_MAX_BYTES (16 << 20)
+
 int gemma_config_load(const char *path, gemma_config *cfg, char *err, size_t errlen) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(err, errlen, "%s: cannot open", path);
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer; a FIFO is refused just below */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
         return -1;
     }
-    char *buf = NULL;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        snprintf(err, errlen, "%s: not a regular file", path);
+        close(fd);
+        return -1;
+    }
+    if (st.st_size > CONFIG_MAX_BYTES) {
+        snprintf(err, errlen, "%s: %lld bytes, larger than a config.json can be (%d MB)", path, (long long)st.st_size,
+                 CONFIG_MAX_BYTES >> 20);
+        close(fd);
+        return -1;
+    }
+    char *buf = malloc((size_t)st.st_size + 1);
     size_t len = 0;
-    FILE *mem = open_memstream(&buf, &len);
-    char chunk[65536];
-    size_t n;
-    while (mem && (n = fread(chunk, 1, sizeof chunk, f)) > 0) fwrite(chunk, 1, n, mem);
-    int rerr = ferror(f);
-    fclose(f);
-    if (!mem || fclose(mem) != 0 || rerr) {
+    while (buf && len < (size_t)st.st_size) {
+        ssize_t n = read(fd, buf + len, (size_t)st.st_size - len);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break; /* an error, or a file that shrank */
+        len += (size_t)n;
+    }
+    close(fd);
+    if (!buf || len != (size_t)st.st_size) {
+        snprintf(err, errlen, "%s: %s", path, buf ? "read error" : "out of memory");
         free(buf);
-        snprintf(err, errlen, "%s: read error", path);
         return -1;
     }
+    buf[len] = '\0';
     int rc = gemma_config_parse(buf, path, cfg, err, errlen);
     free(buf);
     return rc;
