@@ -645,6 +645,42 @@ static void test_training(const char *tmp) {
     e.lora.rank = 8;
     rc = train_run(&e, err, sizeof err);
     check(rc != 0 && strstr(err, "must be F32 [32, 8]"), "adapters of another rank are refused: \"%s\"", err);
+
+    /* optimizer.safetensors' step counts are checked, not trusted: each of these once resumed
+     * (a use-after-free at -5, "trained -96 batches" at 100) or was misread (1, 0, 3) */
+    snprintf(path, sizeof path, "%s/optimizer.safetensors", out_b);
+    st_file of;
+    if (st_open(path, &of, err, sizeof err) != 0) {
+        check_fail("optimizer.safetensors of the resumed run: %s", err);
+        return;
+    }
+    const st_tensor *m1 = st_find(&of, "m1"), *m2 = st_find(&of, "m2");
+    size_t n = m1 ? (size_t)st_numel(m1) : 0;
+    float *a1 = malloc((n ? n : 1) * sizeof *a1), *a2 = malloc((n ? n : 1) * sizeof *a2);
+    if (m1 && m2 && a1 && a2) memcpy(a1, m1->data, n * sizeof *a1), memcpy(a2, m2->data, n * sizeof *a2);
+    st_close(&of);
+    const char *bad[][3] = {{"-5", "3", "batches"}, {"100", "3", "batches"}, {"4294967297", "3", "batches"},
+                            {"abc", "3", "batches"}, {"3x", "3", "batches"}, {"", "3", "batches"},
+                            {"3", "-1", "updates"}, {"3", "4", "updates"}, {"3", " 3", "updates"}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad && a1 && a2; i++) {
+        st_out outs[2] = {{"m1", ST_F32, 1, {(int64_t)n}, a1}, {"m2", ST_F32, 1, {(int64_t)n}, a2}};
+        const char *meta[] = {"updates", bad[i][1], "batches", bad[i][0], NULL};
+        if (st_write(path, outs, 2, meta, err, sizeof err) != 0) {
+            check_fail("writing a test optimizer.safetensors: %s", err);
+            break;
+        }
+        train_options r = o;
+        r.resume_dir = out_b;
+        r.out_dir = NULL;
+        r.log_path = NULL;
+        rc = train_run(&r, err, sizeof err);
+        char want[64];
+        snprintf(want, sizeof want, "metadata %s = \"%s\"", bad[i][2], !strcmp(bad[i][2], "batches") ? bad[i][0] : bad[i][1]);
+        check(rc != 0 && strstr(err, want), "--resume refuses batches \"%s\", updates \"%s\": \"%s\"", bad[i][0],
+              bad[i][1], err);
+    }
+    free(a1);
+    free(a2);
 }
 
 /* Gradient accumulation: two batches of one record with --grad-accum 2 make one update with the

@@ -195,7 +195,22 @@ static int optimizer_save(const optimizer *opt, long batches_done, const char *d
     return st_write(path, outs, 2, meta, err, errlen);
 }
 
-static int optimizer_load(optimizer *opt, long *batches_done, const char *dir, char *err, size_t errlen) {
+/* A metadata integer: decimal digits only, within [lo, hi]; strtol alone reads "3x" as 3, "abc" as 0
+ * and wraps "4294967297" through a narrower type. */
+static int meta_long(const char *text, long lo, long hi, long *out) {
+    if (!text || !*text || strlen(text) > 18) return -1;
+    long v = 0;
+    for (const char *c = text; *c; c++) {
+        if (*c < '0' || *c > '9') return -1;
+        v = v * 10 + (*c - '0');
+    }
+    if (v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+
+/* iters: the run's batch count; a checkpoint may be at most that far in. */
+static int optimizer_load(optimizer *opt, long *batches_done, long iters, const char *dir, char *err, size_t errlen) {
     char path[4096];
     snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
     st_file f;
@@ -206,11 +221,15 @@ static int optimizer_load(optimizer *opt, long *batches_done, const char *dir, c
     if (!a || !b || !u || !bd || a->dtype != ST_F32 || b->dtype != ST_F32 || st_numel(a) != opt->n ||
         st_numel(b) != opt->n)
         rc = fail(err, errlen, "%s: needs F32 m1 and m2 of %zu entries and metadata updates, batches", path, opt->n);
+    else if (meta_long(bd, 0, iters, batches_done) != 0)
+        rc = fail(err, errlen, "%s: metadata batches = \"%.40s\" is not an integer in [0, %ld] (this run's batches)", path,
+                  bd, iters);
+    else if (meta_long(u, 0, *batches_done, &opt->updates) != 0)
+        rc = fail(err, errlen, "%s: metadata updates = \"%.40s\" is not an integer in [0, %ld] (its batches)", path, u,
+                  *batches_done);
     else {
         memcpy(opt->m1, a->data, opt->n * sizeof(float));
         memcpy(opt->m2, b->data, opt->n * sizeof(float));
-        opt->updates = strtol(u, NULL, 10);
-        *batches_done = strtol(bd, NULL, 10);
     }
     st_close(&f);
     return rc;
@@ -547,7 +566,7 @@ int train_run(const train_options *o, char *err, size_t errlen) {
         fail(err, errlen, "out of memory");
         goto done;
     }
-    if (adapter_dir && optimizer_load(&opt, &batches_done, adapter_dir, err, errlen) != 0) goto done;
+    if (adapter_dir && optimizer_load(&opt, &batches_done, iters, adapter_dir, err, errlen) != 0) goto done;
     if (o->out_dir && mkdir(o->out_dir, 0777) != 0 && errno != EEXIST) {
         fail(err, errlen, "%s: cannot create the output directory", o->out_dir);
         goto done;
