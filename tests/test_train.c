@@ -22,7 +22,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static const char *fixtures = "train/fixtures";
@@ -474,6 +476,58 @@ static void write_text(const char *path, const char *text) {
     fclose(f);
 }
 
+/* A line too long for the memory a process may have is an error, not the end of the file: in a
+ * child under RLIMIT_AS, 8 good records then one 48 MB line. (Skipped under AddressSanitizer,
+ * which reserves far more address space than any such limit.) */
+static void test_data_read_error(const char *tmp) {
+#if defined(__SANITIZE_ADDRESS__)
+    check_skip("data: a line longer than the memory limit (AddressSanitizer)");
+    (void)tmp;
+#else
+    char path[1024];
+    snprintf(path, sizeof path, "%s/long_line.jsonl", tmp);
+    FILE *f = fopen(path, "w");
+    if (!f) return check_fail("data: cannot write %s", path);
+    for (int i = 0; i < 8; i++) fputs("{\"tokens\": [2, 5, 6, 7]}\n", f);
+    fputs("{\"tokens\": [2", f);
+    for (int i = 0; i < 16 << 20; i++) fputs(", 5", f);
+    fputs("]}\n", f);
+    fclose(f);
+    fflush(stdout);
+    int pipefd[2];
+    if (pipe(pipefd) != 0) return check_fail("data: pipe failed");
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(pipefd[0]);
+        /* room for the 8 records, not for the line: the address space in use now plus 24 MB */
+        FILE *maps = fopen("/proc/self/statm", "r");
+        unsigned long pages = 0;
+        if (maps && fscanf(maps, "%lu", &pages) != 1) pages = 0;
+        if (maps) fclose(maps);
+        struct rlimit lim = {(rlim_t)pages * (rlim_t)sysconf(_SC_PAGESIZE) + (24u << 20), RLIM_INFINITY};
+        lim.rlim_max = lim.rlim_cur;
+        char e[512] = "";
+        dataset d;
+        data_options o = {300, 0, 0};
+        int r = pages && setrlimit(RLIMIT_AS, &lim) == 0 ? dataset_load(path, &o, &d, e, sizeof e) : 2;
+        if (r == 0) snprintf(e, sizeof e, "loaded %d records", d.count);
+        if (write(pipefd[1], e, strlen(e) + 1) < 0) _exit(3);
+        _exit(r == 0 ? 1 : r == 2 ? 2 : 0);
+    }
+    close(pipefd[1]);
+    char msg[512] = "";
+    ssize_t n = read(pipefd[0], msg, sizeof msg - 1);
+    msg[n > 0 ? n : 0] = '\0';
+    close(pipefd[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    unlink(path);
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 2) return check_skip("data: a line over the memory limit (setrlimit failed)");
+    check(WIFEXITED(status) && WEXITSTATUS(status) == 0 && strstr(msg, ":9: read error"),
+          "data refused: a 48 MB line over the memory limit after 8 records is an error, not the end: \"%s\"", msg);
+#endif
+}
+
 static void test_data(const char *tmp) {
     char path[1024], err[512] = "";
     dataset d;
@@ -506,6 +560,25 @@ static void test_data(const char *tmp) {
         rc = dataset_load(path, &opt, &d, err, sizeof err);
         check(rc != 0 && strstr(err, bad[i].needle) != NULL, "data refused: \"%s\"", err);
     }
+    /* paths that are not regular files, and a dataset with nothing to learn */
+    char fifo[1024];
+    snprintf(fifo, sizeof fifo, "%s/data_fifo.jsonl", tmp);
+    unlink(fifo);
+    if (mkfifo(fifo, 0600) == 0) {
+        rc = dataset_load(fifo, &opt, &d, err, sizeof err);
+        check(rc != 0 && strstr(err, "not a regular file"), "data refused: a FIFO, without waiting for a writer: \"%s\"",
+              err);
+        unlink(fifo);
+    } else check_skip("data: a FIFO (mkfifo failed)");
+    rc = dataset_load(tmp, &opt, &d, err, sizeof err);
+    check(rc != 0 && strstr(err, "not a regular file"), "data refused: a directory: \"%s\"", err);
+    snprintf(path, sizeof path, "%s/masked.jsonl", tmp);
+    write_text(path, "{\"tokens\": [2, 5, 6], \"mask\": [0, 0, 0]}\n{\"tokens\": [2, 7], \"mask\": [1, 0]}\n");
+    rc = dataset_load(path, &opt, &d, err, sizeof err);
+    check(rc != 0 && strstr(err, "every target of its 2 records is masked"), "data refused: all targets masked: \"%s\"",
+          err);
+    test_data_read_error(tmp);
+
     data_options small = {100, 0, 0};
     snprintf(path, sizeof path, "%s/text.jsonl", tmp);
     write_text(path, "{\"text\": \"abc\"}\n");

@@ -2,10 +2,14 @@
 #define _GNU_SOURCE
 #include "data.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 int tokenize_bytes(const char *text, size_t len, int32_t *out) {
     int n = 0;
@@ -90,8 +94,19 @@ static const char *parse_record(const json_t *rec, const data_options *opt, sequ
 
 int dataset_load(const char *path, const data_options *opt, dataset *d, char *err, size_t errlen) {
     memset(d, 0, sizeof *d);
-    FILE *f = fopen(path, "r");
-    if (!f) return snprintf(err, errlen, "%s: cannot open", path), -1;
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer; only regular files are read */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno)), -1;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return snprintf(err, errlen, "%s: not a regular file", path), -1;
+    }
+    FILE *f = fdopen(fd, "r");
+    if (!f) {
+        close(fd);
+        return snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno)), -1;
+    }
     char *line = NULL, msg[256];
     size_t cap = 0;
     ssize_t got;
@@ -133,10 +148,19 @@ int dataset_load(const char *path, const data_options *opt, dataset *d, char *er
         if (s->len > d->longest) d->longest = s->len;
         for (int t = 0; t < s->len - 1; t++) d->targets += !s->target_mask || s->target_mask[t];
     }
+    /* getline's -1 is also a read error or a line too long for memory: neither is the end */
+    if (rc == 0 && (ferror(f) || !feof(f))) {
+        snprintf(err, errlen, "%s:%d: read error: %s", path, lineno + 1, strerror(errno ? errno : EIO));
+        rc = -1;
+    }
     free(line);
     fclose(f);
     if (rc == 0 && d->count == 0) {
         snprintf(err, errlen, "%s: no records", path);
+        rc = -1;
+    }
+    if (rc == 0 && d->targets == 0) {
+        snprintf(err, errlen, "%s: every target of its %d records is masked: nothing to learn or evaluate", path, d->count);
         rc = -1;
     }
     if (rc) dataset_free(d);
