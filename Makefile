@@ -155,7 +155,7 @@ $(BUILD)/train/linalg.o: WA_CFLAGS += -DWA_HAVE_CBLAS
 TRAIN_LIBS := -lopenblas
 endif
 
-TEST_NAMES := test_geometry test_convert test_oracle test_kernels test_api test_safetensors test_nonfinite test_fork
+TEST_NAMES := test_geometry test_convert test_oracle test_kernels test_api test_safetensors test_nonfinite test_fork test_atomic_file
 # tests/test_misuse.c (hostile and odd inputs; run under `make sanitize`) builds once it exists
 TEST_NAMES += $(if $(wildcard tests/test_misuse.c),test_misuse)
 TESTS    := $(TEST_NAMES:%=$(BUILD)/tests/%) $(BUILD)/tests/cli_helper $(BUILD)/tests/test_train \
@@ -244,6 +244,9 @@ $(BUILD)/tests/test_train_cuda: $(BUILD)/tests/test_train_cuda.o $(BUILD)/tests/
 	$(LINK) -o $@ $^ $(TOOL_LIBS) $(TRAIN_LIBS) $(WA_LIBS) $(LDLIBS)
 
 $(BUILD)/tests/test_safetensors: $(BUILD)/tests/test_safetensors.o $(FORMATS_OBJ)
+	$(LINK) -o $@ $^ $(TOOL_LIBS) $(WA_LIBS) $(LDLIBS)
+
+$(BUILD)/tests/test_atomic_file: $(BUILD)/tests/test_atomic_file.o $(FORMATS_OBJ)
 	$(LINK) -o $@ $^ $(TOOL_LIBS) $(WA_LIBS) $(LDLIBS)
 
 $(BUILD)/tests/cli_helper: $(BUILD)/tests/cli_helper.o $(BUILD)/tests/check.o $(FORMATS_OBJ) $(REF_OBJ) $(STATIC)

@@ -100,7 +100,7 @@ aarch64)
 sanitize)
     B=${SAN_BUILD:-build-san}
     if build "sanitizer build (make sanitize: ASan + UBSan, $B)" sanitize SAN_BUILD="$B"; then
-        for t in test_geometry test_convert test_oracle test_api test_safetensors test_misuse test_fork test_kernels; do
+        for t in test_geometry test_convert test_oracle test_api test_safetensors test_misuse test_fork test_atomic_file test_kernels; do
             sub "$t (ASan+UBSan)" $B/tests/$t
         done
         sub "test_cli (ASan+UBSan)" sh tests/test_cli.sh "$B"

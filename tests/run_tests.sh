@@ -1,6 +1,6 @@
 #!/bin/sh
-# run_tests.sh — `make test`: every unit test, the CLI test, then `winattn parity --quick` and
-# `winattn probe --quick`, then the extra checks named in EXTRA (comma-separated: portability,
+# run_tests.sh — `make test`: every unit test, the CLI, install and layer tests, then `winattn
+# parity --quick` and `winattn probe --quick`, then the extra checks named in EXTRA (comma-separated: portability,
 # sanitize, fuzz, aarch64, or all; `make test EXTRA=all` as .ci/run does; tests/extra_checks.sh). Each prints its
 # own PASS/FAIL lines and an "N passed, N failed" line; this script adds them up and ends with the
 # total in the same form. A program that crashes or exits non-zero without reporting a failure
@@ -26,7 +26,7 @@ run() {
     total_pass=$((total_pass + p)) total_fail=$((total_fail + f))
 }
 
-for t in test_geometry test_convert test_oracle test_api test_misuse test_fork test_safetensors test_kernels; do
+for t in test_geometry test_convert test_oracle test_api test_misuse test_fork test_atomic_file test_safetensors test_kernels; do
     run "$t" "$BUILD/tests/$t"
 done
 run "test_nonfinite" "$BUILD/tests/test_nonfinite"
@@ -34,6 +34,7 @@ run "test_train" "$BUILD/tests/test_train" train/fixtures
 run "test_train_cuda" "$BUILD/tests/test_train_cuda" train/fixtures
 run "test_cli" sh tests/test_cli.sh "$BUILD"
 run "test_install" sh tests/test_install.sh "$BUILD"
+run "test_layers" sh tests/test_layers.sh "$BUILD"
 # winattn.torch's C++ eager path (`make torch-ext`), built for the torch installed, when there is one:
 # the Python tests then take it, and check it against the Python path (a build that is there must load)
 torch_ext() {
