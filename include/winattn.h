@@ -42,7 +42,7 @@
  * its group that do not see it (as in a dense framework's P·V). In a varlen call a value stays
  * inside its own sequence on every device: the other sequences' outputs are bit for bit
  * unchanged. tests/test_nonfinite.c checks both promises on the kernels the GPU takes
- * (WINATTN_CUDA selects the other versions).
+ * (WINATTN_CUDA=portable, mma, sm80, sm86, no-tma or no-overlap selects the other kernel paths).
  *
  * The library never prints and never exits: every function returns a wa_status and records a
  * one-line detail readable with wa_last_error().
@@ -283,8 +283,10 @@ size_t wa_dtype_size(wa_dtype dt);
 /* 1 if this build can run on the device (CUDA: built with nvcc and a GPU is present). */
 int wa_device_available(wa_device dev);
 const char *wa_version(void);
-/* The CPU kernels this process runs: "avx512", "avx2" or "generic" (chosen at run time;
- * WINATTN_ISA in the environment can force a supported one). */
+/* The CPU kernels this process runs: "avx512bf16", "avx512", "avx2", "neon" or "generic" (chosen
+ * at run time; WINATTN_ISA in the environment can force one of these: one this build or CPU lacks
+ * falls back to the best available, and any other value makes wa_context_create return
+ * WA_ERR_INVALID_ARG). */
 const char *wa_cpu_kernels(void);
 
 #ifdef __cplusplus

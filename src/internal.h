@@ -81,6 +81,8 @@ size_t wa_cpu_workspace_bytes(const wa_context *ctx, const wa_problem *p, int ba
 wa_status wa_cpu_forward(wa_context *ctx, const wa_problem *p);
 wa_status wa_cpu_backward(wa_context *ctx, const wa_problem *p);
 const char *wa_cpu_isa(void); /* "avx512", "avx2" or "generic": the kernels this CPU runs */
+/* NULL, or the value of WINATTN_ISA when it names no kernel build at all */
+const char *wa_cpu_isa_env_error(void);
 
 /* ---- dense baseline (src/cpu/dense.c) ---- */
 size_t wa_dense_workspace_bytes(const wa_context *ctx, const wa_problem *p, int backward);

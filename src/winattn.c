@@ -54,6 +54,9 @@ wa_status wa_context_create(const wa_context_params *params, wa_context **out) {
         return wa_fail(WA_ERR_INVALID_ARG, "cuda_deterministic = %d, must be 0 or 1", p.cuda_deterministic);
     if ((p.alloc == NULL) != (p.free == NULL))
         return wa_fail(WA_ERR_INVALID_ARG, "alloc and free must be given together");
+    const char *isa = wa_cpu_isa_env_error();
+    if (isa)
+        return wa_fail(WA_ERR_INVALID_ARG, "WINATTN_ISA=%.40s is not one of avx512bf16, avx512, avx2, neon, generic", isa);
 
     wa_context *ctx = p.alloc ? p.alloc(p.alloc_user, sizeof *ctx) : malloc(sizeof *ctx);
     if (!ctx) return wa_fail(WA_ERR_NO_MEMORY, "cannot allocate the context");

@@ -223,6 +223,25 @@ static void *first_caller(void *arg) {
     return NULL;
 }
 
+/* ---- the environment: a WINATTN_ISA no build has is refused, one this CPU lacks falls back ---- */
+static void test_environment(void) {
+    const char *saved = getenv("WINATTN_ISA");
+    char *keep = saved ? strdup(saved) : NULL;
+    wa_context *c = NULL;
+    setenv("WINATTN_ISA", "bogus", 1);
+    expect(wa_context_create(NULL, &c), WA_ERR_INVALID_ARG, "WINATTN_ISA=bogus", "WINATTN_ISA=bogus");
+    check(c == NULL, "WINATTN_ISA=bogus: no context made");
+    setenv("WINATTN_ISA", "AVX2", 1);
+    expect(wa_context_create(NULL, &c), WA_ERR_INVALID_ARG, "not one of", "WINATTN_ISA=AVX2 (names are lower case)");
+    setenv("WINATTN_ISA", "neon", 1); /* a name of another build: falls back, as for a CPU that lacks it */
+    wa_status st = wa_context_create(NULL, &c);
+    expect(st, WA_OK, NULL, "WINATTN_ISA=neon on any build");
+    if (st == WA_OK) wa_context_destroy(c);
+    if (keep) setenv("WINATTN_ISA", keep, 1);
+    else unsetenv("WINATTN_ISA");
+    free(keep);
+}
+
 static void test_threads(void) {
     wa_context_params params = {0};
     params.threads = 1, params.alloc = holding_alloc, params.free = plain_free;
@@ -307,6 +326,7 @@ int main(void) {
     test_overlap(ctx);
     test_alignment(ctx);
     test_threads();
+    test_environment();
     test_varlen_offsets(ctx);
     wa_context_destroy(ctx);
     return check_summary();

@@ -64,6 +64,17 @@ static const cpu_isa *pick_isa(void) {
 
 const char *wa_cpu_isa(void) { return pick_isa()->name; }
 
+/* Every name WINATTN_ISA may hold on any build: one this build or CPU lacks falls back, a name
+ * outside this list is a mistake the caller should hear about (wa_context_create refuses it). */
+const char *wa_cpu_isa_env_error(void) {
+    static const char *known[] = {"avx512bf16", "avx512", "avx2", "neon", "generic"};
+    const char *want = getenv("WINATTN_ISA");
+    if (!want) return NULL;
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+        if (strcmp(known[i], want) == 0) return NULL;
+    return want;
+}
+
 void wa_cpu_gemm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs, const float *B, int64_t ldb,
                  float *C, int64_t ldc) {
     pick_isa()->gemm(m, n, k, A, ars, acs, B, ldb, C, ldc);
