@@ -168,7 +168,7 @@ SONAME   := libwinattn.so.0
 # package (python/setup.py) and winattn.pc read it from there
 WA_VERSION := $(shell sed -n 's/^\#define WINATTN_VERSION_[A-Z]* \([0-9]*\)$$/\1/p' include/winattn.h | paste -sd. -)
 
-.PHONY: all lib tests test test-long sanitize install uninstall clean help fuzz demo tile-gemm no-jansson torch-ext
+.PHONY: all lib tests test test-long sanitize install uninstall clean help fuzz fuzz-check demo tile-gemm no-jansson torch-ext
 # keep intermediate objects (and keep make quiet after the test summary)
 .SECONDARY:
 all: lib $(BUILD)/winattn $(TESTS)
@@ -298,12 +298,47 @@ test-long: all
 	$(BUILD)/winattn parity
 	$(BUILD)/winattn probe
 
-# libFuzzer target for the safetensors reader (needs clang and libclang-rt-14-dev or newer).
-fuzz:
-	@mkdir -p $(BUILD)/fuzz
-	clang -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined $(CPPFLAGS) -Iinclude -Iformats $(JANSSON_CFLAGS) \
-	    formats/safetensors.c formats/atomic_file.c tests/fuzz/fuzz_safetensors.c $(LDFLAGS) $(JANSSON_LIBS) -lm -o $(BUILD)/fuzz/fuzz_safetensors
-	@echo "run: mkdir -p $(BUILD)/fuzz/new && $(BUILD)/fuzz/fuzz_safetensors $(BUILD)/fuzz/new tests/fuzz/corpus -max_total_time=600"
+# libFuzzer targets (clang and libclang-rt-14-dev or newer; ASan, UBSan, LeakSanitizer) in
+# $(BUILD)/fuzz/: fuzz_safetensors (formats/safetensors.c), fuzz_config (config.json,
+# train/config.c), fuzz_data (training JSONL, train/data.c) and fuzz_state (adapters.safetensors,
+# optimizer.safetensors, adapter_config.json: train/trainer.c on a tiny model). The sources they
+# test are compiled in with clang; fuzz_state links the library as $(STATIC) and the built-in
+# matrix loops (no OpenBLAS). `make fuzz-check` runs each for FUZZ_SECONDS from its corpus
+# (tests/fuzz/corpus*, read only; new inputs go to $(BUILD)/fuzz/found-NAME) and fails on any
+# crash, leak, hang or contract break. docs/fuzzing.md has the commands and the long runs.
+FUZZ_CC ?= clang
+FUZZ_SECONDS ?= 45
+FUZZ_TARGETS := safetensors config data state
+FUZZ_FLAGS = -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined $(CPPFLAGS) -Iinclude -Isrc -Iformats -Itrain $(JANSSON_CFLAGS)
+FUZZ_HDRS := $(wildcard formats/*.h train/*.h) include/winattn.h
+fuzz: $(FUZZ_TARGETS:%=$(BUILD)/fuzz/fuzz_%)
+	@echo "run: make fuzz-check BUILD=$(BUILD) [FUZZ_SECONDS=600], or one: $(BUILD)/fuzz/fuzz_config -max_total_time=600 DIR tests/fuzz/corpus_config"
+$(BUILD)/fuzz/fuzz_safetensors: tests/fuzz/fuzz_safetensors.c formats/safetensors.c formats/atomic_file.c $(FUZZ_HDRS)
+	@mkdir -p $(@D)
+	$(FUZZ_CC) $(FUZZ_FLAGS) $(filter %.c,$^) $(LDFLAGS) $(JANSSON_LIBS) -lm -o $@
+$(BUILD)/fuzz/fuzz_config: tests/fuzz/fuzz_config.c train/config.c $(FUZZ_HDRS)
+	@mkdir -p $(@D)
+	$(FUZZ_CC) $(FUZZ_FLAGS) $(filter %.c,$^) $(LDFLAGS) $(JANSSON_LIBS) -lm -o $@
+$(BUILD)/fuzz/fuzz_data: tests/fuzz/fuzz_data.c train/data.c $(FUZZ_HDRS)
+	@mkdir -p $(@D)
+	$(FUZZ_CC) $(FUZZ_FLAGS) $(filter %.c,$^) $(LDFLAGS) $(JANSSON_LIBS) -lm -o $@
+$(BUILD)/fuzz/fuzz_state: tests/fuzz/fuzz_state.c $(TRAIN_SRC) train/model.c train/model_cuda_stub.c $(FORMATS_SRC) $(FUZZ_HDRS) $(STATIC)
+	@mkdir -p $(@D)
+	$(FUZZ_CC) $(FUZZ_FLAGS) $(filter %.c,$^) $(STATIC) $(LDFLAGS) $(JANSSON_LIBS) $(WA_LIBS) -o $@
+# one line per target: PASS with the inputs run, or FAIL with where the input is; exit 1 on any FAIL
+fuzz-check: fuzz
+	@rc=0; for t in $(FUZZ_TARGETS); do \
+	    corpus=tests/fuzz/corpus_$$t; [ $$t = safetensors ] && corpus=tests/fuzz/corpus; \
+	    mkdir -p $(BUILD)/fuzz/found-$$t; log=$(BUILD)/fuzz/fuzz_$$t.log; start=$$(date +%s); \
+	    if $(BUILD)/fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -timeout=10 -print_final_stats=1 \
+	        -artifact_prefix=$(BUILD)/fuzz/$$t- $(BUILD)/fuzz/found-$$t $$corpus >$$log 2>&1; then \
+	        runs=$$(sed -n 's/^stat::number_of_executed_units: *//p' $$log); \
+	        echo "PASS fuzz $$t: $${runs:-?} inputs in $$(( $$(date +%s) - start )) s, no crash, no leak, no hang, no contract break"; \
+	    else \
+	        grep -E 'ERROR|SUMMARY|Test unit written' $$log | head -n 10; rc=1; \
+	        echo "FAIL fuzz $$t (log $$log; the input is $(BUILD)/fuzz/$$t-*, replay: $(BUILD)/fuzz/fuzz_$$t FILE)"; \
+	    fi; \
+	done; exit $$rc
 
 install: lib
 	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin

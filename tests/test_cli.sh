@@ -212,5 +212,47 @@ fi
 expect_error "init-model: config refused" init-model "$T/ple/config.json" "$T/x"
 expect_error "init-model: missing OUT_DIR" init-model train/configs/demo-gemma4.json
 
+# Every subcommand: --help and -h print its usage on stdout and exit 0; an unknown option exits 2
+# with one line worded the same in each (tools/tool.c: unknown_option)
+for c in attn probe probe-child parity bench train init-model version; do
+    for h in --help -h; do
+        "$W" $c $h >"$T/stdout" 2>"$T/stderr"
+        rc=$?
+        if [ $rc -eq 0 ] && head -n 1 "$T/stdout" | grep -q "^usage: winattn $c" && [ ! -s "$T/stderr" ]; then
+            ok "$c $h -> exit 0, usage on stdout ($(wc -l <"$T/stdout") lines)"
+        else
+            no "$c $h -> exit $rc: $(head -c 200 "$T/stdout") / $(head -c 200 "$T/stderr")"
+        fi
+    done
+    "$W" $c --no-such-option >"$T/stdout" 2>"$T/stderr"
+    rc=$?
+    want="winattn $c: unknown option '--no-such-option' (winattn $c --help lists the options)"
+    if [ $rc -eq 2 ] && [ "$(cat "$T/stderr")" = "$want" ] && [ ! -s "$T/stdout" ]; then
+        ok "$c: unknown option -> exit 2: $want"
+    else
+        no "$c: unknown option -> exit $rc: $(head -c 300 "$T/stderr")"
+    fi
+done
+for h in --help -h help; do
+    "$W" $h >"$T/stdout" 2>"$T/stderr"
+    rc=$?
+    missing=
+    for c in attn probe parity bench train init-model version help; do
+        grep -q "^  $c\b" "$T/stdout" || missing="$missing $c"
+    done
+    if [ $rc -eq 0 ] && [ -z "$missing" ] && [ ! -s "$T/stderr" ]; then
+        ok "winattn $h -> exit 0, lists every command"
+    else
+        no "winattn $h -> exit $rc, missing:$missing"
+    fi
+done
+"$W" help bench >"$T/help_bench" 2>&1 && "$W" bench --help >"$T/bench_help" 2>&1 && cmp -s "$T/help_bench" "$T/bench_help" &&
+    ok "winattn help bench = winattn bench --help" || no "winattn help bench differs from winattn bench --help"
+expect_error "help: unknown command" help frobnicate
+"$W" >"$T/stdout" 2>"$T/stderr"
+rc=$?
+[ $rc -eq 2 ] && grep -q '^usage: winattn' "$T/stderr" && [ ! -s "$T/stdout" ] &&
+    ok "no command -> exit 2, usage on stderr" || no "no command -> exit $rc"
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -26,5 +26,9 @@ else
     echo "SKIP install pkg-config is not installed"
 fi
 step "installed winattn runs" "$P/bin/winattn" version
+# one version everywhere: the header's WINATTN_VERSION_*, wa_version() (winattn version) and winattn.pc
+if command -v pkg-config >/dev/null 2>&1; then
+    step "winattn.pc's version is wa_version()'s" sh -c "\"$P/bin/winattn\" version | grep -q \"^winattn \$(pkg-config --modversion winattn) \""
+fi
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -14,8 +14,8 @@
 #   - No circle between files: not in the C/C++ includes, not between the objects of the build
 #     (one calling into another and back), not in the imports of the Python package.
 #
-# How. `make -n` with a scratch BUILD (and NVCC=nvcc, so the CUDA rules print too; nothing is
-# run) lists every compile the Makefile does with its flags; .c files under src/ formats/ train/
+# How. `make -n` with a scratch BUILD (and NVCC=nvcc CUDA_ARCHS=all, so the CUDA rules print too;
+# nothing is run) lists every compile the Makefile does with its flags; .c files under src/ formats/ train/
 # tools/ tests/ that no rule of `all` compiles (tests/fuzz) get their folder's pattern rule, also
 # from `make -n`. Each translation unit is preprocessed with its own -I/-D/-std flags by `$CC -E -H`
 # (.cu by `g++ -x c++ -E -H`, the CUDA headers as -isystem), whose tree of opened headers gives
@@ -86,7 +86,7 @@ scratch = tempfile.mkdtemp(prefix="winattn-layers-")
 
 
 def make_n(*targets):
-    r = subprocess.run(["make", "-n", "BUILD=" + scratch, "NO_CUDA=", "NVCC=nvcc"] + list(targets),
+    r = subprocess.run(["make", "-n", "BUILD=" + scratch, "NO_CUDA=", "NVCC=nvcc", "CUDA_ARCHS=all"] + list(targets),
                        cwd=ROOT, env=env, capture_output=True, text=True)
     return r.stdout
 
@@ -144,7 +144,8 @@ def add_edge(a, b):
 def h_tree(src, cmd):
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if r.returncode != 0:
-        return None, r.stderr
+        errors = [l for l in r.stderr.splitlines() if "error" in l] or r.stderr.splitlines() or ["?"]
+        return None, errors[0]
     stack = [src]
     files = set()
     for line in r.stderr.splitlines():
@@ -174,8 +175,7 @@ for src, flags, obj in sorted(set((u[0], tuple(u[1]), u[2]) for u in units)):
             files, err = h_tree(src, base + ["-isystem", cuda_inc[0], "-E", "-H", src, "-o", os.devnull])
         if files is None:
             if cuda_inc:
-                print("NOTE layers: %s: g++ -E -H failed (%s); its headers from g++ -MM -MG instead" %
-                      (src, (err.strip().splitlines() or ["?"])[0]))
+                print("NOTE layers: %s: g++ -E -H failed (%s); its headers from g++ -MM -MG instead" % (src, err))
             r = subprocess.run(base + ["-MM", "-MG", src], cwd=ROOT, capture_output=True, text=True)
             if r.returncode != 0:
                 bad("%s: cannot list its headers: %s" % (src, r.stderr.strip().splitlines()[-1:]))
@@ -188,7 +188,7 @@ for src, flags, obj in sorted(set((u[0], tuple(u[1]), u[2]) for u in units)):
     else:
         files, err = h_tree(src, cc.split() + flags + ["-E", "-H", src, "-o", os.devnull])
         if files is None:
-            bad("%s: the preprocessor failed: %s" % (src, err.strip().splitlines()[-1:]))
+            bad("%s: the preprocessor failed: %s" % (src, err))
             continue
     reach[src] = reach.get(src, set()) | files
 

@@ -16,6 +16,23 @@
 static const char attn_usage[] =
     "winattn attn IN.safetensors OUT.safetensors [--window-left L] [--window-right R] [--causal] "
     "[--sliding-window W] [--scale S] [--softcap C] [--layout bhnd|bnhd] [--device cpu|cuda] [--deterministic] [--threads T]";
+static const char attn_help[] =
+    "usage: winattn attn IN.safetensors OUT.safetensors [options]\n"
+    "\n"
+    "Attention on the tensors of IN: q, k, v (and do for the backward), one dtype (F32, F16 or BF16),\n"
+    "4-d. OUT gets o and lse, and with do also dq, dk, dv; it is written whole or not at all.\n"
+    "\n"
+    "  --window-left L      keys up to L before the query's diagonal (-1, the default: unbounded)\n"
+    "  --window-right R     keys up to R after it (-1, the default: unbounded)\n"
+    "  --causal             window-right 0 (with --window-left L: a sliding window of L + 1 keys)\n"
+    "  --sliding-window W   W keys including the query itself: window (W - 1, 0)\n"
+    "  --scale S            score scale (default 1/sqrt(D))\n"
+    "  --softcap C          scores capped to C tanh(s / C) (default 0: off)\n"
+    "  --layout bhnd|bnhd   the tensors' order: [B,H,N,D] (default) or [B,N,H,D]\n"
+    "  --device cpu|cuda    where to run (default cpu; cuda copies IN to the GPU and OUT back)\n"
+    "  --deterministic      on cuda: dq bit for bit the same run to run\n"
+    "  --threads T          CPU threads (default 0: all)\n"
+    "  -h, --help           this help\n";
 
 typedef struct attn_opts {
     const char *in, *out;
@@ -31,6 +48,7 @@ static void parse(int argc, char **argv, attn_opts *o) {
     const char *v;
     for (int i = 1; i < argc; i++) {
         int64_t x;
+        if (is_help(argv[i])) show_help(attn_help);
         if ((v = flag_value(argc, argv, &i, "--window-left", attn_usage))) {
             if (parse_i64(v, -1, INT64_MAX / 4, &x)) usage_error(attn_usage, "--window-left '%s': need an integer >= -1", v);
             o->left = x, o->has_left = 1;
@@ -60,13 +78,13 @@ static void parse(int argc, char **argv, attn_opts *o) {
         } else if (strcmp(argv[i], "--causal") == 0) {
             o->causal = 1;
         } else if (argv[i][0] == '-' && argv[i][1] != '\0') {
-            usage_error(attn_usage, "unknown option '%s'", argv[i]);
+            unknown_option(argv[i]);
         } else if (!o->in) {
             o->in = argv[i];
         } else if (!o->out) {
             o->out = argv[i];
         } else {
-            usage_error(attn_usage, "unexpected argument '%s'", argv[i]);
+            unknown_option(argv[i]);
         }
     }
     if (!o->in || !o->out) usage_error(attn_usage, "need IN and OUT files");

@@ -20,6 +20,31 @@ static const char bench_usage[] =
     "[--sliding-window W | --causal | --full | --window-left L --window-right R] [--scale S] [--threads T] "
     "[--tile-q Q] [--tile-k K] [--reps R] [--calls C] [--algo tiled|dense] [--device cpu|cuda] [--forward-only] [--deterministic] [--json F] "
     "[--varlen L[,L...]]";
+static const char bench_help[] =
+    "usage: winattn bench [options]\n"
+    "\n"
+    "Times winattn's forward and backward on one shape at each length: the median of --reps runs\n"
+    "after a warm-up, TFLOP/s counted on the visible (query, key) pairs, and the peak RSS growth.\n"
+    "\n"
+    "  --n N[,N...]         sequence lengths (default 8192)\n"
+    "  --dtype f32|f16|bf16 (default bf16)\n"
+    "  --b B --hq H --hkv H --d D\n"
+    "                       batch, query heads, key/value heads, head dim (default 1, 32, 16, 256)\n"
+    "  --sliding-window W   W keys including the query (default 1024); or --causal, --full, or\n"
+    "  --window-left L --window-right R\n"
+    "  --scale S            score scale (default 1/sqrt(D))\n"
+    "  --threads T          CPU threads (default 0: all)\n"
+    "  --tile-q Q --tile-k K  CPU tile sizes (default: the library's)\n"
+    "  --reps R             timed runs per figure (default 3)\n"
+    "  --calls C            calls back to back per timed run, one synchronisation (default 1)\n"
+    "  --algo tiled|dense   winattn's kernels (default) or the dense baseline\n"
+    "  --device cpu|cuda    where to run (default cpu)\n"
+    "  --forward-only       time the forward only\n"
+    "  --deterministic      on cuda: the deterministic backward\n"
+    "  --varlen L[,L...]    one packed batch of these lengths against one call per sequence and the\n"
+    "                       padded batch (sets the batch; no --b)\n"
+    "  --json F             also write the results to F as JSON\n"
+    "  -h, --help           this help\n";
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -184,6 +209,7 @@ int cmd_bench(int argc, char **argv) {
     const char *json_path = NULL, *v;
     for (int i = 1; i < argc; i++) {
         int64_t x;
+        if (is_help(argv[i])) show_help(bench_help);
         if ((v = flag_value(argc, argv, &i, "--n", bench_usage))) {
             n_lens = parse_lengths("--n", v, 1, 1 << 24, lens, 16);
         } else if ((v = flag_value(argc, argv, &i, "--varlen", bench_usage))) {
@@ -236,7 +262,7 @@ int cmd_bench(int argc, char **argv) {
             deterministic = 1;
         } else if ((v = flag_value(argc, argv, &i, "--json", bench_usage))) {
             json_path = v;
-        } else usage_error(bench_usage, "unknown argument '%s'", argv[i]);
+        } else unknown_option(argv[i]);
     }
     if (dev == WA_DEVICE_CUDA && !wa_device_available(WA_DEVICE_CUDA)) die("--device cuda: this build has no usable CUDA device");
     wa_context_params cp = {0};

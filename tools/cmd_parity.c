@@ -26,6 +26,23 @@
 #include <unistd.h>
 
 static const char parity_usage[] = "winattn parity [--quick] [--device cpu|cuda] [--json F] [--threads T] [--verbose] [--case I] [--group NAME] [--list] [--deterministic]";
+static const char parity_help[] =
+    "usage: winattn parity [--quick] [--device cpu|cuda] [--json F] [--threads T] [--verbose]\n"
+    "                      [--case I] [--group NAME] [--list] [--deterministic]\n"
+    "\n"
+    "The gradient parity sweep: every case runs forward and backward and compares o, lse, dq, dk, dv\n"
+    "with a float64 oracle under FlashAttention's criterion. Ends \"N passed, N failed\".\n"
+    "\n"
+    "  --quick             every third case up to 1100 tokens\n"
+    "  --device cpu|cuda   the kernels under test (default cpu)\n"
+    "  --deterministic     on cuda: the deterministic backward\n"
+    "  --json F            also write the results to F as JSON\n"
+    "  --threads T         worker threads (default 0: all)\n"
+    "  --verbose           one line per case\n"
+    "  --case I            only case I (as --list numbers them), verbose\n"
+    "  --group NAME        only the cases of one group\n"
+    "  --list              list the cases (and their groups) without running them\n"
+    "  -h, --help          this help\n";
 
 /* The two tile configurations every case may run under: the default, and a non-square one whose
  * key tile is not a power of two. */
@@ -295,6 +312,7 @@ int cmd_parity(int argc, char **argv) {
     const char *json_path = NULL, *v;
     wa_device device = WA_DEVICE_CPU;
     for (int i = 1; i < argc; i++) {
+        if (is_help(argv[i])) show_help(parity_help);
         if (strcmp(argv[i], "--quick") == 0) quick = 1;
         else if (strcmp(argv[i], "--verbose") == 0) verbose = 1;
         else if (strcmp(argv[i], "--list") == 0) list = 1;
@@ -314,7 +332,7 @@ int cmd_parity(int argc, char **argv) {
             if (strcmp(v, "cpu") == 0) device = WA_DEVICE_CPU;
             else if (strcmp(v, "cuda") == 0) device = WA_DEVICE_CUDA;
             else usage_error(parity_usage, "--device '%s': must be cpu or cuda", v);
-        } else usage_error(parity_usage, "unknown argument '%s'", argv[i]);
+        } else unknown_option(argv[i]);
     }
     if (device == WA_DEVICE_CUDA && !wa_device_available(WA_DEVICE_CUDA))
         die("--device cuda: this build has no usable CUDA device");

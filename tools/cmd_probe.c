@@ -23,6 +23,22 @@
 #include <unistd.h>
 
 static const char probe_usage[] = "winattn probe [--quick] [--device cpu|cuda] [--json F] [--threads T]";
+static const char probe_help[] =
+    "usage: winattn probe [--quick] [--device cpu|cuda] [--json F] [--threads T]\n"
+    "\n"
+    "The backward's memory and time on one Gemma-4-shaped sliding layer (bf16, Hq 32, Hkv 16, D 256,\n"
+    "window 1024) at N = 8K, 16K, 32K, winattn against the dense path, each run in a child process\n"
+    "whose peak the operating system reports.\n"
+    "\n"
+    "  --quick             N = 1K, 2K, 4K\n"
+    "  --device cpu|cuda   where to run (default cpu; cuda measures device memory)\n"
+    "  --json F            also write the table to F as JSON\n"
+    "  --threads T         CPU threads (default 0: all)\n"
+    "  -h, --help          this help\n";
+static const char probe_child_help[] =
+    "usage: winattn probe-child --n N [--algo tiled|dense] [--threads T] [--cuda]\n"
+    "\n"
+    "One measured run of winattn probe (which starts it): prints its times and peak on one line.\n";
 
 enum { P_B = 1, P_HQ = 32, P_HKV = 16, P_D = 256, P_WINDOW = 1024 };
 
@@ -90,6 +106,7 @@ int cmd_probe_child(int argc, char **argv) {
     int dense = 0, cuda = 0;
     const char *v;
     for (int i = 1; i < argc; i++) {
+        if (is_help(argv[i])) show_help(probe_child_help);
         if (strcmp(argv[i], "--cuda") == 0) cuda = 1;
         else if ((v = flag_value(argc, argv, &i, "--n", probe_usage))) {
             if (parse_i64(v, 1, 1 << 22, &N)) die("--n '%s'", v);
@@ -97,7 +114,7 @@ int cmd_probe_child(int argc, char **argv) {
             dense = strcmp(v, "dense") == 0;
         } else if ((v = flag_value(argc, argv, &i, "--threads", probe_usage))) {
             if (parse_i64(v, 0, 1024, &threads)) die("--threads '%s'", v);
-        } else die("unknown argument '%s'", argv[i]);
+        } else unknown_option(argv[i]);
     }
     size_t nq = (size_t)(P_B * P_HQ * N * P_D), nk = (size_t)(P_B * P_HKV * N * P_D);
     uint16_t *q = xmalloc(nq * 2, "q"), *k = xmalloc(nk * 2, "k"), *vv = xmalloc(nk * 2, "v"), *g = xmalloc(nq * 2, "do");
@@ -230,6 +247,7 @@ int cmd_probe(int argc, char **argv) {
     int64_t threads = 0;
     const char *json_path = NULL, *v;
     for (int i = 1; i < argc; i++) {
+        if (is_help(argv[i])) show_help(probe_help);
         if (strcmp(argv[i], "--quick") == 0) quick = 1;
         else if ((v = flag_value(argc, argv, &i, "--device", probe_usage))) {
             if (strcmp(v, "cuda") == 0) cuda = 1;
@@ -238,7 +256,7 @@ int cmd_probe(int argc, char **argv) {
         else if ((v = flag_value(argc, argv, &i, "--json", probe_usage))) json_path = v;
         else if ((v = flag_value(argc, argv, &i, "--threads", probe_usage))) {
             if (parse_i64(v, 0, 1024, &threads)) usage_error(probe_usage, "--threads '%s': need 0 (all) to 1024", v);
-        } else usage_error(probe_usage, "unknown argument '%s'", argv[i]);
+        } else unknown_option(argv[i]);
     }
     const int64_t full[3] = {8192, 16384, 32768}, small[3] = {1024, 2048, 4096};
     const int64_t *sizes = quick ? small : full;

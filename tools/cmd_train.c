@@ -42,7 +42,8 @@ static const char train_help[] =
     "                     cuBLAS products and winattn's CUDA kernels (--attn is fused there)\n"
     "  --precision P      on cuda: bf16 (default) weights and activations, or f32 (checks the CPU path)\n"
     "  --init-random SEED on cuda: draw the base weights on the GPU (N(0, 0.02), norms 1) instead of\n"
-    "                     reading model files; --model DIR then needs config.json only\n";
+    "                     reading model files; --model DIR then needs config.json only\n"
+    "  -h, --help         this help\n";
 
 static unsigned parse_keys(const char *v) {
     unsigned mask = 0;
@@ -82,10 +83,7 @@ int cmd_train(int argc, char **argv) {
     const char *v;
     int saw_epochs = 0, saw_iters = 0, saw_precision = 0;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            fputs(train_help, stdout);
-            return 0;
-        }
+        if (is_help(argv[i])) show_help(train_help);
         if ((v = flag_value(argc, argv, &i, "--model", train_usage))) o.model_dir = v;
         else if ((v = flag_value(argc, argv, &i, "--data", train_usage))) o.data_dir = v;
         else if ((v = flag_value(argc, argv, &i, "--attn", train_usage))) {
@@ -133,7 +131,7 @@ int cmd_train(int argc, char **argv) {
         } else if ((v = flag_value(argc, argv, &i, "--init-random", train_usage))) {
             o.random_init = 1;
             o.init_seed = (uint64_t)parse_int_flag("--init-random", v, 0, INT32_MAX);
-        } else usage_error(train_usage, "unknown argument '%s'", argv[i]);
+        } else unknown_option(argv[i]);
     }
     if (!o.model_dir) usage_error(train_usage, "--model DIR is required");
     if (!o.data_dir) usage_error(train_usage, "--data DIR is required");
@@ -153,12 +151,22 @@ int cmd_train(int argc, char **argv) {
 /* ------------------------------------------------------------------------------------------- */
 
 static const char init_usage[] = "winattn init-model CONFIG.json OUT_DIR [--seed S] [--dtype bf16|f32]";
+static const char init_help[] =
+    "usage: winattn init-model CONFIG.json OUT_DIR [--seed S] [--dtype bf16|f32]\n"
+    "\n"
+    "A seeded random checkpoint for a Gemma 4 / Gemma 3 config.json, for demos and tests where no\n"
+    "pretrained weights are reachable: OUT_DIR gets model.safetensors and a copy of the config.\n"
+    "\n"
+    "  --seed S           the weights' seed (default 0)\n"
+    "  --dtype bf16|f32   the weights' dtype (default bf16)\n"
+    "  -h, --help         this help\n";
 
 int cmd_init_model(int argc, char **argv) {
     const char *cfg_path = NULL, *out = NULL, *v;
     uint64_t seed = 0;
     int dtype_f32 = 0;
     for (int i = 1; i < argc; i++) {
+        if (is_help(argv[i])) show_help(init_help);
         if ((v = flag_value(argc, argv, &i, "--seed", init_usage))) {
             int64_t x;
             if (parse_i64(v, 0, INT32_MAX, &x)) usage_error(init_usage, "--seed '%s'", v);
@@ -167,10 +175,10 @@ int cmd_init_model(int argc, char **argv) {
             if (strcmp(v, "bf16") == 0) dtype_f32 = 0;
             else if (strcmp(v, "f32") == 0) dtype_f32 = 1;
             else usage_error(init_usage, "--dtype '%s': bf16 or f32", v);
-        } else if (argv[i][0] == '-') usage_error(init_usage, "unknown flag '%s'", argv[i]);
+        } else if (argv[i][0] == '-') unknown_option(argv[i]);
         else if (!cfg_path) cfg_path = argv[i];
         else if (!out) out = argv[i];
-        else usage_error(init_usage, "unexpected argument '%s'", argv[i]);
+        else unknown_option(argv[i]);
     }
     if (!cfg_path || !out) usage_error(init_usage, "needs CONFIG.json and OUT_DIR");
     char err[1024], desc[512];

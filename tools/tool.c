@@ -32,6 +32,19 @@ void usage_error(const char *usage, const char *fmt, ...) {
     exit(2);
 }
 
+int is_help(const char *arg) { return strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0; }
+
+void show_help(const char *text) {
+    fputs(text, stdout);
+    exit(fflush(stdout) == 0 && !ferror(stdout) ? 0 : 1);
+}
+
+void unknown_option(const char *arg) {
+    fprintf(stderr, "winattn %s: %s '%s' (winattn %s --help lists the options)\n", tool_cmd,
+            arg[0] == '-' && arg[1] != '\0' ? "unknown option" : "unexpected argument", arg, tool_cmd);
+    exit(2);
+}
+
 int parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
     if (!s || !*s) return -1;
     char *end;

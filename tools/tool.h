@@ -16,6 +16,15 @@ extern const char *tool_cmd; /* "attn", "probe", ... for messages */
 _Noreturn void die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 _Noreturn void usage_error(const char *usage, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* What every subcommand does with an argument (tests/test_cli.sh checks each): `--help` or `-h`
+ * prints the subcommand's help on stdout and exits 0 (is_help, show_help); an option it does not
+ * know, or a stray operand, exits 2 with one line on stderr, worded the same everywhere:
+ *   winattn SUB: unknown option '--x' (winattn SUB --help lists the options)
+ *   winattn SUB: unexpected argument 'x' (winattn SUB --help lists the options) */
+int is_help(const char *arg);
+_Noreturn void show_help(const char *text);
+_Noreturn void unknown_option(const char *arg);
+
 /* Strict parsers: the whole string must be a number in range. 0 on success, -1 otherwise. */
 int parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
 int parse_f32(const char *s, float *out);

@@ -118,11 +118,13 @@ int train_init_model(const char *cfg_path, const char *out, uint64_t seed, int f
     for (int i = 0; i < n && rc == 0; i++) {
         init_tensor *t = &ts[i];
         size_t count = t->rows == 0 ? 1 : (size_t)t->rows * (size_t)(t->cols ? t->cols : 1);
-        unsigned char *data = NULL;
-        if (posix_memalign((void **)&data, 64, count * esz ? count * esz : 64) != 0) {
-            rc = fail(err, errlen, "out of memory allocating %zu bytes for %s", count * esz, t->name);
+        size_t bytes = count * esz;
+        void *mem = NULL;
+        if (posix_memalign(&mem, 64, bytes ? bytes : 64) != 0) {
+            rc = fail(err, errlen, "out of memory allocating %zu bytes for %s", bytes, t->name);
             break;
         }
+        unsigned char *data = mem;
         for (size_t j = 0; j < count; j++) {
             float x = (float)(t->std > 0 ? t->std * init_normal(&s) : t->fill);
             if (dtype == ST_F32) memcpy(data + 4 * j, &x, 4);

@@ -27,7 +27,13 @@ except ImportError:  # bf16 arrays need ml_dtypes; f32/f16 work without it
 
 
 def version():
+    """the library's version (wa_version(), from include/winattn.h), which is the package's"""
     return lib.wa_version().decode()
+
+
+# one source: include/winattn.h's WINATTN_VERSION_*, which python/setup.py also reads for the
+# package's metadata (python/tests/test_version.py checks that they agree)
+__version__ = version()
 
 
 _ctx = None
