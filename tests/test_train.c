@@ -754,6 +754,31 @@ static void test_training(const char *tmp) {
     }
     free(a1);
     free(a2);
+
+    /* an output path that is an input is refused before anything is read or written */
+    char train_jsonl[1100];
+    snprintf(train_jsonl, sizeof train_jsonl, "%s/train.jsonl", data);
+    struct stat before, after;
+    stat(train_jsonl, &before);
+    train_options w = o;
+    w.resume_dir = NULL;
+    w.out_dir = out_c;
+    w.log_path = train_jsonl;
+    rc = train_run(&w, err, sizeof err);
+    stat(train_jsonl, &after);
+    check(rc != 0 && strstr(err, "would overwrite the input") && after.st_size == before.st_size &&
+              after.st_mtime == before.st_mtime,
+          "--log naming the training data is refused, the data untouched: \"%s\"", err);
+    char cfg[1100];
+    snprintf(cfg, sizeof cfg, "%s/config.json", model);
+    w.log_path = cfg;
+    rc = train_run(&w, err, sizeof err);
+    check(rc != 0 && strstr(err, "would overwrite the input"), "--log naming the model's config.json is refused: \"%s\"",
+          err);
+    snprintf(path, sizeof path, "%s/adapters.safetensors", out_c);
+    w.log_path = path;
+    rc = train_run(&w, err, sizeof err);
+    check(rc != 0 && strstr(err, "written twice"), "--log naming the checkpoint's adapters file is refused: \"%s\"", err);
 }
 
 /* Gradient accumulation: two batches of one record with --grad-accum 2 make one update with the
@@ -928,10 +953,10 @@ static void test_nonfinite_weights(const char *tmp) {
     snprintf(src, sizeof src, "%s/gemma4_smoke", fixtures);
     const struct { const char *tensor; st_dtype dtype; uint64_t at; uint32_t bits; const char *want; } cases[] = {
         {"model.layers.1.mlp.up_proj.weight", ST_F32, 1234, 0x7fc00000u,
-         "tensor \"layers.1.mlp.up_proj.weight\" holds a non-finite value (NaN) at element 1234"},
+         "tensor \"model.layers.1.mlp.up_proj.weight\" holds a non-finite value (NaN) at element 1234"},
         {"model.layers.0.self_attn.k_proj.weight", ST_BF16, 7, 0xff800000u,
-         "tensor \"layers.0.self_attn.k_proj.weight\" holds a non-finite value (-inf) at element 7"},
-        {"model.norm.weight", ST_F32, 31, 0x7f800000u, "tensor \"norm.weight\" holds a non-finite value (inf) at element 31"},
+         "tensor \"model.layers.0.self_attn.k_proj.weight\" holds a non-finite value (-inf) at element 7"},
+        {"model.norm.weight", ST_F32, 31, 0x7f800000u, "tensor \"model.norm.weight\" holds a non-finite value (inf) at element 31"},
     };
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         snprintf(dst, sizeof dst, "%s/planted%zu", tmp, c);

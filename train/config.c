@@ -31,6 +31,10 @@ static int fail(parse_ctx *p, const char *fmt, ...) {
         va_start(ap, fmt);
         if (n >= 0 && (size_t)n < p->errlen) vsnprintf(p->err + n, p->errlen - (size_t)n, fmt, ap);
         va_end(ap);
+        /* strings from the file (a model_type, a key, jansson's quote of the input near a syntax
+         * error) may hold control characters: '?' for those, so the message stays one line */
+        for (char *c = p->err + (n > 0 && (size_t)n < p->errlen ? n : 0); *c; c++)
+            if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
     }
     return -1;
 }
@@ -265,6 +269,11 @@ static void parse_text_config(parse_ctx *p, const json_t *t, gemma_family fam, g
         sl->rope.linear_factor = 1.0;
         sl->rope.proportional = 0;
     }
+    /* the flat fields bypass parse_rope's check: a negative rope_theta beside a rope_scaling
+     * object, or a rope_local_base_freq of 0, was accepted */
+    for (int k = 0; k < 2; k++)
+        if (!(c->kind[k].rope.theta > 0))
+            fail(p, "%s must be positive", k == LAYER_FULL ? "rope_theta" : "rope_local_base_freq");
     c->embed_scale = sqrt((double)c->hidden);
 }
 

@@ -19,6 +19,14 @@ int tokenize_bytes(const char *text, size_t len, int32_t *out) {
     return n;
 }
 
+/* jansson's error text quotes the input near the error, control characters included: '?' for
+ * those, so a message stays one line */
+static const char *one_line(char *text) {
+    for (char *c = text; *c; c++)
+        if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
+    return text;
+}
+
 /* One record → s. Returns NULL on success, else a message (static text or into msg). */
 static const char *parse_record(const json_t *rec, const data_options *opt, sequence *s, char *msg, size_t msglen) {
     memset(s, 0, sizeof *s);
@@ -119,7 +127,7 @@ int dataset_load(const char *path, const data_options *opt, dataset *d, char *er
         json_error_t je;
         json_t *rec = json_loadb(line, len, JSON_REJECT_DUPLICATES, &je);
         if (!rec) {
-            snprintf(err, errlen, "%s:%d: not valid JSON (%s)", path, lineno, je.text);
+            snprintf(err, errlen, "%s:%d: not valid JSON (%s)", path, lineno, one_line(je.text));
             rc = -1;
             break;
         }

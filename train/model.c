@@ -108,8 +108,8 @@ static int load_plan(model *m, const checkpoint *ck, tensor_plan *plan, int coun
             return snprintf(err, errlen, "checkpoint has no tensor \"%s%s\"", ck->prefix, p->name), -1;
         }
         if (t->dtype != ST_F32 && t->dtype != ST_F16 && t->dtype != ST_BF16 && t->dtype != ST_F64)
-            return snprintf(err, errlen, "tensor \"%s\" has dtype %s (F32, F16, BF16, F64 are read)", p->name,
-                            st_dtype_name(t->dtype)), -1;
+            return snprintf(err, errlen, "tensor \"%s%s\" has dtype %s (F32, F16, BF16, F64 are read)", ck->prefix,
+                            p->name, st_dtype_name(t->dtype)), -1;
         int shape_ok;
         if (p->rank == 0) shape_ok = st_numel(t) == 1 && t->rank <= 1;
         else if (p->rank == 1) shape_ok = t->rank == 1 && t->shape[0] == p->rows;
@@ -121,13 +121,14 @@ static int load_plan(model *m, const checkpoint *ck, tensor_plan *plan, int coun
             else snprintf(want, sizeof want, "[%lld, %lld]", (long long)p->rows, (long long)p->cols);
             for (int d = 0; d < t->rank; d++)
                 snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? ", " : "", (long long)t->shape[d]);
-            return snprintf(err, errlen, "tensor \"%s\" has shape [%s], the config implies %s", p->name, got, want), -1;
+            return snprintf(err, errlen, "tensor \"%s%s\" has shape [%s], the config implies %s", ck->prefix, p->name, got,
+                            want), -1;
         }
         /* a NaN or inf in a frozen weight would surface steps later as a non-finite loss */
         uint64_t bad;
         if (st_tensor_first_nonfinite(t, &bad))
-            return snprintf(err, errlen, "tensor \"%s\" holds a non-finite value (%s) at element %llu", p->name,
-                            st_tensor_value_kind(t, bad), (unsigned long long)bad), -1;
+            return snprintf(err, errlen, "tensor \"%s%s\" holds a non-finite value (%s) at element %llu", ck->prefix,
+                            p->name, st_tensor_value_kind(t, bad), (unsigned long long)bad), -1;
         real *dst = m->weights + off;
         convert_to_real(t, dst, (uint64_t)n, p->add);
         if (p->rank == 0) *p->scalar_dst = dst[0];

@@ -1069,11 +1069,12 @@ void upload_vector(gemma_cuda *g, const checkpoint *ck, const wplan *p) {
     const st_tensor *t = checkpoint_find(ck, p->name);
     if (!t) fail("checkpoint has no tensor \"%s%s\"", ck->prefix, p->name);
     long n = p->scalar ? 1 : p->rows;
-    if (st_numel(t) != n || t->rank > 1) fail("tensor \"%s\" has the wrong shape (the config implies [%ld])", p->name, n);
+    if (st_numel(t) != n || t->rank > 1)
+        fail("tensor \"%s%s\" has the wrong shape (the config implies [%ld])", ck->prefix, p->name, n);
     uint64_t bad;
     if (st_tensor_first_nonfinite(t, &bad)) // the CPU loader's check and message
-        fail("tensor \"%s\" holds a non-finite value (%s) at element %llu", p->name, st_tensor_value_kind(t, bad),
-             (unsigned long long)bad);
+        fail("tensor \"%s%s\" holds a non-finite value (%s) at element %llu", ck->prefix, p->name,
+             st_tensor_value_kind(t, bad), (unsigned long long)bad);
     std::vector<float> v(n);
     const unsigned char *src = (const unsigned char *)t->data;
     for (long i = 0; i < n; i++) {
@@ -1083,7 +1084,7 @@ void upload_vector(gemma_cuda *g, const checkpoint *ck, const wplan *p) {
         case ST_F32: { float f; memcpy(&f, src + 4 * i, 4); x = f; break; }
         case ST_F16: { uint16_t h; memcpy(&h, src + 2 * i, 2); x = wa_f16_to_f32(h); break; }
         case ST_BF16: { uint16_t h; memcpy(&h, src + 2 * i, 2); x = wa_bf16_to_f32(h); break; }
-        default: fail("tensor \"%s\" has dtype %s", p->name, st_dtype_name(t->dtype));
+        default: fail("tensor \"%s%s\" has dtype %s", ck->prefix, p->name, st_dtype_name(t->dtype));
         }
         v[i] = (float)(p->add != 0 ? (float)p->add + (float)x : x); // rounds once, as model.c
     }
@@ -1093,7 +1094,7 @@ void upload_vector(gemma_cuda *g, const checkpoint *ck, const wplan *p) {
 
 // The matrices are scanned where they already are, on the device (a host pass would read the 62 GB
 // of a 31B checkpoint once more); the message is the CPU loader's. first: one device word.
-template <class E> void check_finite(const wplan *p, unsigned long long *first) {
+template <class E> void check_finite(const checkpoint *ck, const wplan *p, unsigned long long *first) {
     unsigned long long h = ~0ull;
     CU(cudaMemcpy(first, &h, sizeof h, cudaMemcpyHostToDevice));
     long n = p->rows * p->cols;
@@ -1103,8 +1104,8 @@ template <class E> void check_finite(const wplan *p, unsigned long long *first) 
     E x;
     CU(cudaMemcpy(&x, (const E *)p->dst + h, sizeof x, cudaMemcpyDeviceToHost));
     float f = (float)x;
-    fail("tensor \"%s\" holds a non-finite value (%s) at element %llu", p->name, isnan(f) ? "NaN" : f > 0 ? "inf" : "-inf",
-         h);
+    fail("tensor \"%s%s\" holds a non-finite value (%s) at element %llu", ck->prefix, p->name,
+         isnan(f) ? "NaN" : f > 0 ? "inf" : "-inf", h);
 }
 
 template <class E> void load_weights(gemma_cuda *g, const char *dir, const gemma_cuda_options *o) {
@@ -1220,7 +1221,7 @@ template <class E> void load_weights(gemma_cuda *g, const char *dir, const gemma
         CU(cudaMalloc(&first, sizeof *first));
         for (const wplan &p : plan) {
             upload_matrix(g, &ck, &p, stage);
-            check_finite<E>(&p, first);
+            check_finite<E>(&ck, &p, first);
         }
         for (const wplan &p : vec) upload_vector(g, &ck, &p);
     } catch (...) {

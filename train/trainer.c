@@ -12,6 +12,7 @@
 #include "platform.h"
 #include "safetensors.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <jansson.h>
@@ -109,20 +110,31 @@ int adapters_save(const gemma_model_f32 *m, const char *dir, char *err, size_t e
 int adapter_config_load(const char *path, int layers, lora_config *lc, char *err, size_t errlen) {
     json_error_t je;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
-    if (!root) return fail(err, errlen, "%s: cannot read (%s)", path, je.text);
+    if (!root) { /* jansson quotes the input near the error: '?' for control characters, one line */
+        for (char *c = je.text; *c; c++)
+            if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
+        return fail(err, errlen, "%s: cannot read (%s)", path, je.text);
+    }
     const json_t *lp = json_object_get(root, "lora_parameters");
     const json_t *rank = json_object_get(lp, "rank"), *scale = json_object_get(lp, "scale");
     const json_t *keys = json_object_get(lp, "keys"), *nl = json_object_get(root, "num_layers");
     int rc = 0;
     if (!json_is_integer(rank) || json_integer_value(rank) < 1 || json_integer_value(rank) > 4096 ||
         !json_is_number(scale) || !json_is_array(keys) || (nl && !json_is_integer(nl))) {
-        rc = fail(err, errlen, "%s: needs lora_parameters {rank, scale, keys} and an integer num_layers", path);
+        rc = fail(err, errlen, "%s: needs lora_parameters {rank (1 to 4096), scale, keys} and an integer num_layers", path);
+    } else if (!isfinite(json_number_value(scale))) {
+        rc = fail(err, errlen, "%s: lora_parameters.scale is not finite", path);
+    } else if (nl && (json_integer_value(nl) < -1 || json_integer_value(nl) > layers)) {
+        /* mlx-lm's -1 is every layer */
+        rc = fail(err, errlen, "%s: num_layers = %lld, must be -1 (all) or 0 to %d (the model's layers)", path,
+                  (long long)json_integer_value(nl), layers);
     } else {
         memset(lc, 0, sizeof *lc);
         lc->rank = (int)json_integer_value(rank);
         lc->scale = json_number_value(scale);
-        lc->num_layers = nl ? (int)json_integer_value(nl) : layers;
-        if (lc->num_layers >= layers || lc->num_layers < 0) lc->num_layers = 0;
+        /* compared before narrowing: (int)4294967297 would be 1 */
+        json_int_t nlv = nl ? json_integer_value(nl) : layers;
+        lc->num_layers = nlv >= layers || nlv < 0 ? 0 : (int)nlv; /* 0: every layer */
         size_t i;
         const json_t *k;
         json_array_foreach(keys, i, k) {
@@ -179,11 +191,7 @@ int adapters_load(gemma_model_f32 *m, const char *path, char *err, size_t errlen
 /* ---------------------------------------------------------------------------------------------
  * Optimizer state: first and second moments, and the step, for --resume. */
 
-typedef struct optimizer {
-    float *m1, *m2;
-    size_t n;
-    long updates;
-} optimizer;
+/* struct optimizer and optimizer_load: trainer.h */
 
 static int optimizer_save(const optimizer *opt, long batches_done, const char *dir, char *err, size_t errlen) {
     st_out outs[2] = {{"m1", ST_F32, 1, {(int64_t)opt->n}, opt->m1}, {"m2", ST_F32, 1, {(int64_t)opt->n}, opt->m2}};
@@ -210,7 +218,7 @@ static int meta_long(const char *text, long lo, long hi, long *out) {
 }
 
 /* iters: the run's batch count; a checkpoint may be at most that far in. */
-static int optimizer_load(optimizer *opt, long *batches_done, long iters, const char *dir, char *err, size_t errlen) {
+int optimizer_load(optimizer *opt, long *batches_done, long iters, const char *dir, char *err, size_t errlen) {
     char path[4096];
     snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
     st_file f;
@@ -467,7 +475,54 @@ static int stop_nonfinite(const gemma_model_f32 *m, const optimizer *opt, const 
 /* ---------------------------------------------------------------------------------------------
  * The run */
 
+/* The files a run may write, against the files it reads: an output that is an input (the same
+ * inode: --log data/train.jsonl, --out the model folder with a file of the same name) would
+ * destroy the input when written. Checked before anything is loaded. */
+static int same_file(const char *a, const char *b) {
+    struct stat sa, sb;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && S_ISREG(sa.st_mode) && sa.st_dev == sb.st_dev &&
+           sa.st_ino == sb.st_ino;
+}
+
+static int outputs_spare_inputs(const train_options *o, char *err, size_t errlen) {
+    enum { MAX_FILES = 256 };
+    char *inputs[MAX_FILES], *outputs[8];
+    int ni = 0, no = 0, rc = 0;
+    static const char *data_files[] = {"train.jsonl", "valid.jsonl", "test.jsonl"};
+    for (size_t i = 0; i < sizeof data_files / sizeof *data_files && o->data_dir; i++)
+        if (asprintf(&inputs[ni], "%s/%s", o->data_dir, data_files[i]) >= 0) ni++;
+    DIR *d = o->model_dir ? opendir(o->model_dir) : NULL; /* config.json, the weights, the index */
+    for (struct dirent *e; d && ni < MAX_FILES - 4 && (e = readdir(d));)
+        if (e->d_name[0] != '.' && asprintf(&inputs[ni], "%s/%s", o->model_dir, e->d_name) >= 0) ni++;
+    if (d) closedir(d);
+    if (o->adapters_path && (inputs[ni] = strdup(o->adapters_path))) ni++;
+    static const char *resumed[] = {"adapters.safetensors", "adapter_config.json", "optimizer.safetensors"};
+    for (size_t i = 0; i < sizeof resumed / sizeof *resumed && o->resume_dir; i++)
+        if (asprintf(&inputs[ni], "%s/%s", o->resume_dir, resumed[i]) >= 0) ni++;
+    if (o->log_path && (outputs[no] = strdup(o->log_path))) no++;
+    static const char *written[] = {"adapters.safetensors", "adapter_config.json", "optimizer.safetensors", "log.jsonl"};
+    for (size_t i = 0; i < sizeof written / sizeof *written && o->out_dir; i++)
+        if (asprintf(&outputs[no], "%s/%s", o->out_dir, written[i]) >= 0) no++;
+    for (int a = 0; a < no && rc == 0; a++) {
+        for (int b = 0; b < ni && rc == 0; b++) {
+            /* resuming into the same folder rewrites its own checkpoint: that is the point */
+            const char *oa = strrchr(outputs[a], '/'), *ib = strrchr(inputs[b], '/');
+            int own = o->resume_dir && o->out_dir && same_dir(o->resume_dir, o->out_dir) && oa && ib &&
+                      strcmp(oa, ib) == 0;
+            if (!own && same_file(outputs[a], inputs[b]))
+                rc = fail(err, errlen, "%s would overwrite the input %s: choose another path", outputs[a], inputs[b]);
+        }
+        for (int b = a + 1; b < no && rc == 0; b++)
+            if (strcmp(outputs[a], outputs[b]) == 0 || same_file(outputs[a], outputs[b]))
+                rc = fail(err, errlen, "%s would be written twice in one run (the log and a checkpoint file)", outputs[a]);
+    }
+    for (int i = 0; i < ni; i++) free(inputs[i]);
+    for (int i = 0; i < no; i++) free(outputs[i]);
+    return rc;
+}
+
 int train_run(const train_options *o, char *err, size_t errlen) {
+    if (outputs_spare_inputs(o, err, errlen) != 0) return -1;
     gemma_model_f32 m;
     lora_config lc = o->lora;
     char path[4096];
@@ -568,7 +623,7 @@ int train_run(const train_options *o, char *err, size_t errlen) {
     }
     if (adapter_dir && optimizer_load(&opt, &batches_done, iters, adapter_dir, err, errlen) != 0) goto done;
     if (o->out_dir && mkdir(o->out_dir, 0777) != 0 && errno != EEXIST) {
-        fail(err, errlen, "%s: cannot create the output directory", o->out_dir);
+        fail(err, errlen, "%s: cannot create the output directory: %s", o->out_dir, strerror(errno));
         goto done;
     }
     if (o->log_path || o->out_dir) {
@@ -576,7 +631,7 @@ int train_run(const train_options *o, char *err, size_t errlen) {
         else snprintf(path, sizeof path, "%s/log.jsonl", o->out_dir);
         log = fopen(path, batches_done ? "a" : "w");
         if (!log) {
-            fail(err, errlen, "%s: cannot open the log", path);
+            fail(err, errlen, "%s: cannot open the log: %s", path, strerror(errno));
             goto done;
         }
     }

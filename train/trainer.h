@@ -19,4 +19,16 @@ int adapters_load(gemma_model_f32 *m, const char *path, char *err, size_t errlen
 /* lora_config from an adapter_config.json written by adapters_save or mlx-lm. */
 int adapter_config_load(const char *path, int layers, lora_config *lc, char *err, size_t errlen);
 
+/* Adam's state for --resume: first and second moments of n entries each, and the update count. */
+typedef struct optimizer {
+    float *m1, *m2;
+    size_t n;
+    long updates;
+} optimizer;
+/* Reads dir/optimizer.safetensors into opt (m1 and m2 already allocated, n set): F32 m1 and m2 of
+ * n entries, metadata "batches" (digits only, in [0, iters]: iters is the run's batch count) into
+ * *batches_done and "updates" (digits only, in [0, batches]). 0, or -1 with a one-line message
+ * naming the file; m1, m2 and updates change only on success (*batches_done may not). */
+int optimizer_load(optimizer *opt, long *batches_done, long iters, const char *dir, char *err, size_t errlen);
+
 #endif
