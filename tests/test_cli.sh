@@ -45,6 +45,28 @@ expect_ok "causal with a left window = sliding" 99 0 bhnd "$T/ok_bhnd.safetensor
 expect_ok "--deterministic (a CUDA choice; the CPU backward is deterministic anyway)" 64 0 bhnd "$T/ok_bhnd.safetensors" \
     --sliding-window 65 --deterministic
 
+expect_ok "--window-left INT64_MAX is unbounded, as in the library" -1 -1 bhnd "$T/ok_bhnd.safetensors" \
+    --window-left 9223372036854775807
+
+# OUT naming a descriptor the shell opened: written through it, so | and >> do what they say
+rm -f "$T/file.safetensors"
+"$W" attn "$T/ok_bhnd.safetensors" "$T/file.safetensors" --sliding-window 65 2>/dev/null
+size=$(wc -c <"$T/file.safetensors")
+piped=$("$W" attn "$T/ok_bhnd.safetensors" /dev/stdout --sliding-window 65 2>"$T/stderr" | wc -c)
+if [ "$piped" -eq "$size" ] && [ "$size" -gt 0 ]; then ok "OUT /dev/stdout into a pipe: $piped bytes, as written to a file"
+else no "OUT /dev/stdout into a pipe: $piped bytes against $size: $(cat "$T/stderr")"; fi
+"$W" attn "$T/ok_bhnd.safetensors" /dev/stdout --sliding-window 65 >"$T/redirected.safetensors" 2>"$T/stderr" &&
+    "$BUILD/tests/cli_helper" verify "$T/ok_bhnd.safetensors" "$T/redirected.safetensors" 64 0 bhnd 2>>"$T/stderr" &&
+    ok "OUT /dev/stdout redirected to a file: the right results" || no "OUT /dev/stdout redirected: $(cat "$T/stderr")"
+printf 'kept\n' >"$T/appended"
+"$W" attn "$T/ok_bhnd.safetensors" /dev/stdout --sliding-window 65 >>"$T/appended" 2>"$T/stderr"
+if [ "$(head -n 1 "$T/appended")" = kept ] && [ "$(wc -c <"$T/appended")" -eq $((size + 5)) ]; then
+    ok "OUT /dev/stdout under >>: appended after the file's earlier line"
+else no "OUT /dev/stdout under >>: $(wc -c <"$T/appended") bytes, first line '$(head -n 1 "$T/appended")'"; fi
+"$W" attn "$T/ok_bhnd.safetensors" /dev/fd/9 --sliding-window 65 9>"$T/fd9.safetensors" 2>"$T/stderr" &&
+    [ "$(wc -c <"$T/fd9.safetensors")" -eq "$size" ] && ok "OUT /dev/fd/9 opened by the shell" ||
+    no "OUT /dev/fd/9: $(cat "$T/stderr")"
+
 for f in bad_rank bad_dtype_mix bad_dtype_i32 bad_gqa bad_headdim bad_do_shape bad_extra_tensor bad_missing_v \
     bad_truncated bad_lying_header bad_short; do
     expect_error "$f" attn "$T/$f.safetensors" "$T/out.safetensors"
@@ -52,6 +74,9 @@ done
 expect_error "missing input file" attn "$T/nope.safetensors" "$T/out.safetensors"
 expect_error "unknown flag" attn "$T/ok_bhnd.safetensors" "$T/out.safetensors" --windowleft 3
 expect_error "window -2" attn "$T/ok_bhnd.safetensors" "$T/out.safetensors" --window-left -2
+expect_error "window 2^63 (past INT64_MAX)" attn "$T/ok_bhnd.safetensors" "$T/out.safetensors" --window-left 9223372036854775808
+grep -q 'from -1 (unbounded) to 9223372036854775807' "$T/stderr" && ok "the window's range error states the real range" ||
+    no "the window's range error: $(cat "$T/stderr")"
 expect_error "window not a number" attn "$T/ok_bhnd.safetensors" "$T/out.safetensors" --window-right 5x
 expect_error "sliding window 0" attn "$T/ok_bhnd.safetensors" "$T/out.safetensors" --sliding-window 0
 expect_error "sliding window with window-left" attn "$T/ok_bhnd.safetensors" "$T/out.safetensors" --sliding-window 8 --window-left 3

@@ -50,13 +50,17 @@ static void parse(int argc, char **argv, attn_opts *o) {
         int64_t x;
         if (is_help(argv[i])) show_help(attn_help);
         if ((v = flag_value(argc, argv, &i, "--window-left", attn_usage))) {
-            if (parse_i64(v, -1, INT64_MAX / 4, &x)) usage_error(attn_usage, "--window-left '%s': need an integer >= -1", v);
+            if (parse_i64(v, -1, INT64_MAX, &x))
+                usage_error(attn_usage, "--window-left '%s': need an integer from -1 (unbounded) to %lld", v, (long long)INT64_MAX);
             o->left = x, o->has_left = 1;
         } else if ((v = flag_value(argc, argv, &i, "--window-right", attn_usage))) {
-            if (parse_i64(v, -1, INT64_MAX / 4, &x)) usage_error(attn_usage, "--window-right '%s': need an integer >= -1", v);
+            if (parse_i64(v, -1, INT64_MAX, &x))
+                usage_error(attn_usage, "--window-right '%s': need an integer from -1 (unbounded) to %lld", v, (long long)INT64_MAX);
             o->right = x, o->has_right = 1;
         } else if ((v = flag_value(argc, argv, &i, "--sliding-window", attn_usage))) {
-            if (parse_i64(v, 1, INT64_MAX / 4, &x)) usage_error(attn_usage, "--sliding-window '%s': need an integer >= 1 (keys including self)", v);
+            if (parse_i64(v, 1, INT64_MAX, &x))
+                usage_error(attn_usage, "--sliding-window '%s': need an integer from 1 to %lld (keys including self)", v,
+                            (long long)INT64_MAX);
             o->sliding = x;
         } else if ((v = flag_value(argc, argv, &i, "--scale", attn_usage))) {
             if (parse_f32(v, &o->scale) || o->scale == 0) usage_error(attn_usage, "--scale '%s': need a finite non-zero number", v);

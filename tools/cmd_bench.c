@@ -228,12 +228,12 @@ int cmd_bench(int argc, char **argv) {
         } else if ((v = flag_value(argc, argv, &i, "--d", bench_usage))) {
             if (parse_i64(v, 1, WA_MAX_HEAD_DIM, &D)) usage_error(bench_usage, "--d '%s': 1 to 512", v);
         } else if ((v = flag_value(argc, argv, &i, "--sliding-window", bench_usage))) {
-            if (parse_i64(v, 1, INT64_MAX / 4, &x)) usage_error(bench_usage, "--sliding-window '%s'", v);
+            if (parse_i64(v, 1, INT64_MAX / 4, &x)) usage_error(bench_usage, "--sliding-window '%s': need an integer from 1 to %lld", v, (long long)(INT64_MAX / 4));
             left = x - 1, right = 0;
         } else if ((v = flag_value(argc, argv, &i, "--window-left", bench_usage))) {
-            if (parse_i64(v, -1, INT64_MAX / 4, &left)) usage_error(bench_usage, "--window-left '%s'", v);
+            if (parse_i64(v, -1, INT64_MAX / 4, &left)) usage_error(bench_usage, "--window-left '%s': need an integer from -1 (unbounded) to %lld", v, (long long)(INT64_MAX / 4));
         } else if ((v = flag_value(argc, argv, &i, "--window-right", bench_usage))) {
-            if (parse_i64(v, -1, INT64_MAX / 4, &right)) usage_error(bench_usage, "--window-right '%s'", v);
+            if (parse_i64(v, -1, INT64_MAX / 4, &right)) usage_error(bench_usage, "--window-right '%s': need an integer from -1 (unbounded) to %lld", v, (long long)(INT64_MAX / 4));
         } else if (!strcmp(argv[i], "--causal")) {
             left = -1, right = 0;
         } else if (!strcmp(argv[i], "--full")) {

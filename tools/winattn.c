@@ -69,6 +69,8 @@ int main(int argc, char **argv) {
         return argc < 2 ? 2 : 0;
     }
     platform_argv0 = argv[0];
+    /* Ctrl-C or a kill while an output file is being written leaves no temporary beside it */
+    out_cleanup_on_signals();
     if (strcmp(argv[1], "help") == 0) { /* winattn help COMMAND: COMMAND's --help */
         command_fn fn = find(argv[2]);
         if (!fn || argc > 3) {
