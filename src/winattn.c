@@ -184,9 +184,11 @@ static wa_status check_tensor(const char *name, const wa_tensor *t, int is_lse) 
             return wa_fail(WA_ERR_SHAPE, "%s: %lld x %lld x %lld x %lld elements exceed the limit of 2^48", name,
                            (long long)t->shape[0], (long long)t->shape[1], (long long)t->shape[2], (long long)t->shape[3]);
     }
+    /* no elements: no memory is touched, so data and strides are never used (numpy gives such
+     * arrays all-zero strides) */
+    if (elems == 0) return WA_OK;
     if (!is_lse && t->shape[3] > 1 && t->stride[3] != 1)
         return wa_fail(WA_ERR_STRIDE, "%s: head-dim stride is %lld, must be 1", name, (long long)t->stride[3]);
-    if (elems == 0) return WA_OK; /* touches no memory: data and strides are never used */
     if (!t->data) return wa_fail(WA_ERR_INVALID_ARG, "%s: data is NULL", name);
     int64_t es = (int64_t)wa_dtype_size(t->dtype), last = 0;
     if ((uintptr_t)t->data % (uintptr_t)es != 0)

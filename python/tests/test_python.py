@@ -934,9 +934,67 @@ def run_torch_varlen(torch, wt):
         report(torch.equal(out, want), "torch varlen CUDA: captured into a CUDA graph, replayed on new q")
 
 
+def run_empty():
+    """Zero-size arrays, as include/winattn.h documents them for the C API: no keys (Nk = 0) gives
+    o = 0, lse = -inf and zero gradients; no queries, no batch or no sequences give empty results.
+    numpy gives such arrays all-zero strides, which once failed as "head-dim stride is 0"."""
+    rng = np.random.default_rng(11)
+    q = rng.standard_normal((1, 4, 5, 16), dtype=np.float32)
+    do = rng.standard_normal((1, 4, 5, 16), dtype=np.float32)
+    k0 = np.empty((1, 2, 0, 16), np.float32)
+    k = rng.standard_normal((1, 2, 7, 16), dtype=np.float32)
+
+    @case("numpy Nk = 0")
+    def _():
+        o, lse = winattn.attention(q, k0, k0, window=(3, 0), return_lse=True)
+        dq, dk, dv = winattn.attention_backward(q, k0, k0, o, lse, do, window=(3, 0))
+        ok = (not o.any() and np.all(np.isneginf(lse)) and not dq.any() and dk.shape == k0.shape
+              and dv.shape == k0.shape)
+        report(ok, "numpy Nk = 0: o = 0, lse = -inf, dq = 0, empty dk and dv")
+
+    @case("numpy Nq = 0, B = 0")
+    def _():
+        q0 = np.empty((1, 4, 0, 16), np.float32)
+        o, lse = winattn.attention(q0, k, k, return_lse=True)
+        dq, dk, dv = winattn.attention_backward(q0, k, k, o, lse, np.empty_like(q0))
+        b0 = winattn.attention(np.empty((0, 4, 5, 16), np.float32), np.empty((0, 2, 5, 16), np.float32),
+                               np.empty((0, 2, 5, 16), np.float32))
+        report(o.shape == q0.shape and lse.shape == (1, 4, 0) and not dk.any() and not dv.any()
+               and b0.shape == (0, 4, 5, 16), "numpy Nq = 0 (dk = dv = 0) and B = 0: empty results")
+
+    @case("numpy varlen with no tokens")
+    def _():
+        cu = np.array([0, 0, 0], np.int32)
+        o = winattn.attention_varlen(np.empty((0, 4, 16), np.float32), np.empty((0, 2, 16), np.float32),
+                                     np.empty((0, 2, 16), np.float32), cu, cu)
+        report(o.shape == (0, 4, 16), "numpy varlen: two sequences of length 0")
+
+    expect_error("numpy head dim 0", lambda: winattn.attention(np.empty((1, 4, 5, 0), np.float32),
+                                                               np.empty((1, 2, 5, 0), np.float32),
+                                                               np.empty((1, 2, 5, 0), np.float32)),
+                 winattn.WinattnError, "head dim D = 0")
+    try:
+        import torch
+        import winattn.torch as wt
+    except ImportError as e:
+        skip("torch zero-size", "PyTorch is not installed (%s)" % e)
+        return
+
+    @case("torch Nk = 0")
+    def _():
+        tq = torch.from_numpy(q).requires_grad_()
+        tk = torch.empty((1, 2, 0, 16), requires_grad=True)
+        tv = torch.empty((1, 2, 0, 16), requires_grad=True)
+        o = wt.attention(tq, tk, tv, window=(3, 0))
+        o.backward(torch.from_numpy(do))
+        report(not o.any() and not tq.grad.any() and tk.grad.shape == tk.shape,
+               "torch Nk = 0 through autograd: o = 0, dq = 0, empty dk")
+
+
 if __name__ == "__main__":
     print("winattn %s" % winattn.version())
     run_numpy_grid()
     run_varlen_grid()
+    run_empty()
     run_torch()
     finish()
