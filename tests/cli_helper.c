@@ -81,6 +81,15 @@ static int gen(const char *dir) {
     bad[3].name = "dO";
     write_or_die(dir, "bad_extra_tensor.safetensors", bad, 4);
     write_or_die(dir, "bad_missing_v.safetensors", ok, 2);
+    /* no bytes at all, yet dimensions whose products (lse: B x H x N floats) reach petabytes or
+     * overflow: refused on the shapes before any output is allocated */
+    st_out empty_huge[3] = {tensor("q", ST_BF16, 1, (int64_t)1 << 24, (int64_t)1 << 24, 0, q),
+                      tensor("k", ST_BF16, 1, (int64_t)1 << 24, (int64_t)1 << 24, 0, k),
+                      tensor("v", ST_BF16, 1, (int64_t)1 << 24, (int64_t)1 << 24, 0, v)};
+    write_or_die(dir, "bad_zero_huge.safetensors", empty_huge, 3);
+    empty_huge[0].shape[1] = empty_huge[0].shape[2] = (int64_t)1 << 31;
+    empty_huge[1].shape[1] = empty_huge[1].shape[2] = empty_huge[2].shape[1] = empty_huge[2].shape[2] = (int64_t)1 << 31;
+    write_or_die(dir, "bad_zero_overflow.safetensors", empty_huge, 3);
 
     /* byte-level damage to a valid file */
     char path[512];

@@ -68,7 +68,7 @@ else no "OUT /dev/stdout under >>: $(wc -c <"$T/appended") bytes, first line '$(
     no "OUT /dev/fd/9: $(cat "$T/stderr")"
 
 for f in bad_rank bad_dtype_mix bad_dtype_i32 bad_gqa bad_headdim bad_do_shape bad_extra_tensor bad_missing_v \
-    bad_truncated bad_lying_header bad_short; do
+    bad_truncated bad_lying_header bad_short bad_zero_huge bad_zero_overflow; do
     expect_error "$f" attn "$T/$f.safetensors" "$T/out.safetensors"
 done
 expect_error "missing input file" attn "$T/nope.safetensors" "$T/out.safetensors"

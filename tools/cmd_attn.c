@@ -172,6 +172,21 @@ int cmd_attn(int argc, char **argv) {
     wa_tensor g;
     if (sdo) g = describe(sdo, &o, &copies[3]);
 
+    wa_context_params cp = {0};
+    cp.threads = o.threads;
+    cp.cuda_deterministic = o.deterministic;
+    wa_context *ctx;
+    if (wa_context_create(&cp, &ctx) != WA_OK) die("%s", wa_last_error());
+    wa_attn_desc desc = {o.scale, o.softcap, o.left, o.right};
+    /* the shapes are checked (dimension limits, element counts, GQA, head dim) before anything is
+     * allocated for the outputs: a tensor with a 0 dimension beside huge ones holds no bytes in
+     * IN, yet the outputs' sizes are products of its dimensions */
+    size_t ws_bytes;
+    if (wa_workspace_size(ctx, &desc, &q, &k, &v, sdo != NULL, &ws_bytes) != WA_OK) die("%s: %s", o.in, wa_last_error());
+    if (sdo)
+        for (int d = 0; d < 4; d++)
+            if (g.shape[d] != q.shape[d]) die("%s: tensor 'do' must have q's shape", o.in);
+
     void *ob, *dqb = NULL, *dkb = NULL, *dvb = NULL;
     wa_tensor out = output_like(&q, &o, &ob, "o");
     float *lseb = xmalloc((size_t)(q.shape[0] * q.shape[1] * q.shape[2]) * 4 + 4, "lse");
@@ -179,12 +194,6 @@ int cmd_attn(int argc, char **argv) {
     wa_tensor dq, dk, dv;
     if (sdo) dq = output_like(&q, &o, &dqb, "dq"), dk = output_like(&k, &o, &dkb, "dk"), dv = output_like(&v, &o, &dvb, "dv");
 
-    wa_context_params cp = {0};
-    cp.threads = o.threads;
-    cp.cuda_deterministic = o.deterministic;
-    wa_context *ctx;
-    if (wa_context_create(&cp, &ctx) != WA_OK) die("%s", wa_last_error());
-    wa_attn_desc desc = {o.scale, o.softcap, o.left, o.right};
     /* with --device cuda every tensor gets a device twin; results come back into the host buffers */
     wa_tensor *all[9] = {&q, &k, &v, &g, &out, &lse, &dq, &dk, &dv};
     int n_all = sdo ? 9 : 6, is_input[9] = {1, 1, 1, 1, 0, 0, 0, 0, 0};
