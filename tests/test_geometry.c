@@ -74,7 +74,7 @@ static int check_config(const wa_window *w, int64_t Bq, int64_t Bk, char *why, s
                 for (int64_t j = j0; j < j1; j++) any |= wa_visible(w, i, j);
             int visited = qt >= qt0 && qt < qt1;
             if (any != visited) return snprintf(why, n, "key tile %lld: query tile %lld visited=%d but visible=%d", (long long)j0, (long long)qt, visited, (int)any), 0;
-            /* the ordered dQ (bwd_hopper.cu): the key tiles before this one that add to query tile
+            /* the ordered dQ (src/cuda/sm90/bwd_dkdv.cu): the key tiles before this one that add to query tile
              * qt number this tile's index less the first of wa_key_tiles_for_rows (unclipped rows,
              * as the kernel passes them); so that first one, with none before it, stores the block
              * (kOrderedFirstStores), and a query tile whose range is empty gets no share at all

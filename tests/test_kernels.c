@@ -45,7 +45,7 @@ static const tcase cases[] = {
     {2, 4, 2, 150, 150, 512, 60, 0, WA_F16, 0, 0, 1},     /* B = 2, GQA 2, bnhd */
     {2, 2, 1, 100, 130, 512, -1, 0, WA_BF16, 0, 0, 0},    /* B = 2, Nq < Nk, causal */
     /* a negative scale: the CUDA Hopper forwards fold a positive scale into exp2 and leave these
-     * to the older kernels without a softcap (fwd_hopper.cu); with one they take them */
+     * to the older kernels without a softcap (src/cuda/sm90/fwd.cu); with one they take them */
     {1, 2, 1, 200, 200, 128, 60, 0, WA_BF16, 0, -0.08f, 0},  /* D = 128: version 2/3 forward */
     {1, 2, 1, 150, 150, 512, -1, 0, WA_F16, 0, -0.05f, 0},   /* D = 512: the mma.sync forward */
     {1, 2, 2, 180, 180, 64, 50, 0, WA_BF16, 20.0f, -0.1f, 1}, /* softcap: the Hopper forward */

@@ -1,4 +1,5 @@
-/* model_cuda_stub.c — model_cuda.h in a build without nvcc: every entry point says so. */
+/* model_cuda_stub.c — model_cuda.h in a build without CUDA kernels (no nvcc, or CUDA_ARCHS=auto on a
+ * machine without a GPU): every entry point says so. */
 #include "model_cuda.h"
 
 #include <stdio.h>
@@ -12,7 +13,8 @@ int gemma_cuda_open(const gemma_model_f32 *host, const char *dir, const gemma_cu
                     char *err, size_t errlen) {
     (void)host, (void)dir, (void)o;
     *out = NULL;
-    snprintf(err, errlen, "this build has no CUDA (nvcc was not found when it was built): --device cuda is unavailable");
+    snprintf(err, errlen, "this build has no CUDA kernels (nvcc was missing, or CUDA_ARCHS=auto found no GPU, when it was built): --device cuda "
+                           "is unavailable; rebuild with nvcc and CUDA_ARCHS=all (or a list such as CUDA_ARCHS=sm_90a)");
     return -1;
 }
 

@@ -153,7 +153,7 @@ template <typename F> static wa_status over_sequences(const kparams &kp, F &&f) 
  * up runs the portable and the mma.sync kernels; the wgmma kernels only where the sm_90a build is
  * the code loaded. */
 struct cuda_target {
-    bool tensor_cores; /* any mma.sync or wgmma kernel at all (WINATTN_CUDA=v1: no) */
+    bool tensor_cores; /* any mma.sync or wgmma kernel at all (WINATTN_CUDA=portable: no) */
     bool hopper;       /* the sm90/ kernels: compute capability 9.0 running the sm_90a kernels (not
                         * the compute_80 PTX JIT-compiled, whose sm90 kernels are stubs), unless
                         * WINATTN_CUDA=mma, sm80 or sm86 keeps them off */
@@ -163,6 +163,8 @@ struct cuda_target {
     size_t smem_device; /* the device's own opt-in limit, whatever WINATTN_CUDA says: the portable
                          * kernels' limits are raised to what their tiles need there */
     int sms;           /* the device's SMs (cudaDevAttrMultiProcessorCount): a persistent kernel's grid */
+    bool tma;          /* the TMA kernels may take calls (WINATTN_CUDA=no-tma: no; with hopper) */
+    bool fwd_overlap;  /* the TMA forward overlaps within a warpgroup (WINATTN_CUDA=no-overlap: no) */
 };
 
 /* ---- launch functions of the kernel files. Each runs the kernels of its file for kp as the

@@ -65,13 +65,29 @@ constexpr size_t kSmemSm80 = 166912, kSmemSm86 = 101376;
  * ldmatrix are all they need), the mma.sync kernels where their shared memory fits; so does a 9.0
  * GPU whose driver JIT-compiled the PTX (CUDA_FORCE_PTX_JIT=1), where the sm90 kernels are stubs.
  * WINATTN_CUDA, read per call, selects paths for comparisons and for checking on one GPU what
- * another runs:
- *   v1     every call on the portable kernels;
- *   mma    no wgmma kernel: the sm80 kernels, the portable ones for the rest;
- *   sm80   what a compute-capability 8.0 GPU runs: mma, with no more than 163 KB a block;
- *   sm86   what 8.6 and 8.9 run: mma with 99 KB;
- *   v3     no TMA kernel: on Hopper the cp.async wgmma forward at D = 256 and the sm80 kernels;
- *   v4a    the TMA forward (D <= 256, rectangular calls) without the in-warpgroup overlap. */
+ * another runs (cuda_force_of):
+ *   portable    every call on the portable kernels (no tensor cores);
+ *   mma         no wgmma kernel on any GPU: the sm80 (mma.sync) kernels, the portable ones for the rest;
+ *   sm80        what a compute-capability 8.0 GPU runs: mma, with no more than 163 KB a block;
+ *   sm86        what 8.6 and 8.9 run: mma with 99 KB;
+ *   no-tma      no TMA kernel: on Hopper the cp.async wgmma forward at D = 256 and the sm80 kernels;
+ *   no-overlap  the TMA forward (D <= 256, rectangular calls) without the in-warpgroup overlap.
+ * Unset or empty selects the default; any other value fails the call with WA_ERR_INVALID_ARG, as an
+ * unknown WINATTN_ISA fails wa_context_create (the library prints nothing). */
+enum class cuda_force { none, portable, mma, sm80, sm86, no_tma, no_overlap, unknown };
+
+static cuda_force cuda_force_of(const char *v) {
+    static const struct {
+        const char *name;
+        cuda_force f;
+    } names[] = {{"portable", cuda_force::portable}, {"mma", cuda_force::mma},       {"sm80", cuda_force::sm80},
+                 {"sm86", cuda_force::sm86},         {"no-tma", cuda_force::no_tma}, {"no-overlap", cuda_force::no_overlap}};
+    if (!v || !*v) return cuda_force::none;
+    for (const auto &n : names)
+        if (!strcmp(v, n.name)) return n.f;
+    return cuda_force::unknown;
+}
+
 static wa_status cuda_target_now(cuda_target *t) {
     int dev = 0;
     CUDA_TRY(cudaGetDevice(&dev));
@@ -81,10 +97,16 @@ static wa_status cuda_target_now(cuda_target *t) {
     if (f.cc < 80)
         return wa_fail(WA_ERR_UNSUPPORTED, "CUDA device %d has compute capability %d.%d; winattn's kernels need 8.0 or newer", dev,
                        f.cc / 10, f.cc % 10);
-    const char *force = getenv("WINATTN_CUDA");
-    const bool sm80 = force && !strcmp(force, "sm80"), sm86 = force && !strcmp(force, "sm86");
-    t->tensor_cores = !(force && !strcmp(force, "v1"));
-    t->hopper = f.hopper_code && !(force && !strcmp(force, "mma")) && !sm80 && !sm86;
+    const char *force_name = getenv("WINATTN_CUDA");
+    const cuda_force force = cuda_force_of(force_name);
+    if (force == cuda_force::unknown)
+        return wa_fail(WA_ERR_INVALID_ARG, "WINATTN_CUDA=%.64s is not one of portable, mma, sm80, sm86, no-tma, no-overlap (or unset)",
+                       force_name);
+    const bool sm80 = force == cuda_force::sm80, sm86 = force == cuda_force::sm86;
+    t->tensor_cores = force != cuda_force::portable;
+    t->hopper = f.hopper_code && force != cuda_force::mma && !sm80 && !sm86;
+    t->tma = force != cuda_force::no_tma;
+    t->fwd_overlap = force != cuda_force::no_overlap;
     t->smem_optin = (size_t)f.smem_optin;
     t->smem_device = (size_t)f.smem_optin;
     t->sms = f.sms;
@@ -165,24 +187,18 @@ static int tensor_cores_take(const wa_problem *p, const cuda_target &t, int back
     return mma_sync_smem(p->D, backward) <= t.smem_optin;
 }
 
-/* WINATTN_CUDA=v3 keeps every call off the TMA kernels (mma, sm80 and sm86 keep the calls off every
- * wgmma kernel through cuda_target) */
-static bool sm90_tma_forced_off() {
-    const char *force = getenv("WINATTN_CUDA");
-    return force && !strcmp(force, "v3");
-}
 static bool sm90_tma_head_dim(long long D) { return D == 64 || D == 128 || D == 256 || D == kSm90D512; }
 
 /* The TMA forward, before its tensor maps are encoded. Without a softcap the kernels fold the scale
  * into exp2's argument (prims/mma.cuh: softmax_scores), which needs it positive; a negative scale
  * (0 means 1/sqrt(D) by then), which no model uses, runs on the cp.async or the mma.sync forward. */
-static int sm90_forward_takes(const kparams &kp) {
-    return !sm90_tma_forced_off() && sm90_tma_head_dim(kp.D) && kp.Nq > 0 && kp.Nk > 0 && (kp.softcap > 0.0f || kp.scale > 0.0f) &&
+static int sm90_forward_takes(const kparams &kp, const cuda_target &t) {
+    return t.tma && sm90_tma_head_dim(kp.D) && kp.Nq > 0 && kp.Nk > 0 && (kp.softcap > 0.0f || kp.scale > 0.0f) &&
            tensor_map_encoder() != nullptr;
 }
 /* the TMA backward, before its tensor maps are encoded (it reads lse) */
-static int sm90_backward_takes(const kparams &kp) {
-    return !sm90_tma_forced_off() && sm90_tma_head_dim(kp.D) && kp.Nq > 0 && kp.Nk > 0 && kp.lse.data && tensor_map_encoder() != nullptr;
+static int sm90_backward_takes(const kparams &kp, const cuda_target &t) {
+    return t.tma && sm90_tma_head_dim(kp.D) && kp.Nq > 0 && kp.Nk > 0 && kp.lse.data && tensor_map_encoder() != nullptr;
 }
 /* whether the TMA backward has the fused form (dQ added by the dK/dV kernel into kp.dq_acc) for
  * kp's head dim; elsewhere it ignores kp.dq_acc */
@@ -234,7 +250,7 @@ static int atomic_dq(const wa_context *ctx, const wa_problem *p, const cuda_targ
     if (ctx->params.cuda_deterministic || !tensor_cores_take(p, t, 1)) return 0;
     if (p->D == 512) return 0;
     const kparams kp = params_of(p);
-    return !t.hopper || !sm90_backward_takes(kp) || sm90_fuses_dq(kp);
+    return !t.hopper || !sm90_backward_takes(kp, t) || sm90_fuses_dq(kp);
 }
 /* the deterministic form where the sm90 backward fuses dQ and orders its adds (sm90_orders_dq):
  * the fused kernel with each 64 × 64 block's shares added in a fixed order, in place of the dQ
@@ -242,7 +258,7 @@ static int atomic_dq(const wa_context *ctx, const wa_problem *p, const cuda_targ
 static int ordered_dq(const wa_context *ctx, const wa_problem *p, const cuda_target &t) {
     if (!ctx->params.cuda_deterministic || !t.hopper || !tensor_cores_take(p, t, 1)) return 0;
     const kparams kp = params_of(p);
-    return sm90_backward_takes(kp) && sm90_fuses_dq(kp) && sm90_orders_dq(kp);
+    return sm90_backward_takes(kp, t) && sm90_fuses_dq(kp) && sm90_orders_dq(kp);
 }
 
 /* backward workspace: two arrays of rows (delta, then rnorm for f32 or lse2 for the sm90
@@ -318,13 +334,12 @@ static wa_status release_workspace(void *ws, int owned, cudaStream_t s, wa_statu
 /* f16/bf16 on the tensor cores: the TMA forward where it takes the call, else on Hopper the
  * cp.async wgmma forward at D = 256, else the mma.sync forward */
 static wa_status forward_tensor_cores(const kparams &kp, wa_dtype dt, const cuda_target &t, cudaStream_t s) {
-    if (t.hopper && sm90_forward_takes(kp)) {
+    if (t.hopper && sm90_forward_takes(kp, t)) {
         CUtensorMap maps[3];
         if (forward_maps(kp, dt, maps)) {
             if (kp.D == kSm90D512) return sm90_forward_d512(kp, dt, maps, t.sms, s);
-            /* WINATTN_CUDA=v4a: without the in-warpgroup overlap (rectangular calls) */
-            const char *force = kp.cu_q ? nullptr : getenv("WINATTN_CUDA");
-            const bool pipelined = !(force && !strcmp(force, "v4a"));
+            /* WINATTN_CUDA=no-overlap: without the in-warpgroup overlap (rectangular calls) */
+            const bool pipelined = kp.cu_q || t.fwd_overlap;
             return sm90_forward(kp, dt, maps, pipelined, t.sms, s);
         }
     }
@@ -388,7 +403,7 @@ static wa_status backward_sm90(const kparams &kp, wa_dtype dt, const CUtensorMap
  * (whose dQ accumulator, where the call has one, is the plain [B, Hq, Nq, D]: the ordered form's is
  * the TMA backward's alone, so a deterministic call keeps the dQ kernel there) */
 static wa_status backward_tensor_cores(const kparams &kp, wa_dtype dt, const cuda_target &t, cudaStream_t s) {
-    if (t.hopper && sm90_backward_takes(kp) && kp.lse2) {
+    if (t.hopper && sm90_backward_takes(kp, t) && kp.lse2) {
         CUtensorMap maps[8];
         if (backward_maps(kp, dt, maps)) return backward_sm90(kp, dt, maps, s);
     }

@@ -10,7 +10,7 @@
  *              the online softmax in registers, O += P V with P from registers. PIPELINED: the
  *              product O += P V of tile j-1 is issued right after S of tile j and runs on the
  *              tensor cores while this warpgroup does tile j's softmax; only the rescale of O
- *              waits for it (WINATTN_CUDA=v4a runs the form without it).
+ *              waits for it (WINATTN_CUDA=no-overlap runs the form without it).
  * Rectangular calls run persistent: one CTA per SM walks the work items (kSm90FwdOrder), so that
  * what one item leaves exposed (barrier set-up, the first loads, the last O += P V, the epilogue)
  * runs under the next one's work; the ring's and Q's phases run on across the items.

@@ -1,6 +1,6 @@
 /* sm90/fwd_cp_async.cu — the forward at D = 256 on wgmma with cp.async loads: Hopper's path for
  * the calls the TMA forward cannot take (tensors TMA cannot describe, a negative scale without a
- * softcap, WINATTN_CUDA=v3). Same algorithm and register layout as the mma.sync forward
+ * softcap, WINATTN_CUDA=no-tma). Same algorithm and register layout as the mma.sync forward
  * (sm80/fwd.cu): each warp's 16 rows sit in the same accumulator positions. */
 #include "../prims/mma.cuh"
 
