@@ -36,13 +36,40 @@ typedef struct lora_config {
     int num_layers;
 } lora_config;
 
+/* The learning rate per optimizer update, after mlx-lm's `lr_schedule` (mlx.optimizers'
+ * schedules, joined as mlx-lm's build_schedule joins them): with warmup W > 0 the rate rises
+ * linearly from warmup_init to lr over updates 0..W (linear_schedule(warmup_init, lr, W)), and the
+ * decay then runs from update W + 1 as if from its own 0; without warmup the decay starts at 0.
+ *   LR_CONSTANT  lr
+ *   LR_COSINE    cosine_decay(lr, steps, end): end + (lr - end) · ½ (1 + cos(π · min(u, steps) / steps))
+ *   LR_LINEAR    linear_schedule(lr, end, steps): lr + (end - lr) · min(u, steps) / steps
+ * steps = 0 means the run's own update count (less the warmup). */
+typedef enum lr_decay { LR_CONSTANT, LR_COSINE, LR_LINEAR } lr_decay;
+typedef struct lr_schedule {
+    lr_decay decay;
+    int steps;          /* the decay's length in updates; 0 = the rest of the run */
+    double end;         /* the rate the decay ends at (mlx's default 0) */
+    int warmup;         /* updates of linear warmup; 0 = none */
+    double warmup_init; /* the rate warmup starts from (mlx-lm's default 0) */
+} lr_schedule;
+
+/* The file layout adapters are written in: mlx-lm's (adapters.safetensors + its
+ * adapter_config.json, loaded by mlx_lm.load(..., adapter_path=DIR)) or peft's
+ * (adapter_model.safetensors + its adapter_config.json, loaded by PeftModel.from_pretrained).
+ * Reading takes either, whatever this says. */
+typedef enum adapter_format { ADAPTERS_MLX, ADAPTERS_PEFT } adapter_format;
+
 /* The GPU model's precision (model_cuda.h). */
 typedef enum gemma_precision { PRECISION_BF16, PRECISION_F32 } gemma_precision;
 
 typedef struct train_options {
     const char *model_dir;     /* config.json + safetensors */
-    const char *data_dir;      /* train.jsonl and valid.jsonl */
-    const char *out_dir;       /* adapters, adapter_config.json, optimizer state, log; NULL = none */
+    const char *data_dir;      /* a folder with train.jsonl, valid.jsonl (and test.jsonl), or one JSONL
+                                * file (training only: no held-out set) */
+    const char *out_dir;       /* checkpoints (adapters, adapter_config.json, optimizer state,
+                                * trainer state), log; train_defaults: "adapters", as mlx-lm */
+    adapter_format format;     /* the layout adapters are written in (default ADAPTERS_MLX) */
+    int save_every;            /* a numbered checkpoint every N updates besides the latest; 0 = at the end only */
     const char *resume_dir;    /* continue from a previous out_dir (adapters + optimizer + step) */
     const char *adapters_path; /* start from (or evaluate) these adapters instead of a fresh init */
     attn_arm arm;
@@ -54,6 +81,8 @@ typedef struct train_options {
     int pack;                  /* 1: each batch's records packed into one sequence (default); 0: one by one */
     int grad_accum;            /* batches per optimizer update */
     double lr, beta1, beta2, eps, weight_decay;
+    lr_schedule schedule;      /* default LR_CONSTANT: lr throughout */
+    double grad_clip;          /* clip the gradient to this global L2 norm before each update; 0 = off */
     int adamw;                 /* decoupled weight decay */
     int bias_correction;       /* off by default, as in MLX's Adam */
     lora_config lora;
@@ -61,6 +90,10 @@ typedef struct train_options {
     int eval_only;
     int eval_at_end;
     int eval_every;            /* 0 = never during training */
+    int val_batches;           /* batches of valid.jsonl per evaluation; 0 or -1 = all (mlx-lm: -1) */
+    int test;                  /* after training, the loss on test.jsonl (mlx-lm's --test) */
+    int byte_tokens;           /* {"text"} records as UTF-8 bytes even where the model has a tokenizer */
+    int mask_prompt;           /* no loss on the prompt part of records that mark one (mlx-lm's --mask-prompt) */
     int max_len;
     int pad_target;
     const char *log_path;      /* JSON lines per step and evaluation; NULL = out_dir/log.jsonl or none */
