@@ -262,7 +262,7 @@ $(BUILD)/tools/%.o: WA_CFLAGS += -Isrc -Iformats -Itrain $(JANSSON_CFLAGS)
 $(BUILD)/train/%.o: WA_CFLAGS += -Isrc -Iformats $(JANSSON_CFLAGS)
 $(BUILD)/formats/%.o: WA_CFLAGS += $(JANSSON_CFLAGS)
 
-# EXTRA=all (or a list of portability, sanitize, fuzz, aarch64) adds tests/extra_checks.sh's checks; CI runs all
+# EXTRA=all (or a list of portability, sanitize, fuzz, aarch64, cuda) adds tests/extra_checks.sh's checks; CI runs all
 EXTRA ?=
 test: all
 	@EXTRA="$(EXTRA)" sh tests/run_tests.sh $(BUILD)
@@ -360,14 +360,14 @@ clean:
 help:
 	@echo "make            library, build/winattn, tests"
 	@echo "make test       unit tests, parity --quick, probe --quick (ends 'N passed, N failed')"
-	@echo "make test EXTRA=all   adds clang -Wpedantic (x86-64, aarch64), ASan+UBSan, 60 s of libFuzzer, aarch64 under qemu"
+	@echo "make test EXTRA=all   adds clang -Wpedantic (x86-64, aarch64), ASan+UBSan, libFuzzer, aarch64 under qemu, the CUDA build"
 	@echo "                (sh scripts/deps.sh --extra installs what they need; CI runs it)"
 	@echo "make test-long  the full parity sweep and the full memory probe"
 	@echo "make tile-gemm  winattn's tile micro-kernels vs OpenBLAS sgemm/sbgemm (x86 + OpenBLAS)"
 	@echo "make torch-ext  winattn.torch's C++ eager path for the installed torch (PYTHON=python3)"
 	@echo "make demo       corpus + small random Gemma 4 + a short LoRA run through winattn (a few minutes)"
 	@echo "make install    PREFIX=$(PREFIX): header, libwinattn.{a,so}, winattn, pkg-config file"
-	@echo "make fuzz       libFuzzer target for the safetensors reader"
+	@echo "make fuzz       libFuzzer targets for the file readers (safetensors, config.json, JSONL, adapter state); make fuzz-check runs them"
 	@echo "make sanitize   library, winattn and tests with ASan + UBSan in $(SAN_BUILD) (make test EXTRA=sanitize runs them)"
 	@echo "options: NO_CUDA=1, WERROR=1, CC=clang, BUILD=dir; CFLAGS (default -O2 -g), CPPFLAGS, LDFLAGS, LDLIBS add to the build's own flags"
 

@@ -6,9 +6,7 @@
  * into a crash. A rejected file must come with a non-empty one-line message and an empty
  * st_file, and everything must be freed (LeakSanitizer checks jansson's allocations too).
  *
- * Build: clang -g -O1 -fsanitize=fuzzer,address,undefined -Iformats formats/safetensors.c \
- *          formats/atomic_file.c tests/fuzz/fuzz_safetensors.c -ljansson -o /tmp/fuzz_st
- * Run:   /tmp/fuzz_st -max_total_time=300 tests/fuzz/corpus
+ * Build: make fuzz (into $(BUILD)/fuzz/); run: make fuzz-check, or see docs/fuzzing.md.
  */
 #include "safetensors.h"
 
