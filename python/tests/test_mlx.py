@@ -461,6 +461,28 @@ def run_mlx_lm(mx, nn, wm):
                    "rolled masks, to MLX)" % (e, MODEL_TOL, len(plans)))
 
 
+def run_empty(mx, wm):
+    """Zero-size arrays through MLX, as include/winattn.h documents them for the C API: no keys
+    (Nk = 0) gives o = 0 and zero dq; no queries give empty results (test_python.py covers numpy
+    and torch)."""
+    @case("mlx Nk = 0")
+    def _():
+        q = mx.random.normal((1, 4, 5, 16))
+        k0 = mx.zeros((1, 2, 0, 16))
+        o, vjp = mx.vjp(lambda q, k, v: wm.attention(q, k, v, window=(3, 0)), [q, k0, k0],
+                        [mx.random.normal((1, 4, 5, 16))])
+        report(not mx.any(o[0]).item() and not mx.any(vjp[0]).item() and vjp[1].shape == k0.shape,
+               "mlx Nk = 0 through mx.vjp: o = 0, dq = 0, empty dk")
+
+    @case("mlx Nq = 0")
+    def _():
+        q0 = mx.zeros((1, 4, 0, 16))
+        k = mx.random.normal((1, 2, 7, 16))
+        o, vjp = mx.vjp(lambda q, k, v: wm.attention(q, k, v), [q0, k, k], [mx.zeros((1, 4, 0, 16))])
+        report(o[0].shape == q0.shape and not mx.any(vjp[1]).item() and not mx.any(vjp[2]).item(),
+               "mlx Nq = 0 through mx.vjp: empty o, dk = dv = 0")
+
+
 def main():
     try:
         import mlx.core as mx
@@ -470,6 +492,7 @@ def main():
         skip("mlx", "MLX is not installed (%s)" % e)
         return
     print("mlx %s on %s" % (mx.__version__, mx.default_device()))
+    run_empty(mx, wm)
     try:
         import mlx_lm.models.base  # noqa: F401  (the reference masks)
     except ImportError as e:
