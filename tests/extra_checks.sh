@@ -21,9 +21,15 @@
 #             config.json parser, the JSONL data reader and the adapter/optimizer state readers,
 #             each for FUZZ_SECONDS (45) from its corpus in tests/fuzz/. Needs clang and
 #             libclang-rt-*-dev. docs/fuzzing.md has the long runs.
+#   cuda      the CUDA kernels and the trainer's CUDA backend compiled for every target
+#             (CUDA_ARCHS=all, build-cuda; about 7 minutes on two cores) with no compiler warning
+#             from the project's sources, and that build run on a machine without a GPU: `winattn
+#             version` says CUDA is not available, test_api passes, and a --device cuda command
+#             fails with one line and exit 1. Needs nvcc (the kernels run only on a GPU:
+#             scripts/cuda_check.sh).
 #
 # scripts/deps.sh --extra installs what they need (.ci/run does).
-# usage: sh tests/extra_checks.sh aarch64|sanitize|fuzz|portability
+# usage: sh tests/extra_checks.sh aarch64|sanitize|fuzz|portability|cuda
 check=$1
 pass=0 fail=0
 out=$(mktemp)
@@ -123,6 +129,29 @@ fuzz)
             if [ "$word" = PASS ]; then ok "$rest"; else bad "$rest"; fi
         done <"$out.lines"
         if [ $rc -ne 0 ] && ! grep -q '^FAIL ' "$out.lines"; then bad "make fuzz-check exited $rc"; fi
+    fi
+    ;;
+cuda)
+    B=build-cuda
+    if need "nvcc (the CUDA toolkit)" nvcc; then
+        start=$(date +%s)
+        if make -j"$(nproc)" BUILD=$B CUDA_ARCHS=all all >"$out" 2>&1; then
+            ok "CUDA build for every target (make CUDA_ARCHS=all BUILD=$B) ($(( $(date +%s) - start )) s)"
+            # nvcc's diagnostics read 'FILE(LINE): warning #N-D: ...'; gcc's 'FILE:LINE:COL: warning: ...'
+            grep -E '^(src|train|tools|formats|include)/[^ ]*(\([0-9]+\)|:[0-9]+:[0-9]+): warning' "$out" | sort -u >"$out.warn"
+            if [ -s "$out.warn" ]; then head -n 10 "$out.warn"; bad "CUDA build: $(wc -l <"$out.warn") warnings from the project's sources"
+            else ok "CUDA build: no warning from the project's sources"; fi
+            v=$($B/winattn version 2>&1)
+            case $v in *"CUDA: not available"*) ok "CUDA build without a GPU: $v" ;; *) bad "CUDA build without a GPU: winattn version says: $v" ;; esac
+            sub "test_api (CUDA build, no GPU)" $B/tests/test_api
+            $B/winattn bench --device cuda --n 256 >"$out" 2>&1
+            rc=$?
+            if [ $rc -eq 1 ] && [ "$(wc -l <"$out")" -eq 1 ]; then ok "CUDA build without a GPU: bench --device cuda: $(cat "$out")"
+            else bad "CUDA build without a GPU: bench --device cuda exited $rc with: $(head -c 300 "$out")"; fi
+        else
+            grep -E 'error' "$out" | head -n 20
+            bad "CUDA build (make CUDA_ARCHS=all BUILD=$B)"
+        fi
     fi
     ;;
 portability)

@@ -1,7 +1,7 @@
 #!/bin/sh
 # run_tests.sh — `make test`: every unit test, the CLI, install and layer tests, then `winattn
 # parity --quick` and `winattn probe --quick`, then the extra checks named in EXTRA (comma-separated: portability,
-# sanitize, fuzz, aarch64, or all; `make test EXTRA=all` as .ci/run does; tests/extra_checks.sh). Each prints its
+# sanitize, fuzz, aarch64, cuda, or all; `make test EXTRA=all` as .ci/run does; tests/extra_checks.sh). Each prints its
 # own PASS/FAIL lines and an "N passed, N failed" line; this script adds them up and ends with the
 # total in the same form. A program that crashes or exits non-zero without reporting a failure
 # counts as one failure.
@@ -59,9 +59,9 @@ else
 fi
 run "parity --quick" "$BUILD/winattn" parity --quick
 run "probe --quick" "$BUILD/winattn" probe --quick
-# clang -Wpedantic on the library for x86-64 and aarch64, ASan + UBSan, libFuzzer for 60 s,
-# aarch64 under qemu: each needs packages that `sh scripts/deps.sh --extra` installs
-for x in portability sanitize fuzz aarch64; do
+# clang -Wpedantic on the library for x86-64 and aarch64, ASan + UBSan, libFuzzer (45 s a target),
+# aarch64 under qemu, the CUDA build for every target: each needs packages that `sh scripts/deps.sh --extra` installs (nvcc: the CUDA toolkit)
+for x in portability sanitize fuzz aarch64 cuda; do
     case ",${EXTRA:-}," in
     *,all,* | *,"$x",*) run "$x" sh tests/extra_checks.sh "$x" ;;
     *) echo "SKIP $x: not requested (make test EXTRA=$x, or EXTRA=all as CI does)" ;;
