@@ -39,7 +39,8 @@ static int write_all(int fd, const uint8_t *p, size_t n) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
-    data_options opt = {vocabs[data[0] & 7], max_lens[(data[0] >> 3) & 3], (data[0] >> 5) & 1};
+    data_options opt = {.vocab = vocabs[data[0] & 7], .max_len = max_lens[(data[0] >> 3) & 3],
+                        .pad_target = (data[0] >> 5) & 1};
     data++;
     size--;
     int fd = memfd_create("fuzz_data", MFD_CLOEXEC);
