@@ -340,10 +340,38 @@ int data_files(const char *path, data_paths *p, char *err, size_t errlen) {
     return 0;
 }
 
+/* The splits a run reads: the training set unless eval_only, the held-out set when evaluating,
+ * the test set under o->test. */
+static int run_needs(const train_options *o, int *train, int *valid, int *test) {
+    *train = !o->eval_only;
+    *valid = o->eval_only || o->eval_at_end || o->eval_every;
+    *test = o->test;
+    return *train + *valid + *test;
+}
+
+/* Each split the run reads is there; one file (no held-out or test set) only trains. */
+static int check_files(const train_options *o, const data_paths *files, char *err, size_t errlen) {
+    int train, valid, test;
+    run_needs(o, &train, &valid, &test);
+    if (files->is_file && (valid || test))
+        return snprintf(err, errlen, "--data %s is one file, a training set only: evaluation needs a folder with "
+                        "train.jsonl and valid.jsonl%s", o->data_dir, test ? " (and test.jsonl for --test)" : ""), -1;
+    const char *missing = train && !files->train ? "train" : valid && !files->valid ? "valid" :
+                          test && !files->test ? "test" : NULL;
+    if (missing) return snprintf(err, errlen, "--data %s has no %s.jsonl", o->data_dir, missing), -1;
+    return 0;
+}
+
+int data_check_run(const train_options *o, char *err, size_t errlen) {
+    data_paths files;
+    int rc = data_files(o->data_dir, &files, err, errlen);
+    if (rc == 0) rc = check_files(o, &files, err, errlen);
+    data_paths_free(&files);
+    return rc;
+}
+
 /* One split: loaded, and at least one batch of records (whole batches only, as mlx-lm iterates). */
-static int load_split(const char *what, const char *path, const char *data_dir, const data_options *opt, int batch,
-                      dataset *d, char *err, size_t errlen) {
-    if (!path) return snprintf(err, errlen, "--data %s has no %s.jsonl", data_dir, what), -1;
+static int load_split(const char *path, const data_options *opt, int batch, dataset *d, char *err, size_t errlen) {
     if (dataset_load(path, opt, d, err, errlen) != 0) return -1;
     if (d->count < batch) {
         snprintf(err, errlen, "%s has %d records, fewer than one batch of %d", path, d->count, batch);
@@ -360,19 +388,15 @@ int data_load_run(const train_options *o, int vocab, dataset *train, dataset *va
     if (test) memset(test, 0, sizeof *test);
     data_paths files;
     if (data_files(o->data_dir, &files, err, errlen) != 0) return -1;
-    int evaluating = o->eval_only || o->eval_at_end || o->eval_every, testing = o->test && test;
+    int need_train, need_valid, need_test;
+    run_needs(o, &need_train, &need_valid, &need_test);
     int has_tokenizer = model_has_tokenizer(o->model_dir);
     data_options opt = {vocab, o->max_len, o->pad_target, o->mask_prompt, has_tokenizer && !o->byte_tokens,
                         o->model_dir, o->data_dir};
-    int rc = 0;
-    if (files.is_file && (evaluating || o->test)) {
-        snprintf(err, errlen, "--data %s is one file, a training set only: evaluation needs a folder with "
-                 "train.jsonl and valid.jsonl%s", o->data_dir, o->test ? " (and test.jsonl for --test)" : "");
-        rc = -1;
-    }
-    if (rc == 0 && evaluating) rc = load_split("valid", files.valid, o->data_dir, &opt, o->batch, valid, err, errlen);
-    if (rc == 0 && !o->eval_only) rc = load_split("train", files.train, o->data_dir, &opt, o->batch, train, err, errlen);
-    if (rc == 0 && testing) rc = load_split("test", files.test, o->data_dir, &opt, o->batch, test, err, errlen);
+    int rc = check_files(o, &files, err, errlen);
+    if (rc == 0 && need_valid) rc = load_split(files.valid, &opt, o->batch, valid, err, errlen);
+    if (rc == 0 && need_train) rc = load_split(files.train, &opt, o->batch, train, err, errlen);
+    if (rc == 0 && need_test && test) rc = load_split(files.test, &opt, o->batch, test, err, errlen);
     data_paths_free(&files);
     if (rc != 0) {
         dataset_free(train);

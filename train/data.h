@@ -76,12 +76,17 @@ int model_has_tokenizer(const char *model_dir);
 void data_prepare_command(const char *model_dir, const char *data_path, char *cmd, size_t cmdlen, char *prepared,
                           size_t preparedlen);
 
+/* Before anything is loaded: the files a run of o reads from o->data_dir are there (data_files;
+ * the held-out set when evaluating: eval_only, eval_at_end or eval_every; test.jsonl under
+ * o->test), and evaluation is not asked of one file. 0, or -1 with a one-line message. */
+int data_check_run(const train_options *o, char *err, size_t errlen);
+
 /* What a run reads from o->data_dir as o asks, for a model of this vocabulary: the training set
  * (unless eval_only), the held-out set (when evaluating: eval_only, eval_at_end or eval_every) and,
  * where test is not NULL, the test set (under o->test); each needs at least one batch of
- * o->batch records. Byte tokens follow o->byte_tokens and model_has_tokenizer(o->model_dir), and
- * reading text as bytes is said once on stdout. Evaluation asked of one file (no held-out set) is
- * refused. 0, or -1 with a one-line message, the datasets freed. */
+ * o->batch records, and data_check_run's conditions hold. Byte tokens follow o->byte_tokens and
+ * model_has_tokenizer(o->model_dir), and reading text as bytes is said once on stdout. 0, or -1
+ * with a one-line message, the datasets freed. */
 int data_load_run(const train_options *o, int vocab, dataset *train, dataset *valid, dataset *test, char *err,
                   size_t errlen);
 

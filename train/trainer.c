@@ -524,6 +524,7 @@ static int outputs_spare_inputs(const train_options *o, char *err, size_t errlen
 
 int train_run(const train_options *o, char *err, size_t errlen) {
     if (outputs_spare_inputs(o, err, errlen) != 0) return -1;
+    if (data_check_run(o, err, errlen) != 0) return -1; /* before the model loads */
     gemma_model_f32 m;
     lora_config lc = o->lora;
     char path[4096];
