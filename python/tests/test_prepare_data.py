@@ -229,11 +229,12 @@ def mlx_lm_check(ck, out):
         report(True, "prepare_data against mlx-lm's datasets", "chat, prompt/completion, text")
 
 
-def train(exe, ck, data, *flags):
+def train(exe, ck, data, *flags, evaluate=True):
     """winattn train for one batch of 3 with the held-out loss at the end: (result, the evaluation's
     target count or None)."""
     r = subprocess.run([exe, "train", "--model", ck, "--data", data, "--iters", "1", "--batch-size", "3",
-                        "--lora-rank", "4", "--threads", "1", "--eval", *flags], capture_output=True, text=True)
+                        "--lora-rank", "4", "--threads", "1", *(["--eval"] if evaluate else []), *flags],
+                       capture_output=True, text=True)
     m = re.search(r"^eval after training: held-out loss [0-9.]+ over (\d+) tokens", r.stdout, re.M)
     return r, int(m.group(1)) if m else None
 
@@ -260,6 +261,22 @@ def trainer_check(ck, data, out, tmp):
         report(p.returncode == 0 and r.returncode == 0 and n == want,
                "the named command prepares data winattn train takes", "eval targets=%s expected=%d %s %s" % (
                    n, want, p.stderr.strip()[-200:], r.stderr.strip()[-200:]))
+
+    # one raw file: the command names a .jsonl beside it, which --data then takes
+    raw = os.path.join(tmp, "raw")
+    os.mkdir(raw)
+    write_jsonl(os.path.join(raw, "chat.jsonl"), TRAIN)
+    r, _ = train(exe, ck, os.path.join(raw, "chat.jsonl"), evaluate=False)
+    m = re.search(r"prepare them with (python3 train/prepare_data\.py .*?), then train with --data (\S+)", r.stderr)
+    ok = False
+    if m:
+        cmd = shlex.split(m.group(1))
+        p = subprocess.run([sys.executable] + cmd[1:], capture_output=True, text=True, cwd=ROOT)
+        prepared = shlex.split(m.group(2))[0]
+        r2, _ = train(exe, ck, prepared, evaluate=False)
+        ok = (p.returncode == 0 and prepared == os.path.join(raw, "chat.tokens.jsonl") and r2.returncode == 0 and
+              "step 1/1" in r2.stdout)
+    report(ok, "one raw file: the named command prepares a file winattn train takes", r.stderr.strip()[-300:])
 
     # valid.jsonl's 3 records are one batch, so the evaluation counts every target left
     run_script("--model", ck, "--data", data, "--out", out, "--mask-prompt")
