@@ -101,6 +101,10 @@ static void test_data_files(const char *tmp) {
           "data_files refuses a missing path: \"%s\"", err);
     data_paths_free(&p);
 
+    rc = data_files(NULL, &p, err, sizeof err);
+    check(rc != 0 && strstr(err, "no --data given"), "data_files refuses no path: \"%s\"", err);
+    data_paths_free(&p);
+
     snprintf(path, sizeof path, "%s/fifo", tmp);
     if (mkfifo(path, 0600) == 0) {
         rc = data_files(path, &p, err, sizeof err);

@@ -313,6 +313,7 @@ void data_paths_free(data_paths *p) {
 
 int data_files(const char *path, data_paths *p, char *err, size_t errlen) {
     memset(p, 0, sizeof *p);
+    if (!path || !*path) return snprintf(err, errlen, "no --data given (a folder with train.jsonl, or one JSONL file)"), -1;
     struct stat st;
     if (stat(path, &st) != 0) return snprintf(err, errlen, "--data %s: %s", path, strerror(errno)), -1;
     if (S_ISREG(st.st_mode)) {
