@@ -60,8 +60,7 @@ static void prepared_path(const char *data_path, int is_file, char *out, size_t 
     if (is_file) {
         size_t stem = n >= 6 && strncmp(data_path + n - 6, ".jsonl", 6) == 0 ? n - 6 : n;
         snprintf(out, outlen, "%.*s.tokens.jsonl", (int)stem, data_path);
-    } else if (base_len == 0 || (base_len == 1 && *base == '.') || (base_len == 2 && strncmp(base, "..", 2) == 0) ||
-               (base_len == 1 && *base == '/')) {
+    } else if (base_len == 0 || (base_len == 1 && *base == '.') || (base_len == 2 && strncmp(base, "..", 2) == 0)) {
         snprintf(out, outlen, "%.*s%sdata-tokens", (int)n, data_path, data_path[n - 1] == '/' ? "" : "/");
     } else {
         snprintf(out, outlen, "%.*s-tokens", (int)n, data_path);
@@ -86,7 +85,7 @@ void data_prepare_command(const char *model_dir, const char *data_path, char *cm
  * command that prepares the data. */
 static const char *refuse_raw(const char *what, const char *needs, const char *path, const data_options *opt,
                               int text, char *msg, size_t msglen) {
-    char cmd[1024], prepared[512];
+    char cmd[3400], prepared[1100];
     data_prepare_command(opt->model_dir, opt->data_path ? opt->data_path : path, cmd, sizeof cmd, prepared,
                          sizeof prepared);
     snprintf(msg, msglen, "%s records need the checkpoint's %s: prepare them with %s, then train with --data %s%s",
@@ -207,7 +206,7 @@ int dataset_load(const char *path, const data_options *opt, dataset *d, char *er
         close(fd);
         return snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno)), -1;
     }
-    char *line = NULL, msg[2048];
+    char *line = NULL, msg[5120];
     size_t cap = 0;
     ssize_t got;
     int lineno = 0, cap_seq = 0, rc = 0, marked_records = 0;
