@@ -508,7 +508,7 @@ static void test_data_read_error(const char *tmp) {
         lim.rlim_max = lim.rlim_cur;
         char e[512] = "";
         dataset d;
-        data_options o = {300, 0, 0};
+        data_options o = {.vocab = 300};
         int r = pages && setrlimit(RLIMIT_AS, &lim) == 0 ? dataset_load(path, &o, &d, e, sizeof e) : 2;
         if (r == 0) snprintf(e, sizeof e, "loaded %d records", d.count);
         if (write(pipefd[1], e, strlen(e) + 1) < 0) _exit(3);
@@ -531,7 +531,7 @@ static void test_data_read_error(const char *tmp) {
 static void test_data(const char *tmp) {
     char path[1024], err[512] = "";
     dataset d;
-    data_options opt = {300, 0, 0};
+    data_options opt = {.vocab = 300};
     snprintf(path, sizeof path, "%s/good.jsonl", tmp);
     write_text(path, "{\"tokens\": [2, 5, 6, 7], \"mask\": [0, 0, 1, 1]}\n\n{\"text\": \"h\\u00e9\"}\n");
     int rc = dataset_load(path, &opt, &d, err, sizeof err);
@@ -541,7 +541,7 @@ static void test_data(const char *tmp) {
               d.seq[1].tokens[4] == TOKEN_EOS && d.targets == 2 + 4,
           "data: tokens with a mask and UTF-8 text as bytes (BOS, b + 3, EOS) %s", err);
     if (rc == 0) dataset_free(&d);
-    data_options trunc = {300, 3, 1};
+    data_options trunc = {.vocab = 300, .max_len = 3, .pad_target = 1};
     rc = dataset_load(path, &trunc, &d, err, sizeof err);
     check(rc == 0 && d.seq[0].len == 4 && d.seq[0].tokens[3] == TOKEN_PAD && d.seq[1].len == 4,
           "data: --max-seq-length truncates, --pad-target appends mlx-lm's extra pad target");
@@ -579,7 +579,7 @@ static void test_data(const char *tmp) {
           err);
     test_data_read_error(tmp);
 
-    data_options small = {100, 0, 0};
+    data_options small = {.vocab = 100};
     snprintf(path, sizeof path, "%s/text.jsonl", tmp);
     write_text(path, "{\"text\": \"abc\"}\n");
     rc = dataset_load(path, &small, &d, err, sizeof err);

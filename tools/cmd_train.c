@@ -142,7 +142,6 @@ int cmd_train(int argc, char **argv) {
     if (o.device == WA_DEVICE_CUDA && o.arm != ATTN_FUSED)
         usage_error(train_usage, "--device cuda runs attention through winattn only (--attn fused)");
     if (!is_dir(o.model_dir)) die("--model %s: not a directory", o.model_dir);
-    if (!is_dir(o.data_dir)) die("--data %s: not a directory", o.data_dir);
     char err[1024];
     if (train_run(&o, err, sizeof err) != 0) die("%s", err);
     return 0;

@@ -491,6 +491,7 @@ static int outputs_spare_inputs(const train_options *o, char *err, size_t errlen
     static const char *data_files[] = {"train.jsonl", "valid.jsonl", "test.jsonl"};
     for (size_t i = 0; i < sizeof data_files / sizeof *data_files && o->data_dir; i++)
         if (asprintf(&inputs[ni], "%s/%s", o->data_dir, data_files[i]) >= 0) ni++;
+    if (o->data_dir && (inputs[ni] = strdup(o->data_dir))) ni++; /* --data FILE */
     DIR *d = o->model_dir ? opendir(o->model_dir) : NULL; /* config.json, the weights, the index */
     for (struct dirent *e; d && ni < MAX_FILES - 4 && (e = readdir(d));)
         if (e->d_name[0] != '.' && asprintf(&inputs[ni], "%s/%s", o->model_dir, e->d_name) >= 0) ni++;
@@ -523,6 +524,7 @@ static int outputs_spare_inputs(const train_options *o, char *err, size_t errlen
 
 int train_run(const train_options *o, char *err, size_t errlen) {
     if (outputs_spare_inputs(o, err, errlen) != 0) return -1;
+    if (data_check_run(o, err, errlen) != 0) return -1; /* before the model loads */
     gemma_model_f32 m;
     lora_config lc = o->lora;
     char path[4096];
@@ -579,23 +581,9 @@ int train_run(const train_options *o, char *err, size_t errlen) {
            o->arm == ATTN_CHUNKED ? " (query blocks of the chunk size)" : "",
            o->pack ? "packed (one sequence per batch)" : "one record at a time", linalg_backend());
 
-    data_options dopt = {m.cfg.vocab, o->max_len, o->pad_target};
-    snprintf(path, sizeof path, "%s/valid.jsonl", o->data_dir);
-    if (o->eval_only || o->eval_at_end || o->eval_every) {
-        if (dataset_load(path, &dopt, &valid, err, errlen) != 0) goto done;
-        if (valid.count < o->batch) { /* whole batches only, as mlx-lm evaluates */
-            fail(err, errlen, "%s has %d records, fewer than one batch of %d", path, valid.count, o->batch);
-            goto done;
-        }
-    }
-    if (!o->eval_only) {
-        snprintf(path, sizeof path, "%s/train.jsonl", o->data_dir);
-        if (dataset_load(path, &dopt, &train, err, errlen) != 0) goto done;
-        if (train.count < o->batch) {
-            fail(err, errlen, "%s has %d records, fewer than one batch of %d", path, train.count, o->batch);
-            goto done;
-        }
-    }
+    /* --data as a folder or one file; the held-out set when evaluating; raw records refused with
+     * the command that prepares them (data.h) */
+    if (data_load_run(o, m.cfg.vocab, &train, &valid, NULL, err, errlen) != 0) goto done;
 
     gemma_lora_init_f32(&m, o->seed);
     const char *start = o->adapters_path;

@@ -1,7 +1,7 @@
 /* fuzz_data.c — libFuzzer target for the JSONL training-data reader (train/data.c).
  *
  * The input's first byte picks the reader's options (the vocabulary, max_len and pad_target, from
- * the small tables below); the rest is the file. It is written to a memfd and read through
+ * the small tables below; mask_prompt and refuse_text, its top bits); the rest is the file. It is written to a memfd and read through
  * /proc/self/fd/N with dataset_load itself, so the path the trainer takes (open, the regular-file
  * check, getline, the end-of-file and read-error checks) is the one fuzzed. The contract checked:
  *   -1: a non-empty message of one line that starts with the path; the dataset left empty;
@@ -39,7 +39,9 @@ static int write_all(int fd, const uint8_t *p, size_t n) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
-    data_options opt = {vocabs[data[0] & 7], max_lens[(data[0] >> 3) & 3], (data[0] >> 5) & 1};
+    data_options opt = {.vocab = vocabs[data[0] & 7], .max_len = max_lens[(data[0] >> 3) & 3],
+                        .pad_target = (data[0] >> 5) & 1, .mask_prompt = (data[0] >> 6) & 1,
+                        .refuse_text = (data[0] >> 7) & 1};
     data++;
     size--;
     int fd = memfd_create("fuzz_data", MFD_CLOEXEC);

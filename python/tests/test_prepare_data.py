@@ -1,17 +1,20 @@
-"""test_tokenize.py — train/tokenize.py on a tokenizer built here: a byte-level BPE trained on a
-few sentences, Gemma's special tokens (pad 0, eos 1, bos 2, <start_of_turn>, <end_of_turn>) and a
-Gemma-style Jinja chat template that also renders "tools" and enable_thinking. Checks token ids
-against the tokenizer called directly, the masks of text, prompt/completion and chat records (with
-and without --mask-prompt), against mlx-lm's own datasets when mlx-lm is installed, that
-`winattn train` loads the output and counts exactly the masked targets, and one-line errors
-naming file:line that leave --out as it was. SKIPs without transformers and tokenizers.
+"""test_prepare_data.py — train/prepare_data.py on a tokenizer built here: a byte-level BPE trained
+on a few sentences, Gemma's special tokens (pad 0, eos 1, bos 2, <start_of_turn>, <end_of_turn>)
+and a Gemma-style Jinja chat template that also renders "tools" and enable_thinking. Checks token
+ids against the tokenizer called directly; the prompt offsets of prompt/completion and chat records
+(the default), the masks --mask-prompt writes and the plain tokens of --no-mask-prompt; the same
+against mlx-lm's own datasets when mlx-lm is installed; that `winattn train` refuses the raw
+records next to this tokenizer with a command that, run as given, prepares data it trains on, and
+counts exactly the targets --mask-prompt leaves; and one-line errors naming file:line that leave
+--out as it was. SKIPs without transformers and tokenizers.
 Run from the repository root after `make`:
-    WINATTN_LIBRARY=build/libwinattn.so PYTHONPATH=python python3 python/tests/test_tokenize.py
+    WINATTN_LIBRARY=build/libwinattn.so PYTHONPATH=python python3 python/tests/test_prepare_data.py
 """
 import importlib.util
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -20,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import case, finish, report, skip  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPT = os.path.join(ROOT, "train", "tokenize.py")
+SCRIPT = os.path.join(ROOT, "train", "prepare_data.py")
 FIXTURE = os.path.join(ROOT, "train", "fixtures", "gemma4_smoke")  # vocab 512, above the tokenizer's
 
 TEMPLATE = (
@@ -100,13 +103,14 @@ def run_script(*args):
     return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, cwd=ROOT)
 
 
-def expected(tok, rec, kind, mask_prompt):
-    """Tokens and mask from the tokenizer directly, as mlx-lm 0.32.2's datasets define them."""
+def expected(tok, rec, kind):
+    """Tokens and prompt offset from the tokenizer directly, as mlx-lm 0.32.2's datasets define them
+    (offset None for text, which has no prompt)."""
     extra = {"enable_thinking": True}  # the vocabulary has <|channel> and <channel|>
     if kind == "text":
         ids = tok.encode(rec["text"])
         ids = ids if ids and ids[-1] == tok.eos_token_id else ids + [tok.eos_token_id]
-        return ids, [1] * len(ids)
+        return ids, None
     if kind == "completion":
         msgs = [{"role": "user", "content": rec["prompt"]}, {"role": "assistant", "content": rec["completion"]}]
         gen = True
@@ -114,8 +118,18 @@ def expected(tok, rec, kind, mask_prompt):
         msgs, gen = rec["messages"], rec["messages"][-1]["role"] == "assistant"
     ids = list(tok.apply_chat_template(msgs, tools=rec.get("tools"), return_dict=False, **extra))
     off = len(tok.apply_chat_template(msgs[:-1], tools=rec.get("tools"), add_generation_prompt=gen,
-                                      return_dict=False, **extra)) if mask_prompt else 0
-    return ids, [int(i >= off) for i in range(len(ids))]
+                                      return_dict=False, **extra))
+    return ids, off
+
+
+def expected_record(tok, rec, kind, mode):
+    """The line prepare_data.py writes: mode None (offset), True (--mask-prompt), False."""
+    ids, off = expected(tok, rec, kind)
+    if off is None or mode is False:
+        return {"tokens": ids}
+    if mode is None:
+        return {"tokens": ids, "offset": off}
+    return {"tokens": ids, "mask": [int(i >= off) for i in range(len(ids))]}
 
 
 def winattn_binary():
@@ -127,14 +141,14 @@ def winattn_binary():
 def main():
     missing = have_modules()
     if missing:
-        skip("tokenize", "needs %s (pip install transformers tokenizers jinja2)" % ", ".join(missing))
+        skip("prepare_data", "needs %s (pip install transformers tokenizers jinja2)" % ", ".join(missing))
         return
     import warnings
     warnings.filterwarnings("ignore")
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")  # PyTorch's absence does not matter here
     from transformers import AutoTokenizer
 
-    tmp = tempfile.TemporaryDirectory(prefix="winattn-tokenize-")
+    tmp = tempfile.TemporaryDirectory(prefix="winattn-prepare-data-")
     ck, data, out = (os.path.join(tmp.name, n) for n in ("ck", "data", "out"))
     for d in (ck, data):
         os.mkdir(d)
@@ -145,34 +159,32 @@ def main():
     tok = AutoTokenizer.from_pretrained(ck)
     splits = (("train", TRAIN, "chat"), ("valid", VALID, "completion"), ("test", TEST, "text"))
 
-    r = run_script("--model", ck, "--data", data, "--out", out)
-    report(r.returncode == 0 and all(os.path.exists(os.path.join(out, s + ".jsonl")) for s, _, _ in splits),
-           "tokenize folder: train, valid, test written", r.stderr.strip()[-300:])
-
-    for mask_prompt in (True, False):
-        if not mask_prompt:
-            r = run_script("--model", ck, "--data", data, "--out", out, "--no-mask-prompt")
+    for mode, flag in ((None, []), (True, ["--mask-prompt"]), (False, ["--no-mask-prompt"])):
+        r = run_script("--model", ck, "--data", data, "--out", out, *flag)
+        name = "prepare_data folder%s" % (" " + flag[0] if flag else "")
+        report(r.returncode == 0 and all(os.path.exists(os.path.join(out, s + ".jsonl")) for s, _, _ in splits),
+               name + ": train, valid, test written", r.stderr.strip()[-300:])
         for split, recs, kind in splits:
-            @case("tokenize %s %s%s" % (split, kind, "" if mask_prompt else " --no-mask-prompt"))
+            @case("%s %s %s" % (name, split, kind))
             def _():
                 got = read_jsonl(os.path.join(out, split + ".jsonl"))
                 assert len(got) == len(recs), "%d records, expected %d" % (len(got), len(recs))
                 for i, (g, rec) in enumerate(zip(got, recs)):
-                    ids, mask = expected(tok, rec, kind, mask_prompt)
-                    assert g["tokens"] == ids, "record %d: tokens differ from the tokenizer's" % i
-                    assert g["mask"] == mask, "record %d: mask %s, expected %s" % (i, g["mask"], mask)
-                report(True, "tokenize %s %s%s" % (split, kind, "" if mask_prompt else " --no-mask-prompt"),
-                       "records=%d tokens=%d targets=%d" % (len(got), sum(len(g["tokens"]) for g in got),
-                                                            sum(sum(g["mask"][1:]) for g in got)))
+                    want = expected_record(tok, rec, kind, mode)
+                    assert g["tokens"] == want["tokens"], "record %d: tokens differ from the tokenizer's" % i
+                    assert g == want, "record %d: %s, expected %s" % (
+                        i, {k: v for k, v in g.items() if k != "tokens"}, {k: v for k, v in want.items() if k != "tokens"})
+                report(True, "%s %s %s" % (name, split, kind), "records=%d tokens=%d" % (
+                    len(got), sum(len(g["tokens"]) for g in got)))
 
-    # What the masks select, decoded: the completion, or the last message, with its turn's end.
+    # What the offsets leave as targets, decoded: the completion, or the last message, with its turn's end.
     run_script("--model", ck, "--data", data, "--out", out)
 
-    @case("tokenize masks select the completion and the last message")
+    @case("prepare_data offsets leave the completion and the last message")
     def _():
         def targets(split, i):
             g = read_jsonl(os.path.join(out, split + ".jsonl"))[i]
-            return tok.decode([t for t, m in zip(g["tokens"], g["mask"]) if m])
+            return tok.decode(g["tokens"][g["offset"]:])
         checks = [(targets("valid", 0), "Paris is the capital.<end_of_turn>\n"),
                   (targets("train", 0), "Rome, the capital of Italy.<end_of_turn>\n"),
                   (targets("train", 1), "Leaves fall on the pond.<end_of_turn>\n"),
@@ -183,26 +195,27 @@ def main():
         assert g[1]["tokens"].count(tok.eos_token_id) == 1, "a text ending in EOS got a second one"
         assert g[2]["tokens"] == [tok.bos_token_id, tok.eos_token_id], "empty text: %s" % g[2]["tokens"]
         assert not [n for n in os.listdir(out) if n.endswith(".tmp")], "temporary files left in --out"
-        report(True, "tokenize masks select the completion and the last message")
+        report(True, "prepare_data offsets leave the completion and the last message")
 
     mlx_lm_check(ck, out)
-    trainer_check(ck, out)
+    trainer_check(ck, data, out, tmp.name)
     error_checks(ck, data, out, tmp.name)
     tmp.cleanup()
 
 
 def mlx_lm_check(ck, out):
-    """The same records through mlx-lm's own datasets (mask_prompt on), where mlx-lm is installed."""
+    """The same records through mlx-lm's own datasets (mask_prompt on), where mlx-lm is installed:
+    its offsets are the ones written."""
     try:
         from types import SimpleNamespace
         from pathlib import Path
         from mlx_lm.tokenizer_utils import load as load_tokenizer
         from mlx_lm.tuner.datasets import create_dataset
     except Exception as e:  # mlx-lm or mlx missing, or an mlx-lm without these names
-        skip("tokenize against mlx-lm's datasets", "mlx-lm not importable (%s)" % type(e).__name__)
+        skip("prepare_data against mlx-lm's datasets", "mlx-lm not importable (%s)" % type(e).__name__)
         return
 
-    @case("tokenize against mlx-lm's datasets")
+    @case("prepare_data against mlx-lm's datasets")
     def _():
         wrapper = load_tokenizer(Path(ck))
         for split, recs, masked in (("train", TRAIN, True), ("valid", VALID, True), ("test", TEST, False)):
@@ -211,34 +224,86 @@ def mlx_lm_check(ck, out):
             for i in range(len(recs)):
                 ids, off = ds.process(ds[i])
                 assert got[i]["tokens"] == list(ids), "%s record %d: tokens differ from mlx-lm's" % (split, i)
-                assert got[i]["mask"] == [int(j >= off) for j in range(len(ids))], \
-                    "%s record %d: mask differs from mlx-lm's offset %d" % (split, i, off)
-        report(True, "tokenize against mlx-lm's datasets", "chat, prompt/completion, text")
+                assert got[i].get("offset", 0) == off, "%s record %d: offset %s, mlx-lm's %d" % (
+                    split, i, got[i].get("offset"), off)
+        report(True, "prepare_data against mlx-lm's datasets", "chat, prompt/completion, text")
 
 
-def trainer_check(ck, out):
+def train(exe, ck, data, *flags, evaluate=True):
+    """winattn train for one batch of 3 with the held-out loss at the end: (result, the evaluation's
+    target count or None)."""
+    r = subprocess.run([exe, "train", "--model", ck, "--data", data, "--iters", "1", "--batch-size", "3",
+                        "--lora-rank", "4", "--threads", "1", *(["--eval"] if evaluate else []), *flags],
+                       capture_output=True, text=True)
+    m = re.search(r"^eval after training: held-out loss [0-9.]+ over (\d+) tokens", r.stdout, re.M)
+    return r, int(m.group(1)) if m else None
+
+
+def trainer_check(ck, data, out, tmp):
     exe = winattn_binary()
     if not exe:
-        skip("tokenize output through winattn train", "no winattn beside WINATTN_LIBRARY (run make)")
+        skip("prepare_data output through winattn train", "no winattn beside WINATTN_LIBRARY (run make)")
         return
 
-    @case("tokenize output through winattn train")
-    def _():
-        # valid.jsonl's 3 records are one batch, so the evaluation counts every masked target
-        want = sum(sum(g["mask"][1:]) for g in read_jsonl(os.path.join(out, "valid.jsonl")))
-        r = subprocess.run([exe, "train", "--model", ck, "--data", out, "--iters", "1", "--batch-size", "3",
-                            "--lora-rank", "4", "--threads", "1", "--eval"], capture_output=True, text=True)
-        m = re.search(r"^eval after training: held-out loss [0-9.]+ over (\d+) tokens", r.stdout, re.M)
-        ok = r.returncode == 0 and "step 1/1" in r.stdout and m and int(m.group(1)) == want
-        report(bool(ok), "tokenize output through winattn train", "eval targets=%s expected=%d %s" % (
-            m.group(1) if m else "?", want, r.stderr.strip()[-200:]))
+    # the raw folder next to a tokenizer: one line naming the exact command; run as given, it
+    # prepares a folder that trains
+    r, _ = train(exe, ck, data)
+    err = r.stderr.strip()
+    m = re.search(r"prepare them with (python3 train/prepare_data\.py .*?), then train with --data (\S+)", err)
+    report(r.returncode != 0 and len(err.splitlines()) == 1 and m is not None and "--model " + ck in err,
+           "winattn train refuses raw chat records, naming the prepare command", err[-300:])
+    if m:
+        cmd = shlex.split(m.group(1))
+        p = subprocess.run([sys.executable] + cmd[1:], capture_output=True, text=True, cwd=ROOT)
+        prepared = shlex.split(m.group(2))[0]
+        r, n = train(exe, ck, prepared)
+        want = sum(len(g["tokens"]) - 1 for g in read_jsonl(os.path.join(prepared, "valid.jsonl")))
+        report(p.returncode == 0 and r.returncode == 0 and n == want,
+               "the named command prepares data winattn train takes", "eval targets=%s expected=%d %s %s" % (
+                   n, want, p.stderr.strip()[-200:], r.stderr.strip()[-200:]))
+
+    # one raw file: the command names a .jsonl beside it, which --data then takes
+    raw = os.path.join(tmp, "raw")
+    os.mkdir(raw)
+    write_jsonl(os.path.join(raw, "chat.jsonl"), TRAIN)
+    r, _ = train(exe, ck, os.path.join(raw, "chat.jsonl"), evaluate=False)
+    m = re.search(r"prepare them with (python3 train/prepare_data\.py .*?), then train with --data (\S+)", r.stderr)
+    ok = False
+    if m:
+        cmd = shlex.split(m.group(1))
+        p = subprocess.run([sys.executable] + cmd[1:], capture_output=True, text=True, cwd=ROOT)
+        prepared = shlex.split(m.group(2))[0]
+        r2, _ = train(exe, ck, prepared, evaluate=False)
+        ok = (p.returncode == 0 and prepared == os.path.join(raw, "chat.tokens.jsonl") and r2.returncode == 0 and
+              "step 1/1" in r2.stdout)
+    report(ok, "one raw file: the named command prepares a file winattn train takes", r.stderr.strip()[-300:])
+
+    # valid.jsonl's 3 records are one batch, so the evaluation counts every target left
+    run_script("--model", ck, "--data", data, "--out", out, "--mask-prompt")
+    want = sum(sum(g["mask"][1:]) for g in read_jsonl(os.path.join(out, "valid.jsonl")))
+    r, n = train(exe, ck, out)
+    report(r.returncode == 0 and "step 1/1" in r.stdout and n == want,
+           "prepare_data --mask-prompt output through winattn train", "eval targets=%s expected=%d %s" % (
+               n, want, r.stderr.strip()[-200:]))
+
+    helptext = subprocess.run([exe, "train", "--help"], capture_output=True, text=True)
+    if "--mask-prompt" not in helptext.stdout + helptext.stderr:
+        skip("prepare_data offsets under winattn train --mask-prompt", "this winattn train has no --mask-prompt")
+        return
+    run_script("--model", ck, "--data", data, "--out", out)
+    # test.jsonl holds text records, which --mask-prompt refuses (as mlx-lm): train and valid only
+    os.unlink(os.path.join(out, "test.jsonl"))
+    want = sum(len(g["tokens"]) - g["offset"] for g in read_jsonl(os.path.join(out, "valid.jsonl")))
+    r, n = train(exe, ck, out, "--mask-prompt")
+    report(r.returncode == 0 and n == want, "prepare_data offsets under winattn train --mask-prompt",
+           "eval targets=%s expected=%d %s" % (n, want, r.stderr.strip()[-200:]))
 
 
 def error_checks(ck, data, out, tmp):
     """In this process (the script's main), to spare a transformers import per case."""
     import contextlib
     import io
-    spec = importlib.util.spec_from_file_location("winattn_tokenize", SCRIPT)
+    spec = importlib.util.spec_from_file_location("winattn_prepare_data", SCRIPT)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
 
@@ -260,7 +325,7 @@ def error_checks(ck, data, out, tmp):
         after = {n: open(os.path.join(out, n)).read() for n in os.listdir(out)}
         ok = (r.returncode != 0 and len(err.splitlines()) == 1 and (os.path.join(d, "train.jsonl") + where) in err
               and text in err and after == before)
-        report(ok, "tokenize refuses %s" % name, err)
+        report(ok, "prepare_data refuses %s" % name, err)
 
     chat = json.dumps(TRAIN[1])
     bad("invalid JSON", [chat, "{not json"], ":2:", "not valid JSON")
@@ -272,14 +337,18 @@ def error_checks(ck, data, out, tmp):
     empty = os.path.join(tmp, "empty")
     os.mkdir(empty)
     r = run_script("--model", ck, "--data", empty, "--out", out)
-    report(r.returncode != 0 and "no train.jsonl" in r.stderr, "tokenize refuses a folder without splits",
+    report(r.returncode != 0 and "no train.jsonl" in r.stderr, "prepare_data refuses a folder without splits",
            r.stderr.strip())
     r = run_script("--model", ck, "--data", os.path.join(data, "valid.jsonl"), "--out", data)
-    report(r.returncode != 0 and "replace the input" in r.stderr, "tokenize refuses --out over its input",
+    report(r.returncode != 0 and "replace the input" in r.stderr, "prepare_data refuses --out over its input",
            r.stderr.strip())
     r = run_script("--model", ck, "--data", os.path.join(data, "test.jsonl"), "--out", os.path.join(tmp, "one"))
     report(r.returncode == 0 and os.path.exists(os.path.join(tmp, "one", "test.jsonl")),
-           "tokenize one file", r.stderr.strip()[-200:])
+           "prepare_data one file into a folder", r.stderr.strip()[-200:])
+    dst = os.path.join(tmp, "sub", "valid.tokens.jsonl")
+    r = run_script("--model", ck, "--data", os.path.join(data, "valid.jsonl"), "--out", dst)
+    report(r.returncode == 0 and os.path.isfile(dst) and len(read_jsonl(dst)) == len(VALID),
+           "prepare_data one file into a .jsonl file", r.stderr.strip()[-200:])
 
 
 if __name__ == "__main__":

@@ -1,32 +1,35 @@
-"""tokenize.py — mlx-lm's LoRA data (JSONL) turned into `winattn train`'s token records, with the
-checkpoint's own tokenizer and chat template, tokenised and masked as mlx-lm 0.32.2 does
+#!/usr/bin/env python3
+"""prepare_data.py — mlx-lm's LoRA data (JSONL) turned into `winattn train`'s token records, with the
+checkpoint's own tokenizer and chat template, tokenised as mlx-lm 0.32.2 does
 (mlx_lm/tuner/datasets.py; mlx_lm/tokenizer_utils.py for the chat-template arguments).
 
-    python3 train/tokenize.py --model CHECKPOINT_DIR --data IN_DIR_OR_FILE --out OUT_DIR [--no-mask-prompt]
+    python3 train/prepare_data.py --model CHECKPOINT_DIR --data IN_DIR_OR_FILE --out OUT [--mask-prompt | --no-mask-prompt]
 
 --data is a folder holding train.jsonl, valid.jsonl and/or test.jsonl (mlx-lm's data folder;
-each one present is converted), or one .jsonl file. OUT_DIR gets files of the same names, one
-record per line, as train/data.h reads them:
+each one present is converted into OUT, a folder, under the same name), or one .jsonl file (into
+OUT/<its name>, or into OUT itself when OUT ends in .jsonl and is not a folder). One record per
+line, as train/data.h reads them:
 
-    {"tokens": [2, 106, ...], "mask": [0, 0, ..., 1, 1]}
+    {"tokens": [2, 106, ...], "offset": 14}
 
-mask[i] is 1 where token i is a training target (the trainer predicts it from tokens 0..i-1;
-mask[0] is never used). The record kinds, decided as mlx-lm decides them, by the file's first
-record ("prompt" and "completion" before "messages" before "text"); every later record must be
-of the same kind:
+"offset" is the prompt's token count: `winattn train --mask-prompt` trains token i only where
+i >= offset, as mlx-lm's loss does under its --mask-prompt; without it every token is a target (so
+the choice stays the trainer's, as in mlx-lm). The record kinds, decided as mlx-lm decides them, by
+the file's first record ("prompt" and "completion" before "messages" before "text"); every later
+record must be of the same kind:
 
 - {"text": "..."}: tokenizer.encode(text) (the tokenizer's own special tokens, so BOS for Gemma),
-  then EOS appended unless it already ends the sequence. Every token is a target: mlx-lm refuses
-  --mask-prompt on text data, and there is no prompt to mask.
+  then EOS appended unless it already ends the sequence. No offset: every token is a target, and
+  the trainer refuses --mask-prompt on such a file, as mlx-lm refuses it on text data.
 - {"prompt": "...", "completion": "..."}: the chat [user: prompt, assistant: completion] through
-  tokenizer.apply_chat_template. With --mask-prompt (the default here; mlx-lm's default is off)
-  the targets are the tokens from position len(apply_chat_template([user: prompt],
-  add_generation_prompt=True)) on: the completion and the template's closing tokens.
+  tokenizer.apply_chat_template. The offset is len(apply_chat_template([user: prompt],
+  add_generation_prompt=True)): the targets under --mask-prompt are the completion and the
+  template's closing tokens.
 - {"messages": [{"role": ..., "content": ...}, ...]}: the whole chat through
-  apply_chat_template. With --mask-prompt the targets are the tokens from position
-  len(apply_chat_template(messages[:-1], add_generation_prompt=<last role is "assistant">)) on:
-  the last message only (with its turn's closing tokens). Earlier assistant turns are context,
-  not targets, exactly as mlx-lm 0.32.2 masks them.
+  apply_chat_template. The offset is len(apply_chat_template(messages[:-1],
+  add_generation_prompt=<last role is "assistant">)): the last message only (with its turn's
+  closing tokens). Earlier assistant turns are context, not targets, exactly as mlx-lm 0.32.2 masks
+  them.
 
 Both chat kinds pass the record's optional "tools" to the template, and enable_thinking=True when
 the vocabulary has thinking tokens (Gemma 4's <|channel>/<channel|>), as mlx-lm's tokenizer
@@ -34,24 +37,21 @@ wrapper does. mlx-lm masks by the prompt's token count even where the prompt's t
 prefix of the whole chat's (a template that renders earlier turns differently once another
 follows); so does this script, and it says on stderr how many records that was.
 
---no-mask-prompt makes every token a target, as mlx-lm without --mask-prompt. The records are
-not truncated: `winattn train --max-seq-length` does that, as mlx-lm does at batch time.
-Errors are one line naming the file and line; nothing is written unless every file converts, and
-each output is written to a temporary file beside it and renamed into place.
+--mask-prompt writes the mask into the records instead ({"tokens", "mask"}, 1 where a token is a
+target), so the prompt is masked whatever the trainer is told; --no-mask-prompt writes no offset,
+so every token is a target. The records are not truncated: `winattn train --max-seq-length` does
+that, as mlx-lm does at batch time. Errors are one line naming the file and line; nothing is
+written unless every file converts, and each output is written to a temporary file beside it and
+renamed into place.
 """
 import os
 import sys
 
-# This file shares its name with the standard library's `tokenize`, which inspect and linecache
-# (so transformers) import; running it puts train/ first on sys.path, where that import would
-# find this file instead.
-_here = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]
 # transformers' advice that PyTorch is absent (only the tokenizer is needed) would make every
 # error message two lines
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
-import argparse  # noqa: E402
+import argparse  # noqa: E402 (after the environment above)
 import json  # noqa: E402
 import tempfile  # noqa: E402
 
@@ -131,14 +131,15 @@ def template(tokenizer, messages, tools, extra, **kw):
     return list(ids)
 
 
-def tokenize_record(tokenizer, rec, kind, mask_prompt, extra):
-    """(tokens, offset, prefix_matches): token i is a target where i >= offset, as in mlx-lm's loss
-    (mlx_lm/tuner/trainer.py, default_loss: steps >= offset)."""
+def tokenize_record(tokenizer, rec, kind, extra):
+    """(tokens, offset, prefix_matches): under mask_prompt token i is a target where i >= offset, as
+    in mlx-lm's loss (mlx_lm/tuner/trainer.py, default_loss: steps >= offset); offset is None for
+    text, which has no prompt."""
     if kind == "text":
         ids = list(tokenizer.encode(rec["text"]))
         if not ids or ids[-1] != tokenizer.eos_token_id:
             ids.append(tokenizer.eos_token_id)
-        return ids, 0, True
+        return ids, None, True
     tools = rec.get("tools")
     if kind == "completion":
         messages = [{"role": "user", "content": rec["prompt"]}, {"role": "assistant", "content": rec["completion"]}]
@@ -147,10 +148,19 @@ def tokenize_record(tokenizer, rec, kind, mask_prompt, extra):
         messages = rec["messages"]
         generation_prompt = messages[-1].get("role") == "assistant"
     ids = template(tokenizer, messages, tools, extra)
-    if not mask_prompt:
-        return ids, 0, True
     prompt = template(tokenizer, messages[:-1], tools, extra, add_generation_prompt=generation_prompt)
     return ids, len(prompt), ids[:len(prompt)] == prompt
+
+
+def record_line(ids, offset, mask_prompt):
+    """The output record: the prompt's length as "offset" (mask_prompt None: the trainer decides),
+    baked into a "mask" (True), or left out (False)."""
+    rec = {"tokens": ids}
+    if offset is not None and mask_prompt is None:
+        rec["offset"] = offset
+    elif offset is not None and mask_prompt:
+        rec["mask"] = [1 if i >= offset else 0 for i in range(len(ids))]
+    return json.dumps(rec, separators=(",", ":")) + "\n"
 
 
 def convert(tokenizer, path, mask_prompt, notes):
@@ -183,7 +193,7 @@ def convert(tokenizer, path, mask_prompt, notes):
             if problem:
                 raise DataError("%s: %s" % (where, problem))
             try:
-                ids, offset, matches = tokenize_record(tokenizer, rec, kind, mask_prompt, extra)
+                ids, offset, matches = tokenize_record(tokenizer, rec, kind, extra)
             except Exception as e:  # the template's own errors (jinja, raise_exception in the template)
                 raise DataError("%s: %s: %s" % (where, type(e).__name__, str(e).splitlines()[0] if str(e) else ""))
             if len(ids) < 2:
@@ -192,10 +202,10 @@ def convert(tokenizer, path, mask_prompt, notes):
             if bad:
                 raise DataError("%s: the tokenizer produced %r, not a token id" % (where, bad[0]))
             top = max(top, max(ids))
-            mismatched += not matches
-            untrained += offset >= len(ids)
-            mask = [1 if i >= offset else 0 for i in range(len(ids))]
-            out.append(json.dumps({"tokens": ids, "mask": mask}, separators=(",", ":")) + "\n")
+            if offset is not None and mask_prompt is not False:
+                mismatched += not matches
+                untrained += offset >= len(ids)
+            out.append(record_line(ids, offset, mask_prompt))
     if not out:
         raise DataError("%s: no records" % path)
     if mismatched:
@@ -229,37 +239,40 @@ def write_atomic(path, lines):
         raise
 
 
-def inputs(data):
-    """[(input path, output file name)] for a data folder or one file."""
+def inputs(data, out):
+    """[(input path, output path)] for a data folder or one file; out is a folder, or for one file
+    also a .jsonl file (when it is not an existing folder)."""
     if os.path.isdir(data):
-        found = [(os.path.join(data, s + ".jsonl"), s + ".jsonl") for s in SPLITS]
-        found = [(p, n) for p, n in found if os.path.exists(p)]
+        found = [(os.path.join(data, s + ".jsonl"), os.path.join(out, s + ".jsonl")) for s in SPLITS]
+        found = [(p, o) for p, o in found if os.path.exists(p)]
         if not found:
             raise DataError("%s: no train.jsonl, valid.jsonl or test.jsonl" % data)
         return found
     if not os.path.exists(data):
         raise DataError("%s: no such file or folder" % data)
-    return [(data, os.path.basename(data))]
+    if out.endswith(".jsonl") and not os.path.isdir(out):
+        return [(data, out)]
+    return [(data, os.path.join(out, os.path.basename(data)))]
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description="mlx-lm JSONL (text, prompt/completion, chat) to winattn train's "
-                                             "{\"tokens\", \"mask\"} records, with the checkpoint's tokenizer.")
+                                             "token records, with the checkpoint's tokenizer and chat template.")
     ap.add_argument("--model", required=True, help="checkpoint folder with the tokenizer (tokenizer.json, "
                                                    "tokenizer_config.json with the chat template)")
     ap.add_argument("--data", required=True, help="folder with train/valid/test.jsonl, or one .jsonl file")
-    ap.add_argument("--out", required=True, help="folder for the converted files (same names)")
-    ap.add_argument("--mask-prompt", action=argparse.BooleanOptionalAction, default=True,
-                    help="train on the completion / last message only (default); --no-mask-prompt trains "
-                         "on every token")
+    ap.add_argument("--out", required=True, help="folder for the converted files (same names); for one input "
+                                                 "file also a .jsonl file")
+    ap.add_argument("--mask-prompt", action=argparse.BooleanOptionalAction, default=None,
+                    help="by default records carry the prompt's length (\"offset\") and `winattn train "
+                         "--mask-prompt` decides; --mask-prompt writes the mask itself (the completion / last "
+                         "message only); --no-mask-prompt writes no offset (every token trained)")
     args = ap.parse_args(argv)
     try:
         if not os.path.isdir(args.model):
             raise DataError("%s: not a checkpoint folder" % args.model)
-        files = inputs(args.data)
-        os.makedirs(args.out, exist_ok=True)
-        for src, name in files:
-            dst = os.path.join(args.out, name)
+        files = inputs(args.data, args.out)
+        for src, dst in files:
             if os.path.exists(dst) and os.path.samefile(src, dst):
                 raise DataError("%s: --out would replace the input" % dst)
         try:
@@ -270,20 +283,24 @@ def main(argv=None):
             raise DataError("%s: cannot load the tokenizer (%s: %s)" % (args.model, type(e).__name__,
                                                                         str(e).splitlines()[0] if str(e) else ""))
         notes, converted = [], []
-        for src, name in files:  # all of them first: a bad record anywhere leaves --out as it was
+        for src, dst in files:  # all of them first: a bad record anywhere leaves --out as it was
             lines, kind, top = convert(tokenizer, src, args.mask_prompt, notes)
-            converted.append((os.path.join(args.out, name), lines, kind, top))
+            converted.append((dst, lines, kind, top))
+        for dst, _, _, _ in converted:
+            os.makedirs(os.path.dirname(os.path.abspath(dst)), exist_ok=True)
         for dst, lines, kind, top in converted:
             write_atomic(dst, lines)
             # the model's vocab_size must exceed the largest id (winattn train checks it)
-            print("%s: %d %s records, largest token id %d" % (dst, len(lines), kind, top))
+            how = {None: "; prompt lengths as \"offset\" (winattn train --mask-prompt trains on the rest only)",
+                   True: "; prompts masked", False: ""}[args.mask_prompt] if kind != "text" else ""
+            print("%s: %d %s records, largest token id %d%s" % (dst, len(lines), kind, top, how))
         for n in notes:
             print("note: " + n, file=sys.stderr)
     except DataError as e:
-        print("tokenize.py: %s" % e, file=sys.stderr)
+        print("prepare_data.py: %s" % e, file=sys.stderr)
         return 1
     except OSError as e:
-        print("tokenize.py: %s" % e, file=sys.stderr)
+        print("prepare_data.py: %s" % e, file=sys.stderr)
         return 1
     return 0
 
