@@ -41,13 +41,16 @@ static const char train_help[] =
     "                     (default q,k,v,o); in a config file: lora_parameters\n"
     "  --fine-tune-type lora  the only kind this trainer runs\n"
     "  --seed S           adapter initialisation and batch order (default 0)\n"
-    "  --adapter-path DIR [--out] where checkpoints go: adapters, adapter_config.json, optimizer state,\n"
-    "                     log.jsonl (or --log FILE)\n"
+    "  --adapter-path DIR [--out] where checkpoints go (default adapters, as mlx-lm): adapters,\n"
+    "                     adapter_config.json, optimizer state, log.jsonl (or --log FILE)\n"
     "  --adapter-format F mlx (default: adapters.safetensors, mlx_lm.load's layout) or peft\n"
     "                     (adapter_model.safetensors, PeftModel.from_pretrained's)\n"
     "  --save-every N     also a numbered checkpoint every N updates (default 0: at the end only)\n"
     "  --resume-adapter-file FILE [--adapters] start from (or with --eval-only, evaluate) these adapters\n"
     "  --resume DIR       continue a run saved in DIR (adapters, optimizer state, step)\n"
+    ;
+/* the help in three pieces: ISO C's longest required string literal is 4,095 characters */
+static const char train_help_eval[] =
     "  --steps-per-eval N [--eval-every] held-out loss on valid.jsonl before training and every N batches\n"
     "  --eval             held-out loss and next-token agreement on valid.jsonl at the end\n"
     "  --eval-only        just evaluate (a config file's train: false)\n"
@@ -69,6 +72,8 @@ static const char train_help[] =
     "                     reading model files; --model DIR then needs config.json only\n"
     "  --print-config     print the options as a config file (after -c and the flags) and exit\n"
     "  -h, --help         this help\n"
+    ;
+static const char train_help_config[] =
     "\n"
     "Config file keys (mlx-lm's; docs/train.md has the details): model, data, train, seed, num_layers\n"
     "(or lora_layers), batch_size, iters, val_batches, learning_rate, steps_per_eval, resume_adapter_file,\n"
@@ -137,7 +142,11 @@ int cmd_train(int argc, char **argv) {
     char err[1024];
     /* the config file first, wherever -c stands: every flag then overrides what it set */
     for (int i = 1; i < argc; i++) {
-        if (is_help(argv[i])) show_help(train_help);
+        if (is_help(argv[i])) {
+            fputs(train_help, stdout);
+            fputs(train_help_eval, stdout);
+            show_help(train_help_config);
+        }
         if ((v = flag_either(argc, argv, &i, "--config", "-c"))) {
             if (config_path) usage_error(train_usage, "one config file (-c) only");
             config_path = v;

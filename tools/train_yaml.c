@@ -56,10 +56,19 @@ static int is_null(const yaml_node_t *n) {
 /* what a value is, for messages: 'text' for a scalar (cut at 60 characters), else its kind */
 static const char *describe(const yaml_node_t *n, char *buf, size_t len) {
     if (n && n->type == YAML_MAPPING_NODE) return "a mapping";
-    if (n && n->type == YAML_SEQUENCE_NODE) return "a list";
+    if (n && n->type == YAML_SEQUENCE_NODE) {
+        long count = n->data.sequence.items.top - n->data.sequence.items.start;
+        snprintf(buf, len, "a list of %ld", count);
+        return buf;
+    }
     const char *s = scalar_text(n);
     snprintf(buf, len, "'%.60s%s'", s ? s : "", s && strlen(s) > 60 ? "..." : "");
     return buf;
+}
+
+/* the refusal of a scalar that is not a number or boolean: a quoted one says why */
+static const char *quoted_note(const yaml_node_t *n) {
+    return n && n->type == YAML_SCALAR_NODE && !is_plain(n) ? " (quoted, so a string)" : "";
 }
 
 static int get_bool(const reader *r, const yaml_node_t *n, const char *key, int *out) {
@@ -71,7 +80,7 @@ static int get_bool(const reader *r, const yaml_node_t *n, const char *key, int 
             if (strcmp(scalar_text(n), no[i]) == 0) return *out = 0, 0;
         }
     char buf[80];
-    return fail_at(r, n, "%s: true or false, not %s", key, describe(n, buf, sizeof buf));
+    return fail_at(r, n, "%s: true or false, not %s%s", key, describe(n, buf, sizeof buf), quoted_note(n));
 }
 
 static int get_int(const reader *r, const yaml_node_t *n, const char *key, long lo, long hi, int *out) {
@@ -81,7 +90,8 @@ static int get_int(const reader *r, const yaml_node_t *n, const char *key, long 
     long v = s && *s ? strtol(s, &end, 10) : 0;
     char buf[80];
     if (!s || !*s || errno || *end || v < lo || v > hi)
-        return fail_at(r, n, "%s: an integer from %ld to %ld, not %s", key, lo, hi, describe(n, buf, sizeof buf));
+        return fail_at(r, n, "%s: an integer from %ld to %ld, not %s%s", key, lo, hi, describe(n, buf, sizeof buf),
+                       quoted_note(n));
     *out = (int)v;
     return 0;
 }
@@ -97,7 +107,7 @@ static int get_number(const reader *r, const yaml_node_t *n, const char *key, do
     if (!s || !*s || errno || *end || !isfinite(v) || strpbrk(s, "xX") || v < lo || (lo_open && v == lo) || v > hi) {
         if (hi < HUGE_VAL) snprintf(range, sizeof range, "from %g to %g", lo, hi);
         else snprintf(range, sizeof range, lo_open ? "above %g" : "of %g or more", lo);
-        return fail_at(r, n, "%s: a number %s, not %s", key, range, describe(n, buf, sizeof buf));
+        return fail_at(r, n, "%s: a number %s, not %s%s", key, range, describe(n, buf, sizeof buf), quoted_note(n));
     }
     *out = v;
     return 0;
@@ -166,7 +176,7 @@ static int unknown_key(const reader *r, const yaml_node_t *k, const char *where,
         if (dist < best) best = dist, near = known[i];
     }
     char hint[96] = "";
-    if (near) snprintf(hint, sizeof hint, "did you mean '%s'? ", near);
+    if (near) snprintf(hint, sizeof hint, "did you mean '%s%s%s'? ", where, *where ? "." : "", near);
     return fail_at(r, k, "unknown key '%s%s%s' (%swinattn train --help lists the keys)", where, *where ? "." : "", name,
                    hint);
 }
