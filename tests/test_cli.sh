@@ -334,6 +334,54 @@ echo "$out" | grep -qx "epochs: 1.0" && ! echo "$out" | grep -q "^iters" &&
     "$W" train -c "$T/sample.yaml" --print-config 2>>"$T/stderr" | cmp -s - "$T/sample.yaml" &&
     ok "train --print-config: what it prints reads back to the same options (and train/configs/lora_config.yaml loads)" ||
     no "train --print-config round trip: $(cat "$T/stderr")"
+# the values as mlx-lm's own loader reads them (PyYAML's SafeLoader with mlx-lm's float resolver)
+# equal the options the command took from the same file, key by key
+if python3 -c "import yaml" 2>/dev/null; then
+    for f in train/configs/lora_config.yaml "$T/run.yaml"; do
+        "$W" train -c "$f" --print-config >"$T/took.yaml" 2>"$T/stderr"
+        if python3 - "$f" "$T/took.yaml" >"$T/stdout" 2>&1 <<'PY'; then
+import re, sys, yaml
+loader = yaml.SafeLoader
+loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"""^(?:
+     [-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+    |\.[0-9_]+(?:[eE][-+][0-9]+)?
+    |[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""", re.X), list("-+0123456789."))
+given, took = (yaml.load(open(p), loader) for p in sys.argv[1:3])
+bad = []
+def same(name, a, b):
+    if a != b and not (isinstance(a, (int, float)) and isinstance(b, (int, float)) and float(a) == float(b)):
+        bad.append(f"{name}: mlx-lm reads {a!r}, winattn took {b!r}")
+for k in ("model", "data", "seed", "batch_size", "iters", "val_batches", "steps_per_eval", "save_every", "test",
+          "max_seq_length", "mask_prompt", "optimizer", "adapter_path", "resume_adapter_file", "num_layers", "grad_clip"):
+    if given.get(k) is not None:
+        same(k, given[k], took[k])
+if "lr_schedule" not in given:
+    same("learning_rate", given["learning_rate"], took["learning_rate"])
+else:
+    for k in ("name", "warmup", "warmup_init", "arguments"):
+        same("lr_schedule." + k, given["lr_schedule"].get(k, 0), took["lr_schedule"][k])
+    same("learning_rate (the schedule's first argument)", given["lr_schedule"]["arguments"][0], took["learning_rate"])
+for k in ("rank", "scale"):
+    same("lora_parameters." + k, given["lora_parameters"][k], took["lora_parameters"][k])
+same("lora_parameters.keys", sorted(k if "." in k else ("mlp." if k in ("gate_proj", "up_proj", "down_proj") else "self_attn.") + k
+                                    for k in given["lora_parameters"]["keys"]), sorted(took["lora_parameters"]["keys"]))
+opt = given["optimizer"]
+for k, v in given.get("optimizer_config", {}).get(opt, {}).items():
+    same(f"optimizer_config.{opt}.{k}", v, took["optimizer_config"][opt][k])
+print("; ".join(bad) if bad else "ok")
+sys.exit(1 if bad else 0)
+PY
+            ok "train -c $(basename "$f"): each value as mlx-lm's YAML loader reads it"
+        else
+            no "train -c $f against mlx-lm's loader: $(cat "$T/stdout" "$T/stderr" | tail -3)"
+        fi
+    done
+else
+    echo "SKIP cli train -c against mlx-lm's YAML loader: no PyYAML"
+fi
 # train: false evaluates, as mlx-lm does without --train
 printf 'model: %s\ndata: %s\ntrain: false\nbatch_size: 2\nresume_adapter_file: %s\nlora_parameters: {rank: 4}\n' \
     "$FX" "$T/data" "$T/run/adapters.safetensors" >"$T/eval.yaml"
@@ -380,6 +428,7 @@ epochs: 2"
 expect_config_error "not YAML" "not YAML" "iters: [3"
 expect_config_error "not a mapping" "must be a mapping" "- iters"
 expect_config_error "a missing file" "cannot open the config file" ""
+expect_config_error "a NUL in a path" "model: the string holds a NUL character" 'model: "a\x00b"'
 # flags of the schedule and the formats
 expect_error "train: --lr-schedule bogus" train --model $FX --data "$T/data" --lr-schedule step
 expect_error "train: --lr-end without a decay" train --model $FX --data "$T/data" --lr-end 1e-6

@@ -117,6 +117,7 @@ static int get_string(const reader *r, const yaml_node_t *n, const char *key, ch
     const char *s = scalar_text(n);
     char buf[80];
     if (!s || !*s) return fail_at(r, n, "%s: a non-empty string, not %s", key, describe(n, buf, sizeof buf));
+    if (strlen(s) != n->data.scalar.length) return fail_at(r, n, "%s: the string holds a NUL character", key);
     free(*out);
     if (!(*out = strdup(s))) return fail_at(r, n, "%s: out of memory", key);
     return 0;
@@ -307,7 +308,8 @@ static int schedule_argument(const reader *r, const yaml_node_t *args, int i, in
     if (get_number(r, item, "lr_schedule.arguments", 0, 0, HUGE_VAL, x) != 0) return -1;
     if (as_int) {
         if (*x != floor(*x) || *x > INT32_MAX)
-            return fail_at(r, item, "lr_schedule.arguments: the step count %g is not a whole number of updates", *x);
+            return fail_at(r, item, "lr_schedule.arguments: the step count %g is not a whole number of updates "
+                           "(0 to %d)", *x, INT32_MAX);
         *n = (int)*x;
     }
     return 0;
