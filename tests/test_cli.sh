@@ -428,6 +428,7 @@ epochs: 2"
 expect_config_error "not YAML" "not YAML" "iters: [3"
 expect_config_error "not a mapping" "must be a mapping" "- iters"
 expect_config_error "a missing file" "cannot open the config file" ""
+expect_config_error "a key with a line break, kept to one line" "unknown key 'a?b'" '"a\nb": 1'
 expect_config_error "a NUL in a path" "model: the string holds a NUL character" 'model: "a\x00b"'
 # flags of the schedule and the formats
 expect_error "train: --lr-schedule bogus" train --model $FX --data "$T/data" --lr-schedule step

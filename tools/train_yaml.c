@@ -479,20 +479,27 @@ static int read_top_key(const reader *r, const char *name, const yaml_node_t *k,
     return 0;
 }
 
+/* one line whatever the file (or its name) holds: a quoted key or value may carry line breaks */
+static int one_line(char *err) {
+    for (char *c = err; *c; c++)
+        if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
+    return -1;
+}
+
 int train_file_load(const char *path, train_options *o, train_file *f, char *err, size_t errlen) {
     memset(f, 0, sizeof *f);
     reader r = {path, NULL, err, errlen};
     FILE *in = fopen(path, "rb");
     if (!in) {
         snprintf(err, errlen, "%s: cannot open the config file: %s", path, strerror(errno));
-        return -1;
+        return one_line(err);
     }
     yaml_parser_t parser;
     yaml_document_t doc;
     if (!yaml_parser_initialize(&parser)) {
         fclose(in);
         snprintf(err, errlen, "%s: out of memory", path);
-        return -1;
+        return one_line(err);
     }
     yaml_parser_set_input_file(&parser, in);
     int rc = -1;
@@ -502,7 +509,7 @@ int train_file_load(const char *path, train_options *o, train_file *f, char *err
                  parser.context ? " " : "", parser.context ? parser.context : "");
         yaml_parser_delete(&parser);
         fclose(in);
-        return -1;
+        return one_line(err);
     }
     r.doc = &doc;
     yaml_node_t *root = yaml_document_get_root_node(&doc);
@@ -557,7 +564,10 @@ done:
     yaml_document_delete(&doc);
     yaml_parser_delete(&parser);
     fclose(in);
-    if (rc != 0) train_file_free(f);
+    if (rc != 0) {
+        train_file_free(f);
+        one_line(err);
+    }
     return rc;
 }
 
