@@ -523,7 +523,7 @@ int train_file_load(const char *path, train_options *o, train_file *f, char *err
                 describe(root, buf, sizeof buf));
         goto done;
     }
-    /* a second document would be ignored by mlx-lm's yaml.load; refuse it rather than guess */
+    /* one document, as mlx-lm's yaml.load (PyYAML) requires */
     yaml_document_t next;
     if (yaml_parser_load(&parser, &next)) {
         int more = yaml_document_get_root_node(&next) != NULL;
