@@ -133,6 +133,13 @@ TOOL_LIBS := $(JANSSON_LIBS)
 # (scripts/deps.sh does it); the library alone (`make lib`, pip) does not need it.
 HAVE_JANSSON := $(shell printf '\043include <jansson.h>\nint main(void){return json_object()==0;}\n' | \
                 $(CC) $(CPPFLAGS) $(JANSSON_CFLAGS) -x c - -x none $(LDFLAGS) $(JANSSON_LIBS) -o /dev/null >/dev/null 2>&1 && echo 1)
+# libyaml for `winattn train -c FILE` (tools/train_yaml.c, mlx-lm's config files): Debian's
+# libyaml-dev; YAML_CFLAGS/YAML_LIBS point elsewhere as JANSSON_CFLAGS/JANSSON_LIBS do. Only the
+# command links it; without it the build stops with one line saying what to install.
+YAML_CFLAGS ?=
+YAML_LIBS ?= -lyaml
+HAVE_YAML := $(shell printf '\043include <yaml.h>\nint main(void){yaml_parser_t p;return !yaml_parser_initialize(&p);}\n' | \
+                $(CC) $(CPPFLAGS) $(YAML_CFLAGS) -x c - -x none $(LDFLAGS) $(YAML_LIBS) -o /dev/null >/dev/null 2>&1 && echo 1)
 
 # The trainer (train/, `winattn train`): a library of its own, $(BUILD)/libwinattn_train.a, which
 # the command links through one header, train/train.h; not part of libwinattn. Its matrix
@@ -168,7 +175,7 @@ SONAME   := libwinattn.so.0
 # package (python/setup.py) and winattn.pc read it from there
 WA_VERSION := $(shell sed -n 's/^\#define WINATTN_VERSION_[A-Z]* \([0-9]*\)$$/\1/p' include/winattn.h | paste -sd. -)
 
-.PHONY: all lib tests test test-long sanitize install uninstall clean help fuzz fuzz-check demo tile-gemm no-jansson torch-ext
+.PHONY: all lib tests test test-long sanitize install uninstall clean help fuzz fuzz-check demo tile-gemm no-jansson no-yaml torch-ext
 # keep intermediate objects (and keep make quiet after the test summary)
 .SECONDARY:
 all: lib $(BUILD)/winattn $(TESTS)
@@ -181,6 +188,12 @@ ifneq ($(HAVE_JANSSON),1)
 $(TOOL_OBJ) $(TRAIN_OBJ) $(BUILD)/formats/safetensors.o $(BUILD)/tests/test_safetensors.o $(BUILD)/tests/test_train.o $(BUILD)/tests/test_train_data.o $(BUILD)/tests/test_train_cuda.o $(BUILD)/tests/cli_helper.o: | no-jansson
 no-jansson:
 	@echo "winattn: jansson not found (<jansson.h>, -ljansson): run 'sh scripts/deps.sh', or apt-get install libjansson-dev pkg-config" >&2
+	@exit 1
+endif
+ifneq ($(HAVE_YAML),1)
+$(BUILD)/tools/train_yaml.o $(BUILD)/winattn: | no-yaml
+no-yaml:
+	@echo "winattn: libyaml not found (<yaml.h>, -lyaml; winattn train -c reads YAML with it): run 'sh scripts/deps.sh', or apt-get install libyaml-dev (YAML_CFLAGS/YAML_LIBS point at another copy)" >&2
 	@exit 1
 endif
 
@@ -235,7 +248,7 @@ $(TRAIN_LIB): $(TRAIN_OBJ)
 	ar rcs $@ $^
 
 $(BUILD)/winattn: $(TOOL_OBJ) $(REF_OBJ) $(TRAIN_LIB) $(FORMATS_OBJ) $(STATIC)
-	$(LINK) -o $@ $^ $(TOOL_LIBS) $(TRAIN_LIBS) $(WA_LIBS) $(LDLIBS)
+	$(LINK) -o $@ $^ $(TOOL_LIBS) $(YAML_LIBS) $(TRAIN_LIBS) $(WA_LIBS) $(LDLIBS)
 
 $(BUILD)/tests/test_train: $(BUILD)/tests/test_train.o $(BUILD)/tests/check.o $(TRAIN_LIB) $(FORMATS_OBJ) $(STATIC)
 	$(LINK) -o $@ $^ $(TOOL_LIBS) $(TRAIN_LIBS) $(WA_LIBS) $(LDLIBS)
@@ -261,7 +274,7 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/tests/check.o $(REF_OBJ) $(STATIC)
 # Include paths follow the layers (tests/test_layers.sh): include/ < src/ < formats/ < train/ <
 # tools/ < tests/; a folder sees the ones below it, never one above
 $(BUILD)/tests/%.o: WA_CFLAGS += -Isrc -Iformats -Itrain -Itools $(JANSSON_CFLAGS)
-$(BUILD)/tools/%.o: WA_CFLAGS += -Isrc -Iformats -Itrain $(JANSSON_CFLAGS)
+$(BUILD)/tools/%.o: WA_CFLAGS += -Isrc -Iformats -Itrain $(JANSSON_CFLAGS) $(YAML_CFLAGS)
 $(BUILD)/train/%.o: WA_CFLAGS += -Isrc -Iformats $(JANSSON_CFLAGS)
 $(BUILD)/formats/%.o: WA_CFLAGS += $(JANSSON_CFLAGS)
 

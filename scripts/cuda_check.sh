@@ -23,9 +23,9 @@
 # (build/ stays), e.g. `build parity`, then `sanitize`, then `varlen nonfinite probe`.
 # Full logs go to $OUT (default /tmp/out); the last thing printed is a summary table of the stages
 # run (also in $OUT/summary.txt). Exit status 1 when any check failed.
-# Machines without libjansson-dev (the command's JSON): carry Debian's package unpacked in .devdeps
-# (ignored by git), made once with
-#   mkdir -p .devdeps && cd .devdeps && apt-get download libjansson-dev libjansson4 &&
+# Machines without libjansson-dev (the command's JSON) or libyaml-dev (its config files): carry
+# Debian's packages unpacked in .devdeps (ignored by git), made once with
+#   mkdir -p .devdeps && cd .devdeps && apt-get download libjansson-dev libjansson4 libyaml-dev libyaml-0-2 &&
 #   for f in *.deb; do dpkg -x "$f" .; done && cd ..
 # and it is used when present.
 OUT=${OUT:-/tmp/out}
@@ -34,6 +34,7 @@ W=build/winattn
 J=.devdeps/usr
 MK="make -j$(nproc)"
 [ -d "$J" ] && MK="$MK JANSSON_CFLAGS=-I$J/include JANSSON_LIBS=$J/lib/x86_64-linux-gnu/libjansson.a"
+[ -f "$J/include/yaml.h" ] && MK="$MK YAML_CFLAGS=-I$J/include YAML_LIBS=$J/lib/x86_64-linux-gnu/libyaml.a"
 NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(readlink -f "$NVCC")")")}
 TABLE=$OUT/summary.txt

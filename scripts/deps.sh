@@ -1,18 +1,19 @@
 #!/bin/sh
 # deps.sh — what `make` and `make test` need, installed on a Debian or Ubuntu machine when it is
-# missing: a C compiler and make (build-essential), libjansson-dev (the command's JSON) and
-# pkg-config (the install test). Debian packages named as arguments are added to the list
-# (.ci/run adds libopenblas-dev and python3-venv); a package of another architecture
-# (libjansson-dev:arm64) adds that architecture to dpkg first. --extra adds what
-# `make test EXTRA=all` needs (tests/extra_checks.sh): clang and its libFuzzer runtime, the aarch64
-# cross compiler, qemu-user and jansson for arm64. Does nothing when everything is there;
-# otherwise installs with apt-get as root or through sudo, and without either prints the apt-get
-# command and fails. The README's first command runs it before `make`.
+# missing: a C compiler and make (build-essential), libjansson-dev (the command's JSON),
+# libyaml-dev (`winattn train -c`'s config files) and pkg-config (the install test). Debian
+# packages named as arguments are added to the list (.ci/run adds libopenblas-dev and
+# python3-venv); a package of another architecture (libjansson-dev:arm64) adds that architecture
+# to dpkg first. --extra adds what `make test EXTRA=all` needs (tests/extra_checks.sh): clang and
+# its libFuzzer runtime, the aarch64 cross compiler, qemu-user and jansson and libyaml for arm64.
+# Does nothing when everything is there; otherwise installs with apt-get as root or through sudo,
+# and without either prints the apt-get command and fails. The README's first command runs it
+# before `make`.
 # usage: sh scripts/deps.sh [--extra] [DEBIAN_PACKAGE...]
 CC=${CC:-cc}
 if [ "$1" = "--extra" ]; then
     shift
-    set -- clang libclang-rt-dev gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user libjansson-dev:arm64 "$@"
+    set -- clang libclang-rt-dev gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user libjansson-dev:arm64 libyaml-dev:arm64 "$@"
 fi
 have() { command -v "$1" >/dev/null 2>&1; }
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q ' installed$'; }
@@ -24,6 +25,10 @@ have "$CC" && have make || missing="$missing build-essential"
 printf '#include <jansson.h>\nint main(void){return json_object()==0;}\n' |
     "$CC" $JANSSON_CFLAGS -x c - ${JANSSON_LIBS:--ljansson} -o /dev/null >/dev/null 2>&1 ||
     missing="$missing libjansson-dev"
+# libyaml the same way (YAML_CFLAGS and YAML_LIBS as the Makefile takes them)
+printf '#include <yaml.h>\nint main(void){yaml_parser_t p;return !yaml_parser_initialize(&p);}\n' |
+    "$CC" $YAML_CFLAGS -x c - ${YAML_LIBS:--lyaml} -o /dev/null >/dev/null 2>&1 ||
+    missing="$missing libyaml-dev"
 have pkg-config || missing="$missing pkg-config"
 for p in "$@"; do installed "$p" || missing="$missing $p"; done
 [ -z "$missing" ] && exit 0

@@ -9,7 +9,7 @@
 #      device time by phase (bench/train_gpu.py with --peers adds transformers beside it).
 # Usage: sh scripts/train_cuda_check.sh [quick|batch]   (quick: steps 1-3; batch: and the job-shaped
 # batch). Logs go to $OUT.
-# Machines without libjansson-dev: carry Debian's package unpacked in .devdeps (see
+# Machines without libjansson-dev or libyaml-dev: carry Debian's package unpacked in .devdeps (see
 # scripts/cuda_check.sh). SM=90a (default) builds the CUDA code for that GPU only, to save time;
 # SM=all builds what `make` ships.
 set -e
@@ -19,6 +19,7 @@ BUILD=${BUILD:-build-gpu}
 J=.devdeps/usr
 MK="make -j16 BUILD=$BUILD"
 [ -d "$J" ] && MK="$MK JANSSON_CFLAGS=-I$J/include JANSSON_LIBS=$J/lib/x86_64-linux-gnu/libjansson.a"
+[ -f "$J/include/yaml.h" ] && MK="$MK YAML_CFLAGS=-I$J/include YAML_LIBS=$J/lib/x86_64-linux-gnu/libyaml.a"
 # the trainer's objects are cheap: rebuild them always (a copied tree's times may predate them)
 rm -rf "$BUILD/train" "$BUILD/tools" "$BUILD/tests"
 if [ "${SM:-90a}" != all ]; then

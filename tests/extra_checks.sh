@@ -9,7 +9,7 @@
 #             "head dim 512"), two at a time. Left out: test_train (the trainer, not the library: over
 #             15 minutes under qemu), test_kernels' generic build (the same source runs natively),
 #             test_cli and test_install (shell scripts that start the binaries themselves).
-#             Needs gcc-aarch64-linux-gnu, qemu-user, libjansson-dev:arm64.
+#             Needs gcc-aarch64-linux-gnu, qemu-user, libjansson-dev:arm64, libyaml-dev:arm64.
 #   sanitize  `make sanitize` (ASan + UBSan, build-san): the unit tests, test_misuse included,
 #             test_cli, and `parity --quick`. Needs only the compiler's sanitizer runtimes.
 #   portability  clang -std=c11 -Wall -Wextra -Wpedantic -Werror on every library source for

@@ -237,6 +237,223 @@ fi
 expect_error "init-model: config refused" init-model "$T/ple/config.json" "$T/x"
 expect_error "init-model: missing OUT_DIR" init-model train/configs/demo-gemma4.json
 
+# train's mlx-lm flag names and config file (tools/train_yaml.c). --print-config shows the options
+# after the file and the flags, as a config file, without loading anything: each alias must print
+# what its mlx-lm name prints.
+pc() { "$W" train --model $FX --data "$T/data" --print-config "$@" 2>"$T/stderr"; }
+for pair in "--learning-rate --lr 3e-4 learning_rate: 0.0003" "--adapter-path --out $T/ap adapter_path: \"$T/ap\"" \
+    "--steps-per-eval --eval-every 7 steps_per_eval: 7" "--num-layers --lora-layers 2 num_layers: 2" \
+    "--resume-adapter-file --adapters $T/a.safetensors resume_adapter_file: \"$T/a.safetensors\"" \
+    "--grad-accumulation-steps --grad-accum 3 grad_accumulation_steps: 3"; do
+    set -- $pair
+    new=$1 old=$2 val=$3
+    shift 3
+    want="$*"
+    a=$(pc $new $val) && b=$(pc $old $val) && [ "$a" = "$b" ] && echo "$a" | grep -qxF "$want" &&
+        ok "train: $new and its alias $old both set '$want'" || no "train: $new vs $old: $(cat "$T/stderr")"
+done
+for flag in "--val-batches 5|val_batches: 5" "--val-batches -1|val_batches: -1" "--save-every 10|save_every: 10" \
+    "--iters 4|iters: 4" "--max-seq-length 64|max_seq_length: 64" "--mask-prompt|mask_prompt: true" "--test|test: true" \
+    "--byte-tokens|byte_tokens: true" "--adapter-format peft|adapter_format: peft" "--grad-clip 1.5|grad_clip: 1.5" \
+    "--batch-size 2|batch_size: 2" "--seed 9|seed: 9" "--num-layers -1|num_layers: -1" "--eval-only|train: false" \
+    "--optimizer adamw --weight-decay 0.05|    weight_decay: 0.05" "--lora-keys q,down|  keys: [\"self_attn.q_proj\", \"mlp.down_proj\"]" \
+    "--lr-schedule cosine --warmup 3 --warmup-init 1e-7 --decay-steps 20 --lr-end 1e-6|  arguments: [1e-05, 20, 1e-06]" \
+    "--lr-schedule linear --lr-end 1e-6|  name: linear_schedule" "--warmup 5|  warmup: 5"; do
+    args=${flag%%|*} want=${flag#*|}
+    pc $args | grep -qxF "$want" && ok "train: $args -> '$want'" || no "train: $args: $(pc $args | head -c 300) $(cat "$T/stderr")"
+done
+[ "$(pc --grad-checkpoint --steps-per-report 5 --train --fine-tune-type lora)" = "$(pc)" ] &&
+    ok "train: --grad-checkpoint, --steps-per-report, --train, --fine-tune-type lora accepted, changing nothing" ||
+    no "train: mlx-lm's no-op flags: $(cat "$T/stderr")"
+# the learning rate as the trainer prints it, under either name
+for f in --learning-rate --lr; do
+    "$W" train --model $FX --data "$T/data" --iters 1 --batch-size 2 --lora-rank 4 --threads 1 $f 3e-4 >"$T/lr$f" 2>"$T/stderr" ||
+        no "train $f 3e-4: $(cat "$T/stderr")"
+done
+grep '^data:' "$T/lr--lr" | grep -q 'lr 0.0003$' && [ "$(grep '^data:' "$T/lr--lr")" = "$(grep '^data:' "$T/lr--learning-rate")" ] &&
+    ok "train: --learning-rate 3e-4 and --lr 3e-4 print the same data line (lr 0.0003)" ||
+    no "train: data lines: $(grep '^data:' "$T/lr--lr") / $(grep '^data:' "$T/lr--learning-rate")"
+
+# a config file with mlx-lm's keys drives a run; model and data from the file satisfy the flags
+cat >"$T/run.yaml" <<EOF
+# mlx-lm's keys, PyYAML's types
+model: $FX
+data: "$T/data"
+train: true
+fine_tune_type: lora
+optimizer: adamw
+optimizer_config:
+  adamw: {betas: [0.9, 0.99], eps: 1e-6, weight_decay: 0.1}
+  sgd: {}
+seed: 3
+num_layers: 1
+batch_size: 2
+iters: 1
+val_batches: -1
+learning_rate: 1e-5
+steps_per_report: 10
+steps_per_eval: 200
+resume_adapter_file: null
+adapter_path: $T/yrun
+save_every: 100
+test_batches: 100
+max_seq_length: 2048
+grad_checkpoint: false
+lora_parameters:
+  keys: ["self_attn.q_proj", v_proj]
+  rank: 4
+  scale: 10.0
+  dropout: 0.0
+lr_schedule:
+  name: cosine_decay
+  warmup: 0
+  arguments: [3e-4, 100, 1e-7]
+EOF
+if "$W" train -c "$T/run.yaml" --threads 1 >"$T/stdout" 2>"$T/stderr" && grep -q "^step 1/1" "$T/stdout" &&
+    grep '^data:' "$T/stdout" | grep -q 'optimizer AdamW, lr 0.0003$' && grep -q '"rank": 4' "$T/yrun/adapter_config.json" &&
+    grep -q '"self_attn.v_proj"' "$T/yrun/adapter_config.json" && ! grep -q '"self_attn.k_proj"' "$T/yrun/adapter_config.json"; then
+    ok "train -c FILE: a 1-step run from mlx-lm's keys (AdamW, the schedule's lr, rank 4 on q and v, adapter_path)"
+else
+    no "train -c FILE: $(tail -3 "$T/stdout") $(cat "$T/stderr")"
+fi
+out=$("$W" train -c "$T/run.yaml" --print-config 2>"$T/stderr")
+for want in "    betas: [0.9, 0.99]" "    eps: 1e-06" "    weight_decay: 0.1" "num_layers: 1" "seed: 3" "  scale: 10.0" \
+    "max_seq_length: 2048" "save_every: 100"; do
+    echo "$out" | grep -qxF "$want" && ok "train -c FILE: '$want'" || no "train -c FILE: no '$want': $(cat "$T/stderr")"
+done
+out=$("$W" train -c "$T/run.yaml" --learning-rate 5e-4 --iters 2 --adapter-path "$T/other" --optimizer adam --print-config 2>"$T/stderr")
+echo "$out" | grep -qx "learning_rate: 0.0005" && echo "$out" | grep -qx "iters: 2" && echo "$out" | grep -qx "optimizer: adam" &&
+    echo "$out" | grep -qxF "adapter_path: \"$T/other\"" && ! echo "$out" | grep -q "weight_decay" &&
+    ok "train -c FILE: flags override the file (lr, iters, adapter path, optimizer)" || no "train -c FILE overridden: $out $(cat "$T/stderr")"
+out=$("$W" train -c "$T/run.yaml" --epochs 1 --print-config 2>"$T/stderr")
+echo "$out" | grep -qx "epochs: 1.0" && ! echo "$out" | grep -q "^iters" &&
+    ok "train -c FILE --epochs 1: the flag replaces the file's iters" || no "train -c FILE --epochs: $out $(cat "$T/stderr")"
+"$W" train -c "$T/run.yaml" --print-config >"$T/printed.yaml" 2>"$T/stderr" &&
+    "$W" train -c "$T/printed.yaml" --print-config 2>>"$T/stderr" | cmp -s - "$T/printed.yaml" &&
+    "$W" train -c train/configs/lora_config.yaml --print-config >"$T/sample.yaml" 2>>"$T/stderr" &&
+    "$W" train -c "$T/sample.yaml" --print-config 2>>"$T/stderr" | cmp -s - "$T/sample.yaml" &&
+    ok "train --print-config: what it prints reads back to the same options (and train/configs/lora_config.yaml loads)" ||
+    no "train --print-config round trip: $(cat "$T/stderr")"
+# the values as mlx-lm's own loader reads them (PyYAML's SafeLoader with mlx-lm's float resolver)
+# equal the options the command took from the same file, key by key
+if python3 -c "import yaml" 2>/dev/null; then
+    for f in train/configs/lora_config.yaml "$T/run.yaml"; do
+        "$W" train -c "$f" --print-config >"$T/took.yaml" 2>"$T/stderr"
+        if python3 - "$f" "$T/took.yaml" >"$T/stdout" 2>&1 <<'PY'; then
+import re, sys, yaml
+loader = yaml.SafeLoader
+loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"""^(?:
+     [-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+    |\.[0-9_]+(?:[eE][-+][0-9]+)?
+    |[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""", re.X), list("-+0123456789."))
+given, took = (yaml.load(open(p), loader) for p in sys.argv[1:3])
+bad = []
+def same(name, a, b):
+    if a != b and not (isinstance(a, (int, float)) and isinstance(b, (int, float)) and float(a) == float(b)):
+        bad.append(f"{name}: mlx-lm reads {a!r}, winattn took {b!r}")
+for k in ("model", "data", "seed", "batch_size", "iters", "val_batches", "steps_per_eval", "save_every", "test",
+          "max_seq_length", "mask_prompt", "optimizer", "adapter_path", "resume_adapter_file", "num_layers", "grad_clip"):
+    if given.get(k) is not None:
+        same(k, given[k], took[k])
+if "lr_schedule" not in given:
+    same("learning_rate", given["learning_rate"], took["learning_rate"])
+else:
+    for k in ("name", "warmup", "warmup_init", "arguments"):
+        same("lr_schedule." + k, given["lr_schedule"].get(k, 0), took["lr_schedule"][k])
+    same("learning_rate (the schedule's first argument)", given["lr_schedule"]["arguments"][0], took["learning_rate"])
+for k in ("rank", "scale"):
+    same("lora_parameters." + k, given["lora_parameters"][k], took["lora_parameters"][k])
+same("lora_parameters.keys", sorted(k if "." in k else ("mlp." if k in ("gate_proj", "up_proj", "down_proj") else "self_attn.") + k
+                                    for k in given["lora_parameters"]["keys"]), sorted(took["lora_parameters"]["keys"]))
+opt = given["optimizer"]
+for k, v in given.get("optimizer_config", {}).get(opt, {}).items():
+    same(f"optimizer_config.{opt}.{k}", v, took["optimizer_config"][opt][k])
+print("; ".join(bad) if bad else "ok")
+sys.exit(1 if bad else 0)
+PY
+            ok "train -c $(basename "$f"): each value as mlx-lm's YAML loader reads it"
+        else
+            no "train -c $f against mlx-lm's loader: $(cat "$T/stdout" "$T/stderr" | tail -3)"
+        fi
+    done
+else
+    echo "SKIP cli train -c against mlx-lm's YAML loader: no PyYAML"
+fi
+# train: false evaluates, as mlx-lm does without --train
+printf 'model: %s\ndata: %s\ntrain: false\nbatch_size: 2\nresume_adapter_file: %s\nlora_parameters: {rank: 4}\n' \
+    "$FX" "$T/data" "$T/run/adapters.safetensors" >"$T/eval.yaml"
+"$W" train -c "$T/eval.yaml" >"$T/stdout" 2>"$T/stderr" && grep -q "^eval: held-out loss" "$T/stdout" && ! grep -q "^step" "$T/stdout" &&
+    ok "train -c FILE with train: false: evaluation only" || no "train: false: $(cat "$T/stdout" "$T/stderr" | tail -3)"
+
+# a config file's refusals: exit 2, one line naming the file and the key
+# expect_config_error NAME WANT YAML_TEXT [FLAGS...]
+expect_config_error() {
+    name=$1 want=$2 text=$3
+    shift 3
+    if [ -n "$text" ]; then printf '%s\n' "$text" >"$T/bad.yaml"; else rm -f "$T/bad.yaml"; fi
+    "$W" train -c "$T/bad.yaml" --model $FX --data "$T/data" "$@" >"$T/stdout" 2>"$T/stderr"
+    rc=$?
+    if [ $rc -eq 2 ] && [ "$(wc -l <"$T/stderr")" -eq 1 ] && grep -qF "$T/bad.yaml" "$T/stderr" && grep -qF -- "$want" "$T/stderr" &&
+        [ ! -s "$T/stdout" ]; then
+        ok "train -c: $name -> exit 2: $(cat "$T/stderr")"
+    else
+        no "train -c: $name -> exit $rc: $(head -c 300 "$T/stderr")"
+    fi
+}
+expect_config_error "unknown key" "unknown key 'lerning_rate'" "lerning_rate: 1e-4"
+grep -q "did you mean 'learning_rate'" "$T/stderr" && ok "train -c: the unknown key's nearest known key suggested" ||
+    no "train -c: no suggestion: $(cat "$T/stderr")"
+expect_config_error "unknown nested key" "unknown key 'lora_parameters.rnak'" "lora_parameters: {rnak: 4}"
+expect_config_error "wrong type (string for an integer)" "batch_size: an integer" "batch_size: four"
+expect_config_error "wrong type (quoted number)" "learning_rate: a number" 'learning_rate: "1e-4"'
+expect_config_error "wrong type (list for a boolean)" "mask_prompt: true or false" "mask_prompt: [1]"
+expect_config_error "wrong type (mapping for a path)" "data: a non-empty string" "data: {a: 1}"
+expect_config_error "bad schedule name" "lr_schedule.name: 'exponential_decay'" "lr_schedule: {name: exponential_decay, arguments: [1e-4, 0.9]}"
+expect_config_error "bad schedule arguments" "lr_schedule.arguments: linear_schedule takes" "lr_schedule: {name: linear_schedule, arguments: [1e-4, 100]}"
+expect_config_error "schedule without arguments" "lr_schedule: needs arguments" "lr_schedule: {name: cosine_decay}"
+expect_config_error "fractional decay steps" "not a whole number" "lr_schedule: {name: cosine_decay, arguments: [1e-4, 10.5]}"
+expect_config_error "LoRA dropout" "lora_parameters.dropout" "lora_parameters: {dropout: 0.05}"
+expect_config_error "an unknown projection" "lora_parameters.keys: 'self_attn.q_norm'" "lora_parameters: {keys: [self_attn.q_norm]}"
+expect_config_error "full fine-tuning" "fine_tune_type: 'full'" "fine_tune_type: full"
+expect_config_error "another optimizer" "optimizer: 'sgd'" "optimizer: sgd"
+expect_config_error "weight decay under Adam" "optimizer_config.adam.weight_decay" "optimizer_config: {adam: {weight_decay: 0.1}}"
+expect_config_error "report_to" "report_to: 'wandb'" "report_to: wandb"
+expect_config_error "a key twice" "iters: given twice" "iters: 3
+iters: 4"
+expect_config_error "iters and epochs" "iters and epochs exclude each other" "iters: 3
+epochs: 2"
+expect_config_error "not YAML" "not YAML" "iters: [3"
+expect_config_error "not a mapping" "must be a mapping" "- iters"
+expect_config_error "a missing file" "cannot open the config file" ""
+expect_config_error "a key with a line break, kept to one line" "unknown key 'a?b'" '"a\nb": 1'
+expect_config_error "a NUL in a path" "model: the string holds a NUL character" 'model: "a\x00b"'
+# flags of the schedule and the formats
+expect_error "train: --lr-schedule bogus" train --model $FX --data "$T/data" --lr-schedule step
+expect_error "train: --lr-end without a decay" train --model $FX --data "$T/data" --lr-end 1e-6
+expect_error "train: --adapter-format bogus" train --model $FX --data "$T/data" --adapter-format gguf
+expect_error "train: --fine-tune-type full" train --model $FX --data "$T/data" --fine-tune-type full
+expect_error "train: --num-layers -2" train --model $FX --data "$T/data" --num-layers -2
+expect_error "train: --train with --eval-only" train --model $FX --data "$T/data" --train --eval-only
+"$W" train --help >"$T/stdout"
+missing=
+for f in -c --config --model --data --train --learning-rate --adapter-path --steps-per-eval --val-batches --save-every --iters \
+    --max-seq-length --mask-prompt --grad-checkpoint --test --resume-adapter-file --num-layers --batch-size --seed \
+    --grad-accumulation-steps --fine-tune-type --adapter-format --byte-tokens --grad-clip --lr-schedule --warmup --warmup-init \
+    --lr-end --decay-steps --print-config; do
+    grep -qe "^  $f \|, $f \| \[$f\]\| $f " "$T/stdout" || missing="$missing $f"
+done
+[ -z "$missing" ] && ok "train --help lists mlx-lm's flag names and the new ones" || no "train --help lacks:$missing"
+# without libyaml the build stops with one line naming the package
+if command -v make >/dev/null 2>&1; then
+    make -s BUILD="$T/noyaml" NO_CUDA=1 YAML_LIBS=-lwinattn_no_such_yaml "$T/noyaml/tools/train_yaml.o" >"$T/stdout" 2>"$T/stderr"
+    rc=$?
+    [ $rc -ne 0 ] && grep -q "libyaml-dev" "$T/stderr" && [ ! -e "$T/noyaml/tools/train_yaml.o" ] &&
+        ok "make without libyaml: stops, naming libyaml-dev" || no "make without libyaml -> exit $rc: $(head -c 300 "$T/stderr")"
+fi
+
 # Every subcommand: --help and -h print its usage on stdout and exit 0; an unknown option exits 2
 # with one line worded the same in each (tools/tool.c: unknown_option)
 for c in attn probe probe-child parity bench train init-model version; do
