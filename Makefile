@@ -139,7 +139,7 @@ HAVE_JANSSON := $(shell printf '\043include <jansson.h>\nint main(void){return j
 # products use OpenBLAS when it links (libopenblas-dev), else built-in loops.
 HAVE_CBLAS := $(shell printf '\043include <cblas.h>\nint main(void){openblas_set_num_threads(1);return 0;}\n' | \
                 $(CC) $(CPPFLAGS) $(CFLAGS) -x c - $(LDFLAGS) -lopenblas -o /dev/null >/dev/null 2>&1 && echo 1)
-TRAIN_SRC  := train/train.c train/config.c train/checkpoint.c train/data.c train/linalg.c train/trainer.c
+TRAIN_SRC  := train/train.c train/config.c train/checkpoint.c train/data.c train/linalg.c train/adapters.c train/trainer.c
 TRAIN_LIB  := $(BUILD)/libwinattn_train.a
 TRAIN_OBJ  := $(TRAIN_SRC:%.c=$(BUILD)/%.o) $(BUILD)/train/model_f32.o $(BUILD)/train/model_f64.o
 TRAIN_LIBS :=
