@@ -15,7 +15,8 @@ static const char train_help[] =
     "usage: winattn train --model DIR --data DIR [--attn fused|dense|chunked] [--chunk Q] [--epochs E | --iters N]\n"
     "       [--batch-size B] [--pack 0|1] [--grad-accum K] [--lr LR] [--optimizer adam|adamw] [--weight-decay WD]\n"
     "       [--bias-correction] [--lora-rank R] [--lora-scale S] [--lora-keys q,k,v,o,gate,up,down]\n"
-    "       [--lora-layers N] [--seed S] [--adapters FILE] [--resume DIR] [--out DIR] [--log FILE]\n"
+    "       [--lora-layers N] [--seed S] [--adapters FILE|DIR] [--resume DIR] [--out DIR] [--adapter-format mlx|peft]\n"
+    "       [--log FILE]\n"
     "       [--eval] [--eval-every N] [--eval-only] [--max-seq-length N] [--pad-target] [--threads T]\n"
     "       [--device cpu|cuda] [--precision bf16|f32] [--init-random SEED]\n"
     "\n"
@@ -30,10 +31,14 @@ static const char train_help[] =
     "  --lr LR            learning rate (default 1e-5); Adam (MLX's, no bias correction) or AdamW\n"
     "  --lora-rank R      default 32; --lora-scale S default 20; --lora-keys default q,k,v,o;\n"
     "                     --lora-layers N adapts the last N layers (default all)\n"
-    "  --adapters FILE    start from (or with --eval-only, evaluate) these adapters\n"
+    "  --adapters FILE    start from (or with --eval-only, evaluate) these adapters: mlx-lm's or peft's\n"
+    "                     weights file, or their folder (its adapter_config.json then sets rank, scale,\n"
+    "                     keys and layers)\n"
     "  --resume DIR       continue a run saved with --out DIR (adapters, optimizer state, step)\n"
     "  --out DIR          write adapters.safetensors, adapter_config.json (mlx-lm layout),\n"
     "                     optimizer.safetensors and log.jsonl (or --log FILE)\n"
+    "  --adapter-format F mlx (default: adapters.safetensors for mlx_lm.load) or peft\n"
+    "                     (adapter_model.safetensors for PeftModel.from_pretrained)\n"
     "  --eval             held-out loss and next-token agreement on valid.jsonl at the end;\n"
     "                     --eval-every N also every N batches; --eval-only just evaluates\n"
     "  --max-seq-length N truncate records (default: none); --pad-target adds mlx-lm's extra pad target\n"
@@ -113,6 +118,11 @@ int cmd_train(int argc, char **argv) {
         else if ((v = flag_value(argc, argv, &i, "--resume", train_usage))) o.resume_dir = v;
         else if ((v = flag_value(argc, argv, &i, "--out", train_usage))) o.out_dir = v;
         else if ((v = flag_value(argc, argv, &i, "--log", train_usage))) o.log_path = v;
+        else if ((v = flag_value(argc, argv, &i, "--adapter-format", train_usage))) {
+            if (strcmp(v, "mlx") == 0) o.format = ADAPTERS_MLX;
+            else if (strcmp(v, "peft") == 0) o.format = ADAPTERS_PEFT;
+            else usage_error(train_usage, "--adapter-format '%s': mlx or peft", v);
+        }
         else if (strcmp(argv[i], "--eval") == 0) o.eval_at_end = 1;
         else if ((v = flag_value(argc, argv, &i, "--eval-every", train_usage))) o.eval_every = parse_int_flag("--eval-every", v, 1, 1 << 30);
         else if (strcmp(argv[i], "--eval-only") == 0) o.eval_only = 1;

@@ -411,29 +411,42 @@ static int name_matches_list(const json_t *list, const char *key) {
     return 0;
 }
 
-/* 1 when peft adapts projection proj of layer `layer` under any of the naming schemes */
-static int peft_selects(const peft_targets *pt, int layer, int proj) {
-    for (int p = 0; p < PREFIX_COUNT; p++) {
-        char key[160];
-        snprintf(key, sizeof key, "%slayers.%d.%s", adapter_prefixes[p], layer, gemma_proj_path[proj]);
-        if (pt->has_exclude_re && regexec(&pt->exclude_re, key, 0, NULL, 0) == 0) continue;
-        if (pt->exclude && name_matches_list(pt->exclude, key)) continue;
-        if (pt->all_linear) return 1;
-        if (pt->has_target_re) {
-            if (regexec(&pt->target_re, key, 0, NULL, 0) == 0) return 1;
-            continue;
-        }
-        if (!name_matches_list(pt->list, key)) continue;
-        if (!pt->layers || json_is_null(pt->layers)) return 1;
-        if (json_is_integer(pt->layers)) {
-            if (json_integer_value(pt->layers) == layer) return 1;
-            continue;
-        }
-        size_t i;
-        const json_t *e;
-        json_array_foreach(pt->layers, i, e) if (json_integer_value(e) == layer) return 1;
-    }
+/* 1 when peft adapts projection proj of layer `layer`, its module named with adapter_prefixes[scheme] */
+static int peft_selects(const peft_targets *pt, int scheme, int layer, int proj) {
+    char key[160];
+    snprintf(key, sizeof key, "%slayers.%d.%s", adapter_prefixes[scheme], layer, gemma_proj_path[proj]);
+    if (pt->has_exclude_re && regexec(&pt->exclude_re, key, 0, NULL, 0) == 0) return 0;
+    if (pt->exclude && name_matches_list(pt->exclude, key)) return 0;
+    if (pt->all_linear) return 1;
+    if (pt->has_target_re) return regexec(&pt->target_re, key, 0, NULL, 0) == 0;
+    if (!name_matches_list(pt->list, key)) return 0;
+    if (!pt->layers || json_is_null(pt->layers)) return 1;
+    if (json_is_integer(pt->layers)) return json_integer_value(pt->layers) == layer;
+    size_t i;
+    const json_t *e;
+    json_array_foreach(pt->layers, i, e) if (json_integer_value(e) == layer) return 1;
     return 0;
+}
+
+/* The naming scheme (index into adapter_prefixes) of the peft weights beside the config at
+ * config_path, or -1 when there are none to read */
+static int peft_weights_scheme(const char *config_path) {
+    char path[4096];
+    const char *slash = strrchr(config_path, '/');
+    snprintf(path, sizeof path, "%.*s%s", slash ? (int)(slash - config_path + 1) : 0, config_path,
+             adapters_file_name(ADAPTERS_PEFT));
+    st_file f;
+    char err[256];
+    if (!is_file(path) || st_open(path, &f, err, sizeof err) != 0) return -1;
+    int scheme = -1;
+    for (int i = 0; i < f.count && scheme < 0; i++)
+        for (int p = PREFIX_COUNT - 1; p >= 0 && scheme < 0; p--) { /* the longer prefixes first: "model." is in each */
+            char prefix[64];
+            snprintf(prefix, sizeof prefix, PEFT_ROOT "%slayers.", adapter_prefixes[p]);
+            if (strncmp(f.tensors[i].name, prefix, strlen(prefix)) == 0) scheme = p;
+        }
+    st_close(&f);
+    return scheme;
 }
 
 /* null, absent, false, "", [] and {} */
@@ -500,13 +513,19 @@ static int peft_config_load(const json_t *root, const char *path, int layers, lo
     } else if (string_list(exclude)) pt.exclude = exclude;
     else if (!empty(exclude)) rc = fail(err, errlen, "%s: exclude_modules must be a list of module names or a regular expression", path);
 
-    /* the selection must be one projection set on each of the last N layers */
+    /* The modules' names depend on the class the checkpoint loads as; the weights beside the config
+     * tell which, else the first naming under which anything is selected counts. The selection
+     * must be one projection set on each of the last N layers. */
     unsigned mask[GEMMA_MAX_LAYERS] = {0};
-    int first = -1;
-    for (int l = 0; l < layers && l < GEMMA_MAX_LAYERS && rc == 0; l++) {
-        for (int p = 0; p < PROJ_COUNT; p++)
-            if (peft_selects(&pt, l, p)) mask[l] |= 1u << p;
-        if (mask[l] && first < 0) first = l;
+    int first = -1, beside = peft_weights_scheme(path);
+    for (int s = 0; s < PREFIX_COUNT && first < 0 && rc == 0; s++) {
+        int scheme = beside < 0 ? s : s == 0 ? beside : s <= beside ? s - 1 : s;
+        for (int l = 0; l < layers && l < GEMMA_MAX_LAYERS; l++) {
+            mask[l] = 0;
+            for (int p = 0; p < PROJ_COUNT; p++)
+                if (peft_selects(&pt, scheme, l, p)) mask[l] |= 1u << p;
+            if (mask[l] && first < 0) first = l;
+        }
     }
     if (pt.has_target_re) regfree(&pt.target_re);
     if (pt.has_exclude_re) regfree(&pt.exclude_re);
