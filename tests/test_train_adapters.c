@@ -354,7 +354,7 @@ static void weight_refusals(void) {
     struct { const char *header, *want, *what; } bad[] = {
         /* q_proj of layer 0: A [8, 2] for mlx-lm, [2, 8] for peft; an mlx-lm shape under peft's names */
         {"{\"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight\":{\"dtype\":\"F32\",\"shape\":[8,2],\"data_offsets\":[0,64]}}",
-         "must be F32, BF16 or F16 [2, 8]", "peft names with mlx-lm's (untransposed) shape"},
+         "must be F32 [2, 8]", "peft names with mlx-lm's (untransposed) shape"},
         {"{\"model.layers.0.self_attn.q_proj.lora_a\":{\"dtype\":\"F32\",\"shape\":[8,2],\"data_offsets\":[0,64]}}",
          "no adapter \"model.layers.0.self_attn.q_proj.lora_b\"", "a missing tensor"},
         {"{\"model.layers.0.self_attn.q_proj.lora_a\":{\"dtype\":\"I32\",\"shape\":[8,2],\"data_offsets\":[0,64]}}",

@@ -304,8 +304,8 @@ int adapters_load(gemma_model_f32 *m, const char *path, char *err, size_t errlen
                           peft ? "peft" : "mlx-lm");
             } else if ((t->dtype != ST_F32 && t->dtype != ST_BF16 && t->dtype != ST_F16) || t->rank != 2 ||
                        t->shape[0] != want0 || t->shape[1] != want1)
-                rc = fail(err, errlen, "%s: \"%s\" must be F32, BF16 or F16 [%lld, %lld] for rank %d%s", path, t->name,
-                          (long long)want0, (long long)want1, m->lora.rank, peft ? " (peft's nn.Linear layout)" : "");
+                rc = fail(err, errlen, "%s: \"%s\" must be F32 [%lld, %lld] (or BF16, F16) for rank %d%s", path, t->name,
+                          (long long)want0, (long long)want1, m->lora.rank, peft ? " in peft's nn.Linear layout" : "");
             else if (st_tensor_first_nonfinite(t, &bad))
                 rc = fail(err, errlen, "%s: \"%s\" holds a non-finite value (%s) at element %llu", path, t->name,
                           st_tensor_value_kind(t, bad), (unsigned long long)bad);
