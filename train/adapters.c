@@ -18,12 +18,15 @@
 #include <strings.h>
 #include <sys/stat.h>
 
+/* The message, one line: names and expressions quoted from a file may hold control characters */
 static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int fail(char *err, size_t errlen, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(err, errlen, fmt, ap);
     va_end(ap);
+    for (char *c = err; errlen && *c; c++)
+        if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
     return -1;
 }
 
@@ -381,22 +384,26 @@ typedef struct peft_targets {
 
 /* Python's re.fullmatch(pattern, key) for the plain syntax POSIX ERE shares with it; 0 and *re set,
  * or -1 with why in err for syntax that only Python reads (classes like \d, (?...) groups, lazy
- * quantifiers, back-references) or that does not compile. */
+ * quantifiers, back-references) or that does not compile. Bounded repeats ({m,n}) and more than
+ * four '+' are refused too: glibc's regcomp copies the repeated expression for each, which grows
+ * exponentially when they nest. */
 static int compile_pattern(const char *pattern, regex_t *re, const char *path, const char *field, char *err, size_t errlen) {
-    int python_only = strstr(pattern, "(?") || strstr(pattern, "*?") || strstr(pattern, "+?") || strstr(pattern, "??") ||
-                      strstr(pattern, "}?");
-    for (const char *c = pattern; *c && !python_only; c++)
+    int refused = strstr(pattern, "(?") || strstr(pattern, "*?") || strstr(pattern, "+?") || strstr(pattern, "??"), plus = 0;
+    for (const char *c = pattern; *c && !refused; c++) {
         if (*c == '\\') {
-            if (c[1] && strchr("dDwWsSbBAZ0123456789", c[1])) python_only = 1;
+            if (c[1] && strchr("dDwWsSbBAZ0123456789", c[1])) refused = 1;
             if (c[1]) c++;
-        }
+        } else if (*c == '{') refused = 1;
+        else if (*c == '+') refused = ++plus > 4;
+    }
     size_t n = strlen(pattern);
-    char *anchored = python_only || n > 16384 ? NULL : malloc(n + 5);
+    char *anchored = refused || n > 4096 ? NULL : malloc(n + 5);
     if (anchored) snprintf(anchored, n + 5, "^(%s)$", pattern);
     int rc = anchored && regcomp(re, anchored, REG_EXTENDED | REG_NOSUB) == 0 ? 0 : -1;
     free(anchored);
-    if (rc) return fail(err, errlen, "%s: %s \"%.80s\" is not a regular expression this reader evaluates (POSIX extended syntax only)",
-                        path, field, pattern);
+    if (rc)
+        return fail(err, errlen, "%s: %s \"%.80s\" is not a regular expression this reader evaluates (POSIX extended "
+                                 "syntax only, no {m,n}, at most four '+')", path, field, pattern);
     return 0;
 }
 

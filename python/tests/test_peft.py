@@ -148,7 +148,10 @@ def peft_case(kind, tmp, seed):
     records = read_records(os.path.join(data, "valid.jsonl"))
 
     cfg = json.load(open(os.path.join(out_peft, "adapter_config.json")))
-    base = cls.from_pretrained(ck, dtype=torch.float32, attn_implementation="eager").eval()
+    from transformers import AutoModelForCausalLM  # docs/train.md's snippet: the class the checkpoint names
+    base = AutoModelForCausalLM.from_pretrained(ck, dtype=torch.float32, attn_implementation="eager").eval()
+    if type(base) is not cls:
+        raise TypeError("AutoModelForCausalLM gave %s for a %s checkpoint" % (type(base).__name__, cls.__name__))
     base_loss = torch_loss(base, records)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
