@@ -140,12 +140,13 @@ static json_t *peft_config(const gemma_model_f32 *m, const char *model_dir, int 
         /* a regular expression (peft matches it whole against each module name) that names the
          * language model's projections only: a bare list would reach the vision tower's q_proj too.
          * Plain syntax that Python's re and POSIX ERE read alike. */
-        char re[1024], *p = re;
+        char *re = malloc(128 + 12 * (size_t)layers + 32 * PROJ_COUNT), *p = re;
+        if (!re) return NULL;
         p += sprintf(p, "model\\.language_model\\.layers\\.");
         if (first == 0) p += sprintf(p, "[0-9]+");
         else {
             p += sprintf(p, "(");
-            for (int l = first; l < layers && p < re + sizeof re - 200; l++) p += sprintf(p, "%s%d", l > first ? "|" : "", l);
+            for (int l = first; l < layers; l++) p += sprintf(p, "%s%d", l > first ? "|" : "", l);
             p += sprintf(p, ")");
         }
         p += sprintf(p, "\\.(");
@@ -160,6 +161,7 @@ static json_t *peft_config(const gemma_model_f32 *m, const char *model_dir, int 
         }
         sprintf(p, ")");
         targets = json_string(re);
+        free(re);
     } else {
         targets = json_array();
         for (int q = 0; q < PROJ_COUNT; q++)
@@ -525,9 +527,10 @@ static int peft_config_load(const json_t *root, const char *path, int layers, lo
      * must be one projection set on each of the last N layers. */
     unsigned mask[GEMMA_MAX_LAYERS] = {0};
     int first = -1, beside = peft_weights_scheme(path);
+    if (layers > GEMMA_MAX_LAYERS) layers = GEMMA_MAX_LAYERS;
     for (int s = 0; s < PREFIX_COUNT && first < 0 && rc == 0; s++) {
         int scheme = beside < 0 ? s : s == 0 ? beside : s <= beside ? s - 1 : s;
-        for (int l = 0; l < layers && l < GEMMA_MAX_LAYERS; l++) {
+        for (int l = 0; l < layers; l++) {
             mask[l] = 0;
             for (int p = 0; p < PROJ_COUNT; p++)
                 if (peft_selects(&pt, scheme, l, p)) mask[l] |= 1u << p;
