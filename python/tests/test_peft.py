@@ -179,7 +179,7 @@ def peft_case(kind, tmp, seed):
     winattn(*train, "--out", out_mlx)
     ours_mlx = logged_eval(out_mlx)
     back = eval_only(ck, data, out_mlx)
-    report(ours_mlx == ours and abs(back - ours) <= 6e-5,
+    report(abs(ours_mlx - ours) <= 2e-6 and abs(back - ours) <= 6e-5,  # the log's 6 decimals; the printed 4
            "mlx %s: the same run in mlx-lm's layout evaluates the same, and reads back" % kind,
            "%.6f (peft run %.6f), --eval-only %.4f" % (ours_mlx, ours, back))
     return ck, data, out_mlx, ours_mlx
