@@ -257,6 +257,9 @@ static int get_nonneg_int(const json_t *v, uint64_t *out)
 
 static int parse_metadata(const json_t *obj, st_file *f, char *err, size_t errlen)
 {
+    /* MLX (mx.save_safetensors without metadata, as mlx-lm saves adapters) writes null: no entries */
+    if (json_is_null(obj))
+        return 0;
     if (!json_is_object(obj)) {
         set_err(err, errlen, "__metadata__ is not an object");
         return -1;

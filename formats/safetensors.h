@@ -4,7 +4,7 @@
  * A safetensors file is an 8-byte little-endian u64 header length N, then N bytes of JSON
  * header, then the raw little-endian data region. The header maps each tensor name to
  * {"dtype", "shape", "data_offsets": [begin, end]} (offsets relative to the data region) and may
- * hold a "__metadata__" object of string -> string.
+ * hold a "__metadata__" object of string -> string (or null, as MLX writes it: no entries).
  *
  * The reader is meant for untrusted files: st_parse validates the whole header (types, exact
  * integers, overflow, overlaps, holes) before anything looks at tensor bytes, so a consumer may

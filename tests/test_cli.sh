@@ -205,6 +205,20 @@ if "$W" train --model $FX --data "$T/data" --eval-only --batch-size 2 --lora-ran
 else
     no "train --eval-only: $(cat "$T/stderr")"
 fi
+# peft's layout: its file names and config; --adapters takes the folder and reads it back
+if "$W" train --model $FX --data "$T/data" --iters 2 --batch-size 2 --lora-rank 4 --threads 1 --eval \
+        --adapter-format peft --out "$T/peft" >"$T/stdout" 2>"$T/stderr" && [ -s "$T/peft/adapter_model.safetensors" ] &&
+    [ ! -e "$T/peft/adapters.safetensors" ] && grep -q '"peft_type": "LORA"' "$T/peft/adapter_config.json" &&
+    grep -q "^saved: $T/peft/adapter_model.safetensors, adapter_config.json" "$T/stdout" &&
+    want=$(sed -n 's/^eval after training: held-out loss \([0-9.]*\) .*/\1/p' "$T/stdout") &&
+    "$W" train --model $FX --data "$T/data" --eval-only --batch-size 2 --adapters "$T/peft" >"$T/stdout" 2>"$T/stderr" &&
+    grep -q "^eval: held-out loss $want " "$T/stdout"; then
+    ok "train --adapter-format peft: adapter_model.safetensors + peft's adapter_config.json; --adapters DIR reads them back"
+else
+    no "train --adapter-format peft: $(tail -2 "$T/stdout") $(cat "$T/stderr")"
+fi
+expect_error "train: --adapter-format bogus" train --model $FX --data "$T/data" --adapter-format bogus
+expect_error "train: --adapters folder without adapters" train --model $FX --data "$T/data" --eval-only --adapters "$T/data"
 if "$W" init-model train/configs/demo-gemma4.json "$T/demo" --seed 3 >"$T/stdout" 2>"$T/stderr" &&
     [ -s "$T/demo/model.safetensors" ] && cmp -s train/configs/demo-gemma4.json "$T/demo/config.json"; then
     ok "init-model: seeded random checkpoint with its config"

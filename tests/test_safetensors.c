@@ -373,6 +373,20 @@ static void test_good_headers(void)
     free(buf);
     free(padded);
 
+    /* "__metadata__": null, as MLX writes it (mlx-lm's adapters): no entries, the tensors read */
+    const char *nh = "{\"__metadata__\":null,\"a\":" T("F32", "[2]", "[0,8]") "}";
+    buf = build(nh, strlen(nh), 8, &len);
+    ok = st_parse(buf, len, &f, err, sizeof err) == 0;
+    if (!ok) {
+        snprintf(detail, sizeof detail, "rejected: %s", err);
+    } else {
+        ok = f.count == 1 && st_find(&f, "a") && st_metadata_count(&f) == 0 && st_metadata(&f, "format") == NULL;
+        snprintf(detail, sizeof detail, "parsed but fields are wrong");
+    }
+    report("good/metadata_null", ok, detail);
+    st_close(&f);
+    free(buf);
+
     /* Rank exactly ST_MAX_RANK and every dtype name the reader knows. */
     ok = 1;
     detail[0] = '\0';

@@ -46,7 +46,9 @@ static const char train_help[] =
     "  --adapter-format F mlx (default: adapters.safetensors, mlx_lm.load's layout) or peft\n"
     "                     (adapter_model.safetensors, PeftModel.from_pretrained's)\n"
     "  --save-every N     also a numbered checkpoint every N updates (default 0: at the end only)\n"
-    "  --resume-adapter-file FILE [--adapters] start from (or with --eval-only, evaluate) these adapters\n"
+    "  --resume-adapter-file F [--adapters] start from (or with --eval-only, evaluate) these adapters:\n"
+    "                     mlx-lm's or peft's weights file, or their folder (whose adapter_config.json\n"
+    "                     then sets rank, scale, keys and layers)\n"
     "  --resume DIR       continue a run saved in DIR (adapters, optimizer state, step)\n"
     ;
 /* the help in three pieces: ISO C's longest required string literal is 4,095 characters */

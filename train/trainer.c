@@ -5,6 +5,7 @@
 #define _GNU_SOURCE
 #include "trainer.h"
 
+#include "adapters.h"
 #include "data.h"
 #include "linalg.h"
 #include "rng.h"
@@ -51,141 +52,6 @@ static int fail(char *err, size_t errlen, const char *fmt, ...) {
     vsnprintf(err, errlen, fmt, ap);
     va_end(ap);
     return -1;
-}
-
-/* ---------------------------------------------------------------------------------------------
- * Adapter files */
-
-static const char *const adapter_prefixes[] = {"model.", "language_model.model.", "model.language_model."};
-
-static void slot_name(char *buf, size_t n, const char *prefix, const lora_slot *s, const char *ab) {
-    snprintf(buf, n, "%slayers.%d.%s.%s", prefix, s->layer, gemma_proj_path[s->proj], ab);
-}
-
-int adapters_save(const gemma_model_f32 *m, const char *dir, char *err, size_t errlen) {
-    int n = 2 * m->slot_count;
-    st_out *outs = calloc((size_t)(n ? n : 1), sizeof *outs);
-    char (*names)[160] = calloc((size_t)(n ? n : 1), sizeof *names);
-    if (!outs || !names) {
-        free(outs);
-        free(names);
-        return fail(err, errlen, "out of memory");
-    }
-    for (int i = 0; i < m->slot_count; i++) {
-        const lora_slot *s = &m->slots[i];
-        for (int k = 0; k < 2; k++) {
-            st_out *o = &outs[2 * i + k];
-            slot_name(names[2 * i + k], sizeof names[0], "model.", s, k ? "lora_b" : "lora_a");
-            o->name = names[2 * i + k];
-            o->dtype = ST_F32;
-            o->rank = 2;
-            o->shape[0] = k ? m->lora.rank : s->in;
-            o->shape[1] = k ? s->out : m->lora.rank;
-            o->data = m->params + (k ? s->b : s->a);
-        }
-    }
-    char path[4096];
-    snprintf(path, sizeof path, "%s/adapters.safetensors", dir);
-    int rc = st_write(path, outs, n, NULL, err, errlen);
-    free(outs);
-    free(names);
-    if (rc) return -1;
-
-    /* adapter_config.json in mlx-lm's shape, so mlx_lm.load(..., adapter_path=dir) reads it */
-    json_t *keys = json_array();
-    for (int p = 0; p < PROJ_COUNT; p++)
-        if (m->lora.proj_mask & (1u << p)) json_array_append_new(keys, json_string(gemma_proj_path[p]));
-    json_t *lp = json_pack("{s:i, s:f, s:f, s:o}", "rank", m->lora.rank, "scale", m->lora.scale, "dropout", 0.0,
-                           "keys", keys);
-    json_t *cfg = json_pack("{s:s, s:i, s:o}", "fine_tune_type", "lora", "num_layers",
-                            m->lora.num_layers > 0 ? m->lora.num_layers : m->cfg.layers, "lora_parameters", lp);
-    char *text = json_dumps(cfg, JSON_INDENT(2));
-    json_decref(cfg);
-    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
-    rc = write_text_atomic(path, text, err, errlen);
-    free(text);
-    return rc;
-}
-
-int adapter_config_load(const char *path, int layers, lora_config *lc, char *err, size_t errlen) {
-    json_error_t je;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
-    if (!root) { /* jansson quotes the input near the error: '?' for control characters, one line */
-        for (char *c = je.text; *c; c++)
-            if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
-        return fail(err, errlen, "%s: cannot read (%s)", path, je.text);
-    }
-    const json_t *lp = json_object_get(root, "lora_parameters");
-    const json_t *rank = json_object_get(lp, "rank"), *scale = json_object_get(lp, "scale");
-    const json_t *keys = json_object_get(lp, "keys"), *nl = json_object_get(root, "num_layers");
-    int rc = 0;
-    if (!json_is_integer(rank) || json_integer_value(rank) < 1 || json_integer_value(rank) > 4096 ||
-        !json_is_number(scale) || !json_is_array(keys) || (nl && !json_is_integer(nl))) {
-        rc = fail(err, errlen, "%s: needs lora_parameters {rank (1 to 4096), scale, keys} and an integer num_layers", path);
-    } else if (!isfinite(json_number_value(scale))) {
-        rc = fail(err, errlen, "%s: lora_parameters.scale is not finite", path);
-    } else if (nl && (json_integer_value(nl) < -1 || json_integer_value(nl) > layers)) {
-        /* mlx-lm's -1 is every layer */
-        rc = fail(err, errlen, "%s: num_layers = %lld, must be -1 (all) or 0 to %d (the model's layers)", path,
-                  (long long)json_integer_value(nl), layers);
-    } else {
-        memset(lc, 0, sizeof *lc);
-        lc->rank = (int)json_integer_value(rank);
-        lc->scale = json_number_value(scale);
-        /* compared before narrowing: (int)4294967297 would be 1 */
-        json_int_t nlv = nl ? json_integer_value(nl) : layers;
-        lc->num_layers = nlv >= layers || nlv < 0 ? 0 : (int)nlv; /* 0: every layer */
-        size_t i;
-        const json_t *k;
-        json_array_foreach(keys, i, k) {
-            int found = -1;
-            for (int p = 0; p < PROJ_COUNT && json_is_string(k); p++)
-                if (strcmp(json_string_value(k), gemma_proj_path[p]) == 0) found = p;
-            if (found < 0) {
-                rc = fail(err, errlen, "%s: lora key %zu is not one of self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj",
-                          path, i);
-                break;
-            }
-            lc->proj_mask |= 1u << found;
-        }
-    }
-    json_decref(root);
-    return rc;
-}
-
-int adapters_load(gemma_model_f32 *m, const char *path, char *err, size_t errlen) {
-    st_file f;
-    if (st_open(path, &f, err, errlen) != 0) return -1;
-    int rc = 0, used = 0;
-    for (int i = 0; i < m->slot_count && rc == 0; i++) {
-        const lora_slot *s = &m->slots[i];
-        for (int k = 0; k < 2 && rc == 0; k++) {
-            const st_tensor *t = NULL;
-            char name[160];
-            for (size_t p = 0; p < sizeof adapter_prefixes / sizeof *adapter_prefixes && !t; p++) {
-                slot_name(name, sizeof name, adapter_prefixes[p], s, k ? "lora_b" : "lora_a");
-                t = st_find(&f, name);
-            }
-            int64_t rows = k ? m->lora.rank : s->in, cols = k ? s->out : m->lora.rank;
-            if (!t) rc = fail(err, errlen, "%s: no adapter \"%s\"", path, name);
-            else if (t->dtype != ST_F32 || t->rank != 2 || t->shape[0] != rows || t->shape[1] != cols)
-                rc = fail(err, errlen, "%s: \"%s\" must be F32 [%lld, %lld]", path, t->name, (long long)rows, (long long)cols);
-            else {
-                memcpy(m->params + (k ? s->b : s->a), t->data, (size_t)(rows * cols) * sizeof(float));
-                used++;
-            }
-        }
-    }
-    if (rc == 0) /* an adapter the model has no slot for means the file belongs to another setup */
-        for (int i = 0; i < f.count && rc == 0; i++) {
-            const char *n = f.tensors[i].name;
-            size_t len = strlen(n);
-            if ((len > 7 && strcmp(n + len - 7, ".lora_a") == 0) || (len > 7 && strcmp(n + len - 7, ".lora_b") == 0)) {
-                if (--used < 0) rc = fail(err, errlen, "%s: adapter \"%s\" has no place in this model and LoRA setup", path, n);
-            }
-        }
-    st_close(&f);
-    return rc;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -438,7 +304,7 @@ static int batch_nonfinite(const gemma_model_f32 *m, const gemma_stats *st, char
             for (size_t j = 0; j < len; j++)
                 if (!isfinite(g[j])) {
                     char name[160];
-                    slot_name(name, sizeof name, "model.", s, k ? "lora_b" : "lora_a");
+                    adapter_slot_name(name, sizeof name, "model.", s, k ? "lora_b" : "lora_a");
                     snprintf(what, n, "the gradient of %s is not finite (%s at element %zu)", name,
                              isnan(g[j]) ? "NaN" : g[j] > 0 ? "inf" : "-inf", j);
                     return 1;
@@ -465,7 +331,7 @@ static int stop_nonfinite(const gemma_model_f32 *m, const optimizer *opt, const 
         return fail(err, errlen, "step %d: %s; stopped, %s holds the adapters and optimizer state %s", step, what,
                     o->out_dir, when);
     char serr[512];
-    if (adapters_save(m, o->out_dir, serr, sizeof serr) != 0 ||
+    if (adapters_save(m, o->out_dir, o->format, o->model_dir, serr, sizeof serr) != 0 ||
         optimizer_save(opt, good_batches, o->out_dir, serr, sizeof serr) != 0)
         return fail(err, errlen, "step %d: %s; stopped, and saving the state %s failed: %s", step, what, when, serr);
     return fail(err, errlen, "step %d: %s; stopped, the adapters and optimizer state %s are in %s", step, what, when,
@@ -497,11 +363,13 @@ static int outputs_spare_inputs(const train_options *o, char *err, size_t errlen
         if (e->d_name[0] != '.' && asprintf(&inputs[ni], "%s/%s", o->model_dir, e->d_name) >= 0) ni++;
     if (d) closedir(d);
     if (o->adapters_path && (inputs[ni] = strdup(o->adapters_path))) ni++;
-    static const char *resumed[] = {"adapters.safetensors", "adapter_config.json", "optimizer.safetensors"};
+    static const char *resumed[] = {"adapters.safetensors", "adapter_model.safetensors", "adapter_config.json",
+                                    "optimizer.safetensors"};
     for (size_t i = 0; i < sizeof resumed / sizeof *resumed && o->resume_dir; i++)
         if (asprintf(&inputs[ni], "%s/%s", o->resume_dir, resumed[i]) >= 0) ni++;
     if (o->log_path && (outputs[no] = strdup(o->log_path))) no++;
-    static const char *written[] = {"adapters.safetensors", "adapter_config.json", "optimizer.safetensors", "log.jsonl"};
+    static const char *written[] = {"adapters.safetensors", "adapter_model.safetensors", "adapter_config.json",
+                                    "optimizer.safetensors", "log.jsonl"};
     for (size_t i = 0; i < sizeof written / sizeof *written && o->out_dir; i++)
         if (asprintf(&outputs[no], "%s/%s", o->out_dir, written[i]) >= 0) no++;
     for (int a = 0; a < no && rc == 0; a++) {
@@ -536,12 +404,18 @@ int train_run(const train_options *o, char *err, size_t errlen) {
     long batches_done = 0;
 
     const char *adapter_dir = o->resume_dir;
-    if (adapter_dir) { /* the LoRA setup of the run being continued wins over flags */
+    /* the adapters to start from, in either layout; the adapter_config.json of the run being
+     * continued, or of an --adapters folder, sets the LoRA setup over the flags */
+    const char *adapter_src = adapter_dir ? adapter_dir : o->adapters_path;
+    char adapter_weights[4096] = "", adapter_cfg[4096] = "";
+    if (adapter_src && adapters_locate(adapter_src, adapter_dir != NULL, adapter_weights, sizeof adapter_weights, adapter_cfg,
+                                       sizeof adapter_cfg, err, errlen) != 0)
+        return -1;
+    if (*adapter_cfg) {
         gemma_config cfg;
         snprintf(path, sizeof path, "%s/config.json", o->model_dir);
         if (gemma_config_load(path, &cfg, err, errlen) != 0) return -1;
-        snprintf(path, sizeof path, "%s/adapter_config.json", adapter_dir);
-        if (adapter_config_load(path, cfg.layers, &lc, err, errlen) != 0) return -1;
+        if (adapter_config_load(adapter_cfg, cfg.layers, &lc, err, errlen) != 0) return -1;
     }
     gemma_cuda *gpu = NULL;
     int on_gpu = o->device == WA_DEVICE_CUDA;
@@ -586,11 +460,7 @@ int train_run(const train_options *o, char *err, size_t errlen) {
     if (data_load_run(o, m.cfg.vocab, &train, &valid, NULL, err, errlen) != 0) goto done;
 
     gemma_lora_init_f32(&m, o->seed);
-    const char *start = o->adapters_path;
-    if (adapter_dir) {
-        snprintf(path, sizeof path, "%s/adapters.safetensors", adapter_dir);
-        start = path;
-    }
+    const char *start = adapter_src ? adapter_weights : NULL;
     if (start && adapters_load(&m, start, err, errlen) != 0) goto done;
     if (start) printf("adapters: %s\n", start);
 
@@ -748,9 +618,10 @@ int train_run(const train_options *o, char *err, size_t errlen) {
     log_line(log, "{\"done\": %d, \"seconds\": %.3f, \"peak_rss\": %zu, \"tokens\": %ld, \"arm\": \"%s\", \"packed\": %d}",
              iters, wall, run_peak, done_tokens, attn_arm_name(o->arm), o->pack);
     if (o->out_dir) {
-        if (adapters_save(&m, o->out_dir, err, errlen) != 0 || optimizer_save(&opt, batches_done, o->out_dir, err, errlen) != 0)
+        if (adapters_save(&m, o->out_dir, o->format, o->model_dir, err, errlen) != 0 ||
+            optimizer_save(&opt, batches_done, o->out_dir, err, errlen) != 0)
             goto done;
-        printf("saved: %s/adapters.safetensors, adapter_config.json, optimizer.safetensors\n", o->out_dir);
+        printf("saved: %s/%s, adapter_config.json, optimizer.safetensors\n", o->out_dir, adapters_file_name(o->format));
     }
     if (o->eval_at_end && report_eval(&m, gpu, &valid, o, iters, "after training", log, err, errlen) != 0) goto done;
     rc = 0;

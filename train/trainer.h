@@ -5,19 +5,10 @@
 #ifndef WA_TRAIN_TRAINER_H
 #define WA_TRAIN_TRAINER_H
 
+#include "adapters.h" /* adapters_save, adapters_load, adapter_config_load: the adapter files */
 #include "model.h"
 #include "model_cuda.h"
 #include "train.h" /* train_options, train_defaults, train_run: the interface this file implements */
-
-/* Adapters in mlx-lm's file layout: "model.layers.N.self_attn.q_proj.lora_a" [in, r] and
- * ".lora_b" [r, out], F32, plus adapter_config.json beside them. */
-int adapters_save(const gemma_model_f32 *m, const char *dir, char *err, size_t errlen);
-/* Loads A and B for every slot of m from path (names with the "model.", "language_model.model."
- * or "model.language_model." prefix); every slot must be present with the right shape, and
- * the file must hold no adapters m has no slot for. */
-int adapters_load(gemma_model_f32 *m, const char *path, char *err, size_t errlen);
-/* lora_config from an adapter_config.json written by adapters_save or mlx-lm. */
-int adapter_config_load(const char *path, int layers, lora_config *lc, char *err, size_t errlen);
 
 /* Adam's state for --resume: first and second moments of n entries each, and the update count. */
 typedef struct optimizer {

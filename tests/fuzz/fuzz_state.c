@@ -1,6 +1,7 @@
 /* fuzz_state.c — libFuzzer target for the files `winattn train` reads on --resume and --adapters
- * (train/trainer.c): adapters_load (adapters.safetensors), optimizer_load
- * (optimizer.safetensors) and adapter_config_load (adapter_config.json).
+ * (train/adapters.c, train/trainer.c): adapters_load (adapters.safetensors or peft's
+ * adapter_model.safetensors), optimizer_load (optimizer.safetensors) and adapter_config_load
+ * (mlx-lm's or peft's adapter_config.json).
  *
  * LLVMFuzzerInitialize builds one tiny Gemma 4 (2 layers, hidden 8, LoRA rank 2 on q and v: 64
  * adapter parameters) with gemma_model_layout_f32 from a fixed config.json in a private temporary
@@ -10,13 +11,13 @@
  *   optimizer_load, 0: batches in [0, iters], updates in [0, batches];
  *   adapter_config_load, 0: rank in [1, 4096], a finite scale, num_layers in [0, layers),
  *     projection bits below PROJ_COUNT.
- * adapters_load copies every A and B (ASan checks the reads stay inside the file); it does not
- * promise finite values, so none are checked. A broken contract abort()s; ASan, UBSan and
+ * adapters_load copies every A and B (ASan checks the reads stay inside the file). A broken contract abort()s; ASan, UBSan and
  * LeakSanitizer catch the rest.
  *
  * Seeds: FUZZ_STATE_SEEDS=DIR $(BUILD)/fuzz/fuzz_state writes this model's adapters.safetensors,
- * adapter_config.json and optimizer.safetensors into DIR and exits (tests/fuzz/corpus_state/ holds
- * them). Build: make fuzz; run: make fuzz-check, or see docs/fuzzing.md.
+ * adapter_config.json, peft's adapter_model.safetensors and adapter_config.json (as
+ * adapter_config_peft.json) and optimizer.safetensors into DIR and exits (tests/fuzz/corpus_state/
+ * holds them). Build: make fuzz; run: make fuzz-check, or see docs/fuzzing.md.
  */
 #define _GNU_SOURCE
 #include "safetensors.h"
@@ -68,7 +69,20 @@ static void write_seeds(const char *out) {
     if (mkdir(out, 0777) != 0 && access(out, W_OK) != 0) die(out, "cannot create");
     gemma_lora_init_f32(&model, 1);
     for (size_t i = 0; i < model.param_count; i++) model.params[i] += 0.25f * (float)(i % 7); /* B non-zero too */
-    if (adapters_save(&model, out, err, sizeof err) != 0) die("adapters_save", err);
+    if (adapters_save(&model, out, ADAPTERS_MLX, dir, err, sizeof err) != 0) die("adapters_save", err);
+    /* peft's pair too, renamed beside mlx-lm's */
+    char peft[1024], from[1100], to[1100];
+    snprintf(peft, sizeof peft, "%s/peft", out);
+    if (mkdir(peft, 0777) != 0 || adapters_save(&model, peft, ADAPTERS_PEFT, dir, err, sizeof err) != 0)
+        die("adapters_save peft", err);
+    static const char *const names[][2] = {{"adapter_model.safetensors", "adapter_model.safetensors"},
+                                           {"adapter_config.json", "adapter_config_peft.json"}};
+    for (int i = 0; i < 2; i++) {
+        snprintf(from, sizeof from, "%s/%s", peft, names[i][0]);
+        snprintf(to, sizeof to, "%s/%s", out, names[i][1]);
+        if (rename(from, to) != 0) die(from, "cannot rename");
+    }
+    rmdir(peft);
     for (size_t i = 0; i < opt.n; i++) opt.m1[i] = 0.01f * (float)i, opt.m2[i] = 1e-4f * (float)i;
     st_out outs[2] = {{"m1", ST_F32, 1, {(int64_t)opt.n}, opt.m1}, {"m2", ST_F32, 1, {(int64_t)opt.n}, opt.m2}};
     const char *meta[] = {"updates", "3", "batches", "6", NULL};
