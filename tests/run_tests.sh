@@ -31,6 +31,7 @@ for t in test_geometry test_convert test_oracle test_api test_misuse test_fork t
 done
 run "test_nonfinite" "$BUILD/tests/test_nonfinite"
 run "test_train" "$BUILD/tests/test_train" train/fixtures
+run "test_train_ckpt" "$BUILD/tests/test_train_ckpt" train/fixtures
 run "test_train_cuda" "$BUILD/tests/test_train_cuda" train/fixtures
 run "test_cli" sh tests/test_cli.sh "$BUILD"
 run "test_install" sh tests/test_install.sh "$BUILD"

@@ -905,14 +905,15 @@ static int identity_compare(const json_t *now, const json_t *saved, const char *
     json_object_foreach((json_t *)now, key, v) {
         json_t *s = json_object_get(saved, key);
         if (s && json_equal(v, s)) continue;
-        char *a = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT), *b = s ? json_dumps(s, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+        size_t flags = JSON_ENCODE_ANY | JSON_COMPACT | JSON_SORT_KEYS;
+        char *a = json_dumps(v, flags), *b = s ? json_dumps(s, flags) : NULL;
         const char *why = !strcmp(key, "train_data") || !strcmp(key, "train_records")
                               ? " (the training data changed)"
                           : !strcmp(key, "model_config") ? " (another model's config.json)"
                           : !strcmp(key, "iters")        ? " (--iters, or --epochs with the batch size)"
                                                          : "";
         fail(err, errlen,
-             "--resume %s: %s is %.100s in this run but %.100s in the checkpoint%s; a run resumes with the options "
+             "--resume %s: %s is %.200s in this run but %.200s in the checkpoint%s; a run resumes with the options "
              "it was started with",
              dir, key, a ? a : "?", b ? b : "not recorded", why);
         free(a);
