@@ -1029,11 +1029,14 @@ static void staging_clear(const char *staging) {
     rmdir(staging);
 }
 
+/* a folder's entries to disk; a filesystem that cannot sync folders (EINVAL) has nothing to do */
 static int fsync_dir(const char *dir) {
     int fd = open(dir, O_RDONLY | O_DIRECTORY);
     if (fd < 0) return -1;
-    int rc = fsync(fd);
+    int rc = fsync(fd) == 0 || errno == EINVAL || errno == ENOTSUP ? 0 : -1;
+    int e = errno;
     close(fd);
+    errno = e;
     return rc;
 }
 
