@@ -8,7 +8,8 @@
  *      write that fails half-way (RLIMIT_FSIZE: adapters written, optimizer state not) leaves the
  *      previous checkpoint whole; tampered checkpoints and changed options refused with one line;
  *   3. the output folder: missing parents created, a folder that cannot be written refused before
- *      the model is read, folders a failed run created removed; val_batches; the test set.
+ *      the model is read, folders a failed run created removed; val_batches; the test set; an ETA
+ *      that counts the evaluation passes to come.
  * Usage: test_train_ckpt [FIXTURES_DIR] (default train/fixtures). */
 #define _GNU_SOURCE
 #include "atomic_file.h"
@@ -791,6 +792,61 @@ static void test_eval_options(const char *tmp) {
     unlink(p);
 }
 
+/* The ETA counts the evaluation passes to come: 10 batches with an evaluation of 100 records after
+ * every one (each pass many times a step's work). At step 1 the ETA must be of the order of
+ * the time the rest of the run then takes, not of the 9 training steps alone (a few ms). */
+static double seconds_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void test_eta(const char *tmp) {
+    char edata[900], out[900], p[1200], err[1024] = "";
+    snprintf(edata, sizeof edata, "%s/eta_data", tmp);
+    mkdir(edata, 0777);
+    snprintf(p, sizeof p, "%s/train.jsonl", edata);
+    write_cycle_records(p, 4, 40, 7, 1, 23);
+    snprintf(p, sizeof p, "%s/valid.jsonl", edata);
+    write_cycle_records(p, 100, 200, 5, 3, 29);
+    snprintf(out, sizeof out, "%s/eta", tmp);
+    train_options o;
+    small_run(&o, out);
+    o.data_dir = edata;
+    o.iters = 10;
+    o.eval_every = 1;
+    char text[1200];
+    snprintf(text, sizeof text, "%s/eta_stdout", tmp);
+    fflush(stdout);
+    int saved = dup(STDOUT_FILENO);
+    FILE *f = fopen(text, "w");
+    if (f) dup2(fileno(f), STDOUT_FILENO), fclose(f);
+    double t0 = seconds_now(), t1 = 0;
+    int rc = train_run(&o, err, sizeof err);
+    double t_end = seconds_now();
+    fflush(stdout);
+    dup2(saved, STDOUT_FILENO);
+    close(saved);
+    /* step 1's ETA, and when step 1 ended: the log's seconds up to then (eval before + step 1) */
+    f = fopen(text, "r");
+    char line[2048];
+    int m = -1, sec = -1;
+    double before = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        const char *e = strstr(line, "ETA ");
+        if (!strncmp(line, "step 1/10", 9) && e) sscanf(e + 4, "%dm%ds", &m, &sec);
+        double s1;
+        const char *paren = strrchr(line, '(');
+        if (!strncmp(line, "eval before training", 20) && paren && sscanf(paren + 1, "%lf s)", &s1) == 1) before = s1;
+    }
+    if (f) fclose(f);
+    t1 = t0 + before; /* step 1 itself is a few ms */
+    double eta = m >= 0 ? m * 60.0 + sec : -1, rest = t_end - t1;
+    check(rc == 0 && rest > 2 && eta >= 0.3 * rest - 0.5 && eta <= 3 * rest + 1,
+          "ETA at step 1 counts the 9 evaluation passes to come: %.0f s, the rest of the run took %.1f s %s", eta, rest,
+          rc ? err : "");
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) fixtures = argv[1];
     char tmp[] = "/tmp/test_train_ckpt.XXXXXX";
@@ -815,6 +871,7 @@ int main(int argc, char **argv) {
     test_signals(tmp);
     test_out_dir(tmp);
     test_eval_options(tmp);
+    test_eta(tmp);
     char cmd[1100];
     snprintf(cmd, sizeof cmd, "chmod -R u+w '%s'; rm -rf '%s'", tmp, tmp);
     if (system(cmd) != 0) fprintf(stderr, "note: could not remove %s\n", tmp);
