@@ -526,9 +526,15 @@ static void end_now(int sig) { /* async-signal-safe: unlink, rmdir, signal, rais
     raise(sig);
 }
 
+/* 1 when stderr is a terminal: the first signal is acknowledged there at once (a step can take
+ * seconds), with write(2), which a handler may call */
+static volatile sig_atomic_t notice_on_stderr;
+
 static void on_stop_signal(int sig) {
     if (!__atomic_load_n(&stop_signal, __ATOMIC_SEQ_CST)) {
         __atomic_store_n(&stop_signal, sig, __ATOMIC_SEQ_CST);
+        static const char notice[] = "\nstopping after this step to write the checkpoint; a second signal ends at once\n";
+        if (notice_on_stderr) (void)!write(STDERR_FILENO, notice, sizeof notice - 1);
         return;
     }
     __atomic_store_n(&exit_signal, sig, __ATOMIC_SEQ_CST);
@@ -544,6 +550,7 @@ typedef struct saved_handlers {
 
 static void stop_handlers_install(saved_handlers *saved) {
     stop_signal = exit_signal = publishing = 0;
+    notice_on_stderr = isatty(STDERR_FILENO);
     for (int i = 0; i < STOP_SIGNALS; i++) {
         saved->installed[i] = 0;
         if (sigaction(stop_signals[i], NULL, &saved->old[i]) != 0 || saved->old[i].sa_handler == SIG_IGN) continue;
