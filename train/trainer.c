@@ -17,10 +17,10 @@
  * out_dir, the manifest last. A failure before that (a full disk) leaves the previous checkpoint
  * as it was; the renames need no space, and no signal cuts them (see "Signals"). Only a machine
  * that dies in the microseconds between two renames leaves new files beside the old manifest,
- * which --resume then refuses instead of trusting. --resume reads the manifest and refuses, with one line,
- * a file whose size or fingerprint differs (adapters of one step beside the optimizer state of
- * another can never be resumed), step counts that disagree, and any option of the run that
- * differs. With save_every the adapters of each saved update are kept as
+ * which --resume then refuses instead of trusting. --resume reads the manifest and refuses, with
+ * one line, a file whose size or fingerprint differs (adapters of one step beside the optimizer
+ * state of another can never be resumed), step counts that disagree, and any option of the run
+ * that differs. With save_every the adapters of each saved update are kept as
  * NNNNNNN_adapters.safetensors (mlx-lm's name, the update count). Stop signals: see "Signals". */
 #define _GNU_SOURCE
 #include "trainer.h"
