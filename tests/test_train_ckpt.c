@@ -666,6 +666,18 @@ static void test_out_dir(const char *tmp) {
     train_options d;
     train_defaults(&d);
     check(d.out_dir && !strcmp(d.out_dir, "adapters"), "train_defaults: out_dir \"adapters\", as mlx-lm");
+    /* options out of range: refused before anything is read */
+    for (int c = 0; c < 5; c++) {
+        small_run(&d, out);
+        const char *want[] = {"save_every = -1", "grad_clip = -1", "val_batches = -2", "steps = -3", "must be finite"};
+        if (c == 0) d.save_every = -1;
+        if (c == 1) d.grad_clip = -1;
+        if (c == 2) d.val_batches = -2;
+        if (c == 3) d.schedule.steps = -3;
+        if (c == 4) d.schedule.end = NAN;
+        rc = run(&d, err, sizeof err);
+        check(rc != 0 && strstr(err, want[c]) && !strchr(err, '\n'), "an option out of range refused: \"%s\"", err);
+    }
 
     /* a parent that is a file: refused before the model is read (its weights are truncated:
      * reading them would fail otherwise), the folders made for it removed */

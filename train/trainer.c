@@ -1268,11 +1268,27 @@ static int stop_interrupted(const gemma_model_f32 *m, const optimizer *opt, cons
 }
 
 
+/* the options this file adds, in range (the command checks its flags; a library caller may not) */
+static int options_valid(const train_options *o, char *err, size_t errlen) {
+    const lr_schedule *s = &o->schedule;
+    if (o->save_every < 0) return fail(err, errlen, "save_every = %d: must be 0 (off) or more", o->save_every);
+    if (!(o->grad_clip >= 0) || isinf(o->grad_clip))
+        return fail(err, errlen, "grad_clip = %g: must be a finite norm, or 0 (off)", o->grad_clip);
+    if (o->val_batches < -1) return fail(err, errlen, "val_batches = %d: must be -1 or 0 (all), or more", o->val_batches);
+    if (s->decay != LR_CONSTANT && s->decay != LR_COSINE && s->decay != LR_LINEAR)
+        return fail(err, errlen, "lr_schedule: unknown decay %d", (int)s->decay);
+    if (s->steps < 0 || s->warmup < 0)
+        return fail(err, errlen, "lr_schedule: steps = %d and warmup = %d must not be negative", s->steps, s->warmup);
+    if (!isfinite(s->end) || !isfinite(s->warmup_init) || !isfinite(o->lr))
+        return fail(err, errlen, "lr_schedule: the learning rate, end and warmup_init must be finite");
+    return 0;
+}
+
 int train_run(const train_options *o, char *err, size_t errlen) {
     train_stop_signal = 0;
     stop_signal = 0;
     const char *out_dir = o->out_dir && *o->out_dir ? o->out_dir : "adapters";
-    if (outputs_spare_inputs(o, out_dir, err, errlen) != 0) return -1;
+    if (options_valid(o, err, errlen) != 0 || outputs_spare_inputs(o, out_dir, err, errlen) != 0) return -1;
     gemma_model_f32 m;
     lora_config lc = o->lora;
     char path[4096];
