@@ -64,7 +64,8 @@ def run_c(winattn, cfg, length, steps, batch=None):
             json.dump(cfg, f)
         write_records(os.path.join(data, "train.jsonl"), records * steps, cfg["vocab_size"], length)
         cmd = [winattn, "train", "--model", model, "--data", data, "--device", "cuda", "--init-random", "0",
-               "--batch-size", str(len(records)), "--iters", str(steps), "--lora-rank", "32", "--lora-keys", "q,k,v,o"]
+               "--batch-size", str(len(records)), "--iters", str(steps), "--lora-rank", "32", "--lora-keys", "q,k,v,o",
+               "--adapter-path", os.path.join(tmp, "adapters")]
         p = subprocess.run(cmd, capture_output=True, text=True)
         times, peak, losses = [], 0.0, []
         for line in p.stdout.splitlines():

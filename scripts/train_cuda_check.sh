@@ -47,9 +47,9 @@ for name, n in (("train", 4), ("valid", 4)):
             f.write(json.dumps({"tokens": [2] + [random.randrange(3, 256) for _ in range(random.randint(40, 200))]}) + "\n")
 EOF
 common="--model train/fixtures/gemma4_smoke --data $data --iters 4 --batch-size 4 --lr 5e-4 --lora-rank 4 --seed 5"
-"$BUILD/winattn" train $common --device cpu >"$OUT/steps_cpu.txt" 2>&1
-"$BUILD/winattn" train $common --device cuda --precision f32 >"$OUT/steps_cuda_f32.txt" 2>&1
-"$BUILD/winattn" train $common --device cuda >"$OUT/steps_cuda_bf16.txt" 2>&1
+"$BUILD/winattn" train $common --device cpu --adapter-path "$OUT/run_cpu" >"$OUT/steps_cpu.txt" 2>&1
+"$BUILD/winattn" train $common --device cuda --precision f32 --adapter-path "$OUT/run_cuda_f32" >"$OUT/steps_cuda_f32.txt" 2>&1
+"$BUILD/winattn" train $common --device cuda --adapter-path "$OUT/run_cuda_bf16" >"$OUT/steps_cuda_bf16.txt" 2>&1
 for f in cpu cuda_f32 cuda_bf16; do grep -o 'loss [0-9.]*' "$OUT/steps_$f.txt" | awk '{print $2}' >"$OUT/loss_$f.txt"; done
 paste "$OUT/loss_cpu.txt" "$OUT/loss_cuda_f32.txt" "$OUT/loss_cuda_bf16.txt" | awk '
     BEGIN { ok = 1; print "step  cpu       cuda f32  cuda bf16" }

@@ -33,6 +33,7 @@ run "test_nonfinite" "$BUILD/tests/test_nonfinite"
 run "test_train" "$BUILD/tests/test_train" train/fixtures
 run "test_train_data" "$BUILD/tests/test_train_data" train/fixtures
 run "test_train_adapters" "$BUILD/tests/test_train_adapters"
+run "test_train_ckpt" "$BUILD/tests/test_train_ckpt" train/fixtures
 run "test_train_cuda" "$BUILD/tests/test_train_cuda" train/fixtures
 run "test_cli" sh tests/test_cli.sh "$BUILD"
 run "test_install" sh tests/test_install.sh "$BUILD"

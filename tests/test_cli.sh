@@ -281,12 +281,32 @@ done
     no "train: mlx-lm's no-op flags: $(cat "$T/stderr")"
 # the learning rate as the trainer prints it, under either name
 for f in --learning-rate --lr; do
-    "$W" train --model $FX --data "$T/data" --iters 1 --batch-size 2 --lora-rank 4 --threads 1 $f 3e-4 >"$T/lr$f" 2>"$T/stderr" ||
+    "$W" train --model $FX --data "$T/data" --iters 1 --batch-size 2 --lora-rank 4 --threads 1 --adapter-path "$T/lr-out$f" $f 3e-4 >"$T/lr$f" 2>"$T/stderr" ||
         no "train $f 3e-4: $(cat "$T/stderr")"
 done
-grep '^data:' "$T/lr--lr" | grep -q 'lr 0.0003$' && [ "$(grep '^data:' "$T/lr--lr")" = "$(grep '^data:' "$T/lr--learning-rate")" ] &&
-    ok "train: --learning-rate 3e-4 and --lr 3e-4 print the same data line (lr 0.0003)" ||
+grep '^data:' "$T/lr--lr" | grep -q 'lr 0.0003 (constant)$' && [ "$(grep '^data:' "$T/lr--lr")" = "$(grep '^data:' "$T/lr--learning-rate")" ] &&
+    ok "train: --learning-rate 3e-4 and --lr 3e-4 print the same data line (lr 0.0003, constant)" ||
     no "train: data lines: $(grep '^data:' "$T/lr--lr") / $(grep '^data:' "$T/lr--learning-rate")"
+
+# SIGTERM stops a run with a checkpoint, one line and the shell's 128 + 15; --resume DIR without
+# an output folder continues in DIR
+"$W" train --model $FX --data "$T/data" --iters 1000000 --batch-size 2 --lora-rank 4 --threads 1 --out "$T/stopped" \
+    >"$T/stop.out" 2>"$T/stop.err" &
+pid=$!
+for _ in $(seq 200); do grep -q "^step" "$T/stop.out" 2>/dev/null && break; sleep 0.05; done
+kill -TERM $pid
+wait $pid
+rc=$?
+[ $rc -eq 143 ] && [ "$(wc -l <"$T/stop.err")" -eq 1 ] && grep -q "^winattn train: interrupted by SIGTERM after step [0-9]* of 1000000: the checkpoint is in $T/stopped; --resume $T/stopped continues$" "$T/stop.err" &&
+    [ -s "$T/stopped/trainer_state.json" ] &&
+    ok "train: SIGTERM -> exit 143, one line naming the checkpoint, trainer_state.json written" ||
+    no "train SIGTERM: exit $rc: $(cat "$T/stop.err")"
+"$W" train --model $FX --data "$T/data" --iters 3 --batch-size 2 --lora-rank 4 --threads 1 --save-every 1 --out "$T/ck" >/dev/null 2>"$T/stderr" &&
+    (cd "$T" && "$W" train --model "$OLDPWD/$FX" --data "$T/data" --iters 3 --batch-size 2 --lora-rank 4 --threads 1 \
+        --save-every 1 --resume "$T/ck" >"$T/stdout" 2>"$T/stderr") && grep -q "^saved: $T/ck/adapters.safetensors" "$T/stdout" &&
+    [ ! -e "$T/adapters" ] && [ -s "$T/ck/0000003_adapters.safetensors" ] &&
+    ok "train --resume DIR: continues in DIR (no ./adapters), numbered checkpoints kept (--save-every 1)" ||
+    no "train --resume DIR: $(tail -2 "$T/stdout") $(cat "$T/stderr")"
 
 # a config file with mlx-lm's keys drives a run; model and data from the file satisfy the flags
 cat >"$T/run.yaml" <<EOF
@@ -324,7 +344,7 @@ lr_schedule:
   arguments: [3e-4, 100, 1e-7]
 EOF
 if "$W" train -c "$T/run.yaml" --threads 1 >"$T/stdout" 2>"$T/stderr" && grep -q "^step 1/1" "$T/stdout" &&
-    grep '^data:' "$T/stdout" | grep -q 'optimizer AdamW, lr 0.0003$' && grep -q '"rank": 4' "$T/yrun/adapter_config.json" &&
+    grep '^data:' "$T/stdout" | grep -q 'optimizer AdamW, lr 0.0003 (cosine decay to 1e-07 over 100 updates)$' && grep -q '"rank": 4' "$T/yrun/adapter_config.json" &&
     grep -q '"self_attn.v_proj"' "$T/yrun/adapter_config.json" && ! grep -q '"self_attn.k_proj"' "$T/yrun/adapter_config.json"; then
     ok "train -c FILE: a 1-step run from mlx-lm's keys (AdamW, the schedule's lr, rank 4 on q and v, adapter_path)"
 else

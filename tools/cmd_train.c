@@ -158,7 +158,7 @@ int cmd_train(int argc, char **argv) {
 
     int saw_epochs = 0, saw_iters = 0, saw_precision = 0, saw_weight_decay = 0, saw_bias_correction = 0;
     int saw_train = 0, saw_eval_only = 0, saw_resume = 0, print_config = 0;
-    int saw_lr_end = 0, saw_decay_steps = 0;
+    int saw_lr_end = 0, saw_decay_steps = 0, saw_out = 0;
     for (int i = 1; i < argc; i++) {
         if ((v = flag_either(argc, argv, &i, "--config", "-c"))) continue;
         if ((v = flag_value(argc, argv, &i, "--model", train_usage))) o.model_dir = v;
@@ -206,7 +206,7 @@ int cmd_train(int argc, char **argv) {
         } else if ((v = flag_value(argc, argv, &i, "--seed", train_usage))) o.seed = (uint64_t)parse_int_flag("--seed", v, 0, INT32_MAX);
         else if ((v = flag_either(argc, argv, &i, "--resume-adapter-file", "--adapters"))) o.adapters_path = v;
         else if ((v = flag_value(argc, argv, &i, "--resume", train_usage))) o.resume_dir = v, saw_resume = 1;
-        else if ((v = flag_either(argc, argv, &i, "--adapter-path", "--out"))) o.out_dir = v;
+        else if ((v = flag_either(argc, argv, &i, "--adapter-path", "--out"))) o.out_dir = v, saw_out = 1;
         else if ((v = flag_value(argc, argv, &i, "--adapter-format", train_usage))) {
             if (strcmp(v, "mlx") == 0) o.format = ADAPTERS_MLX;
             else if (strcmp(v, "peft") == 0) o.format = ADAPTERS_PEFT;
@@ -252,11 +252,10 @@ int cmd_train(int argc, char **argv) {
     if (saw_eval_only) o.eval_only = 1;
     if (saw_train) o.eval_only = 0;
     /* `train: false` with no adapters named evaluates adapter_path's, as mlx-lm's --test alone does */
-    if (file.eval_only && !saw_train && !saw_eval_only && !o.adapters_path && o.out_dir && !saw_resume) {
-        static char adapters_file[4096];
-        snprintf(adapters_file, sizeof adapters_file, "%s/adapters.safetensors", o.out_dir);
-        o.adapters_path = adapters_file;
-    }
+    if (file.eval_only && !saw_train && !saw_eval_only && !o.adapters_path && o.out_dir && !saw_resume)
+        o.adapters_path = o.out_dir; /* the folder: its adapters in either layout, with their adapter_config.json */
+    /* --resume DIR continues in DIR unless told to write elsewhere */
+    if (o.resume_dir && !saw_out && !file.adapter_path) o.out_dir = o.resume_dir;
     train_file_apply_optimizer(&file, &o, saw_weight_decay, saw_bias_correction);
     if (o.schedule.decay == LR_CONSTANT && (saw_lr_end || saw_decay_steps))
         usage_error(train_usage, "--lr-end and --decay-steps set a decay: add --lr-schedule cosine or linear");
@@ -278,6 +277,10 @@ int cmd_train(int argc, char **argv) {
     if (stat(o.data_dir, &sb) != 0) die("--data %s: %s", o.data_dir, strerror(errno));
     int rc = train_run(&o, err, sizeof err);
     train_file_free(&file);
+    if (rc == TRAIN_INTERRUPTED) { /* the shell's convention for a process a signal stopped: 128 + the signal */
+        fprintf(stderr, "winattn train: %s\n", err);
+        exit(128 + train_stop_signal);
+    }
     if (rc != 0) die("%s", err);
     return 0;
 }

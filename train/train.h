@@ -43,7 +43,8 @@ typedef struct lora_config {
  *   LR_CONSTANT  lr
  *   LR_COSINE    cosine_decay(lr, steps, end): end + (lr - end) · ½ (1 + cos(π · min(u, steps) / steps))
  *   LR_LINEAR    linear_schedule(lr, end, steps): lr + (end - lr) · min(u, steps) / steps
- * steps = 0 means the run's own update count (less the warmup). */
+ * steps = 0 means the run's own update count less the warmup (at least 1). The update count u is
+ * saved in every checkpoint, so a resumed run continues the schedule where it stopped. */
 typedef enum lr_decay { LR_CONSTANT, LR_COSINE, LR_LINEAR } lr_decay;
 typedef struct lr_schedule {
     lr_decay decay;
@@ -67,9 +68,12 @@ typedef struct train_options {
     const char *data_dir;      /* a folder with train.jsonl, valid.jsonl (and test.jsonl), or one JSONL
                                 * file (training only: no held-out set) */
     const char *out_dir;       /* checkpoints (adapters, adapter_config.json, optimizer state,
-                                * trainer state), log; train_defaults: "adapters", as mlx-lm */
+                                * trainer state), log; train_defaults: "adapters", as mlx-lm
+                                * (NULL means the same); missing parents are created */
     adapter_format format;     /* the layout adapters are written in (default ADAPTERS_MLX) */
-    int save_every;            /* a numbered checkpoint every N updates besides the latest; 0 = at the end only */
+    int save_every;            /* every N updates: the checkpoint, and the adapters also as
+                                * NNNNNNN_adapters.safetensors (the update count, mlx-lm's name);
+                                * 0 = at the end (and on a signal) only */
     const char *resume_dir;    /* continue from a previous out_dir (adapters + optimizer + step) */
     const char *adapters_path; /* start from (or evaluate) these adapters instead of a fresh init */
     attn_arm arm;
@@ -108,9 +112,22 @@ typedef struct train_options {
  * without bias correction, seed 0), fused attention, batches packed. */
 void train_defaults(train_options *o);
 
+/* What train_run returns when SIGINT, SIGTERM or SIGHUP stopped it: the checkpoint of the last
+ * optimizer update is in out_dir, and err says so ("interrupted by SIGINT after step 12 of 86: the
+ * checkpoint is in DIR; --resume DIR continues"). The command exits 128 + the signal's number
+ * for it, as a shell reports a process the signal ended. */
+#define TRAIN_INTERRUPTED 2
+
 /* Run training and/or evaluation as o says, printing progress to stdout (and a live line to
- * stderr when it is a terminal). 0 on success; -1 with a one-line message in err. */
+ * stderr when it is a terminal). 0 on success; -1 with a one-line message in err;
+ * TRAIN_INTERRUPTED (with its message in err, and the signal in *train_stop_signal) when a
+ * signal stopped it. While it trains, the first SIGINT, SIGTERM or SIGHUP lets the current batch
+ * finish, writes the checkpoint and returns; a second one ends the process at once (the last
+ * checkpoint stays whole: checkpoints are written as one unit, docs/train.md). The previous
+ * handlers are back in place when it returns. */
 int train_run(const train_options *o, char *err, size_t errlen);
+/* The signal behind the last TRAIN_INTERRUPTED (0 after any other return). */
+extern volatile int train_stop_signal;
 
 /* The bit (0..6) of lora_config.proj_mask for a projection's short name ("q", "k", "v", "o",
  * "gate", "up", "down"), or -1 for any other name. */

@@ -10,6 +10,22 @@
 #include "model_cuda.h"
 #include "train.h" /* train_options, train_defaults, train_run: the interface this file implements */
 
+/* The learning rate of optimizer update `update` (0 for the first) of a run of `updates` updates,
+ * after o->lr and o->schedule (train.h gives the formulas; steps = 0 resolves to updates - warmup,
+ * at least 1). */
+double train_lr_at(const train_options *o, long update, long updates);
+
+/* The global L2 norm of grads[0..n) (summed in double over fixed blocks, so the result does not
+ * depend on the thread count); when max_norm > 0, grads are then scaled by
+ * min(1, max_norm / (norm + 1e-6)), as mlx.optimizers.clip_grad_norm does. Returns the norm
+ * before clipping. */
+double train_clip_grad_norm(float *grads, size_t n, double max_norm, int threads);
+
+/* For tests: when set, called after every trained batch (its update, log line and any
+ * save_every checkpoint done) with the batches done so far. A hook may raise(SIGINT) to take the
+ * interrupt path at a known step. NULL in normal use. */
+extern void (*train_batch_hook)(long batches_done);
+
 /* Adam's state for --resume: first and second moments of n entries each, and the update count. */
 typedef struct optimizer {
     float *m1, *m2;
