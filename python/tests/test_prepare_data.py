@@ -229,12 +229,23 @@ def mlx_lm_check(ck, out):
         report(True, "prepare_data against mlx-lm's datasets", "chat, prompt/completion, text")
 
 
+RUNS = []
+
+
+def run_folder(data):
+    """a fresh output folder for a training run, beside the data's folder (not inside it: the tests
+    compare what the data folders hold)"""
+    d = os.path.dirname(os.path.normpath(data if os.path.isdir(data) else os.path.dirname(data)))
+    RUNS.append(os.path.join(d, "run%d" % len(RUNS)))
+    return RUNS[-1]
+
+
 def train(exe, ck, data, *flags, evaluate=True):
     """winattn train for one batch of 3 with the held-out loss at the end: (result, the evaluation's
     target count or None)."""
     r = subprocess.run([exe, "train", "--model", ck, "--data", data, "--iters", "1", "--batch-size", "3",
                         "--lora-rank", "4", "--threads", "1", *(["--eval"] if evaluate else []),
-                        "--adapter-path", os.path.join(data if os.path.isdir(data) else os.path.dirname(data), "run"), *flags],
+                        "--adapter-path", run_folder(data), *flags],
                        capture_output=True, text=True)
     m = re.search(r"^eval after training: held-out loss [0-9.]+ over (\d+) tokens", r.stdout, re.M)
     return r, int(m.group(1)) if m else None
