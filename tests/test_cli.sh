@@ -302,7 +302,7 @@ rc=$?
     ok "train: SIGTERM -> exit 143, one line naming the checkpoint, trainer_state.json written" ||
     no "train SIGTERM: exit $rc: $(cat "$T/stop.err")"
 "$W" train --model $FX --data "$T/data" --iters 3 --batch-size 2 --lora-rank 4 --threads 1 --save-every 1 --out "$T/ck" >/dev/null 2>"$T/stderr" &&
-    (cd "$T" && "$W" train --model "$OLDPWD/$FX" --data "$T/data" --iters 3 --batch-size 2 --lora-rank 4 --threads 1 \
+    (wabs=$(cd "$BUILD" && pwd)/winattn && fx=$(pwd)/$FX && cd "$T" && "$wabs" train --model "$fx" --data "$T/data" --iters 3 --batch-size 2 --lora-rank 4 --threads 1 \
         --save-every 1 --resume "$T/ck" >"$T/stdout" 2>"$T/stderr") && grep -q "^saved: $T/ck/adapters.safetensors" "$T/stdout" &&
     [ ! -e "$T/adapters" ] && [ -s "$T/ck/0000003_adapters.safetensors" ] &&
     ok "train --resume DIR: continues in DIR (no ./adapters), numbered checkpoints kept (--save-every 1)" ||
