@@ -91,14 +91,11 @@ def make_model(out, layers):
     with open(CONFIG) as f:
         cfg = json.load(f)
     if layers:
-        if not 0 < layers <= cfg["num_hidden_layers"]:
-            fail(f"--layers {layers}: the config has {cfg['num_hidden_layers']} layers")
         cfg["num_hidden_layers"] = layers
         cfg["layer_types"] = cfg["layer_types"][:layers]
     model = os.path.join(out, "model")
     os.makedirs(model, exist_ok=True)
     write_json(os.path.join(model, "config.json"), cfg)
-    return model
 
 
 def job_args(a, model):
@@ -162,32 +159,45 @@ def cmd_run(a):
         if not os.path.isfile(os.path.join(a.data, split)):
             fail(f"--data {a.data}: no {split}; build the corpus with `python3 train/corpus/build_corpus.py --out "
                  f"{a.data}` where apt-get can download python3.11-doc, and carry the folder to this machine", 2)
+    if not a.model:
+        with open(CONFIG) as f:
+            most = json.load(f)["num_hidden_layers"]
+        if not 0 <= a.layers <= most:
+            fail(f"--layers {a.layers}: {os.path.relpath(CONFIG, ROOT)} has {most} layers", 2)
     if a.model:
         model = a.model
     else:
         if a.device != "cuda":
             fail("--device cpu needs --model DIR (--init-random draws the weights on the GPU only)", 2)
-        model = make_model(out, a.layers)
+        model = os.path.join(out, "model")
         if a.init_random is None:
             a.init_random = 0
     adapters = os.path.join(out, "adapters")
     args = job_args(a, model)
     job_path, seg_path = os.path.join(out, "job.json"), os.path.join(out, "segments.json")
     job = read_json(job_path)
-    state = os.path.join(adapters, "trainer_state.json")
+    resume = os.path.isfile(os.path.join(adapters, "trainer_state.json"))
+    if job is not None and not resume and not job.get("finished"):
+        job = None  # no checkpoint yet: nothing to continue, the job starts afresh with these options
+        write_json(seg_path, [])
+    shape = None if a.model else f"gemma4-31b.json, {a.layers or 60} layers, random bf16 weights"
     if job is None:
-        job = {"trainer_args": args, "shape": None if a.model else f"gemma4-31b, {a.layers or 60} layers", "layers": a.layers, "steps_per_eval": a.steps_per_eval, "finished": False,
+        job = {"trainer_args": args, "shape": shape, "steps_per_eval": a.steps_per_eval, "finished": False,
                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         write_json(job_path, job)
     elif comparable(job["trainer_args"]) != comparable(args):
         diff = next((f"{x!r} (now {y!r})" for x, y in zip(comparable(job["trainer_args"]), comparable(args)) if x != y),
                     "its length")
         fail(f"{out} holds a job started with other options: {diff}; run it with the options it was started with", 2)
+    elif job.get("shape") != shape:
+        was = job.get("shape") or "the --model folder"
+        fail(f"{out} holds a job of another model: {was} (now {shape or 'the --model folder'})", 2)
+    if not a.model:
+        make_model(out, a.layers)
     segments = read_json(seg_path, [])
     if job.get("finished"):
         print(f"train_job: {out}: the job is finished ({len(segments)} segments); see `report`")
         return 0
-    resume = os.path.isfile(state)
     cmd = [a.winattn, "train"] + args + (["--resume", adapters] if resume else ["--adapter-path", adapters])
     if a.threads:
         cmd += ["--threads", str(a.threads)]
@@ -313,11 +323,13 @@ def cmd_run(a):
     if rc == 0:
         job["finished"] = True
         write_json(job_path, job)
-        print(f"train_job: the job is finished after {index} segment(s); python3 bench/train_job.py report --out {a.out}")
+        print(f"train_job: the job is finished after {index} segment(s); "
+              f"python3 bench/train_job.py report --out {a.out}")
         return 0
     if sigterm_at is not None and not seg["steps"]:
-        fail(f"segment {index} was stopped before its first step ({wall:.1f} s): start-up"
-             + ("" if resume else " and the evaluation before training") + f" take longer than --segment-seconds {budget:g}")
+        before = "start-up" if resume else "start-up and the evaluation before training"
+        fail(f"segment {index} was stopped before its first step ({wall:.1f} s): {before} take longer than "
+             f"--segment-seconds {budget:g}")
     if sigterm_at is not None:
         print(f"train_job: segment {index} stopped ({wall:.1f} s, trainer exit {rc}); run again to continue")
         return EXIT_MORE
@@ -373,7 +385,8 @@ def summarize(out):
         files[name] = sha256(p) if os.path.isfile(p) else None
     dev = [r["device_peak"] for r in steps.values() if r.get("device_peak")]
     return {
-        "out": out, "finished": bool(job.get("finished")), "shape": job.get("shape"), "trainer_args": job["trainer_args"],
+        "out": out, "finished": bool(job.get("finished")), "shape": job.get("shape"),
+        "trainer_args": job["trainer_args"],
         "segments": len(segments), "steps": len(steps),
         "wall_s": wall, "after_startup_s": after_startup, "startup_s": wall - after_startup,
         "step_seconds": step_s, "eval_seconds": sum(s["eval_seconds"] for s in segments),
@@ -402,8 +415,9 @@ def cmd_report(a):
     print("held-out loss: " + ", ".join(f"{'before training' if k == '0' else 'after step ' + k} {v:.4f}"
                                         for k, v in r["evals"].items()))
     if r["finished"] and r["shape"]:
-        print(f"beside the write-up's {WRITEUP_SECONDS:,} s for the job (its Mac Studio; docs/train.md §7): "
-              f"{r['wall_s']:.0f} s with start-up, {WRITEUP_SECONDS / r['wall_s']:.1f}x faster")
+        print(f"the job ({r['shape']}): {r['wall_s']:,.0f} s with start-up, beside the write-up's "
+              f"{WRITEUP_SECONDS:,} s "
+              f"(137 min on its Mac Studio, docs/train.md §7): {WRITEUP_SECONDS / r['wall_s']:.1f}x")
     ok = True
     if a.reference:
         ref = summarize(os.path.abspath(a.reference))
