@@ -134,14 +134,12 @@ def is_eval_step(step, every, iters):
 
 
 def to_next_safe_point(step, every, iters, est):
-    """Seconds, at most, from the start of step `step` to the next point where a SIGTERM costs no
-    evaluation: the end of a step that no evaluation follows, or the end of an evaluation."""
-    d = est.step
-    if is_eval_step(step, every, iters):
-        return d + est.eval
-    if step + 1 <= iters and is_eval_step(step + 1, every, iters):
-        return d + est.step + est.eval
-    return d
+    """Seconds, at most, from the start of step `step` (one a SIGTERM may stop after) to the next
+    point where one may be sent: the end of that step, or, when an evaluation follows the next
+    step, the end of that evaluation."""
+    if is_eval_step(step + 1, every, iters):
+        return est.step + est.step + est.eval
+    return est.step
 
 
 def stream(pipe, q, tag):
@@ -272,8 +270,9 @@ def cmd_run(a):
                                      "peak_rss_gb": float(m.group(6)),
                                      "device_peak_gb": float(m.group(7)) if m.group(7) else None})
                 last_step_at = now
-                safe = not is_eval_step(step, every, iters)  # else its evaluation runs now
+                # a SIGTERM now stops the trainer after step + 1, before any evaluation that follows it
                 in_flight = step + 1
+                safe = not is_eval_step(step, every, iters) and not is_eval_step(in_flight, every, iters)
             m = EVAL.match(text)
             if m:
                 secs = float(m.group(4))
@@ -281,14 +280,19 @@ def cmd_run(a):
                 seg["evals"].append({"label": m.group(1) or "", "loss": m.group(2), "tokens": int(m.group(3)),
                                      "seconds": secs})
                 if seg["steps"]:
-                    safe, in_flight = True, seg["steps"][-1]["step"] + 1
+                    in_flight = seg["steps"][-1]["step"] + 1
+                    safe = not is_eval_step(in_flight, every, iters)
             if CHECKPOINT.match(text) and last_step_at is not None:
                 took = now - last_step_at
                 est.ckpt = max(est.ckpt, took)
                 seg["checkpoints"].append({"after_step": seg["steps"][-1]["step"], "seconds": round(took, 3)})
             if safe and budget > 0 and sigterm_at is None and iters and in_flight <= iters:
                 # stop now unless the next safe point still leaves a step and a checkpoint in the budget
-                later = now + to_next_safe_point(in_flight, every, iters, est) + est.step + est.checkpoint()
+                # (after the last step: unless the checkpoint and the evaluation after training fit)
+                if in_flight == iters:
+                    later = now + est.step + est.checkpoint() + est.eval
+                else:
+                    later = now + to_next_safe_point(in_flight, every, iters, est) + est.step + est.checkpoint()
                 if later + margin > budget:
                     send_stop(f"step {in_flight} is the last that fits: longest step {est.step:.1f} s, "
                               f"checkpoint {est.checkpoint():.1f} s, evaluation {est.eval:.1f} s")
