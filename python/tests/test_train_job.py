@@ -4,12 +4,14 @@ piece. Run from the repository root after `make` (SKIPs without the winattn bina
     WINATTN_LIBRARY=build/libwinattn.so python3 python/tests/test_train_job.py
 
 The job: train/fixtures/gemma4_smoke, a synthetic corpus of 24 training records (200 to 1,500
-tokens) and 4 held-out ones, --epochs 2 --batch-size 4 (12 steps), an evaluation every 3 steps
+tokens) and 8 held-out ones (1,000 to 1,500), --epochs 2 --batch-size 4 (12 steps), an evaluation every 3 steps
 and at the end, a checkpoint every 2 updates, one thread. Checked: the segmented job takes more
 than one segment, each exits 3 but the last (0); no segment is stopped in a step an evaluation
 follows (so all five evaluations are there); `report --reference` PASSes (every step's loss, the
-evaluations, adapters.safetensors and optimizer.safetensors byte for byte); another option on the
-same folder, and a missing corpus, are refused with one line.
+evaluations, adapters.safetensors and optimizer.safetensors byte for byte) and FAILs on another
+job; an evaluation cut off by a SIGTERM (--stop-after-step) is made by --eval-only before the job
+resumes, to the run's value; another option on the same folder, and a missing corpus, are refused
+with one line.
 """
 import json
 import os
@@ -36,11 +38,11 @@ def winattn_binary():
 def write_corpus(path):
     rng = random.Random(1)
     os.makedirs(path)
-    for name, n in (("train", 24), ("valid", 4)):
+    for name, n, shortest in (("train", 24, 200), ("valid", 8, 1000)):
         with open(os.path.join(path, name + ".jsonl"), "w") as f:
             for _ in range(n):
-                f.write(json.dumps({"tokens": [2] + [rng.randrange(3, 512) for _ in range(rng.randrange(200, 1500))]})
-                        + "\n")
+                n_tokens = rng.randrange(shortest, 1500)
+                f.write(json.dumps({"tokens": [2] + [rng.randrange(3, 512) for _ in range(n_tokens)]}) + "\n")
 
 
 def job(exe, out, data, segment_s, *extra):
@@ -105,6 +107,25 @@ def main():
         p = subprocess.run([sys.executable, SCRIPT, "report", "--out", other, "--reference", ref],
                            capture_output=True, text=True, timeout=60)
         report(p.returncode == 1 and "\nFAIL" in p.stdout, "train_job report --reference FAILs on another job",
+               p.stdout.strip().splitlines()[-1] if p.stdout.strip() else p.stderr.strip())
+
+    @case("train_job evaluation cut off")
+    def _():
+        # SIGTERM as step 3 ends, in the evaluation after it (~0.2 s here): the resumed run starts
+        # past it, so the next segment makes it with --eval-only on the step-3 checkpoint
+        cut = os.path.join(tmp.name, "cut")
+        first = job(exe, cut, data, 0, "--stop-after-step", str(EVERY))
+        rest = job(exe, cut, data, 0)
+        with open(os.path.join(cut, "segments.json")) as f:
+            segments = json.load(f)
+        made = [s["recovered_eval"]["step"] for s in segments if s.get("recovered_eval")]
+        report(first.returncode == 3 and rest.returncode == 0 and segments[0]["steps"][-1]["step"] == EVERY
+               and made == [EVERY], "train_job makes an evaluation its segment cut off, before resuming",
+               f"exits {first.returncode}, {rest.returncode}; made {made}; {rest.stderr.strip()[-200:]}")
+        p = subprocess.run([sys.executable, SCRIPT, "report", "--out", cut, "--reference", ref],
+                           capture_output=True, text=True, timeout=60)
+        report(p.returncode == 0 and "\nPASS" in p.stdout and "1 made by --eval-only" in p.stdout,
+               "train_job report --reference PASS with the evaluation made by --eval-only",
                p.stdout.strip().splitlines()[-1] if p.stdout.strip() else p.stderr.strip())
 
     @case("train_job refusals")
