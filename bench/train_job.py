@@ -41,12 +41,10 @@ import argparse
 import hashlib
 import json
 import os
-import queue
 import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -172,10 +170,14 @@ def recover_eval(a, out, job, segments, adapters):
             "wall_s": round(time.monotonic() - t0, 3)}
 
 
-def stream(pipe, q, tag):
-    for line in iter(pipe.readline, ""):
-        q.put((tag, line))
-    q.put((tag, None))
+def die_with_parent():
+    """In the trainer's process, before exec: SIGTERM when this script dies (even by SIGKILL), so
+    the trainer checkpoints and exits rather than running on alone (Linux; elsewhere nothing)."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def cmd_run(a):
@@ -233,8 +235,8 @@ def cmd_run(a):
     est = Estimates(segments, a.device)
     every, budget = a.steps_per_eval, a.segment_seconds
     margin = a.margin if a.margin is not None else 0.05 * budget
-    out_log = open(os.path.join(out, "logs", f"segment-{index:02d}.out"), "w")
-    err_log = open(os.path.join(out, "logs", f"segment-{index:02d}.err"), "w")
+    out_path = os.path.join(out, "logs", f"segment-{index:02d}.out")
+    err_path = os.path.join(out, "logs", f"segment-{index:02d}.err")
     print(f"segment {index}: {'resume' if resume else 'start'}: {' '.join(cmd)}", flush=True)
 
     stop_request = []
@@ -243,18 +245,19 @@ def cmd_run(a):
     t0 = time.monotonic()
     recovered = recover_eval(a, out, job, segments, adapters) if resume else None
     spawned = time.monotonic() - t0
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
-                            start_new_session=True)
-    q = queue.Queue()
-    for pipe, tag in ((proc.stdout, "out"), (proc.stderr, "err")):
-        threading.Thread(target=stream, args=(pipe, q, tag), daemon=True).start()
+    # the trainer writes to files, read here as they grow: it never meets a closed pipe, whatever
+    # becomes of this script
+    with open(out_path, "w") as out_file, open(err_path, "w") as err_file:
+        proc = subprocess.Popen(cmd, stdout=out_file, stderr=err_file, start_new_session=True,
+                                preexec_fn=die_with_parent)
+    reader = open(out_path, errors="replace")
 
     seg = {"segment": index, "resumed": resume, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "segment_seconds": budget, "steps": [], "evals": [], "checkpoints": []}
     if recovered:
         seg["recovered_eval"] = recovered
     iters, last_step_at, startup, sigterm_at, second_at = None, None, None, None, None
-    open_pipes, stderr_tail, exited = 2, [], None
+    pending, exited = "", None
 
     def send_stop(why):
         nonlocal sigterm_at, second_at
@@ -271,24 +274,14 @@ def cmd_run(a):
             pass
         print(f"train_job: SIGTERM to the trainer at {now:.1f} s ({why})", flush=True)
 
-    while open_pipes or exited is None:
-        try:
-            tag, line = q.get(timeout=0.05)
-        except queue.Empty:
-            tag, line = None, ""
+    while True:
+        chunk = reader.readline()
+        if not chunk and exited is not None:
+            break
+        pending += chunk
         now = time.monotonic() - t0
-        if tag == "err":
-            if line is None:
-                open_pipes -= 1
-            else:
-                err_log.write(line)
-                stderr_tail = (stderr_tail + [line.rstrip()])[-5:]
-        elif tag == "out":
-            if line is None:
-                open_pipes -= 1
-                continue
-            out_log.write(line)
-            out_log.flush()
+        if pending.endswith("\n"):
+            line, pending = pending, ""
             sys.stdout.write(line)
             sys.stdout.flush()
             text = line.rstrip("\n")
@@ -333,11 +326,14 @@ def cmd_run(a):
                 if later + margin > budget:
                     send_stop(f"step {in_flight} is the last that fits: longest step {est.step:.1f} s, "
                               f"checkpoint {est.checkpoint():.1f} s, evaluation {est.eval:.1f} s")
+        if chunk:
+            continue  # read on while there is output
         if exited is None:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 exited = (status, usage)
-        if exited is None:
+                continue  # what it wrote last is read before the loop ends
+            time.sleep(0.05)
             if stop_request and sigterm_at is None:
                 send_stop(f"this script got signal {stop_request[0]}")
             elif budget > 0 and sigterm_at is None and now > budget:
@@ -347,8 +343,11 @@ def cmd_run(a):
     status, usage = exited
     rc = proc.returncode = os.waitstatus_to_exitcode(status)
     wall = time.monotonic() - t0
-    out_log.close()
-    err_log.close()
+    reader.close()
+    if pending:
+        sys.stdout.write(pending + "\n")
+    with open(err_path) as f:
+        stderr_tail = [line.rstrip() for line in f if line.strip()][-5:]
     seg.update({"wall_s": round(wall, 3), "startup_s": round(startup, 3) if startup is not None else None,
                 "trainer_exit": rc, "max_rss_gb": usage.ru_maxrss * 1024 / 1e9,
                 "tokens": sum(s["tokens"] for s in seg["steps"]),
