@@ -142,7 +142,7 @@ def to_next_safe_point(step, every, iters, est):
     return est.step
 
 
-def recover_eval(a, out, job, segments, adapters):
+def recover_eval(a, out, job, args, segments, adapters):
     """When the last segment ended in a step an evaluation follows (its time ran out there), the
     resumed run would start past that evaluation: it is made here, by `--eval-only` on the
     checkpoint's adapters (the same evaluation, printed to 4 decimals). None when nothing is lost."""
@@ -154,8 +154,7 @@ def recover_eval(a, out, job, segments, adapters):
     _, evals = job_log(out)
     if done in evals or any(s.get("recovered_eval", {}).get("step") == done for s in segments):
         return None
-    cmd = [a.winattn, "train"] + job["trainer_args"] + ["--eval-only", "--adapters",
-                                                       os.path.join(adapters, "adapters.safetensors")]
+    cmd = [a.winattn, "train"] + args + ["--eval-only", "--adapters", os.path.join(adapters, "adapters.safetensors")]
     if a.threads:
         cmd += ["--threads", str(a.threads)]
     print(f"train_job: the evaluation after step {done} was cut off; making it now: {' '.join(cmd)}", flush=True)
@@ -182,9 +181,8 @@ def die_with_parent():
 
 def cmd_run(a):
     out = os.path.abspath(a.out)
-    os.makedirs(os.path.join(out, "logs"), exist_ok=True)
     if not os.access(a.winattn, os.X_OK):
-        fail(f"--winattn {a.winattn}: not an executable (build it with make)")
+        fail(f"--winattn {a.winattn}: not an executable (build it with make)", 2)
     for split in ("train.jsonl", "valid.jsonl"):
         if not os.path.isfile(os.path.join(a.data, split)):
             fail(f"--data {a.data}: no {split}; build the corpus with `python3 train/corpus/build_corpus.py --out "
@@ -194,6 +192,7 @@ def cmd_run(a):
             most = json.load(f)["num_hidden_layers"]
         if not 0 <= a.layers <= most:
             fail(f"--layers {a.layers}: {os.path.relpath(CONFIG, ROOT)} has {most} layers", 2)
+    os.makedirs(os.path.join(out, "logs"), exist_ok=True)
     if a.model:
         model = a.model
     else:
@@ -216,8 +215,9 @@ def cmd_run(a):
                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         write_json(job_path, job)
     elif comparable(job["trainer_args"]) != comparable(args):
-        diff = next((f"{x!r} (now {y!r})" for x, y in zip(comparable(job["trainer_args"]), comparable(args)) if x != y),
-                    "its length")
+        was, now = comparable(job["trainer_args"]), comparable(args)
+        i = next((i for i, (x, y) in enumerate(zip(was, now)) if x != y), min(len(was), len(now)))
+        diff = f"{' '.join(was[max(i - 1, 0):i + 1])} (now {' '.join(now[max(i - 1, 0):i + 1])})"
         fail(f"{out} holds a job started with other options: {diff}; run it with the options it was started with", 2)
     elif job.get("shape") != shape:
         was = job.get("shape") or "the --model folder"
@@ -243,7 +243,7 @@ def cmd_run(a):
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda s, f: stop_request.append(s))
     t0 = time.monotonic()
-    recovered = recover_eval(a, out, job, segments, adapters) if resume else None
+    recovered = recover_eval(a, out, job, args, segments, adapters) if resume else None
     spawned = time.monotonic() - t0
     # the trainer writes to files, read here as they grow: it never meets a closed pipe, whatever
     # becomes of this script
