@@ -431,7 +431,7 @@ def summarize(out):
     return {
         "out": out, "finished": bool(job.get("finished")), "shape": job.get("shape"),
         "trainer_args": job["trainer_args"],
-        "segments": len(segments), "steps": len(steps),
+        "segments": len(segments), "steps": len(steps), "segment_list": segments,
         "wall_s": wall, "after_startup_s": after_startup, "startup_s": wall - after_startup,
         "step_seconds": step_s,
         "eval_seconds": sum(s["eval_seconds"] + s.get("recovered_eval", {}).get("seconds", 0) for s in segments),
@@ -451,6 +451,15 @@ def cmd_report(a):
     args = r["trainer_args"]
     print(f"job: winattn train {' '.join(args)}")
     print(f"{'finished' if r['finished'] else 'NOT finished'}: {r['steps']} steps in {r['segments']} segment(s)")
+    for s in r["segment_list"]:
+        steps = [t["step"] for t in s["steps"]]
+        span = f"steps {steps[0]}-{steps[-1]}" if steps else "no steps"
+        made = s.get("recovered_eval") and f", the evaluation after step {s['recovered_eval']['step']} made first"
+        end = (f"SIGTERM at {s['sigterm']['at_s']:.1f} s, exit {s['trainer_exit']}" if s.get("sigterm")
+               else f"exit {s['trainer_exit']}")
+        startup = f"{s['startup_s']:.1f} s" if s["startup_s"] is not None else "?"
+        print(f"  segment {s['segment']}: {s['wall_s']:.1f} s (start-up {startup}), {span}, {s['tokens']:,} tokens, "
+              f"{len(s['evals'])} evaluation(s){made or ''}; {end}")
     print(f"time: {r['after_startup_s']:.1f} s after start-up, summed over the segments ({r['wall_s']:.1f} s with "
           f"start-up); steps {r['step_seconds']:.1f} s, evaluations {r['eval_seconds']:.1f} s")
     if r["tokens_per_s_steps"]:
