@@ -10,8 +10,8 @@ than one segment, each exits 3 but the last (0); no segment is stopped in a step
 follows (so all five evaluations are there); `report --reference` PASSes (every step's loss, the
 evaluations, adapters.safetensors and optimizer.safetensors byte for byte) and FAILs on another
 job; an evaluation cut off by a SIGTERM (--stop-after-step) is made by --eval-only before the job
-resumes, to the run's value; another option on the same folder, and a missing corpus, are refused
-with one line.
+resumes, to the run's value; another option on the same folder, a segment too short for one
+step and a missing corpus are refused with one line.
 """
 import json
 import os
@@ -136,6 +136,10 @@ def main():
         lines = p.stderr.strip().splitlines()
         report(p.returncode == 2 and len(lines) == 1 and "other options" in lines[0],
                "train_job refuses another option on a started job, one line", p.stderr.strip())
+        p = job(exe, os.path.join(tmp.name, "short"), data, 0.05)
+        lines = p.stderr.strip().splitlines()
+        report(p.returncode == 1 and len(lines) == 1 and "before its first step" in lines[0],
+               "train_job says when a segment is too short to train a step, one line", p.stderr.strip())
         p = job(exe, os.path.join(tmp.name, "none"), os.path.join(tmp.name, "missing"), 0)
         lines = p.stderr.strip().splitlines()
         report(p.returncode == 2 and len(lines) == 1 and "build_corpus.py" in lines[0],
