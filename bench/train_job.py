@@ -17,13 +17,13 @@ resumes it from DIR/adapters' checkpoint with the options it was started with, a
 to `winattn train` early enough that the step in hand and the checkpoint it then writes end
 within --segment-seconds (estimated from the longest step, evaluation and checkpoint write seen
 so far); it never stops the trainer in a step that an evaluation follows, since a resumed run
-starts past that evaluation. Where one was cut off all the same (the segment's time ran out in that
-step, or --stop-after-step N), the next segment first makes it with `winattn train --eval-only` on
-the checkpoint's adapters. --segment-seconds 0: no limit (one uninterrupted run). Each segment's wall time,
-start-up, tokens, peak memory, step losses and evaluations go into DIR/segments.json, its
-output into DIR/logs/. Exit status 0: the job is finished; 3: more remains; 1 or 2: an error
-(one line). So `until python3 bench/train_job.py run ...; do :; done`, or one `run` per
-device command, finishes it.
+starts past that evaluation. Where one was cut off all the same (the segment's time ran out in
+that step, or --stop-after-step N), the next segment first makes it with `winattn train
+--eval-only` on the checkpoint's adapters. --segment-seconds 0: no limit (one uninterrupted run).
+Each segment's wall time, start-up, tokens, peak memory, step losses and evaluations go into
+DIR/segments.json, its output into DIR/logs/. Exit status 0: the job is finished; 3: more
+remains; 1 or 2: an error (one line). So `until python3 bench/train_job.py run ...; do :; done`,
+or one `run` per command on a machine that limits each, finishes it.
 
 `report` prints the job's time (the segments' time after start-up, and with it), tokens/s, peak
 host and device memory, the held-out losses and the segment count, beside the write-up's
@@ -34,8 +34,8 @@ optimizer.safetensors byte for byte (SHA-256), and prints PASS or FAIL (exit 1).
 Needs only Python's standard library and the winattn binary. The corpus is built where there is
 network (`python3 train/corpus/build_corpus.py --out data/corpus` runs `apt-get download
 python3.11-doc`) and carried, as a folder, to a machine without network: --data points at it.
-DIR must survive from one segment to the next (on a lent GPU machine: a git-ignored folder
-under the repository, such as build-gpu/job, while the machine stays warm).
+DIR must survive from one segment to the next (where only the repository's folder is kept between
+commands: a git-ignored folder in it, such as build-gpu/job).
 """
 import argparse
 import hashlib
