@@ -1,0 +1,153 @@
+"""test_train_job.py — bench/train_job.py's segments on the CPU: a small job stopped by SIGTERM
+every ~1.5 s and resumed from its checkpoint until it finishes, against the same job run in one
+piece. Run from the repository root after `make` (SKIPs without the winattn binary):
+    WINATTN_LIBRARY=build/libwinattn.so python3 python/tests/test_train_job.py
+
+The job: train/fixtures/gemma4_smoke, a synthetic corpus of 24 training records (200 to 1,500
+tokens) and 8 held-out ones (1,000 to 1,500), --epochs 2 --batch-size 4 (12 steps), an evaluation every 3 steps
+and at the end, a checkpoint every 2 updates, one thread. Checked: the segmented job takes more
+than one segment, each exits 3 but the last (0); no segment is stopped in a step an evaluation
+follows (so all five evaluations are there); `report --reference` PASSes (every step's loss, the
+evaluations, adapters.safetensors and optimizer.safetensors byte for byte) and FAILs on another
+job; an evaluation cut off by a SIGTERM (--stop-after-step) is made by --eval-only before the job
+resumes, to the run's value; another option on the same folder, a segment too short for one
+step and a missing corpus are refused with one line.
+"""
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import case, finish, report, skip  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "bench", "train_job.py")
+MODEL = os.path.join(ROOT, "train", "fixtures", "gemma4_smoke")
+EVERY, STEPS, SEGMENT_S = 3, 12, 1.5
+
+
+def winattn_binary():
+    lib = os.environ.get("WINATTN_LIBRARY", os.path.join(ROOT, "build", "libwinattn.so"))
+    exe = os.path.join(os.path.dirname(os.path.abspath(lib)), "winattn")
+    return exe if os.access(exe, os.X_OK) else None
+
+
+def write_corpus(path):
+    rng = random.Random(1)
+    os.makedirs(path)
+    for name, n, shortest in (("train", 24, 200), ("valid", 8, 1000)):
+        with open(os.path.join(path, name + ".jsonl"), "w") as f:
+            for _ in range(n):
+                n_tokens = rng.randrange(shortest, 1500)
+                f.write(json.dumps({"tokens": [2] + [rng.randrange(3, 512) for _ in range(n_tokens)]}) + "\n")
+
+
+def job(exe, out, data, segment_s, *extra):
+    cmd = [sys.executable, SCRIPT, "run", "--winattn", exe, "--out", out, "--device", "cpu", "--model", MODEL,
+           "--data", data, "--segment-seconds", str(segment_s), "--steps-per-eval", str(EVERY), "--save-every", "2",
+           "--lora-rank", "4", "--threads", "1"] + list(extra)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def main():
+    exe = winattn_binary()
+    if not exe:
+        skip("train_job", "no winattn binary beside WINATTN_LIBRARY (run make first)")
+        finish()
+    tmp = tempfile.TemporaryDirectory()
+    data, ref, seg = (os.path.join(tmp.name, d) for d in ("data", "ref", "seg"))
+    write_corpus(data)
+
+    @case("train_job uninterrupted")
+    def _():
+        p = job(exe, ref, data, 0)
+        report(p.returncode == 0, "train_job uninterrupted run finishes in one segment (exit 0)",
+               p.stderr.strip()[-300:])
+
+    @case("train_job segments")
+    def _():
+        codes = []
+        while len(codes) < 40:
+            p = job(exe, seg, data, SEGMENT_S)
+            codes.append(p.returncode)
+            if p.returncode != 3:
+                break
+        with open(os.path.join(seg, "segments.json")) as f:
+            segments = json.load(f)
+        report(codes[-1] == 0 and set(codes[:-1]) <= {3} and len(segments) == len(codes) > 1,
+               "train_job segments: exit 3 until the job is done, then 0; more than one segment",
+               f"exits {codes}; {len(segments)} segments; {p.stderr.strip()[-200:]}")
+        # the last step may end a segment: the evaluation after training runs again on resuming
+        stopped_at = [s["steps"][-1]["step"] for s in segments[:-1]]
+        last = max(t["step"] for s in segments for t in s["steps"])
+        report(all(n % EVERY != 0 or n == STEPS for n in stopped_at) and last == STEPS,
+               "train_job stops only where no evaluation is lost", f"segments end at steps {stopped_at}")
+        report(all(s.get("sigterm") and s["trainer_exit"] == 143 for s in segments[:-1]),
+               "train_job stops each segment with SIGTERM (the trainer exits 143 after its checkpoint)",
+               str([s["trainer_exit"] for s in segments]))
+
+    @case("train_job report --reference")
+    def _():
+        out_json = os.path.join(tmp.name, "report.json")
+        p = subprocess.run([sys.executable, SCRIPT, "report", "--out", seg, "--reference", ref, "--json", out_json],
+                           capture_output=True, text=True, timeout=60)
+        with open(out_json) as f:
+            r = json.load(f)
+        report(p.returncode == 0 and "\nPASS" in p.stdout and r["reference"]["pass"],
+               "train_job report --reference PASS: losses, evaluations and adapters identical to the uninterrupted run",
+               p.stdout.strip().splitlines()[-1] if p.stdout.strip() else p.stderr.strip())
+        report(sorted(r["evals"], key=int) == [str(k) for k in range(0, STEPS + 1, EVERY)] and len(r["losses"]) == STEPS
+               and r["segments"] > 1 and r["tokens"] > 0,
+               "train_job report: every evaluation and step, tokens, the segment count",
+               f"evals {sorted(r['evals'], key=int)}, {len(r['losses'])} steps, {r['segments']} segments")
+        # the check can fail: another job's adapters are not this one's
+        other = os.path.join(tmp.name, "other")
+        job(exe, other, data, 0, "--learning-rate", "1e-3")
+        p = subprocess.run([sys.executable, SCRIPT, "report", "--out", other, "--reference", ref],
+                           capture_output=True, text=True, timeout=60)
+        report(p.returncode == 1 and "\nFAIL" in p.stdout, "train_job report --reference FAILs on another job",
+               p.stdout.strip().splitlines()[-1] if p.stdout.strip() else p.stderr.strip())
+
+    @case("train_job evaluation cut off")
+    def _():
+        # SIGTERM as step 3 ends, in the evaluation after it (~0.2 s here): the resumed run starts
+        # past it, so the next segment makes it with --eval-only on the step-3 checkpoint
+        cut = os.path.join(tmp.name, "cut")
+        first = job(exe, cut, data, 0, "--stop-after-step", str(EVERY))
+        rest = job(exe, cut, data, 0)
+        with open(os.path.join(cut, "segments.json")) as f:
+            segments = json.load(f)
+        made = [s["recovered_eval"]["step"] for s in segments if s.get("recovered_eval")]
+        report(first.returncode == 3 and rest.returncode == 0 and segments[0]["steps"][-1]["step"] == EVERY
+               and made == [EVERY], "train_job makes an evaluation its segment cut off, before resuming",
+               f"exits {first.returncode}, {rest.returncode}; made {made}; {rest.stderr.strip()[-200:]}")
+        p = subprocess.run([sys.executable, SCRIPT, "report", "--out", cut, "--reference", ref],
+                           capture_output=True, text=True, timeout=60)
+        report(p.returncode == 0 and "\nPASS" in p.stdout and "1 made by --eval-only" in p.stdout,
+               "train_job report --reference PASS with the evaluation made by --eval-only",
+               p.stdout.strip().splitlines()[-1] if p.stdout.strip() else p.stderr.strip())
+
+    @case("train_job refusals")
+    def _():
+        p = job(exe, seg, data, 0, "--learning-rate", "1e-3")
+        lines = p.stderr.strip().splitlines()
+        report(p.returncode == 2 and len(lines) == 1 and "other options" in lines[0],
+               "train_job refuses another option on a started job, one line", p.stderr.strip())
+        p = job(exe, os.path.join(tmp.name, "short"), data, 0.05)
+        lines = p.stderr.strip().splitlines()
+        report(p.returncode == 1 and len(lines) == 1 and "before its first step" in lines[0],
+               "train_job says when a segment is too short to train a step, one line", p.stderr.strip())
+        p = job(exe, os.path.join(tmp.name, "none"), os.path.join(tmp.name, "missing"), 0)
+        lines = p.stderr.strip().splitlines()
+        report(p.returncode == 2 and len(lines) == 1 and "build_corpus.py" in lines[0],
+               "train_job refuses a folder without the corpus, naming the command that builds it", p.stderr.strip())
+
+    tmp.cleanup()
+    finish()
+
+
+if __name__ == "__main__":
+    main()
