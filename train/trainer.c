@@ -1320,10 +1320,18 @@ int train_run(const train_options *o, char *err, size_t errlen) {
     else printf("checkpoints: %s, at the end (and on SIGINT or SIGTERM)\n", out_dir);
     fflush(stdout);
 
+    /* from here a stop signal ends the run with a checkpoint: the evaluation before training too */
+    stop_handlers_install(&handlers);
     /* the starting point of the held-out curve */
-    if (o->eval_every && batches_done == 0 &&
-        report_eval(&m, gpu, &valid, o, 0, 0, "before training", log, &prog, err, errlen) != 0)
-        goto done;
+    if (o->eval_every && batches_done == 0) {
+        int erc = report_eval(&m, gpu, &valid, o, 0, 0, "before training", log, &prog, err, errlen);
+        if (erc < 0) goto done;
+        if (erc > 0) {
+            rc = stop_interrupted(&m, &opt, identity, o, out_dir, 0, 0, iters, &last_saved, "the evaluation before training",
+                                  err, errlen);
+            goto done;
+        }
+    }
     uint64_t base_hash = weights_hash(&m);
     /* packed tokens one forward + backward may hold: what the GPU's free memory allows */
     long pass_tokens = LONG_MAX;
@@ -1336,7 +1344,6 @@ int train_run(const train_options *o, char *err, size_t errlen) {
     double run_start = now_seconds();
     size_t run_peak = 0, run_dev_peak = 0;
     int norm_threads = thread_count(o, opt.n);
-    stop_handlers_install(&handlers);
     for (int i = (int)batches_done; i < iters; i++) {
         /* counted from where this run started: batches_done moves every step */
         if ((i - first_batch) % o->grad_accum == 0) memset(m.grads, 0, m.param_count * sizeof(float));
