@@ -17,6 +17,11 @@ int check(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Prints "N passed, N failed" and returns the process exit code. */
 int check_summary(void);
 
+/* Files for the trainer's tests: copies from to to (0, or -1 on any failure); 1 when both files
+ * exist and hold the same bytes. */
+int check_copy_file(const char *from, const char *to);
+int check_same_bytes(const char *a, const char *b);
+
 /* random inputs: wa_rng_seed / wa_rng_normal / wa_fill_normal from src/ref/case.h */
 #include "ref/case.h"
 

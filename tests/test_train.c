@@ -884,31 +884,6 @@ static void test_nonfinite_scan(void) {
     free(big);
 }
 
-static int copy_file(const char *from, const char *to) {
-    FILE *in = fopen(from, "rb"), *out = in ? fopen(to, "wb") : NULL;
-    char buf[65536];
-    size_t n;
-    int rc = in && out ? 0 : -1;
-    while (rc == 0 && (n = fread(buf, 1, sizeof buf, in)) > 0) rc = fwrite(buf, 1, n, out) == n ? 0 : -1;
-    if (in) fclose(in);
-    if (out && fclose(out) != 0) rc = -1;
-    return rc;
-}
-
-/* 1 when the two files hold the same bytes */
-static int same_file(const char *a, const char *b) {
-    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
-    int same = fa && fb;
-    while (same) {
-        int ca = fgetc(fa), cb = fgetc(fb);
-        same = ca == cb;
-        if (ca == EOF) break;
-    }
-    if (fa) fclose(fa);
-    if (fb) fclose(fb);
-    return same;
-}
-
 /* src's checkpoint in dst, with one F32 tensor stored as dtype and element `at` set to bits; with
  * row > 0 the rest of at's row of that many elements is zeroed */
 static int plant_value(const char *src, const char *dst, const char *tensor, st_dtype dtype, uint64_t at,
@@ -917,7 +892,7 @@ static int plant_value(const char *src, const char *dst, const char *tensor, st_
     mkdir(dst, 0777);
     snprintf(path, sizeof path, "%s/config.json", src);
     snprintf(out, sizeof out, "%s/config.json", dst);
-    if (copy_file(path, out) != 0) return snprintf(err, errlen, "cannot copy %s", path), -1;
+    if (check_copy_file(path, out) != 0) return snprintf(err, errlen, "cannot copy %s", path), -1;
     st_file f;
     snprintf(path, sizeof path, "%s/model.safetensors", src);
     if (st_open(path, &f, err, errlen) != 0) return -1;
@@ -992,7 +967,7 @@ static void test_attn_softcap_ignored(const char *tmp) {
     for (size_t i = 0; i < sizeof files / sizeof *files && rc == 0; i++) {
         snprintf(from, sizeof from, "%s/gemma3_tiny/%s", fixtures, files[i]);
         snprintf(to, sizeof to, "%s/%s", dir, files[i]);
-        rc = copy_file(from, to);
+        rc = check_copy_file(from, to);
     }
     snprintf(path, sizeof path, "%s/gemma3_tiny/config.json", fixtures);
     FILE *f = fopen(path, "r");
@@ -1058,7 +1033,7 @@ static void test_nonfinite_training(const char *tmp) {
     for (int i = 0; i < 2; i++) {
         snprintf(pa, sizeof pa, "%s/%s", out, files[i]);
         snprintf(pb, sizeof pb, "%s/%s", ref, files[i]);
-        check(rc == 0 && same_file(pa, pb), "lr 1e30: the stopped run's %s is that of a run of %d steps, byte for byte %s",
+        check(rc == 0 && check_same_bytes(pa, pb), "lr 1e30: the stopped run's %s is that of a run of %d steps, byte for byte %s",
               files[i], step - 1, rerr);
     }
     /* resuming from --out itself: the same step fails, and the files there are not rewritten */
@@ -1072,7 +1047,7 @@ static void test_nonfinite_training(const char *tmp) {
     rc = train_run(&o, err, sizeof err);
     snprintf(after, sizeof after, "step %d: ", step);
     check(rc != 0 && have && strncmp(err, after, strlen(after)) == 0 && strstr(err, " holds the adapters") &&
-              stat(pa, &later) == 0 && later.st_ino == before.st_ino && same_file(pa, pb),
+              stat(pa, &later) == 0 && later.st_ino == before.st_ino && check_same_bytes(pa, pb),
           "lr 1e30, resumed from --out: stops at step %d again, --out left as it was: \"%s\"", step, err);
 }
 

@@ -55,31 +55,6 @@ static void write_cycle_records(const char *path, int records, int len, int step
     fclose(f);
 }
 
-static int copy_file(const char *from, const char *to) {
-    FILE *in = fopen(from, "rb"), *out = in ? fopen(to, "wb") : NULL;
-    char buf[65536];
-    size_t n;
-    int rc = in && out ? 0 : -1;
-    while (rc == 0 && (n = fread(buf, 1, sizeof buf, in)) > 0) rc = fwrite(buf, 1, n, out) == n ? 0 : -1;
-    if (in) fclose(in);
-    if (out && fclose(out) != 0) rc = -1;
-    return rc;
-}
-
-/* 1 when both files exist and hold the same bytes */
-static int same_bytes(const char *a, const char *b) {
-    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
-    int same = fa && fb;
-    while (same) {
-        int ca = fgetc(fa), cb = fgetc(fb);
-        same = ca == cb;
-        if (ca == EOF) break;
-    }
-    if (fa) fclose(fa);
-    if (fb) fclose(fb);
-    return same;
-}
-
 /* dir/a and other/a hold the same bytes, for the adapters and the optimizer state */
 static int same_state(const char *dir, const char *other) {
     static const char *const files[] = {"adapters.safetensors", "optimizer.safetensors"};
@@ -87,7 +62,7 @@ static int same_state(const char *dir, const char *other) {
         char a[1200], b[1200];
         snprintf(a, sizeof a, "%s/%s", dir, files[i]);
         snprintf(b, sizeof b, "%s/%s", other, files[i]);
-        if (!same_bytes(a, b)) return 0;
+        if (!check_same_bytes(a, b)) return 0;
     }
     return 1;
 }
@@ -293,7 +268,7 @@ static void test_save_every(const char *tmp) {
                                            "(%d numbered files) %s", numbered, rc ? err : "");
     snprintf(a, sizeof a, "%s/0000006_adapters.safetensors", out);
     snprintf(b, sizeof b, "%s/adapters.safetensors", out);
-    check(same_bytes(a, b), "save_every: the last numbered adapters are the final adapters.safetensors");
+    check(check_same_bytes(a, b), "save_every: the last numbered adapters are the final adapters.safetensors");
     /* a run of 4 batches (the same batch order's first 4) ends where update 4 was */
     o.save_every = 0;
     o.iters = 4;
@@ -301,7 +276,7 @@ static void test_save_every(const char *tmp) {
     rc = run(&o, err, sizeof err);
     snprintf(a, sizeof a, "%s/0000004_adapters.safetensors", out);
     snprintf(b, sizeof b, "%s/adapters.safetensors", ref);
-    check(rc == 0 && same_bytes(a, b), "save_every: 0000004_adapters.safetensors = the adapters of a 4-batch run %s",
+    check(rc == 0 && check_same_bytes(a, b), "save_every: 0000004_adapters.safetensors = the adapters of a 4-batch run %s",
           rc ? err : "");
     check(count_names(out, ".checkpoint.partial") == 0 && count_names(out, ".tmp") == 0,
           "save_every: no staging folder or temporary left in the output folder");
@@ -466,12 +441,12 @@ static void test_tampered(const char *tmp) {
         for (int i = 0; i < 4; i++) {
             snprintf(a, sizeof a, "%s/%s", four, files[i]);
             snprintf(b, sizeof b, "%s/%s", t, files[i]);
-            copy_file(a, b);
+            check_copy_file(a, b);
         }
         if (!strcmp(cases[c].from, "two")) snprintf(a, sizeof a, "%s/%s", two, cases[c].file);
         else snprintf(a, sizeof a, "%s/0000004_adapters.safetensors", four);
         snprintf(b, sizeof b, "%s/%s", t, cases[c].file);
-        copy_file(a, b);
+        check_copy_file(a, b);
         o.resume_dir = t;
         o.out_dir = t;
         int rc = run(&o, err, sizeof err);
@@ -687,7 +662,7 @@ static void test_out_dir(const char *tmp) {
     char from[1200];
     snprintf(from, sizeof from, "%s/config.json", model);
     snprintf(p, sizeof p, "%s/config.json", short_model);
-    copy_file(from, p);
+    check_copy_file(from, p);
     snprintf(p, sizeof p, "%s/model.safetensors", short_model);
     write_text(p, "truncated");
     snprintf(file, sizeof file, "%s/a_file", tmp);
@@ -793,7 +768,7 @@ static void test_eval_options(const char *tmp) {
     char from[1200];
     snprintf(from, sizeof from, "%s/valid.jsonl", data);
     snprintf(p, sizeof p, "%s/test.jsonl", data);
-    copy_file(from, p);
+    check_copy_file(from, p);
     rc = run(&o, err, sizeof err);
     long tt[4];
     double lt[4];
