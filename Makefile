@@ -146,7 +146,7 @@ HAVE_YAML := $(shell printf '\043include <yaml.h>\nint main(void){yaml_parser_t 
 # products use OpenBLAS when it links (libopenblas-dev), else built-in loops.
 HAVE_CBLAS := $(shell printf '\043include <cblas.h>\nint main(void){openblas_set_num_threads(1);return 0;}\n' | \
                 $(CC) $(CPPFLAGS) $(CFLAGS) -x c - $(LDFLAGS) -lopenblas -o /dev/null >/dev/null 2>&1 && echo 1)
-TRAIN_SRC  := train/train.c train/config.c train/checkpoint.c train/data.c train/linalg.c train/adapters.c train/trainer.c
+TRAIN_SRC  := train/train.c train/config.c train/checkpoint.c train/quant.c train/data.c train/linalg.c train/adapters.c train/trainer.c
 TRAIN_LIB  := $(BUILD)/libwinattn_train.a
 TRAIN_OBJ  := $(TRAIN_SRC:%.c=$(BUILD)/%.o) $(BUILD)/train/model_f32.o $(BUILD)/train/model_f64.o
 TRAIN_LIBS :=
@@ -166,7 +166,7 @@ TEST_NAMES := test_geometry test_convert test_oracle test_kernels test_api test_
 # tests/test_misuse.c (hostile and odd inputs; run under `make sanitize`) builds once it exists
 TEST_NAMES += $(if $(wildcard tests/test_misuse.c),test_misuse)
 TESTS    := $(TEST_NAMES:%=$(BUILD)/tests/%) $(BUILD)/tests/cli_helper $(BUILD)/tests/test_train \
-            $(BUILD)/tests/test_train_data $(BUILD)/tests/test_train_adapters $(BUILD)/tests/test_train_ckpt $(BUILD)/tests/test_train_cuda
+            $(BUILD)/tests/test_train_data $(BUILD)/tests/test_train_quant $(BUILD)/tests/test_train_adapters $(BUILD)/tests/test_train_ckpt $(BUILD)/tests/test_train_cuda
 
 STATIC   := $(BUILD)/libwinattn.a
 SHARED   := $(BUILD)/libwinattn.so
@@ -185,7 +185,7 @@ lib: $(STATIC) $(SHARED)
 tests: $(TESTS)
 
 ifneq ($(HAVE_JANSSON),1)
-$(TOOL_OBJ) $(TRAIN_OBJ) $(BUILD)/formats/safetensors.o $(BUILD)/tests/test_safetensors.o $(BUILD)/tests/test_train.o $(BUILD)/tests/test_train_data.o $(BUILD)/tests/test_train_adapters.o $(BUILD)/tests/test_train_ckpt.o $(BUILD)/tests/test_train_cuda.o $(BUILD)/tests/cli_helper.o: | no-jansson
+$(TOOL_OBJ) $(TRAIN_OBJ) $(BUILD)/formats/safetensors.o $(BUILD)/tests/test_safetensors.o $(BUILD)/tests/test_train.o $(BUILD)/tests/test_train_data.o $(BUILD)/tests/test_train_quant.o $(BUILD)/tests/test_train_adapters.o $(BUILD)/tests/test_train_ckpt.o $(BUILD)/tests/test_train_cuda.o $(BUILD)/tests/cli_helper.o: | no-jansson
 no-jansson:
 	@echo "winattn: jansson not found (<jansson.h>, -ljansson): run 'sh scripts/deps.sh', or apt-get install libjansson-dev pkg-config" >&2
 	@exit 1
@@ -254,6 +254,8 @@ $(BUILD)/tests/test_train: $(BUILD)/tests/test_train.o $(BUILD)/tests/check.o $(
 	$(LINK) -o $@ $^ $(TOOL_LIBS) $(TRAIN_LIBS) $(WA_LIBS) $(LDLIBS)
 
 $(BUILD)/tests/test_train_data: $(BUILD)/tests/test_train_data.o $(BUILD)/tests/check.o $(TRAIN_LIB) $(FORMATS_OBJ) $(STATIC)
+	$(LINK) -o $@ $^ $(TOOL_LIBS) $(TRAIN_LIBS) $(WA_LIBS) $(LDLIBS)
+$(BUILD)/tests/test_train_quant: $(BUILD)/tests/test_train_quant.o $(BUILD)/tests/check.o $(TRAIN_LIB) $(FORMATS_OBJ) $(STATIC)
 	$(LINK) -o $@ $^ $(TOOL_LIBS) $(TRAIN_LIBS) $(WA_LIBS) $(LDLIBS)
 $(BUILD)/tests/test_train_ckpt: $(BUILD)/tests/test_train_ckpt.o $(BUILD)/tests/check.o $(TRAIN_LIB) $(FORMATS_OBJ) $(STATIC)
 	$(LINK) -o $@ $^ $(TOOL_LIBS) $(TRAIN_LIBS) $(WA_LIBS) $(LDLIBS)

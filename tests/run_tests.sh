@@ -32,6 +32,7 @@ done
 run "test_nonfinite" "$BUILD/tests/test_nonfinite"
 run "test_train" "$BUILD/tests/test_train" train/fixtures
 run "test_train_data" "$BUILD/tests/test_train_data" train/fixtures
+run "test_train_quant" "$BUILD/tests/test_train_quant" train/fixtures
 run "test_train_adapters" "$BUILD/tests/test_train_adapters"
 run "test_train_ckpt" "$BUILD/tests/test_train_ckpt" train/fixtures
 run "test_train_cuda" "$BUILD/tests/test_train_cuda" train/fixtures

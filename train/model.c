@@ -9,7 +9,10 @@
 
 #include "convert.h"
 #include "linalg.h"
+#include "quant.h"
 #include "rng.h"
+
+#include <jansson.h>
 
 #include <math.h>
 #include <stdarg.h>
@@ -70,6 +73,7 @@ typedef struct tensor_plan {
     real *scalar_dst;  /* for rank 0 */
     int optional;
     double add;        /* added to every element after conversion (Gemma 3's 1 + w norms) */
+    int quantizable;   /* a decoder projection: quantized with the base dtype (model_generic.h) */
 } tensor_plan;
 
 static int64_t plan_numel(const tensor_plan *p) { return p->rank == 0 ? 1 : p->rank == 1 ? p->rows : p->rows * p->cols; }
@@ -89,7 +93,46 @@ static void convert_to_real(const st_tensor *t, real *dst, uint64_t n, double ad
     }
 }
 
-static int load_plan(model *m, const checkpoint *ck, tensor_plan *plan, int count, char *err, size_t errlen) {
+/* A rank-2 tensor through f32: the [rows, cols] values of an mlx_lm.convert weight (U32 packed,
+ * with NAME.scales and NAME.biases beside NAME.weight) dequantized, or a float tensor quantized
+ * and dequantized as mlx4 (the scales and biases rounded to its own dtype), into dst. */
+static int load_via_f32(const checkpoint *ck, const tensor_plan *p, const st_tensor *t, int round_trip, real *dst,
+                        char *err, size_t errlen) {
+    size_t n = (size_t)plan_numel(p);
+    float *tmp = malloc((n ? n : 1) * sizeof *tmp);
+    if (!tmp) return snprintf(err, errlen, "out of memory for %zu weights", n), -1;
+    char why[256] = "";
+    int rc = 0;
+    if (t->dtype == ST_U32) {
+        char stem[128], name[160];
+        snprintf(stem, sizeof stem, "%.*s", (int)(strlen(p->name) - strlen(".weight")), p->name);
+        snprintf(name, sizeof name, "%s.scales", stem);
+        const st_tensor *scales = checkpoint_find(ck, name);
+        snprintf(name, sizeof name, "%s.biases", stem);
+        const st_tensor *biases = checkpoint_find(ck, name);
+        rc = mlx4_dequantize_tensor(t, scales, biases, p->rows, p->cols, tmp, why, sizeof why);
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            const unsigned char *src = t->data;
+            switch (t->dtype) {
+            case ST_F64: { double v; memcpy(&v, src + 8 * i, 8); tmp[i] = (float)v; break; }
+            case ST_F32: memcpy(&tmp[i], src + 4 * i, 4); break;
+            case ST_F16: { uint16_t v; memcpy(&v, src + 2 * i, 2); tmp[i] = wa_f16_to_f32(v); break; }
+            default:     { uint16_t v; memcpy(&v, src + 2 * i, 2); tmp[i] = wa_bf16_to_f32(v); break; }
+            }
+        }
+        if (round_trip) rc = mlx4_round_trip(tmp, p->rows, p->cols, t->dtype, why, sizeof why);
+    }
+    if (rc == 0)
+        for (size_t i = 0; i < n; i++) dst[i] = (real)tmp[i];
+    else
+        snprintf(err, errlen, "tensor \"%s%s\": %s", ck->prefix, p->name, why);
+    free(tmp);
+    return rc;
+}
+
+static int load_plan(model *m, const checkpoint *ck, tensor_plan *plan, int count, base_dtype base, char *err,
+                     size_t errlen) {
     size_t total = 0;
     for (int i = 0; i < count; i++) total += (size_t)plan_numel(&plan[i]);
     m->weight_count = total;
@@ -107,9 +150,19 @@ static int load_plan(model *m, const checkpoint *ck, tensor_plan *plan, int coun
             }
             return snprintf(err, errlen, "checkpoint has no tensor \"%s%s\"", ck->prefix, p->name), -1;
         }
-        if (t->dtype != ST_F32 && t->dtype != ST_F16 && t->dtype != ST_BF16 && t->dtype != ST_F64)
+        /* U32: a weight packed by mlx_lm.convert, the shape checked against its scales below */
+        int packed = t->dtype == ST_U32 && p->rank == 2;
+        if (t->dtype != ST_F32 && t->dtype != ST_F16 && t->dtype != ST_BF16 && t->dtype != ST_F64 && !packed)
             return snprintf(err, errlen, "tensor \"%s%s\" has dtype %s (F32, F16, BF16, F64 are read)", ck->prefix,
                             p->name, st_dtype_name(t->dtype)), -1;
+        int round_trip = base == BASE_MLX4 && p->quantizable;
+        if (packed || round_trip) {
+            real *dst = m->weights + off;
+            if (load_via_f32(ck, p, t, round_trip, dst, err, errlen) != 0) return -1;
+            *p->dst = dst;
+            off += (size_t)n;
+            continue;
+        }
         int shape_ok;
         if (p->rank == 0) shape_ok = st_numel(t) == 1 && t->rank <= 1;
         else if (p->rank == 1) shape_ok = t->rank == 1 && t->shape[0] == p->rows;
@@ -168,13 +221,36 @@ static void lay_out_lora(model *m) {
 
 /* with_weights 0: the config, the layer shapes and the adapters only (the weights live elsewhere,
  * e.g. on a GPU: model_cuda.h) */
-static int model_load(model *m, const char *dir, const lora_config *lora, int with_weights, char *err, size_t errlen) {
+/* config.json's "quantization" (mlx_lm.convert -q): 1 for bits 4, group 64 (the weights it lists
+ * are read by dequantizing them); 0 when absent; -1 with a message for any other setting. */
+static int mlx_quantization(const char *config_path, char *err, size_t errlen) {
+    json_t *root = json_load_file(config_path, 0, NULL);
+    const json_t *q = root ? json_object_get(root, "quantization") : NULL;
+    int rc = 0;
+    if (q) {
+        json_int_t bits = json_integer_value(json_object_get(q, "bits"));
+        json_int_t group = json_integer_value(json_object_get(q, "group_size"));
+        const char *mode = json_string_value(json_object_get(q, "mode"));
+        if (bits == MLX4_BITS && group == MLX4_GROUP && (!mode || strcmp(mode, "affine") == 0)) rc = 1;
+        else {
+            snprintf(err, errlen, "%s: \"quantization\" is bits %lld, group_size %lld%s%s: only MLX's affine 4-bit with group 64 is read",
+                     config_path, (long long)bits, (long long)group, mode ? ", mode " : "", mode ? mode : "");
+            rc = -1;
+        }
+    }
+    json_decref(root);
+    return rc;
+}
+
+static int model_load(model *m, const char *dir, const lora_config *lora, int with_weights, base_dtype base, char *err,
+                      size_t errlen) {
     memset(m, 0, sizeof *m);
     m->arm = ATTN_CHUNKED;
     m->chunk = 512;
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
     if (gemma_config_load(path, &m->cfg, err, errlen) != 0) return -1;
+    if (mlx_quantization(path, err, errlen) < 0) return -1;
     const gemma_config *c = &m->cfg;
     if (lora) m->lora = *lora;
     checkpoint ck;
@@ -207,6 +283,7 @@ static int model_load(model *m, const char *dir, const lora_config *lora, int wi
             L->in[p] = dims[p][1];
             if (p == PROJ_V && a->k_eq_v) continue; /* full layers with k_eq_v have no v_proj */
             PLAN(2, dims[p][0], dims[p][1], &L->w[p], "layers.%d.%s.weight", l, gemma_proj_path[p]);
+            plan[count - 1].quantizable = 1;
         }
         const char *norms[4] = {"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                                 "post_feedforward_layernorm"};
@@ -226,7 +303,7 @@ static int model_load(model *m, const char *dir, const lora_config *lora, int wi
         }
     }
 #undef PLAN
-    int rc = with_weights ? load_plan(m, &ck, plan, count, err, errlen) : 0;
+    int rc = with_weights ? load_plan(m, &ck, plan, count, base, err, errlen) : 0;
     free(plan);
     if (with_weights) checkpoint_close(&ck);
     if (rc != 0) {
@@ -243,11 +320,16 @@ static int model_load(model *m, const char *dir, const lora_config *lora, int wi
 }
 
 int MT(gemma_model_load)(model *m, const char *dir, const lora_config *lora, char *err, size_t errlen) {
-    return model_load(m, dir, lora, 1, err, errlen);
+    return model_load(m, dir, lora, 1, BASE_BF16, err, errlen);
+}
+
+int MT(gemma_model_load_base)(model *m, const char *dir, const lora_config *lora, base_dtype base, char *err,
+                              size_t errlen) {
+    return model_load(m, dir, lora, 1, base, err, errlen);
 }
 
 int MT(gemma_model_layout)(model *m, const char *dir, const lora_config *lora, char *err, size_t errlen) {
-    return model_load(m, dir, lora, 0, err, errlen);
+    return model_load(m, dir, lora, 0, BASE_BF16, err, errlen);
 }
 
 void MT(gemma_model_free)(model *m) {

@@ -63,6 +63,11 @@ typedef enum adapter_format { ADAPTERS_MLX, ADAPTERS_PEFT } adapter_format;
 /* The GPU model's precision (model_cuda.h). */
 typedef enum gemma_precision { PRECISION_BF16, PRECISION_F32 } gemma_precision;
 
+/* How the frozen decoder projections are held. BASE_BF16: as the checkpoint stores them (the
+ * default). BASE_MLX4: MLX's affine 4-bit, group 64 (train/quant.h), on the CPU as its dequantized
+ * f32 values; the GPU path does not have it yet. */
+typedef enum base_dtype { BASE_BF16, BASE_MLX4 } base_dtype;
+
 typedef struct train_options {
     const char *model_dir;     /* config.json + safetensors */
     const char *data_dir;      /* a folder with train.jsonl, valid.jsonl (and test.jsonl), or one JSONL
@@ -103,6 +108,7 @@ typedef struct train_options {
     const char *log_path;      /* JSON lines per step and evaluation; NULL = out_dir/log.jsonl or none */
     wa_device device;          /* WA_DEVICE_CPU (the reference) or WA_DEVICE_CUDA (model_cuda.h) */
     gemma_precision precision; /* on the GPU: bf16 weights and activations (default) or f32 */
+    base_dtype base;           /* the frozen projections' format (default BASE_BF16; BASE_MLX4 on the CPU only) */
     int random_init;           /* on the GPU: base weights drawn from init_seed, the checkpoint's unread */
     uint64_t init_seed;
 } train_options;

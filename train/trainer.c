@@ -1213,7 +1213,13 @@ int train_run(const train_options *o, char *err, size_t errlen) {
     int on_gpu = o->device == WA_DEVICE_CUDA;
     /* on the GPU the host keeps the adapters only: the base weights go from the checkpoint to the
      * device (a 31B model has no f32 copy anywhere) */
-    if ((on_gpu ? gemma_model_layout_f32 : gemma_model_load_f32)(&m, o->model_dir, &lc, err, errlen) != 0) goto done;
+    if (on_gpu && o->base != BASE_BF16) {
+        snprintf(err, errlen, "--base-dtype mlx4: the GPU path does not have quantized bases yet (use --device cpu)");
+        goto done;
+    }
+    if (on_gpu ? gemma_model_layout_f32(&m, o->model_dir, &lc, err, errlen) != 0
+               : gemma_model_load_base_f32(&m, o->model_dir, &lc, o->base, err, errlen) != 0)
+        goto done;
     model_loaded = 1;
     char desc[512];
     gemma_config_describe(&m.cfg, desc, sizeof desc);
