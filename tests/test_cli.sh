@@ -231,6 +231,10 @@ cp "$FX/config.json" "$T/short/config.json"
 echo '{"tokens": [2, 99999]}' >"$T/nodata/train.jsonl"
 expect_error "train: no --model" train --data "$T/data"
 expect_error "train: --attn bogus" train --model $FX --data "$T/data" --attn bogus
+expect_error "train: --base-dtype bogus" train --model $FX --data "$T/data" --base-dtype bogus
+expect_error "train: --base-dtype mlx4 with --device cuda (the GPU path does not have it)" train --model $FX --data "$T/data" \
+    --base-dtype mlx4 --device cuda
+expect_error "train: --base-dtype mlx4 on rows of 32 (gemma4_smoke)" train --model $FX --data "$T/data" --base-dtype mlx4
 expect_error "train: model dir missing" train --model "$T/nope" --data "$T/data"
 expect_error "train: --epochs with --iters" train --model $FX --data "$T/data" --epochs 1 --iters 3
 expect_error "train: --lora-keys x" train --model $FX --data "$T/data" --lora-keys q,x
