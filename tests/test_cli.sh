@@ -273,6 +273,7 @@ done
 for flag in "--val-batches 5|val_batches: 5" "--val-batches -1|val_batches: -1" "--save-every 10|save_every: 10" \
     "--iters 4|iters: 4" "--max-seq-length 64|max_seq_length: 64" "--mask-prompt|mask_prompt: true" "--test|test: true" \
     "--byte-tokens|byte_tokens: true" "--adapter-format peft|adapter_format: peft" "--grad-clip 1.5|grad_clip: 1.5" \
+    "--base-dtype mlx4|base_dtype: mlx4" "|base_dtype: bf16" \
     "--batch-size 2|batch_size: 2" "--seed 9|seed: 9" "--num-layers -1|num_layers: -1" "--eval-only|train: false" \
     "--optimizer adamw --weight-decay 0.05|    weight_decay: 0.05" "--lora-keys q,down|  keys: [\"self_attn.q_proj\", \"mlp.down_proj\"]" \
     "--lr-schedule cosine --warmup 3 --warmup-init 1e-7 --decay-steps 20 --lr-end 1e-6|  arguments: [1e-05, 20, 1e-06]" \
@@ -280,6 +281,11 @@ for flag in "--val-batches 5|val_batches: 5" "--val-batches -1|val_batches: -1" 
     args=${flag%%|*} want=${flag#*|}
     pc $args | grep -qxF "$want" && ok "train: $args -> '$want'" || no "train: $args: $(pc $args | head -c 300) $(cat "$T/stderr")"
 done
+printf 'base_dtype: mlx4\n' >"$T/base.yaml"
+pc -c "$T/base.yaml" | grep -qxF "base_dtype: mlx4" && ok "train: base_dtype: mlx4 in a config file" ||
+    no "train: base_dtype in a config file: $(cat "$T/stderr")"
+printf 'base_dtype: nf8\n' >"$T/base-bad.yaml"
+expect_error "train: base_dtype: nf8 in a config file" train --model $FX --data "$T/data" -c "$T/base-bad.yaml"
 [ "$(pc --grad-checkpoint --steps-per-report 5 --train --fine-tune-type lora)" = "$(pc)" ] &&
     ok "train: --grad-checkpoint, --steps-per-report, --train, --fine-tune-type lora accepted, changing nothing" ||
     no "train: mlx-lm's no-op flags: $(cat "$T/stderr")"

@@ -382,7 +382,7 @@ static const char *const top_keys[] = {
     "test", "test_batches", "max_seq_length", "grad_checkpoint", "grad_accumulation_steps", "mask_prompt",
     "fine_tune_type", "optimizer", "optimizer_config", "lr_schedule", "lora_parameters", "clear_cache_threshold",
     "report_to", "project_name", "trust_remote_code", "wandb", "hf_dataset", "config",
-    "epochs", "grad_clip", "adapter_format", "byte_tokens",
+    "epochs", "grad_clip", "adapter_format", "byte_tokens", "base_dtype",
 };
 
 static int read_top_key(const reader *r, const char *name, const yaml_node_t *k, const yaml_node_t *v, train_options *o,
@@ -447,6 +447,11 @@ static int read_top_key(const reader *r, const char *name, const yaml_node_t *k,
         if (s && strcmp(s, "mlx") == 0) o->format = ADAPTERS_MLX;
         else if (s && strcmp(s, "peft") == 0) o->format = ADAPTERS_PEFT;
         else return fail_at(r, v, "adapter_format: mlx or peft, not %s", describe(v, buf, sizeof buf));
+    } else if (strcmp(name, "base_dtype") == 0) {
+        const char *s = scalar_text(v);
+        if (s && strcmp(s, "bf16") == 0) o->base = BASE_BF16;
+        else if (s && strcmp(s, "mlx4") == 0) o->base = BASE_MLX4;
+        else return fail_at(r, v, "base_dtype: bf16 or mlx4, not %s", describe(v, buf, sizeof buf));
     } else if (strcmp(name, "fine_tune_type") == 0) {
         const char *s = scalar_text(v);
         if (!s || strcmp(s, "lora") != 0)
@@ -652,6 +657,7 @@ int train_file_print(FILE *out, const train_options *o) {
     fprintf(out, "mask_prompt: %s\n", o->mask_prompt ? "true" : "false");
     fprintf(out, "byte_tokens: %s\n", o->byte_tokens ? "true" : "false");
     fprintf(out, "grad_clip: %s\n", number_text(o->grad_clip, a, sizeof a));
+    fprintf(out, "base_dtype: %s\n", o->base == BASE_MLX4 ? "mlx4" : "bf16");
     fputs("lora_parameters:\n  keys: [", out);
     int first = 1;
     for (size_t i = 0; i < COUNT(module_paths); i++)
