@@ -7,7 +7,8 @@
  *      round trip gives;
  *   4. gemma_model_load_base with BASE_MLX4 on the gemma4_tiny fixture: every decoder projection
  *      within one step of its group of the plain load, embeddings and norms untouched; the
- *      gemma4_smoke fixture (rows of 32) refused in one line.
+ *      gemma4_smoke fixture (rows of 32) refused in one line;
+ *   5. a run trained on an mlx4 base resumes on one only: --resume with the base changed is refused.
  * Usage: test_train_quant [FIXTURES_DIR] (default train/fixtures).
  * test_train_quant --dump MODEL_DIR bf16|mlx4 OUT writes every decoder projection as loaded (f32,
  * layer by layer in q, k, v, o, gate, up, down order, absent ones skipped) to OUT, for
@@ -16,13 +17,17 @@
 #include "check.h"
 #include "model.h"
 #include "quant.h"
+#include "train.h"
 
 #include "convert.h"
 
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 static const char *fixtures = "train/fixtures";
 
@@ -191,6 +196,59 @@ static void test_model(void) {
           "mlx4 refuses gemma4_smoke (rows of 32) in one line: %s", err);
 }
 
+/* train_run with its progress lines sent to /dev/null */
+static int quiet_run(const train_options *o, char *err, size_t errlen) {
+    fflush(stdout);
+    int saved = dup(1), null = open("/dev/null", O_WRONLY);
+    if (saved < 0 || null < 0) return snprintf(err, errlen, "cannot redirect stdout"), -1;
+    dup2(null, 1);
+    close(null);
+    int rc = train_run(o, err, errlen);
+    fflush(stdout);
+    dup2(saved, 1);
+    close(saved);
+    return rc;
+}
+
+static void test_resume(const char *tmp) {
+    char model[1024], data[1100], path[1200], out_dir[1100], err[2048] = "";
+    snprintf(model, sizeof model, "%s/gemma4_tiny", fixtures);
+    snprintf(data, sizeof data, "%s/data", tmp);
+    mkdir(data, 0777);
+    snprintf(path, sizeof path, "%s/train.jsonl", data);
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        check_fail("cannot write %s", path);
+        return;
+    }
+    fputs("{\"tokens\": [2, 10, 11, 20, 21, 30, 31, 1]}\n{\"tokens\": [2, 12, 13, 22, 23, 32, 33, 1]}\n", f);
+    fclose(f);
+    snprintf(out_dir, sizeof out_dir, "%s/run", tmp);
+    train_options o;
+    train_defaults(&o);
+    o.model_dir = model;
+    o.data_dir = data;
+    o.out_dir = out_dir;
+    o.iters = 1;
+    o.batch = 2;
+    o.lora.rank = 2;
+    o.threads = 1;
+    o.base = BASE_MLX4;
+    if (quiet_run(&o, err, sizeof err) != 0) {
+        check_fail("mlx4 run on gemma4_tiny: %s", err);
+        return;
+    }
+    o.resume_dir = out_dir;
+    o.out_dir = NULL;
+    o.base = BASE_BF16;
+    int rc = quiet_run(&o, err, sizeof err);
+    check(rc == -1 && strstr(err, "base_dtype") && strstr(err, "mlx4") && !strchr(err, '\n'),
+          "--resume of an mlx4 run with the base changed to bf16 is refused: %s", err);
+    o.base = BASE_MLX4;
+    rc = quiet_run(&o, err, sizeof err);
+    check(rc == 0, "--resume of an mlx4 run on an mlx4 base continues%s%s", rc ? ": " : "", rc ? err : "");
+}
+
 static int dump(const char *dir, const char *base, const char *out) {
     char err[512];
     lora_config none = {0};
@@ -221,5 +279,14 @@ int main(int argc, char **argv) {
     test_refusals();
     test_packed();
     test_model();
+    char tmp[] = "/tmp/test_train_quant.XXXXXX";
+    if (mkdtemp(tmp)) {
+        test_resume(tmp);
+        char cmd[1100];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+        if (system(cmd) != 0) fprintf(stderr, "note: could not remove %s\n", tmp);
+    } else {
+        check_fail("cannot create a temporary folder");
+    }
     return check_summary();
 }

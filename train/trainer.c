@@ -767,6 +767,7 @@ static json_t *run_identity(const train_options *o, const lora_config *lc, int l
     json_object_set_new(id, "pad_target", json_boolean(o->pad_target));
     json_object_set_new(id, "mask_prompt", json_boolean(o->mask_prompt));
     json_object_set_new(id, "byte_tokens", json_boolean(o->byte_tokens));
+    json_object_set_new(id, "base_dtype", json_string(o->base == BASE_MLX4 ? "mlx4" : "bf16"));
     if (data_fp) {
         json_object_set_new(id, "iters", json_integer(iters));
         json_object_set_new(id, "train_records", json_integer(records));
@@ -782,6 +783,8 @@ static int identity_compare(const json_t *now, const json_t *saved, const char *
     json_object_foreach((json_t *)now, key, v) {
         json_t *s = json_object_get(saved, key);
         if (s && json_equal(v, s)) continue;
+        /* checkpoints from before quantized bases record none: theirs is the checkpoint's own dtype */
+        if (!s && !strcmp(key, "base_dtype") && !strcmp(json_string_value(v), "bf16")) continue;
         size_t flags = JSON_ENCODE_ANY | JSON_COMPACT | JSON_SORT_KEYS;
         char *a = json_dumps(v, flags), *b = s ? json_dumps(s, flags) : NULL;
         const char *why = !strcmp(key, "train_data") || !strcmp(key, "train_records")
