@@ -155,16 +155,9 @@ static int load_plan(model *m, const checkpoint *ck, tensor_plan *plan, int coun
         if (t->dtype != ST_F32 && t->dtype != ST_F16 && t->dtype != ST_BF16 && t->dtype != ST_F64 && !packed)
             return snprintf(err, errlen, "tensor \"%s%s\" has dtype %s (F32, F16, BF16, F64 are read)", ck->prefix,
                             p->name, st_dtype_name(t->dtype)), -1;
-        int round_trip = base == BASE_MLX4 && p->quantizable;
-        if (packed || round_trip) {
-            real *dst = m->weights + off;
-            if (load_via_f32(ck, p, t, round_trip, dst, err, errlen) != 0) return -1;
-            *p->dst = dst;
-            off += (size_t)n;
-            continue;
-        }
         int shape_ok;
-        if (p->rank == 0) shape_ok = st_numel(t) == 1 && t->rank <= 1;
+        if (packed) shape_ok = 1; /* against the scales, in mlx4_dequantize_tensor */
+        else if (p->rank == 0) shape_ok = st_numel(t) == 1 && t->rank <= 1;
         else if (p->rank == 1) shape_ok = t->rank == 1 && t->shape[0] == p->rows;
         else shape_ok = t->rank == 2 && t->shape[0] == p->rows && t->shape[1] == p->cols;
         if (!shape_ok) {
@@ -183,6 +176,12 @@ static int load_plan(model *m, const checkpoint *ck, tensor_plan *plan, int coun
             return snprintf(err, errlen, "tensor \"%s%s\" holds a non-finite value (%s) at element %llu", ck->prefix,
                             p->name, st_tensor_value_kind(t, bad), (unsigned long long)bad), -1;
         real *dst = m->weights + off;
+        if (packed || (base == BASE_MLX4 && p->quantizable)) {
+            if (load_via_f32(ck, p, t, !packed, dst, err, errlen) != 0) return -1;
+            *p->dst = dst;
+            off += (size_t)n;
+            continue;
+        }
         convert_to_real(t, dst, (uint64_t)n, p->add);
         if (p->rank == 0) *p->scalar_dst = dst[0];
         else *p->dst = dst;

@@ -7,7 +7,8 @@ against MLX itself, on a tiny Gemma 4 checkpoint saved by transformers (test_pef
   - a folder from the real mlx_lm.convert(quantize=True, q_group_size=64, q_bits=4) loads: its
     projections equal mx.dequantize of the saved weights, scales and biases bit for bit, and
     the trainer's held-out loss on it (before training) is mlx-lm's on the same folder;
-  - a folder saying bits 8 is refused in one line.
+  - a transposed projection under --base-dtype mlx4, a packed weight without its scales and a folder
+    saying bits 8 are refused in one line.
 Needs mlx, mlx-lm, torch and transformers with Gemma 4 (SKIP otherwise), and the build's
 tests/test_train_quant and winattn beside WINATTN_LIBRARY:
     WINATTN_LIBRARY=build/libwinattn.so PYTHONPATH=python python3 python/tests/test_quant.py
@@ -185,6 +186,35 @@ def main():
         rel = abs(ours_loss - theirs_loss) / theirs_loss
         report(rel <= LOSS_TOL, "mlx_lm.convert -q folder: the trainer's held-out loss of the base is mlx-lm's",
                "trainer %.6f, mlx-lm %.6f, rel %.1e (tol %g)" % (ours_loss, theirs_loss, rel, LOSS_TOL))
+
+    @case("mis-shaped tensors refused")
+    def _():
+        exe = os.path.join(build_dir(), "winattn")
+        cases = []
+        w = mx.load(os.path.join(ck, "model.safetensors"))
+        name = prefix_of(w) + "layers.0.self_attn.q_proj.weight"
+        wrong = os.path.join(tmp.name, "wrong-shape")
+        os.makedirs(wrong)
+        shutil.copy(os.path.join(ck, "config.json"), wrong)
+        mx.save_safetensors(os.path.join(wrong, "model.safetensors"), {**w, name: w[name].T})
+        cases.append(("a transposed q_proj under --base-dtype mlx4", wrong, ["--base-dtype", "mlx4"], "has shape"))
+        w = mx.load(os.path.join(q, "model.safetensors"))
+        name = prefix_of(w) + "layers.0.mlp.down_proj.scales"
+        noscales = os.path.join(tmp.name, "no-scales")
+        shutil.copytree(q, noscales)
+        mx.save_safetensors(os.path.join(noscales, "model.safetensors"), {k: v for k, v in w.items() if k != name})
+        index = os.path.join(noscales, "model.safetensors.index.json")
+        if os.path.exists(index):  # mlx_lm.convert writes one beside a single shard
+            saved = json.load(open(index))
+            del saved["weight_map"][name]
+            json.dump(saved, open(index, "w"))
+        cases.append(("a packed down_proj without its scales", noscales, [], "scales are missing"))
+        for what, folder, extra, text in cases:
+            r = subprocess.run([exe, "train", "--model", folder, "--data", data, "--eval-only", *extra],
+                               capture_output=True, text=True)
+            msg = r.stderr.strip()
+            report(r.returncode == 1 and text in msg and len(msg.splitlines()) == 1, "%s is refused in one line" % what,
+                   msg)
 
     @case("8-bit folder refused")
     def _():
