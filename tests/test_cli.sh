@@ -281,6 +281,13 @@ for flag in "--val-batches 5|val_batches: 5" "--val-batches -1|val_batches: -1" 
     args=${flag%%|*} want=${flag#*|}
     pc $args | grep -qxF "$want" && ok "train: $args -> '$want'" || no "train: $args: $(pc $args | head -c 300) $(cat "$T/stderr")"
 done
+if "$W" train --model train/fixtures/gemma4_tiny --data "$T/data" --iters 1 --batch-size 2 --lora-rank 2 --threads 1 \
+        --base-dtype mlx4 --out "$T/mlx4" >"$T/stdout" 2>"$T/stderr" && grep -q "^base: .*MLX's affine 4-bit" "$T/stdout" &&
+    grep -q "^step 1/1" "$T/stdout"; then
+    ok "train --base-dtype mlx4: one step on gemma4_tiny, the base line printed"
+else
+    no "train --base-dtype mlx4: $(tail -2 "$T/stdout") $(cat "$T/stderr")"
+fi
 printf 'base_dtype: mlx4\n' >"$T/base.yaml"
 pc -c "$T/base.yaml" | grep -qxF "base_dtype: mlx4" && ok "train: base_dtype: mlx4 in a config file" ||
     no "train: base_dtype in a config file: $(cat "$T/stderr")"

@@ -1227,6 +1227,8 @@ int train_run(const train_options *o, char *err, size_t errlen) {
     char desc[512];
     gemma_config_describe(&m.cfg, desc, sizeof desc);
     printf("model: %s (%s)\n", o->model_dir, desc);
+    if (o->base == BASE_MLX4)
+        printf("base: q, k, v, o, gate, up, down as MLX's affine 4-bit (group 64), dequantized to f32\n");
     if (on_gpu) {
         gemma_cuda_options co = {o->precision, o->random_init, o->init_seed, 0};
         double t0 = now_seconds();
