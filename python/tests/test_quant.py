@@ -4,9 +4,9 @@ against MLX itself, on a tiny Gemma 4 checkpoint saved by transformers (test_pef
     mx.dequantize(mx.quantize(w, 64, 4)) bit for bit, for the float32 checkpoint and a bfloat16 copy,
     and the held-out loss of `winattn train --base-dtype mlx4` is mlx-lm's after nn.quantize of the
     same projections;
-  - a folder from the real mlx_lm.convert(quantize=True, q_group_size=64, q_bits=4) loads: its
-    projections equal mx.dequantize of the saved weights, scales and biases bit for bit, and
-    the trainer's held-out loss on it (before training) is mlx-lm's on the same folder;
+  - folders from the real mlx_lm.convert(quantize=True, q_group_size=64, q_bits=4) of both load:
+    their projections equal mx.dequantize of the saved weights, scales and biases bit for bit, and
+    on the float32 one the trainer's held-out loss (before training) is mlx-lm's on that folder;
   - a transposed projection under --base-dtype mlx4, a packed weight without its scales and a folder
     saying bits 8 are refused in one line.
 Needs mlx, mlx-lm, torch and transformers with Gemma 4 (SKIP otherwise), and the build's
@@ -158,34 +158,38 @@ def main():
                    ours, theirs, rel, LOSS_TOL, plain))
 
     q = os.path.join(tmp.name, "mlx4")
+    for name, folder, out in (("float32", ck, q), ("bfloat16", ck16, os.path.join(tmp.name, "mlx4-bf16"))):
+        @case("mlx_lm.convert -q folder %s" % name)
+        def _():
+            src = os.path.join(tmp.name, "with-tokenizer-" + name)
+            shutil.copytree(folder, src)
+            add_tokenizer(src)
+            convert(hf_path=src, mlx_path=out, quantize=True, q_group_size=64, q_bits=4)
+            cfg = json.load(open(os.path.join(out, "config.json")))
+            w = mx.load(os.path.join(out, "model.safetensors"))
+            pre = prefix_of(w)
 
-    @case("mlx_lm.convert -q folder")
-    def _():
-        src = os.path.join(tmp.name, "with-tokenizer")
-        shutil.copytree(ck, src)
-        add_tokenizer(src)
-        convert(hf_path=src, mlx_path=q, quantize=True, q_group_size=64, q_bits=4)
-        cfg = json.load(open(os.path.join(q, "config.json")))
-        w = mx.load(os.path.join(q, "model.safetensors"))
-        pre = prefix_of(w)
-
-        def saved(stem):
-            if stem + ".scales" not in w:
-                return w.get(stem + ".weight")
-            return mx.dequantize(w[stem + ".weight"], w[stem + ".scales"], w[stem + ".biases"], group_size=64, bits=4)
-        theirs = expected_projections(mx, pre, LAYERS, saved)
-        ours = dump(q, "bf16", os.path.join(tmp.name, "dump.f32"))
-        same = ours.shape == theirs.shape and np.array_equal(ours.view(np.uint32), theirs.view(np.uint32))
-        report(same and cfg.get("quantization", {}).get("bits") == 4,
-               "mlx_lm.convert -q folder (%s): every projection equals mx.dequantize of the saved packed weight bit for bit"
-               % json.dumps(cfg.get("quantization")), "%d values" % theirs.size)
-
-        model, _ = load_model(Path(q))
-        theirs_loss = mlx_loss(mx, nn, model, read_records(os.path.join(data, "valid.jsonl")))
-        ours_loss = winattn_eval(q, data, os.path.join(tmp.name, "eval"))
-        rel = abs(ours_loss - theirs_loss) / theirs_loss
-        report(rel <= LOSS_TOL, "mlx_lm.convert -q folder: the trainer's held-out loss of the base is mlx-lm's",
-               "trainer %.6f, mlx-lm %.6f, rel %.1e (tol %g)" % (ours_loss, theirs_loss, rel, LOSS_TOL))
+            def saved(stem):
+                if stem + ".scales" not in w:
+                    return w.get(stem + ".weight")
+                return mx.dequantize(w[stem + ".weight"], w[stem + ".scales"], w[stem + ".biases"], group_size=64,
+                                     bits=4)
+            theirs = expected_projections(mx, pre, LAYERS, saved)
+            ours = dump(out, "bf16", os.path.join(tmp.name, "dump.f32"))
+            same = ours.shape == theirs.shape and np.array_equal(ours.view(np.uint32), theirs.view(np.uint32))
+            scales = w[pre + "layers.0.self_attn.q_proj.scales"].dtype
+            report(same and cfg.get("quantization", {}).get("bits") == 4,
+                   "mlx_lm.convert -q folder from %s (%s, %s scales): every projection equals mx.dequantize of the "
+                   "saved packed weight bit for bit" % (name, json.dumps(cfg.get("quantization")), scales),
+                   "%d values" % theirs.size)
+            if name != "float32":
+                return  # mlx-lm runs a bfloat16 model in bfloat16: its loss is no float32 reference
+            model, _ = load_model(Path(out))
+            theirs_loss = mlx_loss(mx, nn, model, read_records(os.path.join(data, "valid.jsonl")))
+            ours_loss = winattn_eval(out, data, os.path.join(tmp.name, "eval"))
+            rel = abs(ours_loss - theirs_loss) / theirs_loss
+            report(rel <= LOSS_TOL, "mlx_lm.convert -q folder: the trainer's held-out loss of the base is mlx-lm's",
+                   "trainer %.6f, mlx-lm %.6f, rel %.1e (tol %g)" % (ours_loss, theirs_loss, rel, LOSS_TOL))
 
     @case("mis-shaped tensors refused")
     def _():
