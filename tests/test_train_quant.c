@@ -39,6 +39,14 @@ static float uniform(uint64_t *state) {
 
 static float bf16_round(float x) { return wa_bf16_to_f32(wa_f32_to_bf16(x)); }
 
+/* the largest |dequantized - original| over a group stored as f32 */
+static float worst_error(const float *w, const uint8_t *q, float scale, float bias) {
+    float worst = 0;
+    for (int j = 0; j < MLX4_GROUP; j++)
+        worst = fmaxf(worst, fabsf(mlx4_dequantize_value(q[j], scale, bias, ST_F32) - w[j]));
+    return worst;
+}
+
 static void test_groups(void) {
     float w[MLX4_GROUP], scale, bias;
     uint8_t q[MLX4_GROUP];
@@ -51,8 +59,7 @@ static void test_groups(void) {
               q[0] == 15 && q[63] == 0 && q[21] == 10 && q[42] == 5,
           "mlx4 ramp 0..63: scale %g (want -4.2), bias %g (want 63), q[0] %d q[21] %d q[42] %d q[63] %d", scale, bias,
           q[0], q[21], q[42], q[63]);
-    float worst = 0;
-    for (int j = 0; j < MLX4_GROUP; j++) worst = fmaxf(worst, fabsf(mlx4_dequantize_value(q[j], scale, bias, ST_F32) - w[j]));
+    float worst = worst_error(w, q, scale, bias);
     check(worst <= 2.1f + 1e-5f, "mlx4 ramp: every value within half a step (2.1) of its own (worst %g)", worst);
 
     /* a constant group: scale falls to eps (1e-7), q0 = rint(0.5 / -1e-7) != 0, bias = 0.5, all q 0 */
@@ -69,16 +76,17 @@ static void test_groups(void) {
 
     /* -1 - j/63, in [-2, -1]: min is the edge, scale 1/15 then -2 / rint(-30) = 1/15, bias -2 */
     for (int j = 0; j < MLX4_GROUP; j++) w[j] = -1.0f - (float)j / 63.0f;
-    ok = mlx4_quantize_group(w, ST_F32, q, &scale, &bias) == 0 && bias == -2.0f && scale > 0 && q[63] == 0 && q[0] == 15;
-    worst = 0;
-    for (int j = 0; j < MLX4_GROUP; j++) worst = fmaxf(worst, fabsf(mlx4_dequantize_value(q[j], scale, bias, ST_F32) - w[j]));
+    ok = mlx4_quantize_group(w, ST_F32, q, &scale, &bias) == 0 && bias == -2.0f && scale > 0 && q[63] == 0 &&
+         q[0] == 15;
+    worst = worst_error(w, q, scale, bias);
     check(ok && worst <= scale / 2 + 1e-6f && mlx4_dequantize_value(q[63], scale, bias, ST_F32) == -2.0f,
           "mlx4 negative only [-2, -1]: bias -2, -2 back exactly, worst error %g <= half a step %g", worst, scale / 2);
 
     /* bf16 storage: scale and bias are bf16 values, and so is every dequantized value */
     uint64_t state = 3;
     for (int j = 0; j < MLX4_GROUP; j++) w[j] = bf16_round(0.02f * uniform(&state));
-    ok = mlx4_quantize_group(w, ST_BF16, q, &scale, &bias) == 0 && scale == bf16_round(scale) && bias == bf16_round(bias);
+    ok = mlx4_quantize_group(w, ST_BF16, q, &scale, &bias) == 0 && scale == bf16_round(scale) &&
+         bias == bf16_round(bias);
     for (int j = 0; j < MLX4_GROUP; j++) {
         float v = mlx4_dequantize_value(q[j], scale, bias, ST_BF16);
         ok &= v == bf16_round(v);
@@ -142,7 +150,8 @@ static void test_packed(void) {
     st_tensor bt = st;
     bt.data = biases;
     ok = ok && mlx4_dequantize_tensor(&packed, &st, &bt, ROWS, COLS, out, err, sizeof err) == 0;
-    check(ok && memcmp(out, back, sizeof out) == 0, "mlx4 packed words (bf16 scales) dequantize to the round trip's values");
+    check(ok && memcmp(out, back, sizeof out) == 0,
+          "mlx4 packed words (bf16 scales) dequantize to the round trip's values");
 }
 
 static void test_model(void) {
@@ -174,7 +183,8 @@ static void test_model(void) {
                  * steps), the bias and the result, for bf16 checkpoints */
                 float bound = (hi - lo) / 15 + (hi - lo) / 256 + fmaxf(fabsf(lo), fabsf(hi)) / 128;
                 if (worst > bound && within) {
-                    printf("# layer %d proj %d group %zu: worst %g > %g (range %g..%g)\n", l, p, g, worst, bound, lo, hi);
+                    printf("# layer %d proj %d group %zu: worst %g > %g (range %g..%g)\n", l, p, g, worst, bound, lo,
+                           hi);
                     within = 0;
                 }
             }

@@ -232,7 +232,9 @@ static int mlx_quantization(const char *config_path, char *err, size_t errlen) {
         const char *mode = json_string_value(json_object_get(q, "mode"));
         if (bits == MLX4_BITS && group == MLX4_GROUP && (!mode || strcmp(mode, "affine") == 0)) rc = 1;
         else {
-            snprintf(err, errlen, "%s: \"quantization\" is bits %lld, group_size %lld%s%s: only MLX's affine 4-bit with group 64 is read",
+            snprintf(err, errlen,
+                     "%s: \"quantization\" is bits %lld, group_size %lld%s%s: only MLX's affine 4-bit with group 64 "
+                     "is read",
                      config_path, (long long)bits, (long long)group, mode ? ", mode " : "", mode ? mode : "");
             rc = -1;
         }

@@ -228,7 +228,8 @@ def main():
         cfg["quantization"] = {"group_size": 64, "bits": 8}
         json.dump(cfg, open(os.path.join(bad, "config.json"), "w"))
         exe = os.path.join(build_dir(), "winattn")
-        r = subprocess.run([exe, "train", "--model", bad, "--data", data, "--eval-only"], capture_output=True, text=True)
+        r = subprocess.run([exe, "train", "--model", bad, "--data", data, "--eval-only"], capture_output=True,
+                           text=True)
         msg = r.stderr.strip()
         report(r.returncode != 0 and "bits 8" in msg and len(msg.splitlines()) == 1,
                "a folder quantized to 8 bits is refused in one line", msg)
