@@ -783,7 +783,7 @@ static int identity_compare(const json_t *now, const json_t *saved, const char *
     json_object_foreach((json_t *)now, key, v) {
         json_t *s = json_object_get(saved, key);
         if (s && json_equal(v, s)) continue;
-        /* checkpoints from before quantized bases record none: theirs is the checkpoint's own dtype */
+        /* a checkpoint without base_dtype comes from a trainer without quantized bases: bf16 */
         if (!s && !strcmp(key, "base_dtype") && !strcmp(json_string_value(v), "bf16")) continue;
         size_t flags = JSON_ENCODE_ANY | JSON_COMPACT | JSON_SORT_KEYS;
         char *a = json_dumps(v, flags), *b = s ? json_dumps(s, flags) : NULL;
@@ -1217,7 +1217,7 @@ int train_run(const train_options *o, char *err, size_t errlen) {
     /* on the GPU the host keeps the adapters only: the base weights go from the checkpoint to the
      * device (a 31B model has no f32 copy anywhere) */
     if (on_gpu && o->base != BASE_BF16) {
-        snprintf(err, errlen, "--base-dtype mlx4: the GPU path does not have quantized bases yet (use --device cpu)");
+        fail(err, errlen, "--base-dtype mlx4: the GPU path does not have quantized bases yet (use --device cpu)");
         goto done;
     }
     if (on_gpu ? gemma_model_layout_f32(&m, o->model_dir, &lc, err, errlen) != 0
