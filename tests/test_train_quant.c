@@ -8,7 +8,8 @@
  *   4. gemma_model_load_base with BASE_MLX4 on the gemma4_tiny fixture: every decoder projection
  *      within one step of its group of the plain load, embeddings and norms untouched; the
  *      gemma4_smoke fixture (rows of 32) refused in one line;
- *   5. a run trained on an mlx4 base resumes on one only: --resume with the base changed is refused.
+ *   5. a run trained on an mlx4 base resumes on one only: --resume with the base changed is refused;
+ *      train_run refuses mlx4 on the GPU.
  * Usage: test_train_quant [FIXTURES_DIR] (default train/fixtures).
  * test_train_quant --dump MODEL_DIR bf16|mlx4 OUT writes every decoder projection as loaded (f32,
  * layer by layer in q, k, v, o, gate, up, down order, absent ones skipped) to OUT, for
@@ -257,6 +258,11 @@ static void test_resume(const char *tmp) {
     o.base = BASE_MLX4;
     rc = quiet_run(&o, err, sizeof err);
     check(rc == 0, "--resume of an mlx4 run on an mlx4 base continues%s%s", rc ? ": " : "", rc ? err : "");
+    o.resume_dir = NULL;
+    o.out_dir = out_dir;
+    o.device = WA_DEVICE_CUDA;
+    rc = quiet_run(&o, err, sizeof err);
+    check(rc == -1 && strstr(err, "GPU path does not have"), "train_run refuses mlx4 on the GPU: %s", err);
 }
 
 static int dump(const char *dir, const char *base, const char *out) {
