@@ -263,6 +263,34 @@ static void test_resume(const char *tmp) {
     o.device = WA_DEVICE_CUDA;
     rc = quiet_run(&o, err, sizeof err);
     check(rc == -1 && strstr(err, "GPU path does not have"), "train_run refuses mlx4 on the GPU: %s", err);
+
+    /* a folder mlx_lm.convert -q wrote (its config.json says "quantization") on the GPU: one line
+     * saying the GPU path cannot read it, before any weight is read (only the config is needed) */
+    char qdir[1200], src[1200], cfg_path[1300];
+    snprintf(qdir, sizeof qdir, "%s/quantized", tmp);
+    mkdir(qdir, 0777);
+    snprintf(src, sizeof src, "%s/config.json", model);
+    snprintf(cfg_path, sizeof cfg_path, "%s/config.json", qdir);
+    FILE *in = fopen(src, "r"), *out = fopen(cfg_path, "w");
+    if (!in || !out) {
+        if (in) fclose(in);
+        if (out) fclose(out);
+        check_fail("cannot write %s", cfg_path);
+        return;
+    }
+    char text[65536];
+    size_t n = fread(text, 1, sizeof text - 1, in);
+    text[n] = '\0';
+    char *close_brace = strrchr(text, '}');
+    if (close_brace) *close_brace = '\0';
+    fprintf(out, "%s, \"quantization\": {\"group_size\": 64, \"bits\": 4}}\n", text);
+    fclose(in);
+    fclose(out);
+    o.model_dir = qdir;
+    o.base = BASE_BF16;
+    rc = quiet_run(&o, err, sizeof err);
+    check(rc == -1 && strstr(err, "MLX-quantized") && strstr(err, "--device cpu") && !strchr(err, '\n'),
+          "train_run refuses an mlx_lm.convert -q folder on the GPU in one line: %s", err);
 }
 
 static int dump(const char *dir, const char *base, const char *out) {
