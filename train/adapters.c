@@ -557,11 +557,8 @@ static int peft_config_load(const json_t *root, const char *path, int layers, lo
 int adapter_config_load(const char *path, int layers, lora_config *lc, char *err, size_t errlen) {
     json_error_t je;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
-    if (!root) { /* jansson quotes the input near the error: '?' for control characters, one line */
-        for (char *c = je.text; *c; c++)
-            if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
+    if (!root) /* jansson quotes the input near the error; fail makes the message one line */
         return fail(err, errlen, "%s: cannot read (%s)", path, je.text);
-    }
     lora_config out;
     int rc = !json_is_object(root) ? fail(err, errlen, "%s: not a JSON object", path)
              : json_object_get(root, "peft_type") ? peft_config_load(root, path, layers, &out, err, errlen)

@@ -220,29 +220,6 @@ static void lay_out_lora(model *m) {
 
 /* with_weights 0: the config, the layer shapes and the adapters only (the weights live elsewhere,
  * e.g. on a GPU: model_cuda.h) */
-/* config.json's "quantization" (mlx_lm.convert -q): 1 for bits 4, group 64 (the weights it lists
- * are read by dequantizing them); 0 when absent; -1 with a message for any other setting. */
-static int mlx_quantization(const char *config_path, char *err, size_t errlen) {
-    json_t *root = json_load_file(config_path, 0, NULL);
-    const json_t *q = root ? json_object_get(root, "quantization") : NULL;
-    int rc = 0;
-    if (q) {
-        json_int_t bits = json_integer_value(json_object_get(q, "bits"));
-        json_int_t group = json_integer_value(json_object_get(q, "group_size"));
-        const char *mode = json_string_value(json_object_get(q, "mode"));
-        if (bits == MLX4_BITS && group == MLX4_GROUP && (!mode || strcmp(mode, "affine") == 0)) rc = 1;
-        else {
-            snprintf(err, errlen,
-                     "%s: \"quantization\" is bits %lld, group_size %lld%s%s: only MLX's affine 4-bit with group 64 "
-                     "is read",
-                     config_path, (long long)bits, (long long)group, mode ? ", mode " : "", mode ? mode : "");
-            rc = -1;
-        }
-    }
-    json_decref(root);
-    return rc;
-}
-
 static int model_load(model *m, const char *dir, const lora_config *lora, int with_weights, base_dtype base, char *err,
                       size_t errlen) {
     memset(m, 0, sizeof *m);
@@ -251,7 +228,7 @@ static int model_load(model *m, const char *dir, const lora_config *lora, int wi
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
     if (gemma_config_load(path, &m->cfg, err, errlen) != 0) return -1;
-    if (mlx_quantization(path, err, errlen) < 0) return -1;
+    if (mlx4_config_quantization(path, err, errlen) < 0) return -1;
     const gemma_config *c = &m->cfg;
     if (lora) m->lora = *lora;
     checkpoint ck;

@@ -3,6 +3,8 @@
 
 #include "convert.h"
 
+#include <jansson.h>
+
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -113,4 +115,25 @@ int mlx4_dequantize_tensor(const st_tensor *packed, const st_tensor *scales, con
             }
         }
     return 0;
+}
+
+int mlx4_config_quantization(const char *config_path, char *err, size_t errlen) {
+    json_t *root = json_load_file(config_path, 0, NULL);
+    const json_t *q = root ? json_object_get(root, "quantization") : NULL;
+    int rc = 0;
+    if (q) {
+        json_int_t bits = json_integer_value(json_object_get(q, "bits"));
+        json_int_t group = json_integer_value(json_object_get(q, "group_size"));
+        const char *mode = json_string_value(json_object_get(q, "mode"));
+        if (bits == MLX4_BITS && group == MLX4_GROUP && (!mode || strcmp(mode, "affine") == 0)) rc = 1;
+        else {
+            snprintf(err, errlen,
+                     "%s: \"quantization\" is bits %lld, group_size %lld%s%s: only MLX's affine 4-bit with group 64 "
+                     "is read",
+                     config_path, (long long)bits, (long long)group, mode ? ", mode " : "", mode ? mode : "");
+            rc = -1;
+        }
+    }
+    json_decref(root);
+    return rc;
 }

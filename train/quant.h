@@ -42,6 +42,11 @@ int mlx4_round_trip(float *w, int64_t rows, int64_t cols, st_dtype storage, char
 int mlx4_dequantize_tensor(const st_tensor *packed, const st_tensor *scales, const st_tensor *biases, int64_t rows,
                            int64_t cols, float *out, char *err, size_t errlen);
 
+/* config.json's "quantization" (mlx_lm.convert -q) at config_path: 1 for MLX's affine 4-bit with
+ * group 64 (the weights it lists are read by dequantizing them); 0 when absent (or the file
+ * unreadable: the config reader says why); -1 with a one-line message for any other setting. */
+int mlx4_config_quantization(const char *config_path, char *err, size_t errlen);
+
 #ifdef __cplusplus
 }
 #endif

@@ -30,6 +30,7 @@
 #include "adapters.h"
 #include "data.h"
 #include "linalg.h"
+#include "quant.h"
 #include "rng.h"
 #include "atomic_file.h"
 #include "platform.h"
@@ -1163,17 +1164,6 @@ static int options_valid(const train_options *o, char *err, size_t errlen) {
     return 0;
 }
 
-/* 1 when dir/config.json carries mlx_lm.convert's "quantization": its weights are packed 4-bit
- * words, which only the CPU path dequantizes (model.c) */
-static int config_is_mlx_quantized(const char *dir) {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    json_t *root = json_load_file(path, 0, NULL);
-    int yes = root && json_is_object(json_object_get(root, "quantization"));
-    json_decref(root);
-    return yes;
-}
-
 int train_run(const train_options *o, char *err, size_t errlen) {
     train_stop_signal = 0;
     stop_signal = 0;
@@ -1231,10 +1221,15 @@ int train_run(const train_options *o, char *err, size_t errlen) {
         fail(err, errlen, "--base-dtype mlx4: the GPU path does not have quantized bases yet (use --device cpu)");
         goto done;
     }
-    if (on_gpu && !o->random_init && config_is_mlx_quantized(o->model_dir)) {
-        fail(err, errlen, "%s: an MLX-quantized model (config.json has \"quantization\"): the GPU path does not read "
-                          "quantized bases yet (use --device cpu, or the bf16 checkpoint)", o->model_dir);
-        goto done;
+    if (on_gpu && !o->random_init) { /* an mlx_lm.convert -q folder: its packed weights are the CPU path's alone */
+        snprintf(path, sizeof path, "%s/config.json", o->model_dir);
+        int quantized = mlx4_config_quantization(path, err, errlen);
+        if (quantized < 0) goto done;
+        if (quantized) {
+            fail(err, errlen, "%s: an MLX-quantized model (config.json has \"quantization\"): the GPU path does not read "
+                              "quantized bases yet (use --device cpu, or the bf16 checkpoint)", o->model_dir);
+            goto done;
+        }
     }
     if (on_gpu ? gemma_model_layout_f32(&m, o->model_dir, &lc, err, errlen) != 0
                : gemma_model_load_base_f32(&m, o->model_dir, &lc, o->base, err, errlen) != 0)
