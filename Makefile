@@ -318,7 +318,7 @@ demo: all
 # The full parity sweep and probe (tens of minutes on two cores).
 test-long: all
 	$(BUILD)/winattn parity
-	$(BUILD)/winattn probe
+	$(BUILD)/winattn probe --dense
 
 # libFuzzer targets (clang and libclang-rt-14-dev or newer; ASan, UBSan, LeakSanitizer) in
 # $(BUILD)/fuzz/: fuzz_safetensors (formats/safetensors.c), fuzz_config (config.json,

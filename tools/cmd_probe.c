@@ -7,8 +7,11 @@
  * (VmHWM) as the baseline, runs forward then backward, and exits. The parent takes the child's
  * peak from wait4()'s rusage: peak above inputs = ru_maxrss - baseline. That includes every
  * output (o, lse, dq, dk, dv: 1.61 GB at 32K), as the write-up's mx.grad measurement did.
- * The dense path runs only where it fits in RAM; elsewhere the table shows the bytes it would
- * need (from wa_workspace_size plus outputs), marked as not measured. */
+ * The dense path at 8K alone takes minutes on a small machine (its score matrix is quadratic in
+ * N), so it runs only with --dense, and there only where it fits in RAM; elsewhere the table shows
+ * the bytes it would need (from wa_workspace_size plus outputs), marked as not measured. Without
+ * --dense one dense child at N = 2048 checks that formula against the operating system's count,
+ * as the tiled rows check theirs. */
 #define _GNU_SOURCE
 #include "tool.h"
 #include "tile_geometry.h"
@@ -22,15 +25,18 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static const char probe_usage[] = "winattn probe [--quick] [--device cpu|cuda] [--json F] [--threads T]";
+static const char probe_usage[] = "winattn probe [--quick] [--dense] [--device cpu|cuda] [--json F] [--threads T]";
 static const char probe_help[] =
-    "usage: winattn probe [--quick] [--device cpu|cuda] [--json F] [--threads T]\n"
+    "usage: winattn probe [--quick] [--dense] [--device cpu|cuda] [--json F] [--threads T]\n"
     "\n"
     "The backward's memory and time on one Gemma-4-shaped sliding layer (bf16, Hq 32, Hkv 16, D 256,\n"
     "window 1024) at N = 8K, 16K, 32K, winattn against the dense path, each run in a child process\n"
     "whose peak the operating system reports.\n"
     "\n"
     "  --quick             N = 1K, 2K, 4K\n"
+    "  --dense             also measure the dense path at every N that fits in RAM (minutes at 8K;\n"
+    "                      without it the dense column shows what that path needs, and one dense run\n"
+    "                      at N = 2048 checks the figure)\n"
     "  --device cpu|cuda   where to run (default cpu; cuda measures device memory)\n"
     "  --json F            also write the table to F as JSON\n"
     "  --threads T         CPU threads (default 0: all)\n"
@@ -243,12 +249,13 @@ static void progress(int i, int count, const probe_run *runs, const int64_t *siz
 }
 
 int cmd_probe(int argc, char **argv) {
-    int quick = 0, cuda = 0;
+    int quick = 0, cuda = 0, measure_dense = 0;
     int64_t threads = 0;
     const char *json_path = NULL, *v;
     for (int i = 1; i < argc; i++) {
         if (is_help(argv[i])) show_help(probe_help);
         if (strcmp(argv[i], "--quick") == 0) quick = 1;
+        else if (strcmp(argv[i], "--dense") == 0) measure_dense = 1;
         else if ((v = flag_value(argc, argv, &i, "--device", probe_usage))) {
             if (strcmp(v, "cuda") == 0) cuda = 1;
             else if (strcmp(v, "cpu") != 0) usage_error(probe_usage, "--device '%s': must be cpu or cuda", v);
@@ -258,10 +265,13 @@ int cmd_probe(int argc, char **argv) {
             if (parse_i64(v, 0, 1024, &threads)) usage_error(probe_usage, "--threads '%s': need 0 (all) to 1024", v);
         } else unknown_option(argv[i]);
     }
-    const int64_t full[3] = {8192, 16384, 32768}, small[3] = {1024, 2048, 4096};
+    /* the table's three lengths, then DENSE_CHECK: the one dense run of a probe without --dense */
+    enum { DENSE_CHECK = 3 };
+    const int64_t full[4] = {8192, 16384, 32768, 2048}, small[4] = {1024, 2048, 4096, 2048};
     const int64_t *sizes = quick ? small : full;
     if (cuda && !wa_device_available(WA_DEVICE_CUDA)) die("--device cuda: this build has no usable CUDA device");
-    measurement tiled[3], dense[3];
+    int dense_check = !cuda && !quick && !measure_dense;
+    measurement tiled[4], dense[4];
     memset(tiled, 0, sizeof tiled), memset(dense, 0, sizeof dense);
     printf("probe: bf16, B=%d, Hq=%d, Hkv=%d, D=%d, sliding window %d, forward + backward; peak RSS above inputs of a "
            "child process (wait4 ru_maxrss - VmHWM after inputs); CPU kernels %s\n\n",
@@ -269,7 +279,7 @@ int cmd_probe(int argc, char **argv) {
     fflush(stdout);
     /* the plan first, so that progress can count and estimate: per N the tiled run, then the
      * dense one where it runs */
-    probe_run runs[6];
+    probe_run runs[7];
     int count = 0;
     double avail = (double)mem_available_bytes() / 1e9;
     for (int s = 0; s < 3; s++) {
@@ -279,8 +289,13 @@ int cmd_probe(int argc, char **argv) {
         runs[count++] = (probe_run){s, 0, tiled[s].need_gb};
         if (cuda) dense[s].why = "the dense path is CPU-only";
         else if (quick && N > 2048) dense[s].why = "not run under --quick";
+        else if (!quick && !measure_dense) dense[s].why = "not run: --dense measures it";
         else if (dense[s].need_gb > 0.85 * avail) dense[s].why = "does not fit in RAM: not run";
         else runs[count++] = (probe_run){s, 1, dense[s].need_gb};
+    }
+    if (dense_check) {
+        dense[DENSE_CHECK].need_gb = bytes_needed_gb(sizes[DENSE_CHECK], 1);
+        runs[count++] = (probe_run){DENSE_CHECK, 1, dense[DENSE_CHECK].need_gb};
     }
     double start = now_seconds(), rate[2] = {0, 0}; /* seconds per cost unit: tiled, dense */
     for (int i = 0; i < count; i++) {
@@ -340,6 +355,16 @@ int cmd_probe(int argc, char **argv) {
                ok ? "PASS" : "FAIL", (long long)sizes[s], tiled[s].peak_gb, tiled[s].need_gb);
         ok ? passed++ : failed++;
     }
+    if (dense_check) {
+        const measurement *d = &dense[DENSE_CHECK];
+        ok = d->run && d->peak_gb < d->need_gb * 1.25 + 0.05 && d->peak_gb > d->need_gb * 0.75;
+        if (d->run)
+            printf("%s dense path at N=%lld: measured %.2f GB vs %.2f GB the library reports it allocates (the dense "
+                   "column's figures come from the same count)\n", ok ? "PASS" : "FAIL", (long long)sizes[DENSE_CHECK],
+                   d->peak_gb, d->need_gb);
+        else printf("FAIL dense path at N=%lld: %s\n", (long long)sizes[DENSE_CHECK], d->why);
+        ok ? passed++ : failed++;
+    }
     if (json_path) {
         json_t *rows = json_array();
         for (int s = 0; s < 3; s++) {
@@ -355,6 +380,10 @@ int cmd_probe(int argc, char **argv) {
         }
         json_t *root = json_pack("{s:s,s:s,s:b,s:o}", "shape", "bf16 B=1 Hq=32 Hkv=16 D=256 window=(1023,0)",
                                  "cpu_kernels", wa_cpu_kernels(), "quick", quick, "rows", rows);
+        if (dense_check && dense[DENSE_CHECK].run)
+            json_object_set_new(root, "dense_check",
+                                json_pack("{s:I,s:f,s:f}", "n", (json_int_t)sizes[DENSE_CHECK], "dense_peak_gb",
+                                          dense[DENSE_CHECK].peak_gb, "dense_need_gb", dense[DENSE_CHECK].need_gb));
         char *text = json_dumps(root, JSON_INDENT(1));
         write_file_atomic(json_path, text);
         free(text);
