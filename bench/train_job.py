@@ -16,10 +16,9 @@ step 86 (`--eval`), learning rate 2e-4, seed 0, a checkpoint every 10 updates.
 resumes it from DIR/adapters' checkpoint with the options it was started with, and sends SIGTERM
 to `winattn train` early enough that the step in hand and the checkpoint it then writes end
 within --segment-seconds (estimated from the longest step, evaluation and checkpoint write seen
-so far); it never stops the trainer in a step that an evaluation follows, since a resumed run
-starts past that evaluation. Where one was cut off all the same (the segment's time ran out in
-that step, or --stop-after-step N), the next segment first makes it with `winattn train
---eval-only` on the checkpoint's adapters. --segment-seconds 0: no limit (one uninterrupted run).
+so far). A segment stopped in a step that an evaluation follows (or in that evaluation) leaves
+it to the next: the resumed trainer makes an evaluation it owes before its first step.
+--segment-seconds 0: no limit (one uninterrupted run).
 Each segment's wall time, start-up, tokens, peak memory, step losses and evaluations go into
 DIR/segments.json, its output into DIR/logs/. Exit status 0: the job is finished; 3: more
 remains; 1 or 2: an error (one line). So `until python3 bench/train_job.py run ...; do :; done`,
@@ -129,46 +128,6 @@ class Estimates:
         return self.ckpt if self.ckpt > 0 else self.ckpt_default
 
 
-def is_eval_step(step, every, iters):
-    return every > 0 and step % every == 0 and step < iters
-
-
-def to_next_safe_point(step, every, iters, est):
-    """Seconds, at most, from the start of step `step` (one a SIGTERM may stop after) to the next
-    point where one may be sent: the end of that step, or, when an evaluation follows the next
-    step, the end of that evaluation."""
-    if is_eval_step(step + 1, every, iters):
-        return est.step + est.step + est.eval
-    return est.step
-
-
-def recover_eval(a, out, job, args, segments, adapters):
-    """When the last segment ended in a step an evaluation follows (its time ran out there), the
-    resumed run would start past that evaluation: it is made here, by `--eval-only` on the
-    checkpoint's adapters (the same evaluation, printed to 4 decimals). None when nothing is lost."""
-    state = read_json(os.path.join(adapters, "trainer_state.json"), {})
-    done, every = state.get("batches"), job["steps_per_eval"]
-    iters = next((s["iters"] for s in reversed(segments) if s.get("iters")), None)
-    if not isinstance(done, int) or not iters or not is_eval_step(done, every, iters):
-        return None
-    _, evals = job_log(out)
-    if done in evals or any(s.get("recovered_eval", {}).get("step") == done for s in segments):
-        return None
-    cmd = [a.winattn, "train"] + args + ["--eval-only", "--adapters", os.path.join(adapters, "adapters.safetensors")]
-    if a.threads:
-        cmd += ["--threads", str(a.threads)]
-    print(f"train_job: the evaluation after step {done} was cut off; making it now: {' '.join(cmd)}", flush=True)
-    t0 = time.monotonic()
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    sys.stdout.write(p.stdout)
-    m = next((EVAL.match(line) for line in p.stdout.splitlines() if EVAL.match(line)), None)
-    if p.returncode != 0 or not m:
-        tail = (p.stderr.strip().splitlines() or ["no evaluation line"])[-1]
-        fail(f"the evaluation after step {done} with --eval-only failed (exit {p.returncode}): {tail}")
-    return {"step": done, "loss": m.group(2), "tokens": int(m.group(3)), "seconds": float(m.group(4)),
-            "wall_s": round(time.monotonic() - t0, 3)}
-
-
 def die_with_parent():
     """In the trainer's process, before exec: SIGTERM when this script dies (even by SIGKILL), so
     the trainer checkpoints and exits rather than running on alone (Linux; elsewhere nothing)."""
@@ -233,7 +192,7 @@ def cmd_run(a):
         cmd += ["--threads", str(a.threads)]
     index = len(segments) + 1
     est = Estimates(segments, a.device)
-    every, budget = a.steps_per_eval, a.segment_seconds
+    budget = a.segment_seconds
     margin = a.margin if a.margin is not None else 0.05 * budget
     out_path = os.path.join(out, "logs", f"segment-{index:02d}.out")
     err_path = os.path.join(out, "logs", f"segment-{index:02d}.err")
@@ -243,8 +202,6 @@ def cmd_run(a):
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda s, f: stop_request.append(s))
     t0 = time.monotonic()
-    recovered = recover_eval(a, out, job, args, segments, adapters) if resume else None
-    spawned = time.monotonic() - t0
     # the trainer writes to files, read here as they grow: it never meets a closed pipe, whatever
     # becomes of this script
     with open(out_path, "w") as out_file, open(err_path, "w") as err_file:
@@ -254,8 +211,6 @@ def cmd_run(a):
 
     seg = {"segment": index, "resumed": resume, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "segment_seconds": budget, "steps": [], "evals": [], "checkpoints": []}
-    if recovered:
-        seg["recovered_eval"] = recovered
     iters, last_step_at, startup, sigterm_at, second_at = None, None, None, None, None
     pending, exited = "", None
 
@@ -285,9 +240,9 @@ def cmd_run(a):
             sys.stdout.write(line)
             sys.stdout.flush()
             text = line.rstrip("\n")
-            safe, moved = False, False  # moved: a step or an evaluation after one has just ended
+            moved = False  # a step or an evaluation after one has just ended
             if DATA.match(text) and startup is None:
-                startup = now - spawned
+                startup = now
             m = STEP.match(text)
             if m:
                 step, iters = int(m.group(1)), int(m.group(2))
@@ -300,7 +255,6 @@ def cmd_run(a):
                 last_step_at = now
                 # a SIGTERM now stops the trainer after step + 1, before any evaluation that follows it
                 in_flight, moved = step + 1, True
-                safe = not is_eval_step(step, every, iters) and not is_eval_step(in_flight, every, iters)
             m = EVAL.match(text)
             if m:
                 secs = float(m.group(4))
@@ -309,20 +263,20 @@ def cmd_run(a):
                                      "seconds": secs})
                 if seg["steps"]:
                     in_flight, moved = seg["steps"][-1]["step"] + 1, True
-                    safe = not is_eval_step(in_flight, every, iters)
             if CHECKPOINT.match(text) and last_step_at is not None:
                 took = now - last_step_at
                 est.ckpt = max(est.ckpt, took)
                 seg["checkpoints"].append({"after_step": seg["steps"][-1]["step"], "seconds": round(took, 3)})
             if moved and a.stop_after_step and sigterm_at is None and a.stop_after_step < in_flight <= iters:
                 send_stop(f"--stop-after-step {a.stop_after_step}")
-            if safe and budget > 0 and sigterm_at is None and iters and in_flight <= iters:
-                # stop now unless the next safe point still leaves a step and a checkpoint in the budget
-                # (after the last step: unless the checkpoint and the evaluation after training fit)
+            if moved and budget > 0 and sigterm_at is None and iters and in_flight <= iters:
+                # stop now unless the end of the step in hand still leaves another step and a
+                # checkpoint in the budget (after the last step: unless the checkpoint and the
+                # evaluation after training fit)
                 if in_flight == iters:
                     later = now + est.step + est.checkpoint() + est.eval
                 else:
-                    later = now + to_next_safe_point(in_flight, every, iters, est) + est.step + est.checkpoint()
+                    later = now + est.step + est.step + est.checkpoint()
                 if later + margin > budget:
                     send_stop(f"step {in_flight} is the last that fits: longest step {est.step:.1f} s, "
                               f"checkpoint {est.checkpoint():.1f} s, evaluation {est.eval:.1f} s")
@@ -416,9 +370,6 @@ def summarize(out):
     segments = read_json(os.path.join(out, "segments.json"), [])
     steps, logged = job_log(out)
     evals = {k: v["loss"] for k, v in logged.items()}
-    recovered = {s["recovered_eval"]["step"]: s["recovered_eval"] for s in segments if s.get("recovered_eval")}
-    evals.update({k: float(v["loss"]) for k, v in recovered.items() if k not in evals})
-    recovered = [k for k in recovered if k not in logged]
     wall = sum(s["wall_s"] for s in segments)
     after_startup = sum(s["wall_s"] - (s["startup_s"] or 0) for s in segments)
     step_s = sum(r["seconds"] for r in steps.values())
@@ -434,13 +385,12 @@ def summarize(out):
         "segments": len(segments), "steps": len(steps), "segment_list": segments,
         "wall_s": wall, "after_startup_s": after_startup, "startup_s": wall - after_startup,
         "step_seconds": step_s,
-        "eval_seconds": sum(s["eval_seconds"] + s.get("recovered_eval", {}).get("seconds", 0) for s in segments),
+        "eval_seconds": sum(s["eval_seconds"] for s in segments),
         "tokens": tokens, "tokens_per_s_steps": tokens / step_s if step_s else None,
         "tokens_per_s_after_startup": tokens / after_startup if after_startup else None,
         "peak_rss_gb": max([s["max_rss_gb"] for s in segments] + [0]),
         "device_peak_gb": max(dev) / 1e9 if dev else None,
         "evals": {str(k): v for k, v in sorted(evals.items())},
-        "recovered_evals": sorted(str(k) for k in recovered),
         "losses": {str(k): v["loss"] for k, v in sorted(steps.items())},
         "sha256": files,
     }
@@ -454,12 +404,11 @@ def cmd_report(a):
     for s in r["segment_list"]:
         steps = [t["step"] for t in s["steps"]]
         span = f"steps {steps[0]}-{steps[-1]}" if steps else "no steps"
-        made = s.get("recovered_eval") and f", the evaluation after step {s['recovered_eval']['step']} made first"
         end = (f"SIGTERM at {s['sigterm']['at_s']:.1f} s, exit {s['trainer_exit']}" if s.get("sigterm")
                else f"exit {s['trainer_exit']}")
         startup = f"{s['startup_s']:.1f} s" if s["startup_s"] is not None else "?"
         print(f"  segment {s['segment']}: {s['wall_s']:.1f} s (start-up {startup}), {span}, {s['tokens']:,} tokens, "
-              f"{len(s['evals'])} evaluation(s){made or ''}; {end}")
+              f"{len(s['evals'])} evaluation(s); {end}")
     print(f"time: {r['after_startup_s']:.1f} s after start-up, summed over the segments ({r['wall_s']:.1f} s with "
           f"start-up); steps {r['step_seconds']:.1f} s, evaluations {r['eval_seconds']:.1f} s")
     if r["tokens_per_s_steps"]:
@@ -468,9 +417,7 @@ def cmd_report(a):
     dev = f", device peak {r['device_peak_gb']:.1f} GB" if r["device_peak_gb"] else ""
     print(f"memory: host peak {r['peak_rss_gb']:.2f} GB (the trainer process's max RSS){dev}")
     print("held-out loss: " + ", ".join(
-        f"{'before training' if k == '0' else 'after step ' + k} {v:.4f}"
-        + (" (cut off in its run; made by --eval-only on that step's checkpoint)" if k in r["recovered_evals"] else "")
-        for k, v in r["evals"].items()))
+        f"{'before training' if k == '0' else 'after step ' + k} {v:.4f}" for k, v in r["evals"].items()))
     if r["finished"] and r["shape"]:
         print(f"the job ({r['shape']}): {r['wall_s']:,.0f} s with start-up, beside the write-up's "
               f"{WRITEUP_SECONDS:,} s "
@@ -484,13 +431,8 @@ def cmd_report(a):
         diff = [k for k in set(r["losses"]) | set(ref["losses"]) if r["losses"].get(k) != ref["losses"].get(k)]
         checks.append((f"{len(r['losses'])} step losses equal (log.jsonl, 6 decimals)"
                        + (f"; first difference at step {min(diff, key=int)}" if diff else ""), not diff))
-        # an evaluation made by --eval-only is known to the 4 decimals it prints
-        rounded = set(r["recovered_evals"]) | set(ref["recovered_evals"])
-        same = r["evals"].keys() == ref["evals"].keys() and all(
-            f"{v:.4f}" == f"{ref['evals'][k]:.4f}" if k in rounded else v == ref["evals"][k]
-            for k, v in r["evals"].items())
-        checks.append((f"{len(r['evals'])} held-out losses equal"
-                       + (f" ({len(rounded)} made by --eval-only, to 4 decimals)" if rounded else ""), same))
+        same = r["evals"] == ref["evals"]
+        checks.append((f"{len(r['evals'])} held-out losses equal (log.jsonl, 6 decimals)", same))
         for name, h in r["sha256"].items():
             checks.append((f"{name} identical byte for byte (SHA-256 {str(h)[:16]}...)",
                            h is not None and h == ref["sha256"][name]))

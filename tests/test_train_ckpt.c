@@ -779,6 +779,75 @@ static void test_eval_options(const char *tmp) {
     unlink(p);
 }
 
+/* the loss of the log's evaluation after `step` and how many such lines it holds */
+static int logged_evals(const char *log, long step, double *loss) {
+    FILE *f = fopen(log, "r");
+    if (!f) return -1;
+    char line[2048], pat[48];
+    int n = snprintf(pat, sizeof pat, "{\"eval\": %ld,", step), count = 0;
+    while (fgets(line, sizeof line, f)) {
+        const char *l = strstr(line, "\"loss\": ");
+        if (strncmp(line, pat, (size_t)n) != 0 || !l) continue;
+        *loss = strtod(l + 8, NULL);
+        count++;
+    }
+    fclose(f);
+    return count;
+}
+
+/* A run stopped in an evaluation step, before its evaluation, owes it: resumed there, the
+ * evaluation runs first (equal to the uninterrupted run's), and only when the log lacks it. */
+static void test_owed_eval(const char *tmp) {
+    char straight[900], cut[900], cut2[900], log[1200], err[1024] = "";
+    snprintf(straight, sizeof straight, "%s/eval_straight", tmp);
+    snprintf(cut, sizeof cut, "%s/eval_cut", tmp);
+    snprintf(cut2, sizeof cut2, "%s/eval_cut2", tmp);
+    train_options o;
+    small_run(&o, straight);
+    o.iters = 4;
+    o.eval_every = 2;
+    int rc = run(&o, err, sizeof err);
+    double want = 0, got = 0, kept = 0;
+    snprintf(log, sizeof log, "%s/log.jsonl", straight);
+    int n = rc ? 0 : logged_evals(log, 2, &want);
+    if (rc != 0 || n != 1) {
+        check_fail("owed evaluation: the uninterrupted run logs the evaluation after step 2 once (%d) %s", n,
+                   rc ? err : "");
+        return;
+    }
+    /* SIGINT in step 2: the checkpoint is step 2's, its evaluation not made */
+    o.out_dir = cut;
+    hook_stop_at = 2;
+    train_batch_hook = stop_hook;
+    rc = run(&o, err, sizeof err);
+    train_batch_hook = NULL;
+    hook_stop_at = -1;
+    snprintf(log, sizeof log, "%s/log.jsonl", cut);
+    int before = logged_evals(log, 2, &got);
+    o.resume_dir = cut;
+    int rc2 = rc == TRAIN_INTERRUPTED ? run(&o, err, sizeof err) : -1;
+    int after = logged_evals(log, 2, &got);
+    check(rc == TRAIN_INTERRUPTED && before == 0 && rc2 == 0 && after == 1 && got == want,
+          "stopped in step 2 before its evaluation, resumed: the evaluation after step 2 is made first, as the "
+          "uninterrupted run's (%.6f, %.6f; %d then %d lines) %s", got, want, before, after, rc2 ? err : "");
+    /* the same stop, with the log already holding that evaluation: it is not made twice */
+    o.resume_dir = NULL;
+    o.out_dir = cut2;
+    hook_stop_at = 2;
+    train_batch_hook = stop_hook;
+    rc = run(&o, err, sizeof err);
+    train_batch_hook = NULL;
+    hook_stop_at = -1;
+    snprintf(log, sizeof log, "%s/log.jsonl", cut2);
+    FILE *f = fopen(log, "a");
+    if (f) fputs("{\"eval\": 2, \"loss\": 9.5, \"agreement\": 0, \"tokens\": 1}\n", f), fclose(f);
+    o.resume_dir = cut2;
+    rc2 = rc == TRAIN_INTERRUPTED ? run(&o, err, sizeof err) : -1;
+    after = logged_evals(log, 2, &kept);
+    check(rc2 == 0 && after == 1 && kept == 9.5,
+          "resumed at step 2 with its evaluation in the log: not made again (%d lines) %s", after, rc2 ? err : "");
+}
+
 /* The ETA counts the evaluation passes to come: 10 batches with an evaluation of 100 records after
  * every one (each pass many times a step's work). At step 1 the ETA must be of the order of
  * the time the rest of the run then takes, not of the 9 training steps alone (a few ms). */
@@ -858,6 +927,7 @@ int main(int argc, char **argv) {
     test_signals(tmp);
     test_out_dir(tmp);
     test_eval_options(tmp);
+    test_owed_eval(tmp);
     test_eta(tmp);
     char cmd[1100];
     snprintf(cmd, sizeof cmd, "chmod -R u+w '%s'; rm -rf '%s'", tmp, tmp);

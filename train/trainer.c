@@ -524,6 +524,19 @@ static void log_line(FILE *log, const char *fmt, ...) {
     fflush(log);
 }
 
+/* 1 when the log at path (log.jsonl) records the held-out evaluation after `step` */
+static int log_has_eval(const char *path, long step) {
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char want[48], *line = NULL;
+    size_t cap = 0;
+    int n = snprintf(want, sizeof want, "{\"eval\": %ld,", step), found = 0;
+    while (!found && getline(&line, &cap, f) > 0) found = strncmp(line, want, (size_t)n) == 0;
+    free(line);
+    fclose(f);
+    return found;
+}
+
 /* Evaluate `set`, print one line and log it; "label" says when ("before training", "after step
  * 43"); test selects the test set's wording and log key. 0, -1 (err), or 1 when a signal
  * abandoned the pass. The pass's tokens and time go into p (may be NULL). */
@@ -1320,6 +1333,15 @@ int train_run(const train_options *o, char *err, size_t errlen) {
     long last_saved = o->resume_dir && same_dir(o->resume_dir, out_dir) ? batches_done : -1;
     if (o->log_path) snprintf(path, sizeof path, "%s", o->log_path);
     else snprintf(path, sizeof path, "%s/log.jsonl", out_dir);
+    /* a run stopped after an evaluation step but before its evaluation ended (the signal came in
+     * that step or in the evaluation) owes it: the resumed run makes it first, unless the log of
+     * the run it continues holds it */
+    int owed_eval = o->eval_every && batches_done > 0 && batches_done % o->eval_every == 0 && batches_done < iters;
+    if (owed_eval && o->resume_dir) {
+        char resumed_log[4200];
+        snprintf(resumed_log, sizeof resumed_log, "%s/log.jsonl", o->resume_dir);
+        owed_eval = !log_has_eval(path, batches_done) && !log_has_eval(resumed_log, batches_done);
+    }
     log = fopen(path, batches_done ? "a" : "w");
     if (!log) {
         fail(err, errlen, "%s: cannot open the log: %s", path, strerror(errno));
@@ -1350,6 +1372,18 @@ int train_run(const train_options *o, char *err, size_t errlen) {
         if (erc < 0) goto done;
         if (erc > 0) {
             rc = stop_interrupted(&m, &opt, identity, o, out_dir, 0, 0, iters, &last_saved, "the evaluation before training",
+                                  err, errlen);
+            goto done;
+        }
+    }
+    if (owed_eval) {
+        char label[64], during[96];
+        snprintf(label, sizeof label, "after step %ld", batches_done);
+        snprintf(during, sizeof during, "the evaluation after step %ld", batches_done);
+        int erc = report_eval(&m, gpu, &valid, o, 0, (int)batches_done, label, log, &prog, err, errlen);
+        if (erc < 0) goto done;
+        if (erc > 0) {
+            rc = stop_interrupted(&m, &opt, identity, o, out_dir, batches_done, batches_done, iters, &last_saved, during,
                                   err, errlen);
             goto done;
         }
