@@ -127,6 +127,8 @@ def make_system(name, n, hq, hkv, d, window):
             return r[0] if isinstance(r, tuple) else r
 
         return run, "", 0, "bnhd"
+    if name == "cudnn":
+        return cudnn_sdpa(n, hq, hkv, d, window)
     if name == "ffpa":
         if window is not None:
             raise ValueError("ffpa has no sliding window (causal only)")
@@ -169,6 +171,98 @@ def make_system(name, n, hq, hkv, d, window):
         mask = (diff >= 0) if window is None else ((diff >= 0) & (diff < window))
         return (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)), "", 0, "bhnd"
     raise ValueError(name)
+
+
+def cudnn_sdpa(n, hq, hkv, d, window):
+    """make_system's "cudnn": cuDNN's fused SDPA through the cudnn-frontend graph API, forward and
+    backward graphs built once for this shape and executed per call on torch's current stream with
+    one workspace. The band is cuDNN's diagonal band, TOP_LEFT aligned (the same as winattn's
+    bottom-right alignment here, Nq = Nk): right bound 0 (causal) and left bound W, which keeps key j
+    for query i iff i - W < j <= i, winattn's window (W - 1, 0). Only plans of the cuDNN library's
+    own engines are built: the frontend also ranks its own CuTe-DSL kernels and open-source engines,
+    which are not the library's."""
+    import cudnn
+    from cudnn.engines.engine_ids import is_backend_engine
+
+    handle = cudnn.create_handle()
+    bf16, f32 = cudnn.data_type.BFLOAT16, cudnn.data_type.FLOAT
+    band = {"diagonal_alignment": cudnn.diagonal_alignment.TOP_LEFT, "diagonal_band_right_bound": 0}
+    if window is not None:
+        band["diagonal_band_left_bound"] = window
+    scale = d ** -0.5
+
+    def bnhd(h):  # cuDNN describes [B, H, N, D]; the buffers are contiguous [B, N, H, D]
+        return {"dim": [1, h, n, d], "stride": [n * h * d, d, h * d, 1], "data_type": bf16}
+
+    def new_graph():
+        return cudnn.pygraph(io_data_type=bf16, intermediate_data_type=f32, compute_data_type=f32, handle=handle)
+
+    fwd = new_graph()
+    fq, fk, fv = fwd.tensor(name="q", **bnhd(hq)), fwd.tensor(name="k", **bnhd(hkv)), fwd.tensor(name="v", **bnhd(hkv))
+    fo, fstats = fwd.sdpa(name="sdpa", q=fq, k=fk, v=fv, generate_stats=True, attn_scale=scale, **band)
+    fo.set_output(True).set_dim(bnhd(hq)["dim"]).set_stride(bnhd(hq)["stride"]).set_data_type(bf16)
+    fstats.set_output(True).set_dim([1, hq, n, 1]).set_stride([hq * n, n, 1, 1]).set_data_type(f32)
+
+    bwd = new_graph()
+    bq, bk, bv = bwd.tensor(name="q", **bnhd(hq)), bwd.tensor(name="k", **bnhd(hkv)), bwd.tensor(name="v", **bnhd(hkv))
+    bo, bdo = bwd.tensor(name="o", **bnhd(hq)), bwd.tensor(name="dO", **bnhd(hq))
+    bstats = bwd.tensor(name="stats", dim=[1, hq, n, 1], stride=[hq * n, n, 1, 1], data_type=f32)
+    bdq, bdk, bdv = bwd.sdpa_backward(name="sdpa_backward", q=bq, k=bk, v=bv, o=bo, dO=bdo, stats=bstats,
+                                      attn_scale=scale, **band)
+    for t, h in ((bdq, hq), (bdk, hkv), (bdv, hkv)):
+        t.set_output(True).set_dim(bnhd(h)["dim"]).set_stride(bnhd(h)["stride"]).set_data_type(bf16)
+
+    def build_on_library(graph, what):
+        """builds the best-ranked plan of the cuDNN library's engines that builds; returns its name"""
+        graph.validate()
+        graph.build_operation_graph()
+        graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        declined = []
+        for index, plan in enumerate(graph.plans):
+            if not is_backend_engine(plan.engine_id):
+                continue
+            try:
+                graph.select_plan(index)
+                graph.check_support()
+                graph.build_plans()
+                return graph.get_plan_name_at_index(index)
+            except (cudnn.cudnnGraphNotSupportedError, NotImplementedError, RuntimeError) as e:
+                declined.append(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
+        raise RuntimeError("cuDNN %s: no library plan builds (%d declined%s)"
+                           % (what, len(declined), ": " + declined[0] if declined else ""))
+
+    fwd_plan, bwd_plan = build_on_library(fwd, "forward"), build_on_library(bwd, "backward")
+    bwd_workspace = bwd.get_workspace_size()
+    workspace = torch.empty(max(fwd.get_workspace_size(), bwd_workspace, 1), dtype=torch.uint8, device="cuda")
+
+    def on_current_stream():
+        cudnn.set_stream(handle, torch.cuda.current_stream().cuda_stream)
+
+    def as_bhnd(x):  # the [B, H, N, D] view cuDNN's descriptors state, on the same memory
+        return x.transpose(1, 2)
+
+    class CudnnAttention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            o = torch.empty_like(q)
+            stats = torch.empty(1, hq, n, 1, dtype=torch.float32, device=q.device)
+            on_current_stream()
+            fwd.execute({fq: as_bhnd(q), fk: as_bhnd(k), fv: as_bhnd(v), fo: as_bhnd(o), fstats: stats}, workspace,
+                        handle=handle)
+            ctx.save_for_backward(q, k, v, o, stats)
+            return o
+
+        @staticmethod
+        def backward(ctx, do):
+            q, k, v, o, stats = ctx.saved_tensors
+            dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+            on_current_stream()
+            bwd.execute({bq: as_bhnd(q), bk: as_bhnd(k), bv: as_bhnd(v), bo: as_bhnd(o), bdo: as_bhnd(do.contiguous()),
+                         bstats: stats, bdq: as_bhnd(dq), bdk: as_bhnd(dk), bdv: as_bhnd(dv)}, workspace, handle=handle)
+            return dq, dk, dv
+
+    note = "cuDNN %s, plans %s / %s" % (cudnn.backend_version_string(), fwd_plan[:24], bwd_plan[:24])
+    return CudnnAttention.apply, note, bwd_workspace, "bnhd"
 
 
 class Trial:
@@ -227,19 +321,48 @@ class Trial:
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - base + self.extra
         outs = [x.transpose(1, 2) if self.layout == "bnhd" else x for x in [self.o.detach()] + list(grads)]
-        agree = None
+        agree = agree_abs = None
         if ref is not None and not ref:
             ref.extend(x.clone() for x in outs)
         elif ref:
-            agree = max(((x.float() - r_.float()).abs().max() / r_.float().abs().max()).item()
-                        for x, r_ in zip(outs, ref))
+            diffs = [((x.float() - r_.float()).abs().max().item(), r_.float().abs().max().item()) for x, r_ in zip(outs, ref)]
+            agree, agree_abs = max(dx / mx for dx, mx in diffs), max(dx for dx, _ in diffs)
+        fp32_err = None
+        if self.name != "sdpa-flash":  # without the window its rows are not the window's
+            qkv = [x.detach().transpose(1, 2) if self.layout == "bnhd" else x.detach() for x in (self.q, self.k, self.v)]
+            rows = band_edge_rows(self.n, self.window)
+            fp32_err = (outs[0][0, :, rows].float() - reference_rows(*qkv, self.window, rows)).abs().max().item()
         del grads, outs
         flops = self.flops()
         r.update({"fwd_tflops": flops / r["fwd_s"] / 1e12, "bwd_tflops": 2.5 * flops / r["bwd_s"] / 1e12,
                   "fwd_steady_tflops": flops / r["fwd_steady_s"] / 1e12,
                   "bwd_steady_tflops": 2.5 * flops / r["bwd_steady_s"] / 1e12, "bwd_peak_gb": peak / 1e9,
-                  "note": self.note, "max_rel_diff_vs_first": agree})
+                  "note": self.note, "max_rel_diff_vs_first": agree, "max_abs_diff_vs_first": agree_abs,
+                  "o_max_abs_err_vs_fp32_rows": fp32_err})
         return r
+
+
+def band_edge_rows(n, window):
+    """the query rows reference_rows checks: the first two, the last two before row W - 1 (the first
+    to see W keys), row W (the first to drop key 0) and W + 1, the middle and the last row; a band
+    one key wider or narrower than the window changes rows from W - 1 on"""
+    w = n if window is None else window
+    return sorted({i for i in (0, 1, w - 2, w - 1, w, w + 1, n // 2, n - 1) if 0 <= i < n})
+
+
+def reference_rows(q, k, v, window, rows):
+    """attention in fp32 at the given query rows of [1, H, N, D] tensors (GQA: query head h reads
+    kv head h // (Hq / Hkv)), query i seeing keys j with i - W < j <= i (every j <= i when window is
+    None): [Hq, len(rows), D]"""
+    hkv, d = k.shape[1], k.shape[-1]
+    out = []
+    for i in rows:
+        lo = 0 if window is None else max(0, i - window + 1)
+        keys, values = k[0, :, lo:i + 1].float(), v[0, :, lo:i + 1].float()  # [Hkv, m, D]
+        query = q[0, :, i].float().view(hkv, -1, d)  # [Hkv, group, D]: the heads sharing a kv head
+        scores = torch.einsum("hgd,hmd->hgm", query, keys) * d ** -0.5
+        out.append(torch.einsum("hgm,hmd->hgd", scores.softmax(-1), values).reshape(-1, d))
+    return torch.stack(out, 1)
 
 
 def measure_shape(names, n, hq, hkv, d, window, reps):
@@ -384,8 +507,11 @@ def main():
                 steady = "%.2f / %.2f" % (base["fwd_steady_s"] / r["fwd_steady_s"], base["bwd_steady_s"] / r["bwd_steady_s"]) if base else "-"
                 if r["max_rel_diff_vs_first"] is not None:
                     r["compared_with"] = ref_name
-                    r["note"] = ("%s; " % r["note"] if r["note"] else "") + "outputs vs %s: %.1e" % (
-                        ref_name, r["max_rel_diff_vs_first"])
+                    r["note"] = ("%s; " % r["note"] if r["note"] else "") + "outputs vs %s: %.1e (abs %.1e)" % (
+                        ref_name, r["max_rel_diff_vs_first"], r["max_abs_diff_vs_first"])
+                if r["o_max_abs_err_vs_fp32_rows"] is not None:
+                    r["note"] = ("%s; " % r["note"] if r["note"] else "") + "o vs fp32: %.1e" % (
+                        r["o_max_abs_err_vs_fp32_rows"])
                 print("| %s | %d | %s | %.2f | %.1f | %.2f | %.1f | %.1f / %.1f | %.2f | %s | %s | %s |" % (
                     label, n, name, r["fwd_s"] * 1e3, r["fwd_tflops"], r["bwd_s"] * 1e3, r["bwd_tflops"],
                     r["fwd_steady_tflops"], r["bwd_steady_tflops"], r["bwd_peak_gb"], ratio, steady, r["note"]), flush=True)

@@ -37,7 +37,7 @@ import subprocess
 import sys
 
 PINNED = [
-    "flash-attn-4==4.0.0b36",
+    "flash-attn-4==4.0.0b40",
     "ffpa-attn==0.2.4",
     "quack-kernels==0.6.4",
     "nvidia-cutlass-dsl==4.6.2",
@@ -46,6 +46,7 @@ PINNED = [
     "nvidia-cutlass-dsl-libs-cu13==4.6.2",
     "apache-tvm-ffi==0.1.15.post2",
     "torch-c-dlpack-ext==0.1.5",
+    "nvidia-cudnn-frontend==1.32.0",
 ]
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "any"]
