@@ -4,10 +4,20 @@ run on one GPU, printing one table (markdown) and optionally writing JSON.
 
 Needs torch (2.5 or later, for FlexAttention and enable_gqa) with CUDA, and winattn built with
 nvcc (`make`). Run from the repository root on the GPU machine:
-    python3 bench/gpu_peers.py [--quick] [--reps R] [--json docs/gpu-peers.json]
+    python3 bench/gpu_peers.py [--quick] [--lengths N,...] [--reps R] [--json docs/gpu-peers.json]
         [--systems S,...] [--shapes a,b,c,cw] [--baseline SYSTEM] [--peers-dir /tmp/winattn-peers]
-FlashAttention 4 and ffpa-attn come as wheels installed by bench/peer_wheels.py (the GPU machine
-reaches no registry); --peers-dir names where it installed them.
+FlashAttention 4, ffpa-attn and cuDNN's frontend come as wheels installed by bench/peer_wheels.py
+(the GPU machine reaches no registry); --peers-dir names where it installed them. A system that
+cannot be imported or set up at a shape gets a row with its error in one line; the others run.
+
+The cuDNN row on the GPU machine, from a checkout where PyPI is reachable
+(`python3 bench/peer_wheels.py fetch --dir .peer-wheels` writes groups 1 to 3), one group carried
+per command while the machine stays warm:
+    python3 bench/peer_wheels.py stash .peer-wheels/1
+    python3 bench/peer_wheels.py stash .peer-wheels/2
+    python3 bench/peer_wheels.py stash .peer-wheels/3 && python3 bench/peer_wheels.py install
+    make -j16 lib && python3 bench/gpu_peers.py --peers-dir /tmp/winattn-peers --systems winattn,fa4,cudnn \
+        --baseline winattn --shapes a,b --lengths 8192,32768 --reps 3 --json docs/gpu-peers-cudnn.json
 
 Systems (each forward and backward through autograd, bf16):
   winattn      winattn.torch.attention (python/winattn, the library's own kernels) with the window;
@@ -25,10 +35,25 @@ Systems (each forward and backward through autograd, bf16):
   fa4-det      the same with deterministic=True
   ffpa         ffpa-attn's ffpa_attn_func(backend="cutedsl", is_causal=True, enable_gqa=True): large
                head dims (D > 256); causal only (no sliding window), so it runs shape (c) alone
+  cudnn        cuDNN's fused SDPA (the library's own engines, cuDNN 9.19 as torch 2.11's
+               nvidia-cudnn-cu13 brings it) through the graph API of nvidia-cudnn-frontend 1.32.0:
+               forward and backward graphs built once per shape with the diagonal band, right
+               bound 0 and left bound W (key j seen by query i iff i - W < j <= i, winattn's
+               (W - 1, 0)), executed per call with one workspace on torch's stream, on its own
+               [B, N, H, D] layout; GQA native. The frontend's own CuTe-DSL kernels, which it also
+               ranks, are not built (cudnn_sdpa). PyTorch's cuDNN backend of
+               scaled_dot_product_attention is not this peer: SDPA takes no window, only
+               is_causal or an attn_mask that cuDNN applies as a dense bias (work of sdpa-mask)
 
 Shapes (the issue's): (a) B=1, Hq=32, Hkv=16, D=256, sliding window 1024, N = 8K, 16K, 32K;
 (b) Hq=32, Hkv=8, D=128, window 4096, N = 8K, 32K; (c) Hq=32, Hkv=4, D=512, causal, N = 8K, 16K;
 (cw) as (c) with a window of 1024, N = 16K.
+
+Correctness, in the note column: every system's o, dq, dk and dv against the first system's in
+--systems at that shape (the largest difference over the four, relative to the reference's largest
+magnitude and absolute), and every system's o against attention in fp32 at the window's edge rows
+(rows 0, 1, W - 2 to W + 1, N/2 and N - 1, all heads: the rows a band one key off changes), as the
+largest absolute error ("o vs fp32"; sdpa-flash, without the window, is in neither).
 
 TFLOP/s counts visible (query, key) pairs of the mask each system computes (docs/design.md §5:
 forward 4*D*pairs per query head, backward 2.5x forward). The systems of a shape are set up together,
@@ -46,7 +71,8 @@ max_memory_allocated during one backward minus what was allocated before it (q, 
 forward's output and saved tensors), so it counts dQ, dK, dV and the system's scratch; winattn's
 own workspace (delta and lse*log2(e), 2*B*Hq*N floats with N rounded up to 64, plus for its
 default backward at D <= 128 an f32 dQ accumulator of B*Hq*N*D floats) comes from the CUDA
-stream-ordered pool, outside PyTorch's allocator, and is added explicitly.
+stream-ordered pool, outside PyTorch's allocator, and is added explicitly; so is the backward
+workspace cuDNN's plan asks for, allocated once with its graphs.
 """
 import argparse
 import json
@@ -84,6 +110,14 @@ def shape_cases(text):
             raise argparse.ArgumentTypeError("--cases takes SHAPE:N pairs (SHAPE one of %s, N a positive length), not %r"
                                              % (", ".join(SHAPE_OF), c))
         out.append((label, int(n)))
+    return out
+
+
+def lengths_arg(text):
+    """argparse type of --lengths: comma-separated positive lengths"""
+    out = [int(t) for t in text.split(",") if t.isdigit() and int(t) > 0]
+    if len(out) != len(text.split(",")):
+        raise argparse.ArgumentTypeError("--lengths takes positive lengths separated by commas, not %r" % text)
     return out
 
 
@@ -214,7 +248,6 @@ def cudnn_sdpa(n, hq, hkv, d, window):
 
     def build_on_library(graph, what):
         """builds the best-ranked plan of the cuDNN library's engines that builds; returns its name"""
-        graph.validate()
         graph.build_operation_graph()
         graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
         declined = []
@@ -231,6 +264,8 @@ def cudnn_sdpa(n, hq, hkv, d, window):
         raise RuntimeError("cuDNN %s: no library plan builds (%d declined%s)"
                            % (what, len(declined), ": " + declined[0] if declined else ""))
 
+    fwd.validate()  # both graphs' arguments checked before either is planned
+    bwd.validate()
     fwd_plan, bwd_plan = build_on_library(fwd, "forward"), build_on_library(bwd, "backward")
     bwd_workspace = bwd.get_workspace_size()
     workspace = torch.empty(max(fwd.get_workspace_size(), bwd_workspace, 1), dtype=torch.uint8, device="cuda")
@@ -325,11 +360,13 @@ class Trial:
         if ref is not None and not ref:
             ref.extend(x.clone() for x in outs)
         elif ref:
-            diffs = [((x.float() - r_.float()).abs().max().item(), r_.float().abs().max().item()) for x, r_ in zip(outs, ref)]
+            diffs = [((x.float() - r_.float()).abs().max().item(), r_.float().abs().max().item())
+                     for x, r_ in zip(outs, ref)]
             agree, agree_abs = max(dx / mx for dx, mx in diffs), max(dx for dx, _ in diffs)
         fp32_err = None
         if self.name != "sdpa-flash":  # without the window its rows are not the window's
-            qkv = [x.detach().transpose(1, 2) if self.layout == "bnhd" else x.detach() for x in (self.q, self.k, self.v)]
+            qkv = [x.detach().transpose(1, 2) if self.layout == "bnhd" else x.detach()
+                   for x in (self.q, self.k, self.v)]
             rows = band_edge_rows(self.n, self.window)
             fp32_err = (outs[0][0, :, rows].float() - reference_rows(*qkv, self.window, rows)).abs().max().item()
         del grads, outs
@@ -459,6 +496,7 @@ def main():
     torch._dynamo.config.recompile_limit = 64
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="first length of each shape only")
+    ap.add_argument("--lengths", type=lengths_arg, help="only these of each shape's lengths (N,...)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--systems", default="flex,winattn,winattn-det,sdpa-flash,sdpa-mask",
                     help="the first that runs gives the outputs the others' are compared with (sdpa-flash, "
@@ -466,7 +504,7 @@ def main():
     ap.add_argument("--shapes", default="a,b,c")
     ap.add_argument("--json")
     ap.add_argument("--baseline", default="flex", help="the system the ratio columns divide by (first in --systems)")
-    ap.add_argument("--peers-dir", help="where bench/peer_wheels.py installed flash-attn-4 and ffpa-attn")
+    ap.add_argument("--peers-dir", help="where bench/peer_wheels.py installed flash-attn-4, ffpa-attn and cudnn-frontend")
     args = ap.parse_args()
     if args.peers_dir:
         from peer_wheels import add_to_path
@@ -486,7 +524,7 @@ def main():
     for label, hq, hkv, d, window, lens in SHAPES:
         if label not in args.shapes.split(","):
             continue
-        for n in lens[:1] if args.quick else lens:
+        for n in [n for n in (lens[:1] if args.quick else lens) if not args.lengths or n in args.lengths]:
             # D = 512: version 5's backward is deterministic either way, so no winattn-det row
             names = [name for name in args.systems.split(",") if not (name == "winattn-det" and d > 256)]
             rows, ref_name = measure_shape(names, n, hq, hkv, d, window, args.reps)
