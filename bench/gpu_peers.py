@@ -207,6 +207,9 @@ def make_system(name, n, hq, hkv, d, window):
     raise ValueError(name)
 
 
+CUDNN_HANDLE = None  # one cuDNN handle for every shape's graphs (cudnn_sdpa)
+
+
 def cudnn_sdpa(n, hq, hkv, d, window):
     """make_system's "cudnn": cuDNN's fused SDPA through the cudnn-frontend graph API, forward and
     backward graphs built once for this shape and executed per call on torch's current stream with
@@ -218,7 +221,10 @@ def cudnn_sdpa(n, hq, hkv, d, window):
     import cudnn
     from cudnn.engines.engine_ids import is_backend_engine
 
-    handle = cudnn.create_handle()
+    global CUDNN_HANDLE
+    if CUDNN_HANDLE is None:
+        CUDNN_HANDLE = cudnn.create_handle()
+    handle = CUDNN_HANDLE
     bf16, f32 = cudnn.data_type.BFLOAT16, cudnn.data_type.FLOAT
     band = {"diagonal_alignment": cudnn.diagonal_alignment.TOP_LEFT, "diagonal_band_right_bound": 0}
     if window is not None:
