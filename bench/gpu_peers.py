@@ -510,7 +510,8 @@ def main():
     ap.add_argument("--shapes", default="a,b,c")
     ap.add_argument("--json")
     ap.add_argument("--baseline", default="flex", help="the system the ratio columns divide by (first in --systems)")
-    ap.add_argument("--peers-dir", help="where bench/peer_wheels.py installed flash-attn-4, ffpa-attn and cudnn-frontend")
+    ap.add_argument("--peers-dir",
+                    help="where bench/peer_wheels.py installed flash-attn-4, ffpa-attn and cudnn-frontend")
     args = ap.parse_args()
     if args.peers_dir:
         from peer_wheels import add_to_path
