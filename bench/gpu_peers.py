@@ -4,10 +4,20 @@ run on one GPU, printing one table (markdown) and optionally writing JSON.
 
 Needs torch (2.5 or later, for FlexAttention and enable_gqa) with CUDA, and winattn built with
 nvcc (`make`). Run from the repository root on the GPU machine:
-    python3 bench/gpu_peers.py [--quick] [--reps R] [--json docs/gpu-peers.json]
+    python3 bench/gpu_peers.py [--quick] [--lengths N,...] [--reps R] [--json docs/gpu-peers.json]
         [--systems S,...] [--shapes a,b,c,cw] [--baseline SYSTEM] [--peers-dir /tmp/winattn-peers]
-FlashAttention 4 and ffpa-attn come as wheels installed by bench/peer_wheels.py (the GPU machine
-reaches no registry); --peers-dir names where it installed them.
+FlashAttention 4, ffpa-attn and cuDNN's frontend come as wheels installed by bench/peer_wheels.py
+(the GPU machine reaches no registry); --peers-dir names where it installed them. A system that
+cannot be imported or set up at a shape gets a row with its error in one line; the others run.
+
+The cuDNN row on the GPU machine, from a checkout where PyPI is reachable
+(`python3 bench/peer_wheels.py fetch --dir .peer-wheels` writes groups 1 to 3), one group carried
+per command while the machine stays warm:
+    python3 bench/peer_wheels.py stash .peer-wheels/1
+    python3 bench/peer_wheels.py stash .peer-wheels/2
+    python3 bench/peer_wheels.py stash .peer-wheels/3 && python3 bench/peer_wheels.py install
+    make -j16 lib && python3 bench/gpu_peers.py --peers-dir /tmp/winattn-peers --systems winattn,fa4,cudnn \
+        --baseline winattn --shapes a,b --lengths 8192,32768 --reps 3 --json docs/gpu-peers-cudnn.json
 
 Systems (each forward and backward through autograd, bf16):
   winattn      winattn.torch.attention (python/winattn, the library's own kernels) with the window;
@@ -25,10 +35,25 @@ Systems (each forward and backward through autograd, bf16):
   fa4-det      the same with deterministic=True
   ffpa         ffpa-attn's ffpa_attn_func(backend="cutedsl", is_causal=True, enable_gqa=True): large
                head dims (D > 256); causal only (no sliding window), so it runs shape (c) alone
+  cudnn        cuDNN's fused SDPA (the library's own engines, cuDNN 9.19 as torch 2.11's
+               nvidia-cudnn-cu13 brings it) through the graph API of nvidia-cudnn-frontend 1.32.0:
+               forward and backward graphs built once per shape with the diagonal band, right
+               bound 0 and left bound W (key j seen by query i iff i - W < j <= i, winattn's
+               (W - 1, 0)), executed per call with one workspace on torch's stream, on its own
+               [B, N, H, D] layout; GQA native. The frontend's own CuTe-DSL kernels, which it also
+               ranks, are not built (cudnn_sdpa). PyTorch's cuDNN backend of
+               scaled_dot_product_attention is not this peer: SDPA takes no window, only
+               is_causal or an attn_mask that cuDNN applies as a dense bias (work of sdpa-mask)
 
 Shapes (the issue's): (a) B=1, Hq=32, Hkv=16, D=256, sliding window 1024, N = 8K, 16K, 32K;
 (b) Hq=32, Hkv=8, D=128, window 4096, N = 8K, 32K; (c) Hq=32, Hkv=4, D=512, causal, N = 8K, 16K;
 (cw) as (c) with a window of 1024, N = 16K.
+
+Correctness, in the note column: every system's o, dq, dk and dv against the first system's in
+--systems at that shape (the largest difference over the four, relative to the reference's largest
+magnitude and absolute), and every system's o against attention in fp32 at the window's edge rows
+(rows 0, 1, W - 2 to W + 1, N/2 and N - 1, all heads: the rows a band one key off changes), as the
+largest absolute error ("o vs fp32"; sdpa-flash, without the window, is in neither).
 
 TFLOP/s counts visible (query, key) pairs of the mask each system computes (docs/design.md §5:
 forward 4*D*pairs per query head, backward 2.5x forward). The systems of a shape are set up together,
@@ -46,7 +71,8 @@ max_memory_allocated during one backward minus what was allocated before it (q, 
 forward's output and saved tensors), so it counts dQ, dK, dV and the system's scratch; winattn's
 own workspace (delta and lse*log2(e), 2*B*Hq*N floats with N rounded up to 64, plus for its
 default backward at D <= 128 an f32 dQ accumulator of B*Hq*N*D floats) comes from the CUDA
-stream-ordered pool, outside PyTorch's allocator, and is added explicitly.
+stream-ordered pool, outside PyTorch's allocator, and is added explicitly; so is the backward
+workspace cuDNN's plan asks for, allocated once with its graphs.
 """
 import argparse
 import json
@@ -84,6 +110,14 @@ def shape_cases(text):
             raise argparse.ArgumentTypeError("--cases takes SHAPE:N pairs (SHAPE one of %s, N a positive length), not %r"
                                              % (", ".join(SHAPE_OF), c))
         out.append((label, int(n)))
+    return out
+
+
+def lengths_arg(text):
+    """argparse type of --lengths: comma-separated positive lengths"""
+    out = [int(t) for t in text.split(",") if t.isdigit() and int(t) > 0]
+    if len(out) != len(text.split(",")):
+        raise argparse.ArgumentTypeError("--lengths takes positive lengths separated by commas, not %r" % text)
     return out
 
 
@@ -127,6 +161,8 @@ def make_system(name, n, hq, hkv, d, window):
             return r[0] if isinstance(r, tuple) else r
 
         return run, "", 0, "bnhd"
+    if name == "cudnn":
+        return cudnn_sdpa(n, hq, hkv, d, window)
     if name == "ffpa":
         if window is not None:
             raise ValueError("ffpa has no sliding window (causal only)")
@@ -169,6 +205,105 @@ def make_system(name, n, hq, hkv, d, window):
         mask = (diff >= 0) if window is None else ((diff >= 0) & (diff < window))
         return (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)), "", 0, "bhnd"
     raise ValueError(name)
+
+
+CUDNN_HANDLE = None  # one cuDNN handle for every shape's graphs (cudnn_sdpa)
+
+
+def cudnn_sdpa(n, hq, hkv, d, window):
+    """make_system's "cudnn": cuDNN's fused SDPA through the cudnn-frontend graph API, forward and
+    backward graphs built once for this shape and executed per call on torch's current stream with
+    one workspace. The band is cuDNN's diagonal band, TOP_LEFT aligned (the same as winattn's
+    bottom-right alignment here, Nq = Nk): right bound 0 (causal) and left bound W, which keeps key j
+    for query i iff i - W < j <= i, winattn's window (W - 1, 0). Only plans of the cuDNN library's
+    own engines are built: the frontend also ranks its own CuTe-DSL kernels and open-source engines,
+    which are not the library's."""
+    import cudnn
+    from cudnn.engines.engine_ids import is_backend_engine
+
+    global CUDNN_HANDLE
+    if CUDNN_HANDLE is None:
+        CUDNN_HANDLE = cudnn.create_handle()
+    handle = CUDNN_HANDLE
+    bf16, f32 = cudnn.data_type.BFLOAT16, cudnn.data_type.FLOAT
+    band = {"diagonal_alignment": cudnn.diagonal_alignment.TOP_LEFT, "diagonal_band_right_bound": 0}
+    if window is not None:
+        band["diagonal_band_left_bound"] = window
+    scale = d ** -0.5
+
+    def bnhd(h):  # cuDNN describes [B, H, N, D]; the buffers are contiguous [B, N, H, D]
+        return {"dim": [1, h, n, d], "stride": [n * h * d, d, h * d, 1], "data_type": bf16}
+
+    def new_graph():
+        return cudnn.pygraph(io_data_type=bf16, intermediate_data_type=f32, compute_data_type=f32, handle=handle)
+
+    fwd = new_graph()
+    fq, fk, fv = fwd.tensor(name="q", **bnhd(hq)), fwd.tensor(name="k", **bnhd(hkv)), fwd.tensor(name="v", **bnhd(hkv))
+    fo, fstats = fwd.sdpa(name="sdpa", q=fq, k=fk, v=fv, generate_stats=True, attn_scale=scale, **band)
+    fo.set_output(True).set_dim(bnhd(hq)["dim"]).set_stride(bnhd(hq)["stride"]).set_data_type(bf16)
+    fstats.set_output(True).set_dim([1, hq, n, 1]).set_stride([hq * n, n, 1, 1]).set_data_type(f32)
+
+    bwd = new_graph()
+    bq, bk, bv = bwd.tensor(name="q", **bnhd(hq)), bwd.tensor(name="k", **bnhd(hkv)), bwd.tensor(name="v", **bnhd(hkv))
+    bo, bdo = bwd.tensor(name="o", **bnhd(hq)), bwd.tensor(name="dO", **bnhd(hq))
+    bstats = bwd.tensor(name="stats", dim=[1, hq, n, 1], stride=[hq * n, n, 1, 1], data_type=f32)
+    bdq, bdk, bdv = bwd.sdpa_backward(name="sdpa_backward", q=bq, k=bk, v=bv, o=bo, dO=bdo, stats=bstats,
+                                      attn_scale=scale, **band)
+    for t, h in ((bdq, hq), (bdk, hkv), (bdv, hkv)):
+        t.set_output(True).set_dim(bnhd(h)["dim"]).set_stride(bnhd(h)["stride"]).set_data_type(bf16)
+
+    def build_on_library(graph, what):
+        """builds the best-ranked plan of the cuDNN library's engines that builds; returns its name"""
+        graph.build_operation_graph()
+        graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        declined = []
+        for index, plan in enumerate(graph.plans):
+            if not is_backend_engine(plan.engine_id):
+                continue
+            try:
+                graph.select_plan(index)
+                graph.check_support()
+                graph.build_plans()
+                return graph.get_plan_name_at_index(index)
+            except (cudnn.cudnnGraphNotSupportedError, NotImplementedError, RuntimeError) as e:
+                declined.append(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
+        raise RuntimeError("cuDNN %s: no library plan builds (%d declined%s)"
+                           % (what, len(declined), ": " + declined[0] if declined else ""))
+
+    fwd.validate()  # both graphs' arguments checked before either is planned
+    bwd.validate()
+    fwd_plan, bwd_plan = build_on_library(fwd, "forward"), build_on_library(bwd, "backward")
+    bwd_workspace = bwd.get_workspace_size()
+    workspace = torch.empty(max(fwd.get_workspace_size(), bwd_workspace, 1), dtype=torch.uint8, device="cuda")
+
+    def on_current_stream():
+        cudnn.set_stream(handle, torch.cuda.current_stream().cuda_stream)
+
+    def as_bhnd(x):  # the [B, H, N, D] view cuDNN's descriptors state, on the same memory
+        return x.transpose(1, 2)
+
+    class CudnnAttention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            o = torch.empty_like(q)
+            stats = torch.empty(1, hq, n, 1, dtype=torch.float32, device=q.device)
+            on_current_stream()
+            fwd.execute({fq: as_bhnd(q), fk: as_bhnd(k), fv: as_bhnd(v), fo: as_bhnd(o), fstats: stats}, workspace,
+                        handle=handle)
+            ctx.save_for_backward(q, k, v, o, stats)
+            return o
+
+        @staticmethod
+        def backward(ctx, do):
+            q, k, v, o, stats = ctx.saved_tensors
+            dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+            on_current_stream()
+            bwd.execute({bq: as_bhnd(q), bk: as_bhnd(k), bv: as_bhnd(v), bo: as_bhnd(o), bdo: as_bhnd(do.contiguous()),
+                         bstats: stats, bdq: as_bhnd(dq), bdk: as_bhnd(dk), bdv: as_bhnd(dv)}, workspace, handle=handle)
+            return dq, dk, dv
+
+    note = "cuDNN %s, plans %s / %s" % (cudnn.backend_version_string(), fwd_plan[:24], bwd_plan[:24])
+    return CudnnAttention.apply, note, bwd_workspace, "bnhd"
 
 
 class Trial:
@@ -227,19 +362,50 @@ class Trial:
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - base + self.extra
         outs = [x.transpose(1, 2) if self.layout == "bnhd" else x for x in [self.o.detach()] + list(grads)]
-        agree = None
+        agree = agree_abs = None
         if ref is not None and not ref:
             ref.extend(x.clone() for x in outs)
         elif ref:
-            agree = max(((x.float() - r_.float()).abs().max() / r_.float().abs().max()).item()
-                        for x, r_ in zip(outs, ref))
+            diffs = [((x.float() - r_.float()).abs().max().item(), r_.float().abs().max().item())
+                     for x, r_ in zip(outs, ref)]
+            agree, agree_abs = max(dx / mx for dx, mx in diffs), max(dx for dx, _ in diffs)
+        fp32_err = None
+        if self.name != "sdpa-flash":  # without the window its rows are not the window's
+            qkv = [x.detach().transpose(1, 2) if self.layout == "bnhd" else x.detach()
+                   for x in (self.q, self.k, self.v)]
+            rows = band_edge_rows(self.n, self.window)
+            fp32_err = (outs[0][0, :, rows].float() - reference_rows(*qkv, self.window, rows)).abs().max().item()
         del grads, outs
         flops = self.flops()
         r.update({"fwd_tflops": flops / r["fwd_s"] / 1e12, "bwd_tflops": 2.5 * flops / r["bwd_s"] / 1e12,
                   "fwd_steady_tflops": flops / r["fwd_steady_s"] / 1e12,
                   "bwd_steady_tflops": 2.5 * flops / r["bwd_steady_s"] / 1e12, "bwd_peak_gb": peak / 1e9,
-                  "note": self.note, "max_rel_diff_vs_first": agree})
+                  "note": self.note, "max_rel_diff_vs_first": agree, "max_abs_diff_vs_first": agree_abs,
+                  "o_max_abs_err_vs_fp32_rows": fp32_err})
         return r
+
+
+def band_edge_rows(n, window):
+    """the query rows reference_rows checks: the first two, the last two before row W - 1 (the first
+    to see W keys), row W (the first to drop key 0) and W + 1, the middle and the last row; a band
+    one key wider or narrower than the window changes rows from W - 1 on"""
+    w = n if window is None else window
+    return sorted({i for i in (0, 1, w - 2, w - 1, w, w + 1, n // 2, n - 1) if 0 <= i < n})
+
+
+def reference_rows(q, k, v, window, rows):
+    """attention in fp32 at the given query rows of [1, H, N, D] tensors (GQA: query head h reads
+    kv head h // (Hq / Hkv)), query i seeing keys j with i - W < j <= i (every j <= i when window is
+    None): [Hq, len(rows), D]"""
+    hkv, d = k.shape[1], k.shape[-1]
+    out = []
+    for i in rows:
+        lo = 0 if window is None else max(0, i - window + 1)
+        keys, values = k[0, :, lo:i + 1].float(), v[0, :, lo:i + 1].float()  # [Hkv, m, D]
+        query = q[0, :, i].float().view(hkv, -1, d)  # [Hkv, group, D]: the heads sharing a kv head
+        scores = torch.einsum("hgd,hmd->hgm", query, keys) * d ** -0.5
+        out.append(torch.einsum("hgm,hmd->hgd", scores.softmax(-1), values).reshape(-1, d))
+    return torch.stack(out, 1)
 
 
 def measure_shape(names, n, hq, hkv, d, window, reps):
@@ -336,6 +502,7 @@ def main():
     torch._dynamo.config.recompile_limit = 64
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="first length of each shape only")
+    ap.add_argument("--lengths", type=lengths_arg, help="only these of each shape's lengths (N,...)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--systems", default="flex,winattn,winattn-det,sdpa-flash,sdpa-mask",
                     help="the first that runs gives the outputs the others' are compared with (sdpa-flash, "
@@ -343,7 +510,8 @@ def main():
     ap.add_argument("--shapes", default="a,b,c")
     ap.add_argument("--json")
     ap.add_argument("--baseline", default="flex", help="the system the ratio columns divide by (first in --systems)")
-    ap.add_argument("--peers-dir", help="where bench/peer_wheels.py installed flash-attn-4 and ffpa-attn")
+    ap.add_argument("--peers-dir",
+                    help="where bench/peer_wheels.py installed flash-attn-4, ffpa-attn and cudnn-frontend")
     args = ap.parse_args()
     if args.peers_dir:
         from peer_wheels import add_to_path
@@ -363,7 +531,7 @@ def main():
     for label, hq, hkv, d, window, lens in SHAPES:
         if label not in args.shapes.split(","):
             continue
-        for n in lens[:1] if args.quick else lens:
+        for n in [n for n in (lens[:1] if args.quick else lens) if not args.lengths or n in args.lengths]:
             # D = 512: version 5's backward is deterministic either way, so no winattn-det row
             names = [name for name in args.systems.split(",") if not (name == "winattn-det" and d > 256)]
             rows, ref_name = measure_shape(names, n, hq, hkv, d, window, args.reps)
@@ -384,8 +552,11 @@ def main():
                 steady = "%.2f / %.2f" % (base["fwd_steady_s"] / r["fwd_steady_s"], base["bwd_steady_s"] / r["bwd_steady_s"]) if base else "-"
                 if r["max_rel_diff_vs_first"] is not None:
                     r["compared_with"] = ref_name
-                    r["note"] = ("%s; " % r["note"] if r["note"] else "") + "outputs vs %s: %.1e" % (
-                        ref_name, r["max_rel_diff_vs_first"])
+                    r["note"] = ("%s; " % r["note"] if r["note"] else "") + "outputs vs %s: %.1e (abs %.1e)" % (
+                        ref_name, r["max_rel_diff_vs_first"], r["max_abs_diff_vs_first"])
+                if r["o_max_abs_err_vs_fp32_rows"] is not None:
+                    r["note"] = ("%s; " % r["note"] if r["note"] else "") + "o vs fp32: %.1e" % (
+                        r["o_max_abs_err_vs_fp32_rows"])
                 print("| %s | %d | %s | %.2f | %.1f | %.2f | %.1f | %.1f / %.1f | %.2f | %s | %s | %s |" % (
                     label, n, name, r["fwd_s"] * 1e3, r["fwd_tflops"], r["bwd_s"] * 1e3, r["bwd_tflops"],
                     r["fwd_steady_tflops"], r["bwd_steady_tflops"], r["bwd_peak_gb"], ratio, steady, r["note"]), flush=True)

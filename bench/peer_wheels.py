@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""peer_wheels.py — FlashAttention 4 and ffpa-attn for bench/gpu_peers.py on a GPU machine that
-reaches no package registry, carried there as wheels in pieces small enough for each transfer.
+"""peer_wheels.py — FlashAttention 4, ffpa-attn and cuDNN's frontend for bench/gpu_peers.py on a GPU
+machine that reaches no package registry, carried there as wheels in pieces small enough for each
+transfer.
 
 Where PyPI is reachable:
     python3 bench/peer_wheels.py fetch [--dir .peer-wheels] [--group-mib 49]
@@ -22,11 +23,18 @@ puts the target and the CUTLASS DSL's own package folder on sys.path (what the D
 does in a site-packages install, which --target skips).
 
 Versions: ffpa-attn 0.2.4 pins quack-kernels 0.6.4 and nvidia-cutlass-dsl 4.6.2, which
-flash-attn-4 4.0.0b36 accepts (>= 4.6.2, >= 0.5.3), so one set serves both. The DSL's libs-cu12
+flash-attn-4 4.0.0b40 accepts (>= 4.6.2, >= 0.5.3; its compat module picks the DSL's pre-4.8
+allocator names), so one set serves both. The DSL's libs-cu12
 requirement is not carried: on a CUDA 13 driver the DSL loads libs-cu13. The DSL's Python sources
 (cutlass.cute) are in libs-core, its compiler bindings in libs-base, its CUDA 13 runtime in
 libs-cu13: all three go into the one folder nvidia_cutlass_dsl/. torch, einops, numpy, protobuf
 and cuda-python's bindings are on the GPU machine already.
+nvidia-cudnn-frontend 1.32.0 (the graph API with the SDPA diagonal band) loads the libcudnn.so.9
+that torch's nvidia-cudnn-cu13 installed (torch 2.11 pins cuDNN 9.19.0.56), which serves the
+band, bf16, GQA and head dims 128 and 256 through its fused SDPA, so no cuDNN wheel is carried
+(the newest, nvidia-cudnn-cu13 9.28.1.4, is 492 MiB). The frontend's requirement of
+nvidia-cutlass-dsl >= 4.8 is for its own CuTe-DSL kernels, which gpu_peers does not build: below
+the DSL version they check for (4.7) they decline, and gpu_peers builds only the library's plans.
 """
 import argparse
 import hashlib
@@ -37,7 +45,7 @@ import subprocess
 import sys
 
 PINNED = [
-    "flash-attn-4==4.0.0b36",
+    "flash-attn-4==4.0.0b40",
     "ffpa-attn==0.2.4",
     "quack-kernels==0.6.4",
     "nvidia-cutlass-dsl==4.6.2",
@@ -46,6 +54,7 @@ PINNED = [
     "nvidia-cutlass-dsl-libs-cu13==4.6.2",
     "apache-tvm-ffi==0.1.15.post2",
     "torch-c-dlpack-ext==0.1.5",
+    "nvidia-cudnn-frontend==1.32.0",
 ]
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "any"]
