@@ -1473,6 +1473,7 @@ int gemma_cuda_backward_batch(gemma_cuda *g, gemma_model_f32 *host, const gemma_
     try {
         if (g->precision == PRECISION_BF16) backward<bf16>(g, host, seqs, n, grad_scale, stats);
         else backward<float>(g, host, seqs, n, grad_scale, stats);
+        CU(cudaStreamSynchronize(g->stream)); // a fault of the backward is reported by this call
     } catch (const failure &f) {
         return report(f, err, errlen);
     }
