@@ -1469,7 +1469,7 @@ int train_run(const train_options *o, char *err, size_t errlen) {
         if (update) {
             lr = train_lr_at(o, opt.updates, updates_total);
             if (gpu) { /* clipping and Adam(W) on the device, as on the host below */
-                gemma_cuda_adam a = {lr,        o->beta1,         o->beta2,          o->eps,      o->weight_decay,
+                gemma_cuda_adam a = {lr,       o->beta1,          o->beta2,        o->eps, o->weight_decay,
                                      o->adamw, o->bias_correction, opt.updates + 1, o->grad_clip};
                 int nonfinite = 0;
                 if (gemma_cuda_optimizer_step(gpu, &a, &grad_norm, &nonfinite, m.err, sizeof m.err) != 0) {
