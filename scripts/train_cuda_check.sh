@@ -91,10 +91,11 @@ if train cpu $common --device cpu --adapter-path "$OUT/run_cpu" &&
 fi
 
 echo "== AdamW with clipping, bias correction and gradient accumulation: CPU vs --device cuda --precision f32"
-# --grad-clip 1e-3 sits below these gradients' norm, so every update clips; the losses and the
-# logged norms (log.jsonl, 9 digits) of the two optimizers must agree to f32 rounding
+# --grad-clip 1e-4 sits below these gradients' norm, so every update clips; the losses must agree
+# as in the check above (1e-5) and the logged norms (log.jsonl, 9 digits) to 1e-4: f32 gradients
+# of two devices, a few updates apart from the start
 opts="--model train/fixtures/gemma4_smoke --data $data --iters 6 --batch-size 2 --grad-accumulation-steps 2 --lr 5e-4
-      --lora-rank 4 --seed 7 --optimizer adamw --weight-decay 0.1 --bias-correction --grad-clip 1e-3"
+      --lora-rank 4 --seed 7 --optimizer adamw --weight-decay 0.1 --bias-correction --grad-clip 1e-4"
 if train adamw_cpu $opts --device cpu --adapter-path "$OUT/adamw_cpu" &&
     train adamw_cuda_f32 $opts --device cuda --precision f32 --adapter-path "$OUT/adamw_cuda_f32"; then
     result "$(python3 - "$OUT/adamw_cpu/log.jsonl" "$OUT/adamw_cuda_f32/log.jsonl" <<'EOF'
@@ -104,10 +105,10 @@ cpu, gpu = runs
 worst_loss = max(abs(a["loss"] - b["loss"]) / abs(a["loss"]) for a, b in zip(cpu, gpu))
 norms = [(a["grad_norm"], b["grad_norm"]) for a, b in zip(cpu, gpu) if "grad_norm" in a and "grad_norm" in b]
 worst_norm = max(abs(a - b) / a for a, b in norms) if norms else float("inf")
-clipped = all(a > 1e-3 for a, _ in norms)
-ok = len(cpu) == len(gpu) == 6 and len(norms) == 3 and worst_loss <= 1e-5 and worst_norm <= 1e-5 and clipped
+clipped = all(a > 1e-4 for a, _ in norms)
+ok = len(cpu) == len(gpu) == 6 and len(norms) == 3 and worst_loss <= 1e-5 and worst_norm <= 1e-4 and clipped
 print(f"{'PASS' if ok else 'FAIL'} AdamW, clipped, bias-corrected, 2 batches per update: {len(gpu)} steps, "
-      f"{len(norms)} updates; losses agree to {worst_loss:.1e}, grad norms to {worst_norm:.1e} (tol 1e-5)"
+      f"{len(norms)} updates; losses agree to {worst_loss:.1e} (tol 1e-5), grad norms to {worst_norm:.1e} (tol 1e-4)"
       f"{'' if clipped else '; a norm was below the clip: lower --grad-clip'}")
 EOF
 )"
@@ -119,7 +120,7 @@ echo "== --device cuda stopped by SIGTERM and resumed: the same final adapters a
 # backward adds dQ atomically by default (wa_context_params.cuda_deterministic), so two bf16 runs
 # may differ in the last bits whether or not one was stopped
 resume_opts="--model train/fixtures/gemma4_smoke --data $data --iters ${RESUME_ITERS:-60} --batch-size 2
-             --grad-accumulation-steps 2 --lr 5e-4 --lora-rank 4 --seed 11 --optimizer adamw --grad-clip 1e-3
+             --grad-accumulation-steps 2 --lr 5e-4 --lora-rank 4 --seed 11 --optimizer adamw --grad-clip 1e-4
              --save-every 5 --device cuda --precision f32"
 if train whole $resume_opts --adapter-path "$OUT/resume_whole"; then
     "$BUILD/winattn" train $resume_opts --adapter-path "$OUT/resume_cut" >"$OUT/steps_cut.txt" 2>&1 &
@@ -133,7 +134,7 @@ if train whole $resume_opts --adapter-path "$OUT/resume_whole"; then
         result "FAIL resume: the run to stop exited $rc, not 143 (SIGTERM) ($(tail -1 "$OUT/steps_cut.txt")): it may" \
                "have finished before the signal; raise RESUME_ITERS"
     elif train resumed $resume_opts --adapter-path "$OUT/resume_cut" --resume "$OUT/resume_cut"; then
-        stopped=$(grep -o 'after step [0-9]*\|at step [0-9]*' "$OUT/steps_cut.txt" | head -1)
+        stopped=$(grep -o 'interrupted by SIGTERM [a-z]* step [0-9]*' "$OUT/steps_cut.txt" | head -1)
         if cmp "$OUT/resume_whole/adapters.safetensors" "$OUT/resume_cut/adapters.safetensors" &&
             cmp "$OUT/resume_whole/optimizer.safetensors" "$OUT/resume_cut/optimizer.safetensors"; then
             result "PASS resume: stopped by SIGTERM ($stopped), resumed: adapters.safetensors and" \
