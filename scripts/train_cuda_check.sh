@@ -79,13 +79,16 @@ common="--model train/fixtures/gemma4_smoke --data $data --iters 4 --batch-size 
 if train cpu $common --device cpu --adapter-path "$OUT/run_cpu" &&
     train cuda_f32 $common --device cuda --precision f32 --adapter-path "$OUT/run_cuda_f32" &&
     train cuda_bf16 $common --device cuda --adapter-path "$OUT/run_cuda_bf16"; then
-    for f in cpu cuda_f32 cuda_bf16; do grep -o 'loss [0-9.]*' "$OUT/steps_$f.txt" | awk '{print $2}' >"$OUT/loss_$f.txt"; done
+    for f in cpu cuda_f32 cuda_bf16; do
+        grep -o 'loss [0-9.]*' "$OUT/steps_$f.txt" | awk '{print $2}' >"$OUT/loss_$f.txt"
+    done
     paste "$OUT/loss_cpu.txt" "$OUT/loss_cuda_f32.txt" "$OUT/loss_cuda_bf16.txt" | awk '
         BEGIN { ok = 1; print "step  cpu       cuda f32  cuda bf16" }
         { d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > 1e-5) ok = 0
           printf "%-5d %-9s %-9s %s\n", NR, $1, $2, $3; if (NR > 1 && !($2 < prev)) ok = 0; prev = $2 }
         END { if (NR < 4) ok = 0
-              print (ok ? "PASS" : "FAIL") " f32 losses equal to 1e-5 relative and falling at every one of " NR " steps" }' |
+              msg = " f32 losses equal to 1e-5 relative and falling at every one of "
+              print (ok ? "PASS" : "FAIL") msg NR " steps" }' |
         tee "$OUT/loss_table.txt" | sed '$d'
     result "$(tail -1 "$OUT/loss_table.txt")"
 fi
