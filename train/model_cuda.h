@@ -68,8 +68,9 @@ int gemma_cuda_backward_batch(gemma_cuda *g, gemma_model_f32 *host, const gemma_
 
 /* The rare transfers. params: host->params (param_count f32) to the device (and its E copy) or
  * back; grads: the device's gradients into grads[0..param_count) (tests; the trainer never needs
- * them); moments: Adam's m and v, param_count f32 each, for a checkpoint or a resume. Each returns
- * when the copy is complete: 0, or -1 with a one-line message. */
+ * them); moments: Adam's m and v, param_count f32 each, for a checkpoint or a resume. And
+ * gemma_cuda_grads_zero, the start of an update's accumulation. Each returns when the device is
+ * done: 0, or -1 with a one-line message. */
 int gemma_cuda_params_upload(gemma_cuda *g, const gemma_model_f32 *host, char *err, size_t errlen);
 int gemma_cuda_params_download(gemma_cuda *g, gemma_model_f32 *host, char *err, size_t errlen);
 int gemma_cuda_grads_download(gemma_cuda *g, float *grads, char *err, size_t errlen);
@@ -99,8 +100,8 @@ typedef struct gemma_cuda_adam {
  * they were. Otherwise *nonfinite = 0, the gradients are scaled by min(1, grad_clip / (norm +
  * 1e-6)) when grad_clip > 0, Adam(W) updates the params and moments, the E copy is refreshed and
  * the gradients are zeroed. The norm is deterministic (the same bits on every run of one build):
- * a fixed partition into blocks, each summed in double by a fixed tree, then the block sums by a
- * fixed tree. 0, or -1 with a one-line message. */
+ * a fixed partition into blocks, each summed in double in a fixed order, then the block sums in a
+ * fixed order. 0, or -1 with a one-line message. */
 int gemma_cuda_optimizer_step(gemma_cuda *g, const gemma_cuda_adam *a, double *grad_norm, int *nonfinite, char *err,
                               size_t errlen);
 
