@@ -7,8 +7,11 @@
 #      from the same start must print the same losses to 1e-5 relative, and lower them;
 #   4. the 31B's shape, one record per step at 8,192 / 16,384 / 30,553 tokens (LENGTHS=...), with the
 #      device time by phase (bench/train_gpu.py with --peers adds transformers beside it).
+#   In step 2 also: the device's optimizer against the host's; in step 3 also: AdamW with clipping,
+#   bias correction and gradient accumulation on both, and a --device cuda run stopped by SIGTERM
+#   and resumed must end with the uninterrupted run's adapters and optimizer state, byte for byte.
 # Usage: sh scripts/train_cuda_check.sh [quick|batch]   (quick: steps 1-3; batch: and the job-shaped
-# batch). Logs go to $OUT.
+# batch). Logs go to $OUT; a PASS/FAIL summary ends the output, and the exit status is 1 on any FAIL.
 # Machines without libjansson-dev or libyaml-dev: carry Debian's package unpacked in .devdeps (see
 # scripts/cuda_check.sh). SM=90a (default) builds the CUDA code for that GPU only, to save time;
 # SM=all builds what `make` ships.
@@ -30,8 +33,34 @@ else
 fi
 nvidia-smi -L
 
-echo "== test_train_cuda (GPU model vs transformers float64, CPU float beside)"
-"$BUILD/tests/test_train_cuda" train/fixtures 2>&1 | tee "$OUT/test_train_cuda.txt"
+# every check ends in one PASS or FAIL line, gathered in $OUT/summary.txt and printed at the end
+: >"$OUT/summary.txt"
+result() { echo "$*" | tee -a "$OUT/summary.txt"; }
+summary() {
+    echo "== summary"
+    cat "$OUT/summary.txt"
+    if grep -q '^FAIL' "$OUT/summary.txt"; then echo "FAIL: $(grep -c '^FAIL' "$OUT/summary.txt") check(s)"; exit 1; fi
+    echo "PASS: all $(grep -c '^PASS' "$OUT/summary.txt") checks"
+    exit 0
+}
+# train NAME ARGS...: winattn train, its output in $OUT/steps_NAME.txt; a failure is a FAIL line
+train() {
+    name=$1
+    shift
+    if "$BUILD/winattn" train "$@" >"$OUT/steps_$name.txt" 2>&1; then return 0; fi
+    result "FAIL training run $name: $(tail -1 "$OUT/steps_$name.txt")"
+    return 1
+}
+
+echo "== test_train_cuda (GPU model vs transformers float64, CPU float beside; the device's optimizer vs the host's)"
+if "$BUILD/tests/test_train_cuda" train/fixtures >"$OUT/test_train_cuda.txt" 2>&1 &&
+    ! grep -q skipped "$OUT/test_train_cuda.txt"; then
+    cat "$OUT/test_train_cuda.txt"
+    result "PASS test_train_cuda: $(tail -1 "$OUT/test_train_cuda.txt")"
+else
+    cat "$OUT/test_train_cuda.txt"
+    result "FAIL test_train_cuda: $(tail -1 "$OUT/test_train_cuda.txt")"
+fi
 echo "== transformers in bf16 on the same fixtures (the yardstick of the bf16 bounds)"
 python3 train/fixtures/bf16_reference.py 2>&1 | tail -3
 
@@ -47,22 +76,85 @@ for name, n in (("train", 4), ("valid", 4)):
             f.write(json.dumps({"tokens": [2] + [random.randrange(3, 256) for _ in range(random.randint(40, 200))]}) + "\n")
 EOF
 common="--model train/fixtures/gemma4_smoke --data $data --iters 4 --batch-size 4 --lr 5e-4 --lora-rank 4 --seed 5"
-"$BUILD/winattn" train $common --device cpu --adapter-path "$OUT/run_cpu" >"$OUT/steps_cpu.txt" 2>&1
-"$BUILD/winattn" train $common --device cuda --precision f32 --adapter-path "$OUT/run_cuda_f32" >"$OUT/steps_cuda_f32.txt" 2>&1
-"$BUILD/winattn" train $common --device cuda --adapter-path "$OUT/run_cuda_bf16" >"$OUT/steps_cuda_bf16.txt" 2>&1
-for f in cpu cuda_f32 cuda_bf16; do grep -o 'loss [0-9.]*' "$OUT/steps_$f.txt" | awk '{print $2}' >"$OUT/loss_$f.txt"; done
-paste "$OUT/loss_cpu.txt" "$OUT/loss_cuda_f32.txt" "$OUT/loss_cuda_bf16.txt" | awk '
-    BEGIN { ok = 1; print "step  cpu       cuda f32  cuda bf16" }
-    { d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > 1e-5) ok = 0
-      printf "%-5d %-9s %-9s %s\n", NR, $1, $2, $3; if (NR > 1 && !($2 < prev)) ok = 0; prev = $2 }
-    END { if (NR < 4) ok = 0
-          print (ok ? "PASS" : "FAIL") " f32 losses equal to 1e-5 relative and falling at every one of " NR " steps" }'
+if train cpu $common --device cpu --adapter-path "$OUT/run_cpu" &&
+    train cuda_f32 $common --device cuda --precision f32 --adapter-path "$OUT/run_cuda_f32" &&
+    train cuda_bf16 $common --device cuda --adapter-path "$OUT/run_cuda_bf16"; then
+    for f in cpu cuda_f32 cuda_bf16; do
+        grep -o 'loss [0-9.]*' "$OUT/steps_$f.txt" | awk '{print $2}' >"$OUT/loss_$f.txt"
+    done
+    paste "$OUT/loss_cpu.txt" "$OUT/loss_cuda_f32.txt" "$OUT/loss_cuda_bf16.txt" | awk '
+        BEGIN { ok = 1; print "step  cpu       cuda f32  cuda bf16" }
+        { d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > 1e-5) ok = 0
+          printf "%-5d %-9s %-9s %s\n", NR, $1, $2, $3; if (NR > 1 && !($2 < prev)) ok = 0; prev = $2 }
+        END { if (NR < 4) ok = 0
+              msg = " f32 losses equal to 1e-5 relative and falling at every one of "
+              print (ok ? "PASS" : "FAIL") msg NR " steps" }' |
+        tee "$OUT/loss_table.txt" | sed '$d'
+    result "$(tail -1 "$OUT/loss_table.txt")"
+fi
+
+echo "== AdamW with clipping, bias correction and gradient accumulation: CPU vs --device cuda --precision f32"
+# --grad-clip 1e-4 sits below these gradients' norm, so every update clips; the losses must agree
+# as in the check above (1e-5) and the logged norms (log.jsonl, 9 digits) to 1e-4: f32 gradients
+# of two devices, a few updates apart from the start
+opts="--model train/fixtures/gemma4_smoke --data $data --iters 6 --batch-size 2 --grad-accumulation-steps 2 --lr 5e-4
+      --lora-rank 4 --seed 7 --optimizer adamw --weight-decay 0.1 --bias-correction --grad-clip 1e-4"
+if train adamw_cpu $opts --device cpu --adapter-path "$OUT/adamw_cpu" &&
+    train adamw_cuda_f32 $opts --device cuda --precision f32 --adapter-path "$OUT/adamw_cuda_f32"; then
+    result "$(python3 - "$OUT/adamw_cpu/log.jsonl" "$OUT/adamw_cuda_f32/log.jsonl" <<'EOF'
+import json, sys
+runs = [[json.loads(l) for l in open(p) if '"step"' in l] for p in sys.argv[1:]]
+cpu, gpu = runs
+worst_loss = max(abs(a["loss"] - b["loss"]) / abs(a["loss"]) for a, b in zip(cpu, gpu))
+norms = [(a["grad_norm"], b["grad_norm"]) for a, b in zip(cpu, gpu) if "grad_norm" in a and "grad_norm" in b]
+worst_norm = max(abs(a - b) / a for a, b in norms) if norms else float("inf")
+clipped = all(a > 1e-4 for a, _ in norms)
+ok = len(cpu) == len(gpu) == 6 and len(norms) == 3 and worst_loss <= 1e-5 and worst_norm <= 1e-4 and clipped
+print(f"{'PASS' if ok else 'FAIL'} AdamW, clipped, bias-corrected, 2 batches per update: {len(gpu)} steps, "
+      f"{len(norms)} updates; losses agree to {worst_loss:.1e} (tol 1e-5), grad norms to {worst_norm:.1e} (tol 1e-4)"
+      f"{'' if clipped else '; a norm was below the clip: lower --grad-clip'}")
+EOF
+)"
+fi
+
+echo "== --device cuda stopped by SIGTERM and resumed: the same final adapters as an uninterrupted run"
+# the device holds the adapters and Adam's moments: the checkpoint of the stop must carry them
+# whole. f32: its attention (the portable kernels) and products are bit-identical run to run; bf16's
+# backward adds dQ atomically by default (wa_context_params.cuda_deterministic), so two bf16 runs
+# may differ in the last bits whether or not one was stopped
+resume_opts="--model train/fixtures/gemma4_smoke --data $data --iters ${RESUME_ITERS:-60} --batch-size 2
+             --grad-accumulation-steps 2 --lr 5e-4 --lora-rank 4 --seed 11 --optimizer adamw --grad-clip 1e-4
+             --save-every 5 --device cuda --precision f32"
+if train whole $resume_opts --adapter-path "$OUT/resume_whole"; then
+    "$BUILD/winattn" train $resume_opts --adapter-path "$OUT/resume_cut" >"$OUT/steps_cut.txt" 2>&1 &
+    pid=$!
+    # SIGTERM once the run has trained a few steps (the stop handlers are in place by then)
+    while kill -0 $pid 2>/dev/null && ! grep -q '^step 3/' "$OUT/steps_cut.txt"; do sleep 0.02; done
+    kill -TERM $pid 2>/dev/null || true
+    rc=0
+    wait $pid || rc=$?
+    if [ $rc -ne 143 ]; then
+        result "FAIL resume: the run to stop exited $rc, not 143 (SIGTERM) ($(tail -1 "$OUT/steps_cut.txt")): it may" \
+               "have finished before the signal; raise RESUME_ITERS"
+    elif train resumed $resume_opts --adapter-path "$OUT/resume_cut" --resume "$OUT/resume_cut"; then
+        stopped=$(grep -o 'interrupted by SIGTERM [a-z]* step [0-9]*' "$OUT/steps_cut.txt" | head -1)
+        if cmp "$OUT/resume_whole/adapters.safetensors" "$OUT/resume_cut/adapters.safetensors" &&
+            cmp "$OUT/resume_whole/optimizer.safetensors" "$OUT/resume_cut/optimizer.safetensors"; then
+            result "PASS resume: stopped by SIGTERM ($stopped), resumed: adapters.safetensors and" \
+                   "optimizer.safetensors equal to the uninterrupted run's, byte for byte"
+        else
+            result "FAIL resume: stopped by SIGTERM ($stopped), resumed: the final adapters or optimizer state" \
+                   "differ from the uninterrupted run's"
+        fi
+    fi
+fi
 rm -rf "$data"
-[ "${1:-}" = quick ] && exit 0
+[ "${1:-}" = quick ] && summary
 
 echo "== a batch of the job's shape: 31B, records of 30,553 + 9,000 + 4,000 + 1,200 tokens, batch 4"
 python3 bench/train_gpu.py --winattn "$BUILD/winattn" --batch 30553,9000,4000,1200 --steps 2 --peers none
-[ "${1:-}" = batch ] && exit 0
+[ "${1:-}" = batch ] && summary
 echo "== the 31B's shape, --device cuda alone, device time by phase (bench/train_gpu.py runs the peers too)"
 WINATTN_TRAIN_PROFILE=1 python3 bench/train_gpu.py --winattn "$BUILD/winattn" --lengths ${LENGTHS:-8192,16384,30553} \
     --steps 3 --peers none
+summary

@@ -26,7 +26,6 @@ extern "C" { // the trainer's C headers (model.h, checkpoint.h) declare no linka
 #include <string.h>
 
 #include <algorithm>
-#include <thread>
 #include <vector>
 
 typedef __nv_bfloat16 bf16;
@@ -389,6 +388,73 @@ template <class E> __global__ void k_first_nonfinite(const E *x, long n, unsigne
         if (!isfinite(f32(x[i]))) atomicMin(first, (unsigned long long)i);
 }
 
+// The optimizer. The gradient's squared L2 norm, deterministic: block b of NORM_THREADS threads
+// sums entries [b · NORM_CHUNK, (b + 1) · NORM_CHUNK) in double, thread t those ≡ t mod
+// NORM_THREADS in index order, then a fixed tree over the threads; k_sum_fixed sums the block
+// sums the same way in one block. Double, not f32 pairwise: the host's train_clip_grad_norm sums
+// in double, so the two norms agree to ~1e-15 relative (only the order differs) and a clipping
+// decision near the threshold goes the same way on both; and a sum of squares of finite f32
+// values cannot overflow a double, so the norm is finite exactly when every gradient is.
+enum { NORM_THREADS = 256, NORM_CHUNK = 1 << 16 };
+
+__device__ double tree_sum(double v, double *sh) {
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (int s = NORM_THREADS / 2; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s) sh[threadIdx.x] = __dadd_rn(sh[threadIdx.x], sh[threadIdx.x + s]);
+        __syncthreads();
+    }
+    return sh[0];
+}
+
+__global__ void __launch_bounds__(NORM_THREADS) k_sumsq_blocks(const float *g, long n, double *block_sums) {
+    __shared__ double sh[NORM_THREADS];
+    long lo = (long)blockIdx.x * NORM_CHUNK, hi = lo + NORM_CHUNK < n ? lo + NORM_CHUNK : n;
+    double s = 0;
+    for (long i = lo + threadIdx.x; i < hi; i += NORM_THREADS) s = __dadd_rn(s, __dmul_rn((double)g[i], (double)g[i]));
+    double total = tree_sum(s, sh);
+    if (threadIdx.x == 0) block_sums[blockIdx.x] = total;
+}
+
+__global__ void __launch_bounds__(NORM_THREADS) k_sum_fixed(const double *x, long n, double *out) {
+    __shared__ double sh[NORM_THREADS];
+    double s = 0;
+    for (long i = threadIdx.x; i < n; i += NORM_THREADS) s = __dadd_rn(s, x[i]);
+    double total = tree_sum(s, sh);
+    if (threadIdx.x == 0) *out = total;
+}
+
+// One Adam(W) update per entry, the host's train_optimizer_update operation for operation: every
+// product and sum in double, rounded as the host rounds them (explicit _rn intrinsics, so nvcc
+// fuses nothing: the host is built with -ffp-contract=off), the moments stored as f32 and read
+// back from f32 as the host's are. clip_scale < 1 first scales the gradient as
+// train_clip_grad_norm does (into f32). Then the E copy is refreshed and the gradient zeroed.
+struct adam_args {
+    double clip_scale;      // 1: no clipping
+    double decay;           // AdamW's 1 - lr · wd; 1 for Adam (multiplying by it is skipped)
+    int adamw;
+    double step_lr;         // the rate with bias correction folded in
+    double beta1, one_minus_beta1, beta2, one_minus_beta2, eps;
+};
+
+template <class E>
+__global__ void k_adam(float *params, E *params_e, float *grads, float *m1, float *m2, long n, adam_args a) {
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
+        float gf = grads[i];
+        if (a.clip_scale < 1.0) gf = __double2float_rn(__dmul_rn((double)gf, a.clip_scale));
+        double g = gf;
+        float m = __double2float_rn(__dadd_rn(__dmul_rn(a.beta1, (double)m1[i]), __dmul_rn(a.one_minus_beta1, g)));
+        float v = __double2float_rn(
+            __dadd_rn(__dmul_rn(a.beta2, (double)m2[i]), __dmul_rn(__dmul_rn(a.one_minus_beta2, g), g)));
+        double p = params[i];
+        if (a.adamw) p = __dmul_rn(p, a.decay);
+        double step = __ddiv_rn(__dmul_rn(a.step_lr, (double)m), __dadd_rn(__dsqrt_rn((double)v), a.eps));
+        float np = __double2float_rn(__dsub_rn(p, step));
+        m1[i] = m, m2[i] = v, params[i] = np, grads[i] = 0.f;
+        if (sizeof(E) != sizeof(float)) params_e[i] = to_e<E>(np);
+    }
+}
+
 // Weights drawn on the device: normal(0, std) from a counter-based hash of (seed, stream, index)
 // with Box–Muller, so any element is reproducible without generating the ones before it.
 __device__ __forceinline__ unsigned long long mix64(unsigned long long z) {
@@ -447,11 +513,14 @@ struct gemma_cuda {
     void *embed, *lm_head;
     float *final_norm;
     std::vector<dlayer> layer;
-    // adapters: f32 master (uploaded each step), E copy for the products, f32 gradients
+    // adapters: f32 master, E copy for the products, f32 gradients, Adam's moments; the device's
+    // copy is the authoritative one (model_cuda.h)
     size_t param_count;
     float *params, *grads;
     void *params_e;
-    float *grads_host;          // pinned staging for the gradients
+    float *moment1, *moment2;
+    double *norm_partial;       // the gradient norm's block sums, then their total
+    unsigned long long *first_bad; // k_first_nonfinite's answer
     const float *params_pinned; // host->params, page-locked while this object lives
     size_t static_bytes;
     // WINATTN_TRAIN_PROFILE=1: where a step's device time goes, by phase (events between marks)
@@ -470,8 +539,8 @@ struct gemma_cuda {
 
 namespace {
 
-enum { PH_GEMM, PH_LORA, PH_ATTN, PH_ELEM, PH_HEAD, PH_COPY, PH_COUNT };
-const char *const phase_name[PH_COUNT] = {"products", "LoRA products", "attention", "elementwise", "head", "adapters in/out"};
+enum { PH_GEMM, PH_LORA, PH_ATTN, PH_ELEM, PH_HEAD, PH_COUNT };
+const char *const phase_name[PH_COUNT] = {"products", "LoRA products", "attention", "elementwise", "head"};
 
 // From this point on the device's time counts towards phase p (until the next mark).
 void mark(gemma_cuda *g, int p) {
@@ -918,30 +987,53 @@ void head(gemma_cuda *g, scratch &S, const dbatch *b, const E *xL, gemma_stats *
         if (b->h_target[t] >= 0) st->loss_sum += hl[t], st->tokens++, st->agree += ha[t];
 }
 
-// dst += src over n floats on the host's cores (90M for a 31B model's adapters at rank 32)
-void add_in_parallel(float *dst, const float *src, size_t n) {
-    unsigned cores = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
-    if (n < ((size_t)1 << 20)) cores = 1;
-    std::vector<std::thread> th;
-    auto add = [=](size_t lo, size_t hi) {
-        for (size_t i = lo; i < hi; i++) dst[i] += src[i];
-    };
-    for (unsigned t = 1; t < cores; t++) th.emplace_back(add, n * t / cores, n * (t + 1) / cores);
-    add(0, n / cores);
-    for (std::thread &t : th) t.join();
-}
-
 // ---------------------------------------------------------------------------------------------
 // The drivers: as model.c's forward_packed / backward_packed.
 
+// host->params onto the device, and the E copy made from them; complete when it returns
 template <class E> void params_upload(gemma_cuda *g, const gemma_model_f32 *host) {
-    mark(g, PH_COPY);
     CU(cudaMemcpyAsync(g->params, host->params, g->param_count * sizeof(float), cudaMemcpyHostToDevice, g->stream));
     if (sizeof(E) != sizeof(float))
         k_to_e<E><<<grid_for((long)g->param_count, 256), 256, 0, g->stream>>>(g->params, (E *)g->params_e,
                                                                               (long)g->param_count);
     CU(cudaGetLastError());
-    mark(g, PH_ELEM);
+    CU(cudaStreamSynchronize(g->stream)); // host->params may change once this returns
+}
+
+// The gradient's squared norm summed on the device (k_sumsq_blocks), read back.
+double grads_sumsq(gemma_cuda *g) {
+    long n = (long)g->param_count, blocks = (n + NORM_CHUNK - 1) / NORM_CHUNK;
+    if (blocks == 0) return 0;
+    k_sumsq_blocks<<<(unsigned)blocks, NORM_THREADS, 0, g->stream>>>(g->grads, n, g->norm_partial);
+    k_sum_fixed<<<1, NORM_THREADS, 0, g->stream>>>(g->norm_partial, blocks, g->norm_partial + blocks);
+    CU(cudaGetLastError());
+    double sum = 0;
+    CU(cudaMemcpyAsync(&sum, g->norm_partial + blocks, sizeof sum, cudaMemcpyDeviceToHost, g->stream));
+    CU(cudaStreamSynchronize(g->stream));
+    return sum;
+}
+
+template <class E> void optimizer_step(gemma_cuda *g, const gemma_cuda_adam *o, double *grad_norm, int *nonfinite) {
+    double norm = sqrt(grads_sumsq(g));
+    *grad_norm = norm;
+    *nonfinite = !isfinite(norm);
+    if (*nonfinite) return;
+    adam_args a;
+    a.clip_scale = o->grad_clip > 0 ? fmin(1.0, o->grad_clip / (norm + 1e-6)) : 1.0;
+    a.adamw = o->adamw != 0;
+    a.decay = 1 - o->lr * o->weight_decay;
+    a.step_lr = o->lr;
+    if (o->bias_correction)
+        a.step_lr *= sqrt(1 - pow(o->beta2, (double)o->update)) / (1 - pow(o->beta1, (double)o->update));
+    a.beta1 = o->beta1, a.one_minus_beta1 = 1 - o->beta1;
+    a.beta2 = o->beta2, a.one_minus_beta2 = 1 - o->beta2;
+    a.eps = o->eps;
+    long n = (long)g->param_count;
+    if (n > 0)
+        k_adam<E><<<grid_for(n, 256), 256, 0, g->stream>>>(g->params, (E *)g->params_e, g->grads, g->moment1,
+                                                          g->moment2, n, a);
+    CU(cudaGetLastError());
+    CU(cudaStreamSynchronize(g->stream));
 }
 
 template <class E> void forward(gemma_cuda *g, const gemma_model_f32 *host, const gemma_seq *seqs, int n,
@@ -950,7 +1042,6 @@ template <class E> void forward(gemma_cuda *g, const gemma_model_f32 *host, cons
     dbatch b;
     batch_upload(g, S, seqs, n, &b);
     rope_tables(g, b.longest);
-    params_upload<E>(g, host);
     long TH = (long)b.T * g->cfg.hidden;
     E *x = S.get<E>(TH), *y = S.get<E>(TH);
     acts<E> A;
@@ -971,8 +1062,6 @@ template <class E> void backward(gemma_cuda *g, gemma_model_f32 *host, const gem
     dbatch b;
     batch_upload(g, S, seqs, n, &b);
     rope_tables(g, b.longest);
-    params_upload<E>(g, host);
-    CU(cudaMemsetAsync(g->grads, 0, g->param_count * sizeof(float), g->stream));
     int Lc = g->cfg.layers;
     long TH = (long)b.T * g->cfg.hidden;
     // the layer inputs are all the forward keeps; each layer's insides are recomputed
@@ -1008,10 +1097,6 @@ template <class E> void backward(gemma_cuda *g, gemma_model_f32 *host, const gem
         std::swap(dx, dprev);
     }
     A.o = o_work, A.lse = lse_work;
-    mark(g, PH_COPY);
-    CU(cudaMemcpyAsync(g->grads_host, g->grads, g->param_count * sizeof(float), cudaMemcpyDeviceToHost, g->stream));
-    CU(cudaStreamSynchronize(g->stream));
-    add_in_parallel(host->grads, g->grads_host, g->param_count);
     profile_report(g, "forward + backward", b.T);
 }
 
@@ -1263,11 +1348,25 @@ template <class E> void open_model(gemma_cuda *g, const gemma_model_f32 *host, c
     g->params = (float *)dev_alloc(g, g->param_count * sizeof(float));
     g->grads = (float *)dev_alloc(g, g->param_count * sizeof(float));
     g->params_e = sizeof(E) == sizeof(float) ? (void *)g->params : dev_alloc(g, g->param_count * sizeof(E));
+    g->moment1 = (float *)dev_alloc(g, g->param_count * sizeof(float));
+    g->moment2 = (float *)dev_alloc(g, g->param_count * sizeof(float));
+    size_t norm_blocks = (g->param_count + NORM_CHUNK - 1) / NORM_CHUNK;
+    g->norm_partial = (double *)dev_alloc(g, (norm_blocks + 1) * sizeof(double));
+    g->first_bad = (unsigned long long *)dev_alloc(g, sizeof(unsigned long long));
+    CU(cudaMemsetAsync(g->grads, 0, g->param_count * sizeof(float), g->stream));
+    CU(cudaMemsetAsync(g->moment1, 0, g->param_count * sizeof(float), g->stream));
+    CU(cudaMemsetAsync(g->moment2, 0, g->param_count * sizeof(float), g->stream));
     // page-locked transfers run at the bus's speed (the adapters of 31B at rank 32 are 0.4 GB)
-    CU(cudaMallocHost(&g->grads_host, (g->param_count ? g->param_count : 1) * sizeof(float)));
     if (g->param_count && cudaHostRegister(host->params, g->param_count * sizeof(float), cudaHostRegisterDefault) == cudaSuccess)
         g->params_pinned = host->params;
     cudaGetLastError(); // registering is an optimisation: a refusal leaves pageable copies
+    params_upload<E>(g, host);
+}
+
+// param_count f32 from the device into host memory; complete when it returns
+void download(gemma_cuda *g, float *dst, const float *src) {
+    CU(cudaMemcpyAsync(dst, src, g->param_count * sizeof(float), cudaMemcpyDeviceToHost, g->stream));
+    CU(cudaStreamSynchronize(g->stream));
 }
 
 int report(const failure &f, char *err, size_t errlen) {
@@ -1346,7 +1445,10 @@ void gemma_cuda_close(gemma_cuda *g) {
     cudaFree(g->params);
     cudaFree(g->grads);
     if (g->params_e != g->params) cudaFree(g->params_e);
-    if (g->grads_host) cudaFreeHost(g->grads_host);
+    cudaFree(g->moment1);
+    cudaFree(g->moment2);
+    cudaFree(g->norm_partial);
+    cudaFree(g->first_bad);
     if (g->params_pinned) cudaHostUnregister((void *)g->params_pinned);
     cudaFree(g->blas_workspace);
     if (g->stream) cudaStreamDestroy(g->stream);
@@ -1371,6 +1473,106 @@ int gemma_cuda_backward_batch(gemma_cuda *g, gemma_model_f32 *host, const gemma_
     try {
         if (g->precision == PRECISION_BF16) backward<bf16>(g, host, seqs, n, grad_scale, stats);
         else backward<float>(g, host, seqs, n, grad_scale, stats);
+        CU(cudaStreamSynchronize(g->stream)); // a fault of the backward is reported by this call
+    } catch (const failure &f) {
+        return report(f, err, errlen);
+    }
+    return 0;
+}
+
+int gemma_cuda_params_upload(gemma_cuda *g, const gemma_model_f32 *host, char *err, size_t errlen) {
+    try {
+        if (host->param_count != g->param_count)
+            fail("the adapters have %zu parameters, the device's %zu", host->param_count, g->param_count);
+        if (g->precision == PRECISION_BF16) params_upload<bf16>(g, host);
+        else params_upload<float>(g, host);
+    } catch (const failure &f) {
+        return report(f, err, errlen);
+    }
+    return 0;
+}
+
+int gemma_cuda_params_download(gemma_cuda *g, gemma_model_f32 *host, char *err, size_t errlen) {
+    try {
+        if (host->param_count != g->param_count)
+            fail("the adapters have %zu parameters, the device's %zu", host->param_count, g->param_count);
+        download(g, host->params, g->params);
+    } catch (const failure &f) {
+        return report(f, err, errlen);
+    }
+    return 0;
+}
+
+int gemma_cuda_grads_download(gemma_cuda *g, float *grads, char *err, size_t errlen) {
+    try {
+        download(g, grads, g->grads);
+    } catch (const failure &f) {
+        return report(f, err, errlen);
+    }
+    return 0;
+}
+
+int gemma_cuda_grads_zero(gemma_cuda *g, char *err, size_t errlen) {
+    try {
+        CU(cudaMemsetAsync(g->grads, 0, g->param_count * sizeof(float), g->stream));
+        CU(cudaStreamSynchronize(g->stream));
+    } catch (const failure &f) {
+        return report(f, err, errlen);
+    }
+    return 0;
+}
+
+int gemma_cuda_moments_upload(gemma_cuda *g, const float *m1, const float *m2, char *err, size_t errlen) {
+    try {
+        size_t bytes = g->param_count * sizeof(float);
+        CU(cudaMemcpyAsync(g->moment1, m1, bytes, cudaMemcpyHostToDevice, g->stream));
+        CU(cudaMemcpyAsync(g->moment2, m2, bytes, cudaMemcpyHostToDevice, g->stream));
+        CU(cudaStreamSynchronize(g->stream)); // m1 and m2 may change once this returns
+    } catch (const failure &f) {
+        return report(f, err, errlen);
+    }
+    return 0;
+}
+
+int gemma_cuda_moments_download(gemma_cuda *g, float *m1, float *m2, char *err, size_t errlen) {
+    try {
+        download(g, m1, g->moment1);
+        download(g, m2, g->moment2);
+    } catch (const failure &f) {
+        return report(f, err, errlen);
+    }
+    return 0;
+}
+
+int gemma_cuda_grads_first_nonfinite(gemma_cuda *g, size_t *index, float *value, char *err, size_t errlen) {
+    try {
+        unsigned long long first = ~0ull;
+        *index = SIZE_MAX;
+        *value = 0;
+        long n = (long)g->param_count;
+        if (n > 0) {
+            CU(cudaMemsetAsync(g->first_bad, 0xff, sizeof first, g->stream)); // ~0: none found
+            k_first_nonfinite<float><<<grid_for(n, 256), 256, 0, g->stream>>>(g->grads, n, g->first_bad);
+            CU(cudaGetLastError());
+            CU(cudaMemcpyAsync(&first, g->first_bad, sizeof first, cudaMemcpyDeviceToHost, g->stream));
+            CU(cudaStreamSynchronize(g->stream));
+        }
+        if (first < (unsigned long long)g->param_count) {
+            CU(cudaMemcpyAsync(value, g->grads + first, sizeof *value, cudaMemcpyDeviceToHost, g->stream));
+            CU(cudaStreamSynchronize(g->stream));
+            *index = (size_t)first;
+        }
+    } catch (const failure &f) {
+        return report(f, err, errlen);
+    }
+    return 0;
+}
+
+int gemma_cuda_optimizer_step(gemma_cuda *g, const gemma_cuda_adam *a, double *grad_norm, int *nonfinite, char *err,
+                              size_t errlen) {
+    try {
+        if (g->precision == PRECISION_BF16) optimizer_step<bf16>(g, a, grad_norm, nonfinite);
+        else optimizer_step<float>(g, a, grad_norm, nonfinite);
     } catch (const failure &f) {
         return report(f, err, errlen);
     }

@@ -1,13 +1,15 @@
 /* model_cuda.h — the Gemma model of model.h on one NVIDIA GPU: the trainer's `--device cuda`.
  *
- * The host-side gemma_model_f32 keeps what the trainer works with (the config, the LoRA layout,
- * the adapters and their gradients, the optimizer's view); this object holds the frozen base
- * weights on the GPU and runs the forward and backward there:
+ * The host-side gemma_model_f32 gives the config and the LoRA layout, and receives the adapters
+ * when the trainer saves them; this object holds the frozen base weights, the adapters, their
+ * gradients and Adam's moments on the GPU and runs the forward, the backward and the optimizer
+ * update there:
  *   - weights in bf16 (or f32 with precision f32), copied from the memory-mapped checkpoint
  *     without an f32 copy on the host, or drawn on the GPU (random_init, no file needed);
  *     RMSNorm weights and layer scalars in f32;
  *   - activations in the weights' precision, every reduction (norms, softmax, cross-entropy) in
- *     f32; LoRA A and B in f32 master copies with a bf16 copy for the products; gradients f32;
+ *     f32; LoRA A and B in f32 master copies with a bf16 copy for the products; gradients and Adam's
+ *     moments f32;
  *   - matrix products through cuBLAS (loaded at run time: the command starts on machines without
  *     it), attention through winattn's CUDA kernels (one varlen call per layer), everything else
  *     in fused kernels of model_cuda.cu;
@@ -46,13 +48,62 @@ int gemma_cuda_open(const gemma_model_f32 *host, const char *dir, const gemma_cu
                     char *err, size_t errlen);
 void gemma_cuda_close(gemma_cuda *g);
 
-/* As gemma_forward_batch_f32 / gemma_backward_batch_f32 with host's current adapters: the
- * forward adds to *stats (logits, if not NULL, receives [T, vocab] f32 in packed order); the
- * backward also adds grad_scale · d(loss)/d(adapters) into host->grads. */
+/* The adapters, their gradients and Adam's moments live on the device: the device copy is the
+ * authoritative one on the GPU path, and nothing of it crosses to the host per step.
+ *   - params: the f32 master copy and the E copy the products use. gemma_cuda_open uploads
+ *     host->params as they are then; after that only gemma_cuda_params_upload does (a fresh
+ *     initialisation, --adapters, --resume).
+ *   - grads: f32, zero after open and after every optimizer step; every backward adds to them, so
+ *     the passes of a batch and the batches of one update accumulate there.
+ *   - Adam's first and second moments: f32, zero after open. */
+
+/* As gemma_forward_batch_f32 / gemma_backward_batch_f32 with the device's adapters (host gives the
+ * model's layout only): the forward adds to *stats (logits, if not NULL, receives [T, vocab] f32
+ * in packed order); the backward also adds grad_scale · d(loss)/d(adapters) into the device's
+ * gradients (host->grads is not touched). */
 int gemma_cuda_forward_batch(gemma_cuda *g, const gemma_model_f32 *host, const gemma_seq *seqs, int n,
                              gemma_stats *stats, float *logits, char *err, size_t errlen);
 int gemma_cuda_backward_batch(gemma_cuda *g, gemma_model_f32 *host, const gemma_seq *seqs, int n, double grad_scale,
                               gemma_stats *stats, char *err, size_t errlen);
+
+/* The rare transfers. params: host->params (param_count f32) to the device (and its E copy) or
+ * back; grads: the device's gradients into grads[0..param_count) (tests; the trainer never needs
+ * them); moments: Adam's m and v, param_count f32 each, for a checkpoint or a resume. And
+ * gemma_cuda_grads_zero, the start of an update's accumulation. Each returns when the device is
+ * done: 0, or -1 with a one-line message. */
+int gemma_cuda_params_upload(gemma_cuda *g, const gemma_model_f32 *host, char *err, size_t errlen);
+int gemma_cuda_params_download(gemma_cuda *g, gemma_model_f32 *host, char *err, size_t errlen);
+int gemma_cuda_grads_download(gemma_cuda *g, float *grads, char *err, size_t errlen);
+int gemma_cuda_grads_zero(gemma_cuda *g, char *err, size_t errlen);
+int gemma_cuda_moments_upload(gemma_cuda *g, const float *m1, const float *m2, char *err, size_t errlen);
+int gemma_cuda_moments_download(gemma_cuda *g, float *m1, float *m2, char *err, size_t errlen);
+
+/* The first non-finite entry of the device's gradients: *index (SIZE_MAX when all are finite) and
+ * its value. The flat order is the host's (model.h: slot by slot, A then B). */
+int gemma_cuda_grads_first_nonfinite(gemma_cuda *g, size_t *index, float *value, char *err, size_t errlen);
+
+/* One optimizer update, as the trainer's host path makes it (train_clip_grad_norm, then Adam or
+ * AdamW after MLX: trainer.c's train_optimizer_update), on the device's gradients. */
+typedef struct gemma_cuda_adam {
+    double lr;                /* the schedule's rate for this update */
+    double beta1, beta2, eps;
+    double weight_decay;      /* AdamW's decay, applied only with adamw */
+    int adamw;
+    int bias_correction;
+    long update;              /* this update's count from 1 (the bias correction's exponent) */
+    double grad_clip;         /* clip to this global L2 norm first; 0 = off */
+} gemma_cuda_adam;
+
+/* The global L2 norm of the gradients into *grad_norm (before clipping). A non-finite norm (which
+ * happens exactly when some gradient is NaN or ±inf: squares of finite f32 values summed in double
+ * cannot overflow) sets *nonfinite = 1 and changes nothing: params, moments and gradients stay as
+ * they were. Otherwise *nonfinite = 0, the gradients are scaled by min(1, grad_clip / (norm +
+ * 1e-6)) when grad_clip > 0, Adam(W) updates the params and moments, the E copy is refreshed and
+ * the gradients are zeroed. The norm is deterministic (the same bits on every run of one build):
+ * a fixed partition into blocks, each summed in double in a fixed order, then the block sums in a
+ * fixed order. 0, or -1 with a one-line message. */
+int gemma_cuda_optimizer_step(gemma_cuda *g, const gemma_cuda_adam *a, double *grad_norm, int *nonfinite, char *err,
+                              size_t errlen);
 
 /* How many packed tokens one forward + backward can hold in the device memory free now (with a
  * margin for winattn's and cuBLAS's workspace): the trainer runs a batch larger than this in

@@ -34,6 +34,52 @@ int gemma_cuda_backward_batch(gemma_cuda *g, gemma_model_f32 *host, const gemma_
     return -1;
 }
 
+static int no_cuda(char *err, size_t errlen) {
+    snprintf(err, errlen, "this build has no CUDA");
+    return -1;
+}
+
+int gemma_cuda_params_upload(gemma_cuda *g, const gemma_model_f32 *host, char *err, size_t errlen) {
+    (void)g, (void)host;
+    return no_cuda(err, errlen);
+}
+
+int gemma_cuda_params_download(gemma_cuda *g, gemma_model_f32 *host, char *err, size_t errlen) {
+    (void)g, (void)host;
+    return no_cuda(err, errlen);
+}
+
+int gemma_cuda_grads_download(gemma_cuda *g, float *grads, char *err, size_t errlen) {
+    (void)g, (void)grads;
+    return no_cuda(err, errlen);
+}
+
+int gemma_cuda_grads_zero(gemma_cuda *g, char *err, size_t errlen) {
+    (void)g;
+    return no_cuda(err, errlen);
+}
+
+int gemma_cuda_moments_upload(gemma_cuda *g, const float *m1, const float *m2, char *err, size_t errlen) {
+    (void)g, (void)m1, (void)m2;
+    return no_cuda(err, errlen);
+}
+
+int gemma_cuda_moments_download(gemma_cuda *g, float *m1, float *m2, char *err, size_t errlen) {
+    (void)g, (void)m1, (void)m2;
+    return no_cuda(err, errlen);
+}
+
+int gemma_cuda_grads_first_nonfinite(gemma_cuda *g, size_t *index, float *value, char *err, size_t errlen) {
+    (void)g, (void)index, (void)value;
+    return no_cuda(err, errlen);
+}
+
+int gemma_cuda_optimizer_step(gemma_cuda *g, const gemma_cuda_adam *a, double *grad_norm, int *nonfinite, char *err,
+                              size_t errlen) {
+    (void)g, (void)a, (void)grad_norm, (void)nonfinite;
+    return no_cuda(err, errlen);
+}
+
 void gemma_cuda_memory(gemma_cuda *g, size_t *peak, size_t *device_in_use) {
     (void)g;
     if (peak) *peak = 0;

@@ -267,9 +267,9 @@ static void *adam_run(void *arg) {
 }
 
 /* One update at rate lr, spread over the run's threads: a 31B model's rank-32 adapters are 90M
- * parameters, whose double-precision update takes about a second on one core, a quarter of a GPU
- * step. */
-static void optimizer_update(optimizer *opt, float *params, const float *grads, const train_options *o, double lr) {
+ * parameters, whose double-precision update takes about a second on one core. The CPU path's;
+ * the GPU path makes the same update on the device (gemma_cuda_optimizer_step). */
+void train_optimizer_update(optimizer *opt, float *params, const float *grads, const train_options *o, double lr) {
     opt->updates++;
     double step_lr = lr;
     if (o->bias_correction)
@@ -570,26 +570,45 @@ static int report_eval(gemma_model_f32 *m, gemma_cuda *gpu, const dataset *set, 
  * A non-finite loss or gradient stops the run. The check sits between the backward and the
  * optimizer update, so the adapters and moments are still those of the last update. */
 
+/* The gradient entry at flat index `index` (model.h's order: slot by slot, A then B), whose value
+ * v is not finite, named in what. */
+static void nonfinite_name(const gemma_model_f32 *m, size_t index, float v, char *what, size_t n) {
+    for (int i = 0; i < m->slot_count; i++)
+        for (int k = 0; k < 2; k++) {
+            const lora_slot *s = &m->slots[i];
+            size_t lo = k ? s->b : s->a, len = (size_t)m->lora.rank * (size_t)(k ? s->out : s->in);
+            if (index < lo || index >= lo + len) continue;
+            char name[160];
+            adapter_slot_name(name, sizeof name, "model.", s, k ? "lora_b" : "lora_a");
+            snprintf(what, n, "the gradient of %s is not finite (%s at element %zu)", name,
+                     isnan(v) ? "NaN" : v > 0 ? "inf" : "-inf", index - lo);
+            return;
+        }
+    snprintf(what, n, "the gradient is not finite (%s at parameter %zu)", isnan(v) ? "NaN" : v > 0 ? "inf" : "-inf",
+             index);
+}
+
 /* 1 and the first bad entry named in what ("the gradient of model.layers.0.self_attn.q_proj.lora_a
- * (NaN at element 12)") when the loss sum or an adapter gradient is NaN or ±inf; else 0. */
-static int batch_nonfinite(const gemma_model_f32 *m, const gemma_stats *st, char *what, size_t n) {
+ * (NaN at element 12)") when the loss sum or an adapter gradient is NaN or ±inf; else 0. The
+ * gradients are the host's, or with gpu the device's (searched there; the same order, so the same
+ * entry is named); -1 with m->err when the device cannot be asked. */
+static int batch_nonfinite(gemma_model_f32 *m, gemma_cuda *gpu, const gemma_stats *st, char *what, size_t n) {
     if (!isfinite(st->loss_sum)) {
         snprintf(what, n, "the loss is not finite (%g summed over %ld targets)", st->loss_sum, st->tokens);
         return 1;
     }
-    for (int i = 0; i < m->slot_count; i++)
-        for (int k = 0; k < 2; k++) {
-            const lora_slot *s = &m->slots[i];
-            const float *g = m->grads + (k ? s->b : s->a);
-            size_t len = (size_t)m->lora.rank * (size_t)(k ? s->out : s->in);
-            for (size_t j = 0; j < len; j++)
-                if (!isfinite(g[j])) {
-                    char name[160];
-                    adapter_slot_name(name, sizeof name, "model.", s, k ? "lora_b" : "lora_a");
-                    snprintf(what, n, "the gradient of %s is not finite (%s at element %zu)", name,
-                             isnan(g[j]) ? "NaN" : g[j] > 0 ? "inf" : "-inf", j);
-                    return 1;
-                }
+    if (gpu) {
+        size_t index;
+        float v;
+        if (gemma_cuda_grads_first_nonfinite(gpu, &index, &v, m->err, sizeof m->err) != 0) return -1;
+        if (index == SIZE_MAX) return 0;
+        nonfinite_name(m, index, v, what, n);
+        return 1;
+    }
+    for (size_t j = 0; j < m->param_count; j++)
+        if (!isfinite(m->grads[j])) {
+            nonfinite_name(m, j, m->grads[j], what, n);
+            return 1;
         }
     return 0;
 }
@@ -959,9 +978,14 @@ static int copy_atomic(const char *from, const char *to, char *err, size_t errle
 }
 
 /* Writes the checkpoint of the state after `batches` batches into out_dir as one unit (the top of
- * this file); numbered > 0 also keeps its adapters as NNNNNNN_adapters.safetensors. */
-static int checkpoint_write(const gemma_model_f32 *m, const optimizer *opt, long batches, const json_t *identity,
+ * this file); numbered > 0 also keeps its adapters as NNNNNNN_adapters.safetensors. With gpu the
+ * adapters and moments are downloaded into m and opt first. */
+static int checkpoint_write(gemma_model_f32 *m, optimizer *opt, gemma_cuda *gpu, long batches, const json_t *identity,
                             const train_options *o, const char *out_dir, long numbered, char *err, size_t errlen) {
+    /* on the GPU the device holds the adapters and moments: they come to the host first */
+    if (gpu && (gemma_cuda_params_download(gpu, m, err, errlen) != 0 ||
+                gemma_cuda_moments_download(gpu, opt->m1, opt->m2, err, errlen) != 0))
+        return -1;
     char staging[4096];
     snprintf(staging, sizeof staging, "%s/.checkpoint.partial", out_dir);
     if (strlen(staging) >= sizeof staging_dir - 1 || strlen(staging) + 40 >= sizeof staged_paths[0])
@@ -1052,7 +1076,8 @@ static int checkpoint_write(const gemma_model_f32 *m, const optimizer *opt, long
 
 /* Step `step` went non-finite (what says how). The checkpoint of the last update (good_batches)
  * goes to out_dir, unless out_dir holds it already (last_saved). err gets the one line; returns -1. */
-static int stop_nonfinite(const gemma_model_f32 *m, const optimizer *opt, const json_t *identity, const train_options *o,
+static int stop_nonfinite(gemma_model_f32 *m, optimizer *opt, gemma_cuda *gpu, const json_t *identity,
+                          const train_options *o,
                           const char *out_dir,
                           int step, const char *what, long good_batches, long last_saved, char *err, size_t errlen) {
     char when[48];
@@ -1062,7 +1087,7 @@ static int stop_nonfinite(const gemma_model_f32 *m, const optimizer *opt, const 
         return fail(err, errlen, "step %d: %s; stopped, %s holds the adapters and optimizer state %s", step, what,
                     out_dir, when);
     char serr[512];
-    if (checkpoint_write(m, opt, good_batches, identity, o, out_dir, 0, serr, sizeof serr) != 0)
+    if (checkpoint_write(m, opt, gpu, good_batches, identity, o, out_dir, 0, serr, sizeof serr) != 0)
         return fail(err, errlen, "step %d: %s; stopped, and saving the state %s failed: %s", step, what, when, serr);
     return fail(err, errlen, "step %d: %s; stopped, the adapters and optimizer state %s are in %s", step, what, when,
                 out_dir);
@@ -1134,7 +1159,8 @@ static void describe_schedule(const train_options *o, long updates, char *buf, s
 
 /* The checkpoint after a stop signal (unless out_dir holds it already), and the one line saying
  * where it is. Returns TRAIN_INTERRUPTED, or -1 when the checkpoint cannot be written. */
-static int stop_interrupted(const gemma_model_f32 *m, const optimizer *opt, const json_t *identity, const train_options *o,
+static int stop_interrupted(gemma_model_f32 *m, optimizer *opt, gemma_cuda *gpu, const json_t *identity,
+                            const train_options *o,
                             const char *out_dir,
                             long batches_run, long good_batches, long iters, long *last_saved, const char *during,
                             char *err, size_t errlen) {
@@ -1142,7 +1168,7 @@ static int stop_interrupted(const gemma_model_f32 *m, const optimizer *opt, cons
     train_stop_signal = sig;
     char serr[512];
     if (*last_saved != good_batches) {
-        if (checkpoint_write(m, opt, good_batches, identity, o, out_dir, 0, serr, sizeof serr) != 0)
+        if (checkpoint_write(m, opt, gpu, good_batches, identity, o, out_dir, 0, serr, sizeof serr) != 0)
             return fail(err, errlen, "interrupted by %s after step %ld of %ld, and writing the checkpoint failed: %s",
                         signal_name(sig), batches_run, iters, serr);
         *last_saved = good_batches;
@@ -1296,6 +1322,8 @@ int train_run(const train_options *o, char *err, size_t errlen) {
     }
     if (start && adapters_load(&m, start, err, errlen) != 0) goto done;
     if (start) printf("adapters: %s\n", start);
+    /* from here the device's copy of the adapters is the one trained and evaluated */
+    if (gpu && gemma_cuda_params_upload(gpu, &m, err, errlen) != 0) goto done;
 
     if (o->eval_only) {
         rc = report_eval(&m, gpu, &valid, o, 0, 0, "", NULL, NULL, err, errlen);
@@ -1325,6 +1353,7 @@ int train_run(const train_options *o, char *err, size_t errlen) {
         goto done;
     }
     if (o->resume_dir && optimizer_load(&opt, &batches_done, iters, o->resume_dir, err, errlen) != 0) goto done;
+    if (o->resume_dir && gpu && gemma_cuda_moments_upload(gpu, opt.m1, opt.m2, err, errlen) != 0) goto done;
     if (o->resume_dir && (batches_done != resume_batches || opt.updates != resume_updates)) {
         fail(err, errlen, "--resume %s: optimizer.safetensors changed while the run started", o->resume_dir);
         goto done;
@@ -1371,8 +1400,8 @@ int train_run(const train_options *o, char *err, size_t errlen) {
         int erc = report_eval(&m, gpu, &valid, o, 0, 0, "before training", log, &prog, err, errlen);
         if (erc < 0) goto done;
         if (erc > 0) {
-            rc = stop_interrupted(&m, &opt, identity, o, out_dir, 0, 0, iters, &last_saved, "the evaluation before training",
-                                  err, errlen);
+            rc = stop_interrupted(&m, &opt, gpu, identity, o, out_dir, 0, 0, iters, &last_saved,
+                                  "the evaluation before training", err, errlen);
             goto done;
         }
     }
@@ -1402,7 +1431,13 @@ int train_run(const train_options *o, char *err, size_t errlen) {
     int norm_threads = thread_count(o, opt.n);
     for (int i = (int)batches_done; i < iters; i++) {
         /* counted from where this run started: batches_done moves every step */
-        if ((i - first_batch) % o->grad_accum == 0) memset(m.grads, 0, m.param_count * sizeof(float));
+        if ((i - first_batch) % o->grad_accum == 0) {
+            if (!gpu) memset(m.grads, 0, m.param_count * sizeof(float));
+            else if (gemma_cuda_grads_zero(gpu, m.err, sizeof m.err) != 0) {
+                fail(err, errlen, "batch %d: %s", i + 1, m.err);
+                goto done;
+            }
+        }
         const sequence *b = &train.seq[order[i]];
         long targets = 0, tokens = 0;
         int longest = 0;
@@ -1454,16 +1489,38 @@ int train_run(const train_options *o, char *err, size_t errlen) {
             }
         }
         char what[256];
-        if (batch_nonfinite(&m, &st, what, sizeof what)) {
-            stop_nonfinite(&m, &opt, identity, o, out_dir, i + 1, what, good_batches, last_saved, err, errlen);
+        int bad = batch_nonfinite(&m, gpu, &st, what, sizeof what);
+        if (bad < 0) {
+            fail(err, errlen, "batch %d: %s", i + 1, m.err);
+            goto done;
+        }
+        if (bad) {
+            stop_nonfinite(&m, &opt, gpu, identity, o, out_dir, i + 1, what, good_batches, last_saved, err, errlen);
             goto done;
         }
         int update = (i + 1 - first_batch) % o->grad_accum == 0 || i + 1 == iters;
         double lr = 0, grad_norm = 0;
         if (update) {
             lr = train_lr_at(o, opt.updates, updates_total);
-            grad_norm = train_clip_grad_norm(m.grads, m.param_count, o->grad_clip, norm_threads);
-            optimizer_update(&opt, m.params, m.grads, o, lr);
+            if (gpu) { /* clipping and Adam(W) on the device, as on the host below */
+                gemma_cuda_adam a = {lr,       o->beta1,          o->beta2,        o->eps, o->weight_decay,
+                                     o->adamw, o->bias_correction, opt.updates + 1, o->grad_clip};
+                int nonfinite = 0;
+                if (gemma_cuda_optimizer_step(gpu, &a, &grad_norm, &nonfinite, m.err, sizeof m.err) != 0) {
+                    fail(err, errlen, "batch %d: the optimizer update: %s", i + 1, m.err);
+                    goto done;
+                }
+                if (nonfinite) { /* batch_nonfinite saw every gradient finite: a fault on the device */
+                    snprintf(what, sizeof what, "the gradient's norm is not finite (%g)", grad_norm);
+                    stop_nonfinite(&m, &opt, gpu, identity, o, out_dir, i + 1, what, good_batches, last_saved, err,
+                                   errlen);
+                    goto done;
+                }
+                opt.updates++;
+            } else {
+                grad_norm = train_clip_grad_norm(m.grads, m.param_count, o->grad_clip, norm_threads);
+                train_optimizer_update(&opt, m.params, m.grads, o, lr);
+            }
             good_batches = i + 1;
         }
         double secs = now_seconds() - t0;
@@ -1496,15 +1553,16 @@ int train_run(const train_options *o, char *err, size_t errlen) {
         batches_done = i + 1;
         if (train_batch_hook) train_batch_hook(batches_done);
         if (update && o->save_every > 0 && opt.updates % o->save_every == 0) {
-            if (checkpoint_write(&m, &opt, good_batches, identity, o, out_dir, opt.updates, err, errlen) != 0) goto done;
+            if (checkpoint_write(&m, &opt, gpu, good_batches, identity, o, out_dir, opt.updates, err, errlen) != 0)
+                goto done;
             last_saved = good_batches;
             printf("checkpoint: %s after step %d (update %ld; adapters also in %07ld_adapters.safetensors)\n", out_dir,
                    i + 1, opt.updates, opt.updates);
             fflush(stdout);
         }
         if (stop_signal) {
-            rc = stop_interrupted(&m, &opt, identity, o, out_dir, batches_done, good_batches, iters, &last_saved, NULL, err,
-                                  errlen);
+            rc = stop_interrupted(&m, &opt, gpu, identity, o, out_dir, batches_done, good_batches, iters, &last_saved,
+                                  NULL, err, errlen);
             goto done;
         }
         if (o->eval_every && (i + 1) % o->eval_every == 0 && i + 1 < iters) {
@@ -1513,8 +1571,8 @@ int train_run(const train_options *o, char *err, size_t errlen) {
             int erc = report_eval(&m, gpu, &valid, o, 0, i + 1, label, log, &prog, err, errlen);
             if (erc < 0) goto done;
             if (erc > 0) {
-                rc = stop_interrupted(&m, &opt, identity, o, out_dir, batches_done, good_batches, iters, &last_saved, NULL,
-                                      err, errlen);
+                rc = stop_interrupted(&m, &opt, gpu, identity, o, out_dir, batches_done, good_batches, iters,
+                                      &last_saved, NULL, err, errlen);
                 goto done;
             }
         }
@@ -1535,7 +1593,7 @@ int train_run(const train_options *o, char *err, size_t errlen) {
     log_line(log, "{\"done\": %d, \"seconds\": %.3f, \"peak_rss\": %zu, \"tokens\": %ld, \"arm\": \"%s\", \"packed\": %d}",
              iters, wall, run_peak, prog.done_tokens, attn_arm_name(o->arm), o->pack);
     if (last_saved != batches_done) {
-        if (checkpoint_write(&m, &opt, batches_done, identity, o, out_dir, 0, err, errlen) != 0) goto done;
+        if (checkpoint_write(&m, &opt, gpu, batches_done, identity, o, out_dir, 0, err, errlen) != 0) goto done;
         last_saved = batches_done;
     }
     printf("saved: %s/%s, adapter_config.json, optimizer.safetensors, trainer_state.json\n", out_dir,
@@ -1545,7 +1603,7 @@ int train_run(const train_options *o, char *err, size_t errlen) {
     if (o->eval_at_end) erc = report_eval(&m, gpu, &valid, o, 0, iters, "after training", log, &prog, err, errlen);
     if (erc == 0 && o->test) erc = report_eval(&m, gpu, &test, o, 1, iters, "after training", log, &prog, err, errlen);
     if (erc > 0)
-        rc = stop_interrupted(&m, &opt, identity, o, out_dir, batches_done, good_batches, iters, &last_saved,
+        rc = stop_interrupted(&m, &opt, gpu, identity, o, out_dir, batches_done, good_batches, iters, &last_saved,
                               "the evaluation after training", err, errlen);
     else rc = erc;
 done:

@@ -32,6 +32,9 @@ typedef struct optimizer {
     size_t n;
     long updates;
 } optimizer;
+/* One Adam or AdamW update of params[0..opt->n) from grads at rate lr, after MLX (o gives the
+ * betas, eps, weight decay, adamw and bias correction); opt->updates counts it. */
+void train_optimizer_update(optimizer *opt, float *params, const float *grads, const train_options *o, double lr);
 /* Reads dir/optimizer.safetensors into opt (m1 and m2 already allocated, n set): F32 m1 and m2 of
  * n entries, metadata "batches" (digits only, in [0, iters]: iters is the run's batch count) into
  * *batches_done and "updates" (digits only, in [0, batches]). 0, or -1 with a one-line message
