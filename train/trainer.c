@@ -1412,8 +1412,8 @@ int train_run(const train_options *o, char *err, size_t errlen) {
         int erc = report_eval(&m, gpu, &valid, o, 0, (int)batches_done, label, log, &prog, err, errlen);
         if (erc < 0) goto done;
         if (erc > 0) {
-            rc = stop_interrupted(&m, &opt, identity, o, out_dir, batches_done, batches_done, iters, &last_saved, during,
-                                  err, errlen);
+            rc = stop_interrupted(&m, &opt, gpu, identity, o, out_dir, batches_done, batches_done, iters, &last_saved,
+                                  during, err, errlen);
             goto done;
         }
     }
