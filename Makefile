@@ -80,6 +80,8 @@ else ifeq ($(CUDA_ARCHS),all)
 CUDA_ARCH_LIST := sm_90a sm_80 sm_86 sm_89 compute_80
 else
 CUDA_ARCH_LIST := $(CUDA_ARCHS)
+$(foreach a,$(CUDA_ARCH_LIST),$(if $(filter sm_% compute_%,$(a)),,$(error CUDA_ARCHS: '$(a)' is not an architecture \
+    such as sm_90a, sm_80 or compute_80)))
 endif
 comma := ,
 cuda_gencode = $(if $(filter sm_90a,$(1)),-gencode=arch=compute_90a$(comma)code=sm_90a,$(if $(filter compute_%,$(1)),-gencode=arch=$(1)$(comma)code=$(1),-gencode=arch=compute_80$(comma)code=$(1)))
