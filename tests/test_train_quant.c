@@ -297,7 +297,11 @@ static int dump(const char *dir, const char *base, const char *out) {
     char err[512];
     lora_config none = {0};
     gemma_model_f32 m;
-    base_dtype b = strcmp(base, "mlx4") == 0 ? BASE_MLX4 : BASE_BF16;
+    base_dtype b;
+    if (base_dtype_parse(base, &b) != 0) {
+        fprintf(stderr, "test_train_quant: --dump: base %s is not bf16, mlx4, nf4 or fp8\n", base);
+        return 1;
+    }
     if (gemma_model_load_base_f32(&m, dir, &none, b, err, sizeof err) != 0) {
         fprintf(stderr, "test_train_quant: %s\n", err);
         return 1;
@@ -315,8 +319,80 @@ static int dump(const char *dir, const char *base, const char *out) {
     return rc;
 }
 
+/* IN's raw f32 values, all of them: *n set, NULL with a message on stderr */
+static float *read_f32(const char *path, int64_t *n) {
+    FILE *f = fopen(path, "rb");
+    float *w = NULL;
+    long bytes = -1;
+    if (f && fseek(f, 0, SEEK_END) == 0 && (bytes = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 &&
+        (w = malloc((size_t)bytes + 4)) && fread(w, 1, (size_t)bytes, f) == (size_t)bytes) {
+        fclose(f);
+        *n = bytes / 4;
+        return w;
+    }
+    if (f) fclose(f);
+    free(w);
+    fprintf(stderr, "test_train_quant: cannot read %s\n", path);
+    return NULL;
+}
+
+static int write_parts(const char *path, const void *const *parts, const size_t *sizes, int count) {
+    FILE *f = fopen(path, "wb");
+    int ok = f != NULL;
+    for (int i = 0; ok && i < count; i++) ok = fwrite(parts[i], 1, sizes[i], f) == sizes[i];
+    if (f && fclose(f) != 0) ok = 0;
+    if (!ok) fprintf(stderr, "test_train_quant: cannot write %s\n", path);
+    return ok ? 0 : 1;
+}
+
+/* --nf4 IN THREADS OUT: IN's f32 values quantized as nf4 (torch's mean with THREADS threads); OUT
+ * holds the codes (one a byte), the absmax codes, the nested absmax (f32) and the offset (f32). */
+static int nf4_codes(const char *in, int threads, const char *out) {
+    int64_t n;
+    float *w = read_f32(in, &n);
+    if (!w) return 1;
+    nf4_quantized q;
+    char err[256];
+    int rc = nf4_quantize(w, n, threads, &q, err, sizeof err);
+    if (rc != 0) fprintf(stderr, "test_train_quant: %s\n", err);
+    else {
+        const void *parts[4] = {q.codes, q.absmax_codes, q.nested_absmax, &q.offset};
+        size_t sizes[4] = {(size_t)n, (size_t)q.blocks, (size_t)q.nested_blocks * sizeof(float), sizeof(float)};
+        rc = write_parts(out, parts, sizes, 4);
+    }
+    nf4_quantized_free(&q);
+    free(w);
+    return rc != 0;
+}
+
+/* --fp8 IN ROWS OUT: IN's f32 values as ROWS rows quantized as fp8; OUT holds the codes (one a
+ * byte), the scales (f32, one a row) and the dequantized values (f32). */
+static int fp8_codes(const char *in, int64_t rows, const char *out) {
+    int64_t n;
+    float *w = read_f32(in, &n);
+    if (!w) return 1;
+    uint8_t *codes = malloc((size_t)n + 1);
+    float *scales = malloc((size_t)rows * sizeof(float) + 4);
+    char err[256];
+    int rc = !codes || !scales || rows <= 0 || n % rows;
+    if (rc) fprintf(stderr, "test_train_quant: %lld values are not %lld rows\n", (long long)n, (long long)rows);
+    else if ((rc = fp8_round_trip(w, rows, n / rows, scales, codes, err, sizeof err)) != 0)
+        fprintf(stderr, "test_train_quant: %s\n", err);
+    else {
+        const void *parts[3] = {codes, scales, w};
+        size_t sizes[3] = {(size_t)n, (size_t)rows * sizeof(float), (size_t)n * sizeof(float)};
+        rc = write_parts(out, parts, sizes, 3);
+    }
+    free(codes);
+    free(scales);
+    free(w);
+    return rc != 0;
+}
+
 int main(int argc, char **argv) {
     if (argc == 5 && strcmp(argv[1], "--dump") == 0) return dump(argv[2], argv[3], argv[4]);
+    if (argc == 5 && strcmp(argv[1], "--nf4") == 0) return nf4_codes(argv[2], atoi(argv[3]), argv[4]);
+    if (argc == 5 && strcmp(argv[1], "--fp8") == 0) return fp8_codes(argv[2], atoll(argv[3]), argv[4]);
     if (argc > 1) fixtures = argv[1];
     setvbuf(stdout, NULL, _IOLBF, 0);
     test_groups();
