@@ -475,13 +475,16 @@ int bnb_config_quantization(const char *config_path, char *err, size_t errlen) {
         const char *type = json_string_value(json_object_get(q, "bnb_4bit_quant_type"));
         const char *storage = json_string_value(json_object_get(q, "bnb_4bit_quant_storage"));
         int four_bit = json_is_true(json_object_get(q, "load_in_4bit"));
+        int eight_bit = json_is_true(json_object_get(q, "load_in_8bit"));
         if (method && !strcmp(method, "bitsandbytes") && four_bit && type && !strcmp(type, "nf4") &&
             (!storage || !strcmp(storage, "uint8")))
             rc = 1;
         else {
             snprintf(err, errlen,
-                     "%s: \"quantization_config\" is %s%s%s%s%s: only bitsandbytes' 4-bit nf4 (uint8 storage) is read",
-                     config_path, method ? method : "without a quant_method", four_bit ? ", 4-bit " : "",
+                     "%s: \"quantization_config\" is %s%s%s%s%s%s: only bitsandbytes' 4-bit nf4 (uint8 storage) is "
+                     "read",
+                     config_path, method ? method : "without a quant_method", eight_bit ? ", 8-bit" : "",
+                     four_bit ? ", 4-bit " : "",
                      four_bit && type ? type : "", storage && strcmp(storage, "uint8") ? ", storage " : "",
                      storage && strcmp(storage, "uint8") ? storage : "");
             rc = -1;
