@@ -13,7 +13,8 @@
  * Usage: test_train_quant [FIXTURES_DIR] (default train/fixtures).
  * test_train_quant --dump MODEL_DIR bf16|mlx4 OUT writes every decoder projection as loaded (f32,
  * layer by layer in q, k, v, o, gate, up, down order, absent ones skipped) to OUT, for
- * python/tests/test_quant.py to compare with mlx.core.dequantize. */
+ * python/tests/test_quant.py to compare with mlx.core.dequantize, bitsandbytes and torch; --nf4,
+ * --fp8 and --tables write codes and tables for it (their comments below say what). */
 #define _GNU_SOURCE
 #include "check.h"
 #include "model.h"
@@ -235,7 +236,7 @@ static void test_model(void) {
                             for (int64_t k = i / 64 * 64; k < n && k < i / 64 * 64 + 64; k++)
                                 block_max = fmaxf(block_max, fabsf(x[k]));
                             float bound = b == BASE_NF4
-                                              ? 0.1520f * block_max + 0.0072f * top + fabsf(y[i]) / 256
+                                              ? 0.1520f * block_max + 0.0072f * top + fabsf(y[i]) * 0x1p-22f
                                               : fabsf(x[i]) / 16 + row_max / 448 * 0x1p-10f;
                             moved += x[i] != y[i];
                             outside += fabsf(x[i] - y[i]) > bound;
@@ -418,27 +419,25 @@ static void test_nested(void) {
     for (int i = 0; i < N; i++) w[i] = bf16_round((i % 3 ? 0.05f : 0.8f) * uniform(&state));
     memcpy(back, w, sizeof w);
     char err[256];
-    int rc = nf4_round_trip(back, N, ST_BF16, 1, err, sizeof err);
+    int rc = nf4_round_trip(back, N, 1, err, sizeof err);
     float top = 0, worst = 0;
     for (int i = 0; i < N; i++) top = fmaxf(top, fabsf(w[i]));
-    int within = rc == 0, bf16 = 1;
+    int within = rc == 0;
     for (int b = 0; b * NF4_BLOCK < N; b++) {
         float m = 0;
         for (int i = b * NF4_BLOCK; i < N && i < (b + 1) * NF4_BLOCK; i++) m = fmaxf(m, fabsf(w[i]));
         for (int i = b * NF4_BLOCK; i < N && i < (b + 1) * NF4_BLOCK; i++) {
-            float e = fabsf(back[i] - w[i]), bound = 0.1520f * m + 0.0072f * top + fabsf(back[i]) / 256;
+            float e = fabsf(back[i] - w[i]), bound = 0.1520f * m + 0.0072f * top + fabsf(back[i]) * 0x1p-22f;
             worst = fmaxf(worst, e / bound);
             within &= e <= bound;
-            bf16 &= back[i] == bf16_round(back[i]);
         }
     }
-    check(within && bf16, "nf4 round trip of %d bf16 weights: every value within its bound (worst %.2f of it), "
-                          "results bf16", N, worst);
+    check(within, "nf4 round trip of %d bf16 weights: every value within its bound (worst %.2f of it)", N, worst);
     back[70] = NAN;
-    rc = nf4_round_trip(back, N, ST_F32, 1, err, sizeof err);
+    rc = nf4_round_trip(back, N, 1, err, sizeof err);
     check(rc == -1 && strstr(err, "element 70") && !strchr(err, '\n'), "nf4 refuses a NaN in one line: %s", err);
     back[70] = -INFINITY;
-    check(nf4_round_trip(back, N, ST_F32, 1, err, sizeof err) == -1 && strstr(err, "non-finite"),
+    check(nf4_round_trip(back, N, 1, err, sizeof err) == -1 && strstr(err, "non-finite"),
           "nf4 refuses -inf: %s", err);
 }
 
@@ -481,7 +480,7 @@ static void test_bnb4_tensor(void) {
     for (int i = 0; i < ROWS * COLS; i++) w[i] = 0.03f * uniform(&state);
     memcpy(back, w, sizeof w);
     char err[256] = "";
-    nf4_round_trip(back, ROWS * COLS, ST_F32, 1, err, sizeof err);
+    nf4_round_trip(back, ROWS * COLS, 1, err, sizeof err);
     static bnb4_fixture f;
     bnb4_fixture_make(&f, w, ROWS, COLS);
     bnb4_tensors t = bnb4_parts(&f);
@@ -874,6 +873,11 @@ static int fp8_codes(const char *in, int64_t rows, const char *out) {
 }
 
 int main(int argc, char **argv) {
+    if (argc == 3 && strcmp(argv[1], "--tables") == 0) { /* NF4_CODE then BNB_DYNAMIC_CODE, f32 */
+        const void *parts[2] = {NF4_CODE, BNB_DYNAMIC_CODE};
+        size_t sizes[2] = {sizeof NF4_CODE, sizeof BNB_DYNAMIC_CODE};
+        return write_parts(argv[2], parts, sizes, 2);
+    }
     if (argc == 5 && strcmp(argv[1], "--dump") == 0) return dump(argv[2], argv[3], argv[4]);
     if (argc == 5 && strcmp(argv[1], "--nf4") == 0) return nf4_codes(argv[2], atoi(argv[3]), argv[4]);
     if (argc == 5 && strcmp(argv[1], "--fp8") == 0) return fp8_codes(argv[2], atoll(argv[3]), argv[4]);

@@ -96,7 +96,7 @@ static void convert_to_real(const st_tensor *t, real *dst, uint64_t n, double ad
 /* A rank-2 tensor through f32 into dst: a packed weight dequantized (U32: mlx_lm.convert's, with
  * NAME.scales and NAME.biases beside NAME.weight; U8: bitsandbytes' 4-bit, with NAME.weight.absmax
  * and the rest of its quant state), or a float tensor quantized and dequantized as base says
- * (mlx4 and nf4 round to the tensor's own dtype, as MLX and bitsandbytes give their values back). */
+ * (mlx4 rounds to the tensor's own dtype, as MLX gives its values back; nf4 and fp8 stay f32). */
 static int load_via_f32(const checkpoint *ck, const tensor_plan *p, const st_tensor *t, base_dtype base, real *dst,
                         char *err, size_t errlen) {
     size_t n = (size_t)plan_numel(p);
@@ -134,7 +134,7 @@ static int load_via_f32(const checkpoint *ck, const tensor_plan *p, const st_ten
         }
         /* nf4's offset is torch's mean with one intra-op thread (quant.h: nf4_torch_mean) */
         if (base == BASE_MLX4) rc = mlx4_round_trip(tmp, p->rows, p->cols, t->dtype, why, sizeof why);
-        else if (base == BASE_NF4) rc = nf4_round_trip(tmp, (int64_t)n, t->dtype, 1, why, sizeof why);
+        else if (base == BASE_NF4) rc = nf4_round_trip(tmp, (int64_t)n, 1, why, sizeof why);
         else if (base == BASE_FP8) rc = fp8_round_trip(tmp, p->rows, p->cols, NULL, NULL, why, sizeof why);
     }
     if (rc == 0)

@@ -368,19 +368,17 @@ int nf4_quantize(const float *w, int64_t n, int torch_threads, nf4_quantized *q,
     return rc;
 }
 
-void nf4_dequantize(const nf4_quantized *q, st_dtype storage, float *out) {
-    int code = round_code(storage);
+void nf4_dequantize(const nf4_quantized *q, float *out) {
     for (int64_t b = 0; b < q->blocks; b++) {
         float scale = BNB_DYNAMIC_CODE[q->absmax_codes[b]] * q->nested_absmax[b / NF4_NESTED_BLOCK] + q->offset;
-        for (int64_t i = b * NF4_BLOCK; i < q->n && i < (b + 1) * NF4_BLOCK; i++)
-            out[i] = wa_round_to(code, NF4_CODE[q->codes[i]] * scale);
+        for (int64_t i = b * NF4_BLOCK; i < q->n && i < (b + 1) * NF4_BLOCK; i++) out[i] = NF4_CODE[q->codes[i]] * scale;
     }
 }
 
-int nf4_round_trip(float *w, int64_t n, st_dtype storage, int torch_threads, char *err, size_t errlen) {
+int nf4_round_trip(float *w, int64_t n, int torch_threads, char *err, size_t errlen) {
     nf4_quantized q;
     if (nf4_quantize(w, n, torch_threads, &q, err, errlen) != 0) return -1;
-    nf4_dequantize(&q, storage, w);
+    nf4_dequantize(&q, w);
     nf4_quantized_free(&q);
     return 0;
 }
@@ -418,13 +416,12 @@ int nf4_dequantize_tensor(const bnb4_tensors *t, int64_t rows, int64_t cols, flo
     int64_t n = rows * cols;
     int64_t blocks = blocksize > 0 ? (n + blocksize - 1) / blocksize : 0;
     int64_t nested_blocks = nested_blocksize > 0 ? (blocks + nested_blocksize - 1) / nested_blocksize : 0;
-    int storage = !dtype ? -1 : !strcmp(dtype, "float32") ? 0 : !strcmp(dtype, "float16") ? 1
-                : !strcmp(dtype, "bfloat16") ? 2 : -1;
+    int known_dtype = dtype && (!strcmp(dtype, "float32") || !strcmp(dtype, "float16") || !strcmp(dtype, "bfloat16"));
     if (!quant_type || strcmp(quant_type, "nf4") != 0)
         snprintf(err, errlen, "quant_type %s: only nf4 is read", quant_type ? quant_type : "missing");
     else if (blocksize <= 0)
         snprintf(err, errlen, "the quant state has no positive blocksize");
-    else if (storage < 0)
+    else if (!known_dtype)
         snprintf(err, errlen, "the quant state's dtype %s is not float32, float16 or bfloat16", dtype ? dtype : "missing");
     else if (json_array_size(shape) != 2 || json_integer_value(json_array_get(shape, 0)) != rows ||
              json_integer_value(json_array_get(shape, 1)) != cols)
@@ -460,7 +457,7 @@ int nf4_dequantize_tensor(const bnb4_tensors *t, int64_t rows, int64_t cols, flo
                              : f32_at(t->absmax, (uint64_t)b);
         for (int64_t i = b * blocksize; i < n && i < (b + 1) * blocksize; i++) {
             int code = i % 2 ? packed[i / 2] & 0xf : packed[i / 2] >> 4;
-            out[i] = wa_round_to(storage, NF4_CODE[code] * scale);
+            out[i] = NF4_CODE[code] * scale;
         }
     }
     return 0;
@@ -470,21 +467,21 @@ int bnb_config_quantization(const char *config_path, char *err, size_t errlen) {
     json_t *root = json_load_file(config_path, 0, NULL);
     const json_t *q = root ? json_object_get(root, "quantization_config") : NULL;
     int rc = 0;
-    if (q) {
-        const char *method = json_string_value(json_object_get(q, "quant_method"));
+    const char *method = q ? json_string_value(json_object_get(q, "quant_method")) : NULL;
+    /* mlx_lm.convert writes its "quantization" again under this name, without a quant_method */
+    if (method) {
         const char *type = json_string_value(json_object_get(q, "bnb_4bit_quant_type"));
         const char *storage = json_string_value(json_object_get(q, "bnb_4bit_quant_storage"));
         int four_bit = json_is_true(json_object_get(q, "load_in_4bit"));
         int eight_bit = json_is_true(json_object_get(q, "load_in_8bit"));
-        if (method && !strcmp(method, "bitsandbytes") && four_bit && type && !strcmp(type, "nf4") &&
+        if (!strcmp(method, "bitsandbytes") && four_bit && type && !strcmp(type, "nf4") &&
             (!storage || !strcmp(storage, "uint8")))
             rc = 1;
         else {
             snprintf(err, errlen,
                      "%s: \"quantization_config\" is %s%s%s%s%s%s: only bitsandbytes' 4-bit nf4 (uint8 storage) is "
                      "read",
-                     config_path, method ? method : "without a quant_method", eight_bit ? ", 8-bit" : "",
-                     four_bit ? ", 4-bit " : "",
+                     config_path, method, eight_bit ? ", 8-bit" : "", four_bit ? ", 4-bit " : "",
                      four_bit && type ? type : "", storage && strcmp(storage, "uint8") ? ", storage " : "",
                      storage && strcmp(storage, "uint8") ? storage : "");
             rc = -1;

@@ -26,9 +26,10 @@
  * index = (int)fma((v + 1) · 0.5, 65535, 0.5); the code is entry index of a table that gives, for
  * t = 2·index / 65535 - 1, the number of the code's midpoints strictly below t. So a value next to
  * a midpoint can take the farther code: the table, not the nearest code, is bitsandbytes' rule.
- * Dequantized (bitsandbytes' dequantize_4bit): absmax' = dynamic[q8] · m + offset, then
- * w' = NF4[code] · absmax', each step an f32 product or sum, the result rounded to the weight's
- * dtype (bitsandbytes returns the dtype it quantized).
+ * Dequantized: absmax' = dynamic[q8] · m + offset, then w' = NF4[code] · absmax', each step an f32
+ * product or sum, kept in f32: what bitsandbytes' matmul_4bit multiplies a float32 input by (its
+ * gemm_4bit dequantizes into the input's dtype; dequantize_4bit alone would round to the dtype the
+ * weight had, and a bfloat16 model computes in bfloat16 anyway).
  *
  * fp8 is OCP FP8 e4m3 (torch.float8_e4m3fn: bias 7, no infinities, 0x7f the NaN, largest 448)
  * with one f32 scale per output channel (a row of the [out, in] weight): scale = amax / 448 (1
@@ -103,11 +104,11 @@ typedef struct nf4_quantized {
 /* Quantize w[0..n) (torch_threads as in nf4_torch_mean). 0, or -1 with a one-line message (the
  * flat index of a non-finite value, or no memory); nf4_quantized_free releases q either way. */
 int nf4_quantize(const float *w, int64_t n, int torch_threads, nf4_quantized *q, char *err, size_t errlen);
-/* out[0..q->n): NF4[code] · absmax', rounded to the storage dtype (ST_F32, ST_F16, ST_BF16). */
-void nf4_dequantize(const nf4_quantized *q, st_dtype storage, float *out);
+/* out[0..q->n): NF4[code] · absmax' in f32. */
+void nf4_dequantize(const nf4_quantized *q, float *out);
 void nf4_quantized_free(nf4_quantized *q);
 /* Replace w[0..n) by its NF4 values: nf4_quantize, then nf4_dequantize into w. */
-int nf4_round_trip(float *w, int64_t n, st_dtype storage, int torch_threads, char *err, size_t errlen);
+int nf4_round_trip(float *w, int64_t n, int torch_threads, char *err, size_t errlen);
 
 /* One weight of a transformers checkpoint saved with a bitsandbytes 4-bit quantization_config:
  * NAME.weight and the tensors beside it, NULL where absent. */
@@ -119,12 +120,13 @@ typedef struct bnb4_tensors {
     const st_tensor *nested_quant_map; /* .nested_quant_map: F32 [256] */
     const st_tensor *quant_state;      /* .quant_state.bitsandbytes__nf4: U8, the JSON of the rest */
 } bnb4_tensors;
-/* The [rows, cols] values bitsandbytes' dequantize_4bit gives (in f32, rounded to the quant state's
- * dtype) into out. 0, or -1 with a one-line message naming what is missing or does not fit. */
+/* The [rows, cols] values NF4[code] · absmax' (f32, as nf4_dequantize) into out. 0, or -1 with a
+ * one-line message naming what is missing or does not fit. */
 int nf4_dequantize_tensor(const bnb4_tensors *t, int64_t rows, int64_t cols, float *out, char *err, size_t errlen);
-/* config.json's "quantization_config" at config_path: 1 for bitsandbytes 4-bit nf4 (with or without
- * double quantization); 0 when absent (or the file unreadable); -1 with a one-line message for any
- * other method or setting. */
+/* config.json's "quantization_config" at config_path: 1 for bitsandbytes 4-bit nf4 in uint8 (with or
+ * without double quantization); 0 when absent, without a quant_method (mlx_lm.convert's copy of its
+ * "quantization") or the file unreadable; -1 with a one-line message for any other method or
+ * setting. */
 int bnb_config_quantization(const char *config_path, char *err, size_t errlen);
 
 #define FP8_E4M3_MAX 448.0f
