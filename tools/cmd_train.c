@@ -241,7 +241,8 @@ int cmd_train(int argc, char **argv) {
             else if (strcmp(v, "cuda") == 0) o.device = WA_DEVICE_CUDA;
             else usage_error(train_usage, "--device '%s': cpu or cuda", v);
         } else if ((v = flag_value(argc, argv, &i, "--base-dtype", train_usage))) {
-            if (base_dtype_parse(v, &o.base) != 0) usage_error(train_usage, "--base-dtype '%s': bf16, mlx4, nf4 or fp8", v);
+            if (base_dtype_parse(v, &o.base) != 0)
+                usage_error(train_usage, "--base-dtype '%s': bf16, mlx4, nf4 or fp8", v);
         } else if ((v = flag_value(argc, argv, &i, "--precision", train_usage))) {
             if (strcmp(v, "bf16") == 0) o.precision = PRECISION_BF16;
             else if (strcmp(v, "f32") == 0) o.precision = PRECISION_F32;

@@ -371,7 +371,8 @@ int nf4_quantize(const float *w, int64_t n, int torch_threads, nf4_quantized *q,
 void nf4_dequantize(const nf4_quantized *q, float *out) {
     for (int64_t b = 0; b < q->blocks; b++) {
         float scale = BNB_DYNAMIC_CODE[q->absmax_codes[b]] * q->nested_absmax[b / NF4_NESTED_BLOCK] + q->offset;
-        for (int64_t i = b * NF4_BLOCK; i < q->n && i < (b + 1) * NF4_BLOCK; i++) out[i] = NF4_CODE[q->codes[i]] * scale;
+        for (int64_t i = b * NF4_BLOCK; i < q->n && i < (b + 1) * NF4_BLOCK; i++)
+            out[i] = NF4_CODE[q->codes[i]] * scale;
     }
 }
 
@@ -422,12 +423,14 @@ int nf4_dequantize_tensor(const bnb4_tensors *t, int64_t rows, int64_t cols, flo
     else if (blocksize <= 0)
         snprintf(err, errlen, "the quant state has no positive blocksize");
     else if (!known_dtype)
-        snprintf(err, errlen, "the quant state's dtype %s is not float32, float16 or bfloat16", dtype ? dtype : "missing");
+        snprintf(err, errlen, "the quant state's dtype %s is not float32, float16 or bfloat16",
+                 dtype ? dtype : "missing");
     else if (json_array_size(shape) != 2 || json_integer_value(json_array_get(shape, 0)) != rows ||
              json_integer_value(json_array_get(shape, 1)) != cols)
         snprintf(err, errlen, "the quant state's shape is not [%lld, %lld]", (long long)rows, (long long)cols);
     else if (!t->weight || t->weight->dtype != ST_U8 || st_numel(t->weight) != (uint64_t)(n + 1) / 2)
-        snprintf(err, errlen, "the packed weight is not %lld U8 bytes (two 4-bit codes a byte)", (long long)(n + 1) / 2);
+        snprintf(err, errlen, "the packed weight is not %lld U8 bytes (two 4-bit codes a byte)",
+                 (long long)(n + 1) / 2);
     else if (!t->quant_map || !f32_vector(t->quant_map, 16) || memcmp(t->quant_map->data, NF4_CODE, sizeof NF4_CODE))
         snprintf(err, errlen, "the quant_map is not NF4's 16 float32 values");
     else if (nested && (!t->nested_absmax || !offset_json || !json_is_number(offset_json) || nested_blocksize <= 0 ||

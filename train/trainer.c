@@ -1249,8 +1249,10 @@ int train_run(const train_options *o, char *err, size_t errlen) {
         quantized = bnb_config_quantization(path, err, errlen);
         if (quantized < 0) goto done;
         if (quantized) {
-            fail(err, errlen, "%s: a bitsandbytes-quantized model (config.json has \"quantization_config\"): the GPU path "
-                              "does not read quantized bases yet (use --device cpu, or the bf16 checkpoint)", o->model_dir);
+            fail(err, errlen,
+                 "%s: a bitsandbytes-quantized model (config.json has \"quantization_config\"): the GPU path does not "
+                 "read quantized bases yet (use --device cpu, or the bf16 checkpoint)",
+                 o->model_dir);
             goto done;
         }
     }

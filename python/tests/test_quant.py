@@ -344,7 +344,8 @@ def fp8_cases(torch, tmp, checkpoints):
             codes, scales, values = fp8_reference(torch, torch.from_numpy(w))
             ours = (np.frombuffer(b[:n], np.uint8), np.frombuffer(b[n:n + 4 * r], np.float32),
                     np.frombuffer(b[n + 4 * r:], np.float32))
-            bad += int(np.sum(ours[0] != codes.ravel())) + int(np.sum(ours[1].view(np.uint32) != scales.view(np.uint32)))
+            bad += int(np.sum(ours[0] != codes.ravel()))
+            bad += int(np.sum(ours[1].view(np.uint32) != scales.view(np.uint32)))
             bad += int(np.sum(ours[2].view(np.uint32) != values.ravel().view(np.uint32)))
             compared += n
         report(bad == 0, "fp8: codes, scales and values equal torch's (w / (amax / 448)).to(float8_e4m3fn) bit for "
@@ -422,8 +423,8 @@ def nf4_fp8_cases():
                 compared += w.numel()
         finally:
             torch.set_num_threads(saved_threads)
-        report(bad == 0, "nf4: codes, absmax codes, nested absmax and offset equal bitsandbytes' quantize_4bit(nf4, 64, "
-               "compress_statistics=True) on the CPU bit for bit (torch at 1 and 2 threads for 4M weights)",
+        report(bad == 0, "nf4: codes, absmax codes, nested absmax and offset equal bitsandbytes' quantize_4bit(nf4, "
+               "64, compress_statistics=True) on the CPU bit for bit (torch at 1 and 2 threads for 4M weights)",
                "%d weights in %d tensors, %d mismatches" % (compared, len(runs), bad))
 
     def bnb_weight(packed, st):
