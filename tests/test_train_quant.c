@@ -1,18 +1,29 @@
-/* test_train_quant.c — the frozen base's 4-bit formats on the CPU (train/quant.h):
+/* test_train_quant.c — the frozen base's quantized formats on the CPU (train/quant.h):
  *   1. mlx4 groups worked by hand: a ramp, a constant group, zeros, negative values only, and the
  *      scale and bias rounded to bf16 where the weight is bf16;
  *   2. refusals: a NaN or inf in a group, rows that groups of 64 do not divide, packed tensors whose
  *      shapes or dtypes do not fit;
  *   3. packed words (eight 4-bit codes per uint32, the first in the low bits) dequantize to what the
  *      round trip gives;
- *   4. gemma_model_load_base with BASE_MLX4 on the gemma4_tiny fixture: every decoder projection
- *      within one step of its group of the plain load, embeddings and norms untouched; the
- *      gemma4_smoke fixture (rows of 32) refused in one line;
- *   5. a run trained on an mlx4 base resumes on one only: --resume with the base changed is refused;
- *      train_run refuses mlx4 on the GPU.
+ *   4. nf4: codes against a search of NF4's values typed again here (each midpoint takes the lower
+ *      code, the next float up the upper one; random, all-zero and short blocks); the dynamic code
+ *      against its definition; torch's mean; the 8-bit step against its 65536-entry table (values
+ *      near 0 taking a code that is not their nearest); the round trip within its bound; NaN and
+ *      inf refused; a weight saved as transformers saves it (packed, double-quantized or not, the
+ *      quant state's JSON) dequantizing to the round trip, and eight ways it can be wrong refused;
+ *   5. fp8: every e4m3 code decoded from the format; values, every midpoint between neighbours and
+ *      the floats beside them encoded as the nearest value found by search, ties to even, beyond
+ *      448 saturating; the per-channel round trip and its scales;
+ *   6. gemma_model_load_base on the gemma4_tiny fixture: with BASE_MLX4 every decoder projection
+ *      within one step of its group of the plain load, embeddings and norms untouched, gemma4_smoke
+ *      (rows of 32) refused in one line; with BASE_NF4 and BASE_FP8, both fixtures within the
+ *      format's bound;
+ *   7. a run trained on a quantized base resumes on the same one only (mlx4 to bf16, nf4 to fp8
+ *      refused); train_run refuses mlx4, nf4 and fp8 on the GPU, and folders whose config.json says
+ *      MLX or bitsandbytes quantization; bitsandbytes settings other than 4-bit nf4 in uint8 refused.
  * Usage: test_train_quant [FIXTURES_DIR] (default train/fixtures).
- * test_train_quant --dump MODEL_DIR bf16|mlx4 OUT writes every decoder projection as loaded (f32,
- * layer by layer in q, k, v, o, gate, up, down order, absent ones skipped) to OUT, for
+ * test_train_quant --dump MODEL_DIR bf16|mlx4|nf4|fp8 OUT writes every decoder projection as loaded
+ * (f32, layer by layer in q, k, v, o, gate, up, down order, absent ones skipped) to OUT, for
  * python/tests/test_quant.py to compare with mlx.core.dequantize, bitsandbytes and torch; --nf4,
  * --fp8 and --tables write codes and tables for it (their comments below say what). */
 #define _GNU_SOURCE
