@@ -6,6 +6,7 @@
 
 #include <jansson.h>
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -279,7 +280,8 @@ static float torch_sum_run(const float *x, int64_t n) {
 }
 
 float nf4_torch_mean(const float *x, int64_t n, int threads) {
-    enum { GRAIN = 32768 };
+    enum { GRAIN = 32768, MAX_THREADS = 256 };
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
     float sum;
     if (n < GRAIN || threads <= 1) {
         sum = torch_sum_run(x, n);
@@ -288,13 +290,12 @@ float nf4_torch_mean(const float *x, int64_t n, int threads) {
          * sum lands in a zero-filled slot, then the slots (unused ones 0) are summed */
         int64_t chunks = (n + GRAIN - 1) / GRAIN < threads ? (n + GRAIN - 1) / GRAIN : threads;
         int64_t chunk = (n + chunks - 1) / chunks;
-        float slot[256] = {0};
-        int slots = threads < 256 ? threads : 256;
-        for (int64_t c = 0; c < chunks && c < slots; c++) {
+        float slot[MAX_THREADS] = {0};
+        for (int64_t c = 0; c < chunks; c++) {
             int64_t begin = c * chunk, len = n - begin < chunk ? n - begin : chunk;
             if (len > 0) slot[c] = torch_sum_run(x + begin, len);
         }
-        sum = torch_sum_run(slot, slots);
+        sum = torch_sum_run(slot, threads);
     }
     return sum / (float)n;
 }
@@ -420,8 +421,8 @@ int nf4_dequantize_tensor(const bnb4_tensors *t, int64_t rows, int64_t cols, flo
     int known_dtype = dtype && (!strcmp(dtype, "float32") || !strcmp(dtype, "float16") || !strcmp(dtype, "bfloat16"));
     if (!quant_type || strcmp(quant_type, "nf4") != 0)
         snprintf(err, errlen, "quant_type %s: only nf4 is read", quant_type ? quant_type : "missing");
-    else if (blocksize <= 0)
-        snprintf(err, errlen, "the quant state has no positive blocksize");
+    else if (blocksize <= 0 || blocksize > BNB_MAX_BLOCK)
+        snprintf(err, errlen, "the quant state's blocksize is not between 1 and %d", BNB_MAX_BLOCK);
     else if (!known_dtype)
         snprintf(err, errlen, "the quant state's dtype %s is not float32, float16 or bfloat16",
                  dtype ? dtype : "missing");
@@ -434,9 +435,11 @@ int nf4_dequantize_tensor(const bnb4_tensors *t, int64_t rows, int64_t cols, flo
     else if (!t->quant_map || !f32_vector(t->quant_map, 16) || memcmp(t->quant_map->data, NF4_CODE, sizeof NF4_CODE))
         snprintf(err, errlen, "the quant_map is not NF4's 16 float32 values");
     else if (nested && (!t->nested_absmax || !offset_json || !json_is_number(offset_json) || nested_blocksize <= 0 ||
-                        !nested_dtype || strcmp(nested_dtype, "float32") != 0))
+                        nested_blocksize > BNB_MAX_BLOCK || !nested_dtype || strcmp(nested_dtype, "float32") != 0))
         snprintf(err, errlen, "the double quantization is incomplete (nested_absmax, nested_offset, nested_blocksize "
-                              "and nested_dtype float32 are needed)");
+                              "up to %d and nested_dtype float32 are needed)", BNB_MAX_BLOCK);
+    else if (nested && !(fabs(json_number_value(offset_json)) <= FLT_MAX))
+        snprintf(err, errlen, "the nested_offset is not a finite float32");
     else if (nested && (!t->absmax || t->absmax->dtype != ST_U8 || st_numel(t->absmax) != (uint64_t)blocks))
         snprintf(err, errlen, "the absmax is not U8 [%lld] (blocks of %lld, double-quantized)", (long long)blocks,
                  (long long)blocksize);
@@ -452,7 +455,6 @@ int nf4_dequantize_tensor(const bnb4_tensors *t, int64_t rows, int64_t cols, flo
     float offset = nested && rc == 0 ? (float)json_number_value(offset_json) : 0;
     json_decref(state);
     if (rc != 0) return -1;
-    if (!isfinite(offset)) return snprintf(err, errlen, "the nested_offset is not finite"), -1;
     const uint8_t *packed = t->weight->data, *absmax_codes = t->absmax->data;
     for (int64_t b = 0; b < blocks; b++) {
         float scale = nested ? f32_at(t->nested_quant_map, absmax_codes[b]) * f32_at(t->nested_absmax, (uint64_t)(

@@ -76,6 +76,7 @@ int mlx4_config_quantization(const char *config_path, char *err, size_t errlen);
 #define NF4_BLOCK 64
 #define NF4_NESTED_BLOCK 256
 #define BNB_LUT_SIZE 65536
+#define BNB_MAX_BLOCK 65536 /* the largest block size a saved quant state may give (bitsandbytes: 4096) */
 
 /* NF4's 16 values (bitsandbytes' get_4bit_type("nf4")) and the signed dynamic 8-bit code of the
  * double quantization (create_dynamic_map(), sorted, 256 values), both f32. */
@@ -86,7 +87,7 @@ extern const float BNB_DYNAMIC_CODE[256];
 void nf4_quantize_blocks(const float *w, int64_t n, uint8_t *codes, float *absmax);
 /* torch's float32 mean of x[0..n) on the CPU (its cascade sum of 8-lane vectors, then / n), as
  * torch computes it with `threads` intra-op threads: from 32768 values on, torch sums one chunk a
- * thread and then the chunks' sums, so the last bit can depend on the thread count. */
+ * thread and then the chunks' sums, so the last bit can depend on the thread count (1 to 256). */
 float nf4_torch_mean(const float *x, int64_t n, int threads);
 /* bitsandbytes' CPU 8-bit blockwise quantization of x[0..n) against a sorted 256-entry code:
  * q[0..n), absmax[0..ceil(n / blocksize)). lut is BNB_LUT_SIZE bytes of scratch. */
