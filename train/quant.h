@@ -23,9 +23,10 @@
  * absmax - offset is quantized to 8 bits in blocks of 256 against bitsandbytes' signed dynamic
  * code (create_dynamic_map(), BNB_DYNAMIC_CODE) by its CPU kernel (bnb_quantize_8bit): per block
  * m = max |x| (an all-zero block stores m = 0 and codes 0); v = clamp(x · (1 / m), -1, 1);
- * index = (int)fma((v + 1) · 0.5, 65535, 0.5); the code is entry index of a table that gives, for
- * t = 2·index / 65535 - 1, the number of the code's midpoints strictly below t. So a value next to
- * a midpoint can take the farther code: the table, not the nearest code, is bitsandbytes' rule.
+ * i = (int)fma((v + 1) · 0.5, 65535, 0.5); the code is the number of the code's midpoints strictly
+ * below t = 2·i / 65535 - 1 (a 65536-entry table of them). So a value within a table step of a
+ * midpoint can take the farther code, and values near 0, where the code is denser than the table,
+ * take the code nearest t: the table, not the nearest code, is bitsandbytes' rule.
  * Dequantized: absmax' = dynamic[q8] · m + offset, then w' = NF4[code] · absmax', each step an f32
  * product or sum, kept in f32: what bitsandbytes' matmul_4bit multiplies a float32 input by (its
  * gemm_4bit dequantizes into the input's dtype; dequantize_4bit alone would round to the dtype the

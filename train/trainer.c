@@ -1237,7 +1237,7 @@ int train_run(const train_options *o, char *err, size_t errlen) {
              base_dtype_name(o->base));
         goto done;
     }
-    if (on_gpu && !o->random_init) { /* an mlx_lm.convert -q folder: its packed weights are the CPU path's alone */
+    if (on_gpu && !o->random_init) { /* a quantized folder (mlx_lm.convert -q, bitsandbytes): the CPU path's alone */
         snprintf(path, sizeof path, "%s/config.json", o->model_dir);
         int quantized = mlx4_config_quantization(path, err, errlen);
         if (quantized < 0) goto done;
