@@ -235,6 +235,10 @@ expect_error "train: --base-dtype bogus" train --model $FX --data "$T/data" --ba
 expect_error "train: --base-dtype mlx4 with --device cuda (the GPU path does not have it)" train --model $FX --data "$T/data" \
     --base-dtype mlx4 --device cuda
 expect_error "train: --base-dtype mlx4 on rows of 32 (gemma4_smoke)" train --model $FX --data "$T/data" --base-dtype mlx4
+for b in nf4 fp8; do
+    expect_error "train: --base-dtype $b with --device cuda (the GPU path does not have it)" train --model $FX \
+        --data "$T/data" --base-dtype $b --device cuda
+done
 expect_error "train: model dir missing" train --model "$T/nope" --data "$T/data"
 expect_error "train: --epochs with --iters" train --model $FX --data "$T/data" --epochs 1 --iters 3
 expect_error "train: --lora-keys x" train --model $FX --data "$T/data" --lora-keys q,x
@@ -273,7 +277,8 @@ done
 for flag in "--val-batches 5|val_batches: 5" "--val-batches -1|val_batches: -1" "--save-every 10|save_every: 10" \
     "--iters 4|iters: 4" "--max-seq-length 64|max_seq_length: 64" "--mask-prompt|mask_prompt: true" "--test|test: true" \
     "--byte-tokens|byte_tokens: true" "--adapter-format peft|adapter_format: peft" "--grad-clip 1.5|grad_clip: 1.5" \
-    "--base-dtype mlx4|base_dtype: mlx4" "|base_dtype: bf16" \
+    "--base-dtype mlx4|base_dtype: mlx4" "|base_dtype: bf16" "--base-dtype nf4|base_dtype: nf4" \
+    "--base-dtype fp8|base_dtype: fp8" \
     "--batch-size 2|batch_size: 2" "--seed 9|seed: 9" "--num-layers -1|num_layers: -1" "--eval-only|train: false" \
     "--optimizer adamw --weight-decay 0.05|    weight_decay: 0.05" "--lora-keys q,down|  keys: [\"self_attn.q_proj\", \"mlp.down_proj\"]" \
     "--lr-schedule cosine --warmup 3 --warmup-init 1e-7 --decay-steps 20 --lr-end 1e-6|  arguments: [1e-05, 20, 1e-06]" \
@@ -288,9 +293,22 @@ if "$W" train --model train/fixtures/gemma4_tiny --data "$T/data" --iters 1 --ba
 else
     no "train --base-dtype mlx4: $(tail -2 "$T/stdout") $(cat "$T/stderr")"
 fi
+for b in "nf4|bitsandbytes' NF4" "fp8|FP8 e4m3"; do
+    name=${b%%|*} line=${b#*|}
+    if "$W" train --model train/fixtures/gemma4_tiny --data "$T/data" --iters 1 --batch-size 2 --lora-rank 2 \
+            --threads 1 --base-dtype $name --out "$T/$name" >"$T/stdout" 2>"$T/stderr" &&
+        grep -q "^base: .*$line" "$T/stdout" && grep -q "^step 1/1" "$T/stdout"; then
+        ok "train --base-dtype $name: one step on gemma4_tiny, the base line printed"
+    else
+        no "train --base-dtype $name: $(tail -2 "$T/stdout") $(cat "$T/stderr")"
+    fi
+done
 printf 'base_dtype: mlx4\n' >"$T/base.yaml"
 pc -c "$T/base.yaml" | grep -qxF "base_dtype: mlx4" && ok "train: base_dtype: mlx4 in a config file" ||
     no "train: base_dtype in a config file: $(cat "$T/stderr")"
+printf 'base_dtype: nf4\n' >"$T/base-nf4.yaml"
+pc -c "$T/base-nf4.yaml" | grep -qxF "base_dtype: nf4" && ok "train: base_dtype: nf4 in a config file" ||
+    no "train: base_dtype: nf4 in a config file: $(cat "$T/stderr")"
 printf 'base_dtype: nf8\n' >"$T/base-bad.yaml"
 expect_error "train: base_dtype: nf8 in a config file" train --model $FX --data "$T/data" -c "$T/base-bad.yaml"
 [ "$(pc --grad-checkpoint --steps-per-report 5 --train --fine-tune-type lora)" = "$(pc)" ] &&

@@ -1,19 +1,31 @@
-/* test_train_quant.c — the frozen base's 4-bit formats on the CPU (train/quant.h):
+/* test_train_quant.c — the frozen base's quantized formats on the CPU (train/quant.h):
  *   1. mlx4 groups worked by hand: a ramp, a constant group, zeros, negative values only, and the
  *      scale and bias rounded to bf16 where the weight is bf16;
  *   2. refusals: a NaN or inf in a group, rows that groups of 64 do not divide, packed tensors whose
  *      shapes or dtypes do not fit;
  *   3. packed words (eight 4-bit codes per uint32, the first in the low bits) dequantize to what the
  *      round trip gives;
- *   4. gemma_model_load_base with BASE_MLX4 on the gemma4_tiny fixture: every decoder projection
- *      within one step of its group of the plain load, embeddings and norms untouched; the
- *      gemma4_smoke fixture (rows of 32) refused in one line;
- *   5. a run trained on an mlx4 base resumes on one only: --resume with the base changed is refused;
- *      train_run refuses mlx4 on the GPU.
+ *   4. nf4: codes against a search of NF4's values typed again here (each midpoint takes the lower
+ *      code, the next float up the upper one; random, all-zero and short blocks); the dynamic code
+ *      against its definition; torch's mean; the 8-bit step against its 65536-entry table (values
+ *      near 0 taking a code that is not their nearest); the round trip within its bound; NaN and
+ *      inf refused; a weight saved as transformers saves it (packed, double-quantized or not, the
+ *      quant state's JSON) dequantizing to the round trip, and eight ways it can be wrong refused;
+ *   5. fp8: every e4m3 code decoded from the format; values, every midpoint between neighbours and
+ *      the floats beside them encoded as the nearest value found by search, ties to even, beyond
+ *      448 saturating; the per-channel round trip and its scales;
+ *   6. gemma_model_load_base on the gemma4_tiny fixture: with BASE_MLX4 every decoder projection
+ *      within one step of its group of the plain load, embeddings and norms untouched, gemma4_smoke
+ *      (rows of 32) refused in one line; with BASE_NF4 and BASE_FP8, both fixtures within the
+ *      format's bound;
+ *   7. a run trained on a quantized base resumes on the same one only (mlx4 to bf16, nf4 to fp8
+ *      refused); train_run refuses mlx4, nf4 and fp8 on the GPU, and folders whose config.json says
+ *      MLX or bitsandbytes quantization; bitsandbytes settings other than 4-bit nf4 in uint8 refused.
  * Usage: test_train_quant [FIXTURES_DIR] (default train/fixtures).
- * test_train_quant --dump MODEL_DIR bf16|mlx4 OUT writes every decoder projection as loaded (f32,
- * layer by layer in q, k, v, o, gate, up, down order, absent ones skipped) to OUT, for
- * python/tests/test_quant.py to compare with mlx.core.dequantize. */
+ * test_train_quant --dump MODEL_DIR bf16|mlx4|nf4|fp8 OUT writes every decoder projection as loaded
+ * (f32, layer by layer in q, k, v, o, gate, up, down order, absent ones skipped) to OUT, for
+ * python/tests/test_quant.py to compare with mlx.core.dequantize, bitsandbytes and torch; --nf4,
+ * --fp8 and --tables write codes and tables for it (their comments below say what). */
 #define _GNU_SOURCE
 #include "check.h"
 #include "model.h"
@@ -205,6 +217,424 @@ static void test_model(void) {
     int rc = gemma_model_load_base_f32(&quant, dir, &none, BASE_MLX4, err, sizeof err);
     check(rc == -1 && strstr(err, "groups of 64") && strstr(err, "q_proj") && !strchr(err, '\n'),
           "mlx4 refuses gemma4_smoke (rows of 32) in one line: %s", err);
+
+    /* nf4 and fp8 on both fixtures (nf4's blocks run over the flat weight, so rows of 32 are fine):
+     * each projection within its format's bound of the plain load (nf4: as test_nested; fp8: half
+     * a step of e4m3 relative, or of the subnormal step, at the row's scale), everything else as
+     * loaded */
+    for (int fixture = 0; fixture < 2; fixture++)
+        for (base_dtype b = BASE_NF4; b <= BASE_FP8; b++) {
+            snprintf(dir, sizeof dir, "%s/%s", fixtures, fixture ? "gemma4_smoke" : "gemma4_tiny");
+            if (gemma_model_load_f32(&plain, dir, &none, err, sizeof err) != 0 ||
+                gemma_model_load_base_f32(&quant, dir, &none, b, err, sizeof err) != 0) {
+                check_fail("%s load of %s: %s", base_dtype_name(b), dir, err);
+                return;
+            }
+            size_t moved = 0, outside = 0;
+            for (int l = 0; l < plain.cfg.layers; l++)
+                for (int p = 0; p < PROJ_COUNT; p++) {
+                    const float *x = plain.layer[l].w[p], *y = quant.layer[l].w[p];
+                    if (!x) continue;
+                    int64_t rows = plain.layer[l].out[p], cols = plain.layer[l].in[p], n = rows * cols;
+                    float top = 0;
+                    for (int64_t i = 0; i < n; i++) top = fmaxf(top, fabsf(x[i]));
+                    for (int64_t r = 0; r < rows; r++) {
+                        float row_max = 0;
+                        for (int64_t j = 0; j < cols; j++) row_max = fmaxf(row_max, fabsf(x[r * cols + j]));
+                        for (int64_t j = 0; j < cols; j++) {
+                            int64_t i = r * cols + j;
+                            float block_max = 0;
+                            for (int64_t k = i / 64 * 64; k < n && k < i / 64 * 64 + 64; k++)
+                                block_max = fmaxf(block_max, fabsf(x[k]));
+                            float bound = b == BASE_NF4
+                                              ? 0.1520f * block_max + 0.0072f * top + fabsf(y[i]) * 0x1p-22f
+                                              : fabsf(x[i]) / 16 + row_max / 448 * 0x1p-10f;
+                            moved += x[i] != y[i];
+                            outside += fabsf(x[i] - y[i]) > bound;
+                        }
+                    }
+                }
+            int same = memcmp(plain.embed, quant.embed, (size_t)plain.cfg.vocab * plain.cfg.hidden * 4) == 0 &&
+                       memcmp(plain.layer[0].input_norm, quant.layer[0].input_norm, (size_t)plain.cfg.hidden * 4) == 0;
+            check(moved > 0 && outside == 0 && same,
+                  "%s %s: projections within the format's bound (%zu values changed, %zu outside), embeddings and "
+                  "norms as loaded", base_dtype_name(b), fixture ? "gemma4_smoke" : "gemma4_tiny", moved, outside);
+            gemma_model_free_f32(&plain);
+            gemma_model_free_f32(&quant);
+        }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * nf4 and fp8. The expectations below are computed here from the formats' definitions, not by
+ * calling the code under test: NF4's values typed again, their float midpoints, a search. */
+
+static const float nf4_values[16] = {-1.0f, -0.6961928009986877f, -0.5250730514526367f, -0.39491748809814453f,
+                                     -0.28444138169288635f, -0.18477343022823334f, -0.09105003625154495f, 0.0f,
+                                     0.07958029955625534f, 0.16093020141124725f, 0.24611230194568634f,
+                                     0.33791524171829224f, 0.44070982933044434f, 0.5626170039176941f,
+                                     0.7229568362236023f, 1.0f};
+
+/* bitsandbytes' rule for a scaled value s in [-1, 1]: the nearest of the 16 values, a value on a
+ * (float) midpoint taking the lower one; found by bisection over the midpoints */
+static int nf4_expected(float s) {
+    int lo = 0, hi = 15; /* the code is in [lo, hi] */
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (s > (nf4_values[mid] + nf4_values[mid + 1]) / 2) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+static void test_nf4_codes(void) {
+    check(memcmp(NF4_CODE, nf4_values, sizeof nf4_values) == 0, "NF4_CODE holds QLoRA's 16 NF4 values");
+    /* a block holding 1.0 (absmax 1, so s = w exactly): every midpoint, the floats either side of
+     * it, and the 16 values themselves */
+    float w[3 * NF4_BLOCK], absmax[3];
+    uint8_t codes[3 * NF4_BLOCK];
+    int j = 0;
+    w[j++] = 1.0f;
+    for (int i = 0; i < 15; i++) {
+        float mid = (nf4_values[i] + nf4_values[i + 1]) / 2;
+        w[j++] = mid;
+        w[j++] = nextafterf(mid, 2.0f);
+        w[j++] = nextafterf(mid, -2.0f);
+        w[j++] = nf4_values[i];
+    }
+    while (j < NF4_BLOCK) w[j++] = 0.0f;
+    nf4_quantize_blocks(w, NF4_BLOCK, codes, absmax);
+    int ok = absmax[0] == 1.0f, ties_lower = 1;
+    for (int i = 0; i < NF4_BLOCK; i++) ok &= codes[i] == nf4_expected(w[i]);
+    for (int i = 0; i < 15; i++) ties_lower &= codes[1 + 4 * i] == i && codes[2 + 4 * i] == i + 1;
+    check(ok && ties_lower, "nf4: a value on a midpoint takes the lower code, the next float up the upper one "
+                            "(absmax %g)", absmax[0]);
+
+    /* random blocks at three scales, a zero block, and a short last block (which divides) */
+    uint64_t state = 5;
+    int64_t n = 2 * NF4_BLOCK + 21;
+    for (int64_t i = 0; i < n; i++) w[i] = bf16_round((i < NF4_BLOCK ? 0.02f : 3.0f) * uniform(&state));
+    for (int64_t i = NF4_BLOCK; i < 2 * NF4_BLOCK; i++) w[i] = 0.0f;
+    nf4_quantize_blocks(w, n, codes, absmax);
+    int bad = 0;
+    for (int64_t b = 0; b < 3; b++) {
+        int64_t len = b < 2 ? NF4_BLOCK : 21;
+        float m = 0;
+        for (int64_t i = 0; i < len; i++) m = fmaxf(m, fabsf(w[b * NF4_BLOCK + i]));
+        float floor_m = fmaxf(m, 1e-38f), inverse = 1.0f / floor_m;
+        bad += absmax[b] != (b < 2 ? m : floor_m);
+        for (int64_t i = 0; i < len; i++) {
+            float x = w[b * NF4_BLOCK + i], s = b < 2 ? x * inverse : x / floor_m;
+            bad += codes[b * NF4_BLOCK + i] != nf4_expected(fminf(fmaxf(s, -1.0f), 1.0f));
+        }
+    }
+    check(bad == 0 && absmax[1] == 0 && codes[NF4_BLOCK] == 7 && codes[2 * NF4_BLOCK - 1] == 7,
+          "nf4: codes and absmax of random, all-zero (code 7 = 0.0, absmax 0) and short blocks (%d differ)", bad);
+}
+
+/* the dynamic map's definition in double: the midpoints of linspace(0.1, 1, 2^i + 1) times
+ * ±10^(i - 6), i = 0..6, with 0 and 1 */
+static void test_dynamic_code(void) {
+    double want[256];
+    int k = 0;
+    for (int i = 0; i < 7; i++) {
+        int points = (1 << i) + 1;
+        for (int j = 0; j + 1 < points; j++) {
+            double a = 0.1 + 0.9 * j / (points - 1), b = 0.1 + 0.9 * (j + 1) / (points - 1);
+            want[k++] = pow(10.0, i - 6) * (a + b) / 2;
+            want[k++] = -pow(10.0, i - 6) * (a + b) / 2;
+        }
+    }
+    want[k++] = 0;
+    want[k++] = 1;
+    int ok = k == 256, sorted = 1;
+    for (int i = 0; i < 256; i++)
+        for (int j = i + 1; j < 256; j++)
+            if (want[j] < want[i]) {
+                double t = want[i];
+                want[i] = want[j], want[j] = t;
+            }
+    double worst = 0;
+    for (int i = 0; i < 256; i++) {
+        if (i && !(BNB_DYNAMIC_CODE[i] > BNB_DYNAMIC_CODE[i - 1])) sorted = 0;
+        double rel = want[i] == 0 ? fabs(BNB_DYNAMIC_CODE[i]) : fabs(BNB_DYNAMIC_CODE[i] - want[i]) / fabs(want[i]);
+        worst = fmax(worst, rel);
+    }
+    check(ok && sorted && worst < 1e-6, "BNB_DYNAMIC_CODE: 256 increasing values, each within 1e-6 of "
+                                        "create_dynamic_map's definition (worst %.2g relative)", worst);
+}
+
+static void test_nested(void) {
+    /* torch's mean: exact where every partial sum is exact; the same for 1 and 2 threads when the
+     * values are equal; within float rounding of the double mean otherwise */
+    float x[70000];
+    for (int i = 0; i < 7; i++) x[i] = (float)(i + 1);
+    int ok = nf4_torch_mean(x, 7, 1) == 4.0f && nf4_torch_mean(x, 3, 1) == 2.0f;
+    for (int i = 0; i < 70000; i++) x[i] = 0.375f;
+    ok &= nf4_torch_mean(x, 70000, 1) == 0.375f && nf4_torch_mean(x, 70000, 2) == 0.375f;
+    uint64_t state = 9;
+    double exact = 0;
+    for (int i = 0; i < 70000; i++) exact += x[i] = 0.5f + 0.5f * uniform(&state);
+    exact /= 70000;
+    float one = nf4_torch_mean(x, 70000, 1), two = nf4_torch_mean(x, 70000, 2);
+    check(ok && fabs(one - exact) < 4e-7 * exact && fabs(two - exact) < 4e-7 * exact,
+          "nf4 offset (torch's f32 mean): exact sums exact; 70000 values %.9g (1 thread), %.9g (2) vs %.9g", one,
+          two, exact);
+
+    /* the 8-bit step: per block of 256, m = max |x|; the code is the table's entry at
+     * trunc(fl((s + 1) / 2 · 65535 + 0.5)), the table giving for t = 2i / 65535 - 1 the code whose
+     * midpoints bracket t (here searched by bisection, and the index summed in double) */
+    static uint8_t lut[BNB_LUT_SIZE];
+    float v[2 * NF4_NESTED_BLOCK + 40], m8[3];
+    uint8_t q[2 * NF4_NESTED_BLOCK + 40];
+    int64_t n = 2 * NF4_NESTED_BLOCK + 40;
+    for (int64_t i = 0; i < n; i++) v[i] = 0.01f * uniform(&state);
+    for (int64_t i = NF4_NESTED_BLOCK; i < 2 * NF4_NESTED_BLOCK; i++) v[i] = 0;
+    v[3] = -0.01f; /* a block's absmax at -1 exactly */
+    /* values within a table step (2 / 65535) of 0, where the dynamic code is far denser than the
+     * table: they take the code of the table entry, not their nearest */
+    for (int i = 0; i < 6; i++) v[5 + i] = 0.01f * (float)(i - 3) * 2e-6f;
+    bnb_quantize_8bit(v, n, NF4_NESTED_BLOCK, BNB_DYNAMIC_CODE, lut, q, m8);
+    int bad = 0, farther = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t b = i / NF4_NESTED_BLOCK;
+        if (m8[b] == 0) {
+            bad += q[i] != 0;
+            continue;
+        }
+        float s = fminf(fmaxf(v[i] * (1.0f / m8[b]), -1.0f), 1.0f);
+        double exact_index = (double)((s + 1.0f) * 0.5f) * 65535.0 + 0.5;
+        long index = (long)(float)exact_index;
+        float t = ((float)index + (float)index) / 65535.0f - 1.0f;
+        int lo = 0, hi = 255;
+        while (lo < hi) {
+            int mid = (lo + hi) / 2;
+            if (t > (BNB_DYNAMIC_CODE[mid] + BNB_DYNAMIC_CODE[mid + 1]) * 0.5f) lo = mid + 1;
+            else hi = mid;
+        }
+        bad += q[i] != lo;
+        /* the table's code against the nearest code of s itself */
+        int near = lo;
+        for (int c = 0; c < 256; c++)
+            if (fabsf(BNB_DYNAMIC_CODE[c] - s) < fabsf(BNB_DYNAMIC_CODE[near] - s)) near = c;
+        farther += near != lo;
+    }
+    check(bad == 0 && farther > 0 && m8[1] == 0 && m8[0] > 0 && q[3] == 0 && BNB_DYNAMIC_CODE[0] < -0.99f,
+          "nf4 8-bit step: %lld codes from the 65536-entry table (%d differ; %d of them not the nearest code), a "
+          "zero block codes 0", (long long)n, bad, farther);
+
+    /* the round trip: every value within half NF4's widest gap (-1 to -0.696: 0.1519) of its block's absmax, plus
+     * the 8-bit step's error on the absmax (half the dynamic code's widest gap, 0.0071, plus a
+     * table step, of the largest |absmax - offset|, at most the tensor's largest absmax) */
+    enum { N = 5 * NF4_BLOCK * NF4_NESTED_BLOCK / 4 + 17 };
+    static float w[N], back[N];
+    for (int i = 0; i < N; i++) w[i] = bf16_round((i % 3 ? 0.05f : 0.8f) * uniform(&state));
+    memcpy(back, w, sizeof w);
+    char err[256];
+    int rc = nf4_round_trip(back, N, 1, err, sizeof err);
+    float top = 0, worst = 0;
+    for (int i = 0; i < N; i++) top = fmaxf(top, fabsf(w[i]));
+    int within = rc == 0;
+    for (int b = 0; b * NF4_BLOCK < N; b++) {
+        float m = 0;
+        for (int i = b * NF4_BLOCK; i < N && i < (b + 1) * NF4_BLOCK; i++) m = fmaxf(m, fabsf(w[i]));
+        for (int i = b * NF4_BLOCK; i < N && i < (b + 1) * NF4_BLOCK; i++) {
+            float e = fabsf(back[i] - w[i]), bound = 0.1520f * m + 0.0072f * top + fabsf(back[i]) * 0x1p-22f;
+            worst = fmaxf(worst, e / bound);
+            within &= e <= bound;
+        }
+    }
+    check(within, "nf4 round trip of %d bf16 weights: every value within its bound (worst %.2f of it)", N, worst);
+    back[70] = NAN;
+    rc = nf4_round_trip(back, N, 1, err, sizeof err);
+    check(rc == -1 && strstr(err, "element 70") && !strchr(err, '\n'), "nf4 refuses a NaN in one line: %s", err);
+    back[70] = -INFINITY;
+    check(nf4_round_trip(back, N, 1, err, sizeof err) == -1 && strstr(err, "non-finite"),
+          "nf4 refuses -inf: %s", err);
+}
+
+/* a bnb4_tensors set for the weight w [rows, cols] built from nf4_quantize's parts as
+ * transformers saves them; json is the quant state text */
+typedef struct bnb4_fixture {
+    uint8_t packed[NF4_BLOCK * 8];
+    st_tensor weight, absmax, quant_map, nested_absmax_t, nested_map, state;
+    char json[512];
+    nf4_quantized q;
+} bnb4_fixture;
+
+static void bnb4_fixture_make(bnb4_fixture *f, const float *w, int rows, int cols) {
+    char err[256];
+    int64_t n = (int64_t)rows * cols;
+    nf4_quantize(w, n, 1, &f->q, err, sizeof err);
+    memset(f->packed, 0, sizeof f->packed);
+    for (int64_t i = 0; i < n; i++) f->packed[i / 2] |= (uint8_t)(i % 2 ? f->q.codes[i] : f->q.codes[i] << 4);
+    f->weight = (st_tensor){.dtype = ST_U8, .rank = 2, .shape = {(n + 1) / 2, 1}, .data = f->packed};
+    f->absmax = (st_tensor){.dtype = ST_U8, .rank = 1, .shape = {f->q.blocks}, .data = f->q.absmax_codes};
+    f->quant_map = (st_tensor){.dtype = ST_F32, .rank = 1, .shape = {16}, .data = NF4_CODE};
+    f->nested_absmax_t = (st_tensor){.dtype = ST_F32, .rank = 1, .shape = {f->q.nested_blocks},
+                                     .data = f->q.nested_absmax};
+    f->nested_map = (st_tensor){.dtype = ST_F32, .rank = 1, .shape = {256}, .data = BNB_DYNAMIC_CODE};
+    snprintf(f->json, sizeof f->json,
+             "{\"quant_type\": \"nf4\", \"blocksize\": 64, \"dtype\": \"float32\", \"shape\": [%d, %d], "
+             "\"nested_blocksize\": 256, \"nested_dtype\": \"float32\", \"nested_offset\": %.17g}",
+             rows, cols, (double)f->q.offset);
+    f->state = (st_tensor){.dtype = ST_U8, .rank = 1, .shape = {(int64_t)strlen(f->json)}, .data = f->json};
+}
+
+static bnb4_tensors bnb4_parts(bnb4_fixture *f) {
+    return (bnb4_tensors){&f->weight, &f->absmax, &f->quant_map, &f->nested_absmax_t, &f->nested_map, &f->state};
+}
+
+static void test_bnb4_tensor(void) {
+    enum { ROWS = 6, COLS = 40 };
+    float w[ROWS * COLS], back[ROWS * COLS], out[ROWS * COLS];
+    uint64_t state = 21;
+    for (int i = 0; i < ROWS * COLS; i++) w[i] = 0.03f * uniform(&state);
+    memcpy(back, w, sizeof w);
+    char err[256] = "";
+    nf4_round_trip(back, ROWS * COLS, 1, err, sizeof err);
+    static bnb4_fixture f;
+    bnb4_fixture_make(&f, w, ROWS, COLS);
+    bnb4_tensors t = bnb4_parts(&f);
+    int rc = nf4_dequantize_tensor(&t, ROWS, COLS, out, err, sizeof err);
+    check(rc == 0 && memcmp(out, back, sizeof out) == 0,
+          "nf4 saved weight (packed high nibble first, double-quantized absmax, offset in the JSON) dequantizes to "
+          "the round trip's values%s%s", rc ? ": " : "", rc ? err : "");
+
+    /* without double quantization: absmax stored as F32 */
+    float absmax[4];
+    for (int64_t b = 0; b < f.q.blocks; b++)
+        absmax[b] = BNB_DYNAMIC_CODE[f.q.absmax_codes[b]] * f.q.nested_absmax[0] + f.q.offset;
+    bnb4_tensors plain = t;
+    st_tensor absmax_f32 = {.dtype = ST_F32, .rank = 1, .shape = {f.q.blocks}, .data = absmax};
+    char plain_json[256];
+    snprintf(plain_json, sizeof plain_json,
+             "{\"quant_type\": \"nf4\", \"blocksize\": 64, \"dtype\": \"float32\", \"shape\": [%d, %d]}", ROWS, COLS);
+    st_tensor plain_state = {.dtype = ST_U8, .rank = 1, .shape = {(int64_t)strlen(plain_json)}, .data = plain_json};
+    plain.absmax = &absmax_f32;
+    plain.nested_absmax = plain.nested_quant_map = NULL;
+    plain.quant_state = &plain_state;
+    rc = nf4_dequantize_tensor(&plain, ROWS, COLS, out, err, sizeof err);
+    check(rc == 0 && memcmp(out, back, sizeof out) == 0, "nf4 saved weight without double quantization (F32 "
+                                                         "absmax) reads%s%s", rc ? ": " : "", rc ? err : "");
+
+    /* each refusal in one line */
+    struct refusal {
+        const char *what, *needle;
+        bnb4_tensors t;
+        int rows;
+    } cases[8];
+    int k = 0;
+    cases[k] = (struct refusal){"no quant state", "quant_state", t, ROWS};
+    cases[k++].t.quant_state = NULL;
+    cases[k] = (struct refusal){"no nested_absmax", "double quantization", t, ROWS};
+    cases[k++].t.nested_absmax = NULL;
+    cases[k] = (struct refusal){"absmax of another length", "absmax", t, ROWS};
+    st_tensor short_absmax = f.absmax;
+    short_absmax.shape[0] = 2;
+    cases[k++].t.absmax = &short_absmax;
+    cases[k] = (struct refusal){"a quant_map that is not NF4's", "quant_map", t, ROWS};
+    float fp4_map[16];
+    memcpy(fp4_map, NF4_CODE, sizeof fp4_map);
+    fp4_map[3] = 0.5f;
+    st_tensor other_map = f.quant_map;
+    other_map.data = fp4_map;
+    cases[k++].t.quant_map = &other_map;
+    cases[k++] = (struct refusal){"a shape other than the config's", "shape", t, ROWS + 1};
+    cases[k] = (struct refusal){"a weight of the wrong size", "packed weight", t, ROWS};
+    st_tensor short_weight = f.weight;
+    short_weight.shape[0] -= 1;
+    cases[k++].t.weight = &short_weight;
+    char fp4_json[512];
+    snprintf(fp4_json, sizeof fp4_json, "%s", f.json);
+    memcpy(strstr(fp4_json, "nf4"), "fp4", 3);
+    st_tensor fp4_state = f.state;
+    fp4_state.data = fp4_json;
+    cases[k] = (struct refusal){"quant_type fp4", "only nf4", t, ROWS};
+    cases[k++].t.quant_state = &fp4_state;
+    float nan_nested = NAN;
+    st_tensor bad_nested = f.nested_absmax_t;
+    bad_nested.data = &nan_nested;
+    cases[k] = (struct refusal){"a NaN nested absmax", "nested_absmax", t, ROWS};
+    cases[k++].t.nested_absmax = &bad_nested;
+    for (int i = 0; i < k; i++) {
+        err[0] = '\0';
+        rc = nf4_dequantize_tensor(&cases[i].t, cases[i].rows, COLS, out, err, sizeof err);
+        check(rc == -1 && strstr(err, cases[i].needle) && !strchr(err, '\n'), "nf4 saved weight: %s refused in one "
+                                                                               "line: %s", cases[i].what, err);
+    }
+    nf4_quantized_free(&f.q);
+}
+
+/* e4m3's value of a code, from the format: sign, 4 exponent bits (bias 7), 3 mantissa bits;
+ * exponent 0 subnormal; 0x7f and 0xff NaN */
+static double e4m3_value(int code) {
+    int e = (code >> 3) & 15, m = code & 7;
+    if ((code & 0x7f) == 0x7f) return NAN;
+    double v = e == 0 ? m * pow(2, -9) : (8 + m) * pow(2, e - 10);
+    return code & 0x80 ? -v : v;
+}
+
+/* the code nearest to x among e4m3's finite values, ties to the even code; saturating: x beyond
+ * ±448 is taken as ±448 */
+static int e4m3_expected(float x) {
+    int best = -1;
+    double best_d = INFINITY, target = fmax(fmin((double)x, 448.0), -448.0);
+    for (int c = 0; c < 256; c++) {
+        double v = e4m3_value(c), d = fabs(v - target);
+        if (isnan(v) || (v == 0 && !signbit(v) != !signbit(x))) continue;
+        if (d < best_d || (d == best_d && (c & 1) == 0 && (best & 1))) best = c, best_d = d;
+    }
+    return best;
+}
+
+static void test_fp8(void) {
+    int decode_ok = 1;
+    for (int c = 0; c < 256; c++) {
+        double v = e4m3_value(c);
+        float got = fp8_e4m3_decode((uint8_t)c);
+        decode_ok &= isnan(v) ? isnan(got) : (double)got == v;
+    }
+    /* the values, every midpoint between neighbours (ties), the floats either side of them, the
+     * subnormal range, 448 and beyond, and random values across the exponents */
+    float x[4096];
+    int n = 0;
+    for (int c = 0; c < 0x7e; c++) {
+        float a = (float)e4m3_value(c), b = (float)e4m3_value(c + 1), mid = (a + b) / 2;
+        x[n++] = a, x[n++] = mid, x[n++] = nextafterf(mid, 0), x[n++] = nextafterf(mid, 1000), x[n++] = -mid;
+    }
+    x[n++] = 448, x[n++] = 460, x[n++] = 1e6f, x[n++] = -3e38f, x[n++] = 1e-30f, x[n++] = -0.0f;
+    uint64_t state = 13;
+    while (n < 4096) x[n++] = ldexpf(uniform(&state), (int)(uniform(&state) * 14) - 4);
+    int bad = 0;
+    for (int i = 0; i < n; i++) bad += fp8_e4m3_encode(x[i]) != e4m3_expected(x[i]);
+    check(decode_ok && bad == 0 && fp8_e4m3_encode(NAN) == 0x7f && fp8_e4m3_encode(1e6f) == 0x7e &&
+              fp8_e4m3_encode(-1e6f) == 0xfe && fp8_e4m3_encode(0x1p-10f) == 0 && fp8_e4m3_encode(0x1.8p-9f) == 2,
+          "fp8 e4m3: 256 codes decode; %d values encode to the nearest (the %d midpoints of neighbours to the even "
+          "code, 2^-10 to 0), beyond 448 saturating, NaN 0x7f (%d differ)", n, 2 * 0x7e, bad);
+
+    /* per-channel round trip: scale = amax / 448, a zero row scale 1, each value within half a step */
+    enum { ROWS = 5, COLS = 96 };
+    float w[ROWS * COLS], back[ROWS * COLS], scales[ROWS];
+    uint8_t codes[ROWS * COLS];
+    for (int i = 0; i < ROWS * COLS; i++) w[i] = (i / COLS == 1 ? 0 : (float)(i / COLS + 1)) * uniform(&state);
+    memcpy(back, w, sizeof w);
+    char err[256];
+    int rc = fp8_round_trip(back, ROWS, COLS, scales, codes, err, sizeof err), within = rc == 0;
+    for (int r = 0; r < ROWS && within; r++) {
+        float amax = 0;
+        for (int j = 0; j < COLS; j++) amax = fmaxf(amax, fabsf(w[r * COLS + j]));
+        within &= scales[r] == (amax > 0 ? amax / 448 : 1.0f);
+        for (int j = 0; j < COLS; j++) {
+            int i = r * COLS + j;
+            within &= codes[i] == e4m3_expected(w[i] / scales[r]) && back[i] == fp8_e4m3_decode(codes[i]) * scales[r];
+            within &= fabsf(back[i] - w[i]) <= fabsf(w[i]) / 16 + scales[r] * 0x1p-10f;
+        }
+    }
+    check(within && scales[1] == 1 && back[COLS] == 0, "fp8 round trip: a scale of amax / 448 a row (1 for a zero "
+                                                       "row), codes nearest, values within half a step");
+    back[7] = INFINITY;
+    rc = fp8_round_trip(back, ROWS, COLS, NULL, NULL, err, sizeof err);
+    check(rc == -1 && strstr(err, "element 7") && !strchr(err, '\n'), "fp8 refuses inf in one line: %s", err);
 }
 
 /* train_run with its progress lines sent to /dev/null */
@@ -219,6 +649,27 @@ static int quiet_run(const train_options *o, char *err, size_t errlen) {
     dup2(saved, 1);
     close(saved);
     return rc;
+}
+
+/* DIR/config.json: MODEL's config.json with `extra` (one JSON member) added at its end; DIR made */
+static int config_with(const char *model, const char *dir, const char *extra) {
+    char src[1200], dst[1300], text[65536];
+    snprintf(src, sizeof src, "%s/config.json", model);
+    snprintf(dst, sizeof dst, "%s/config.json", dir);
+    mkdir(dir, 0777);
+    FILE *in = fopen(src, "r"), *out = fopen(dst, "w");
+    size_t n = in ? fread(text, 1, sizeof text - 1, in) : 0;
+    text[n] = '\0';
+    char *close_brace = strrchr(text, '}');
+    if (in) fclose(in);
+    if (!out || !close_brace) {
+        if (out) fclose(out);
+        check_fail("cannot write %s from %s", dst, src);
+        return -1;
+    }
+    *close_brace = '\0';
+    fprintf(out, "%s, %s}\n", text, extra);
+    return fclose(out) == 0 ? 0 : -1;
 }
 
 static void test_resume(const char *tmp) {
@@ -264,40 +715,87 @@ static void test_resume(const char *tmp) {
     rc = quiet_run(&o, err, sizeof err);
     check(rc == -1 && strstr(err, "GPU path does not have"), "train_run refuses mlx4 on the GPU: %s", err);
 
-    /* a folder mlx_lm.convert -q wrote (its config.json says "quantization") on the GPU: one line
-     * saying the GPU path cannot read it, before any weight is read (only the config is needed) */
-    char qdir[1200], src[1200], cfg_path[1300];
-    snprintf(qdir, sizeof qdir, "%s/quantized", tmp);
-    mkdir(qdir, 0777);
-    snprintf(src, sizeof src, "%s/config.json", model);
-    snprintf(cfg_path, sizeof cfg_path, "%s/config.json", qdir);
-    FILE *in = fopen(src, "r"), *out = fopen(cfg_path, "w");
-    if (!in || !out) {
-        if (in) fclose(in);
-        if (out) fclose(out);
-        check_fail("cannot write %s", cfg_path);
-        return;
+    for (base_dtype b = BASE_NF4; b <= BASE_FP8; b++) {
+        o.base = b;
+        rc = quiet_run(&o, err, sizeof err);
+        check(rc == -1 && strstr(err, "GPU path does not have") && strstr(err, base_dtype_name(b)) &&
+                  !strchr(err, '\n'),
+              "train_run refuses %s on the GPU in one line: %s", base_dtype_name(b), err);
     }
-    char text[65536];
-    size_t n = fread(text, 1, sizeof text - 1, in);
-    text[n] = '\0';
-    char *close_brace = strrchr(text, '}');
-    if (close_brace) *close_brace = '\0';
-    fprintf(out, "%s, \"quantization\": {\"group_size\": 64, \"bits\": 4}}\n", text);
-    fclose(in);
-    fclose(out);
-    o.model_dir = qdir;
-    o.base = BASE_BF16;
+
+    /* an nf4 run resumes on nf4 only */
+    o.device = WA_DEVICE_CPU;
+    o.base = BASE_NF4;
+    snprintf(out_dir, sizeof out_dir, "%s/run-nf4", tmp);
     rc = quiet_run(&o, err, sizeof err);
-    check(rc == -1 && strstr(err, "MLX-quantized") && strstr(err, "--device cpu") && !strchr(err, '\n'),
-          "train_run refuses an mlx_lm.convert -q folder on the GPU in one line: %s", err);
+    check(rc == 0, "an nf4 run on gemma4_tiny%s%s", rc ? ": " : "", rc ? err : "");
+    o.resume_dir = out_dir;
+    o.out_dir = NULL;
+    o.base = BASE_FP8;
+    rc = quiet_run(&o, err, sizeof err);
+    check(rc == -1 && strstr(err, "base_dtype") && strstr(err, "\"nf4\"") && strstr(err, "\"fp8\"") &&
+              !strchr(err, '\n'),
+          "--resume of an nf4 run with the base changed to fp8 is refused: %s", err);
+    o.resume_dir = NULL;
+    o.out_dir = out_dir;
+    o.device = WA_DEVICE_CUDA;
+
+    /* folders whose config.json says they are quantized, on the GPU: one line saying the GPU path
+     * cannot read them, before any weight is read (only the config is needed) */
+    const char *bnb = "\"quantization_config\": {\"quant_method\": \"bitsandbytes\", \"load_in_4bit\": true, "
+                      "\"bnb_4bit_quant_type\": \"nf4\", \"bnb_4bit_use_double_quant\": true}";
+    struct {
+        const char *name, *extra, *needle;
+    } folders[2] = {{"mlx", "\"quantization\": {\"group_size\": 64, \"bits\": 4}", "MLX-quantized"},
+                    {"bnb", bnb, "bitsandbytes-quantized"}};
+    o.base = BASE_BF16;
+    for (int i = 0; i < 2; i++) {
+        char qdir[1200];
+        snprintf(qdir, sizeof qdir, "%s/%s", tmp, folders[i].name);
+        if (config_with(model, qdir, folders[i].extra) != 0) return;
+        o.model_dir = qdir;
+        rc = quiet_run(&o, err, sizeof err);
+        check(rc == -1 && strstr(err, folders[i].needle) && strstr(err, "--device cpu") && !strchr(err, '\n'),
+              "train_run refuses a %s folder on the GPU in one line: %s", folders[i].needle, err);
+    }
+
+    /* bitsandbytes settings other than 4-bit nf4 in uint8, refused in one line on the CPU */
+    struct {
+        const char *extra, *needle;
+    } others[3] = {
+        {"\"quantization_config\": {\"quant_method\": \"bitsandbytes\", \"load_in_4bit\": true, "
+         "\"bnb_4bit_quant_type\": \"fp4\"}", "fp4"},
+        {"\"quantization_config\": {\"quant_method\": \"bitsandbytes\", \"load_in_8bit\": true}",
+         "8-bit"},
+        {"\"quantization_config\": {\"quant_method\": \"bitsandbytes\", \"load_in_4bit\": true, "
+         "\"bnb_4bit_quant_type\": \"nf4\", \"bnb_4bit_quant_storage\": \"bfloat16\"}", "storage bfloat16"}};
+    char cfg_path[1300], qdir[1200];
+    snprintf(qdir, sizeof qdir, "%s/bnb", tmp);
+    snprintf(cfg_path, sizeof cfg_path, "%s/config.json", qdir);
+    check(bnb_config_quantization(cfg_path, err, sizeof err) == 1, "bnb_config_quantization: 4-bit nf4 is read");
+    for (int i = 0; i < 3; i++) {
+        if (config_with(model, qdir, others[i].extra) != 0) return;
+        err[0] = '\0';
+        rc = bnb_config_quantization(cfg_path, err, sizeof err);
+        lora_config none = {0};
+        gemma_model_f32 m;
+        char load_err[2048] = "";
+        int load_rc = gemma_model_load_base_f32(&m, qdir, &none, BASE_BF16, load_err, sizeof load_err);
+        check(rc == -1 && load_rc == -1 && strstr(err, others[i].needle) && !strcmp(err, load_err) &&
+                  !strchr(err, '\n'),
+              "a quantization_config with %s is refused in one line: %s", others[i].needle, err);
+    }
 }
 
 static int dump(const char *dir, const char *base, const char *out) {
     char err[512];
     lora_config none = {0};
     gemma_model_f32 m;
-    base_dtype b = strcmp(base, "mlx4") == 0 ? BASE_MLX4 : BASE_BF16;
+    base_dtype b;
+    if (base_dtype_parse(base, &b) != 0) {
+        fprintf(stderr, "test_train_quant: --dump: base %s is not bf16, mlx4, nf4 or fp8\n", base);
+        return 1;
+    }
     if (gemma_model_load_base_f32(&m, dir, &none, b, err, sizeof err) != 0) {
         fprintf(stderr, "test_train_quant: %s\n", err);
         return 1;
@@ -315,13 +813,95 @@ static int dump(const char *dir, const char *base, const char *out) {
     return rc;
 }
 
+/* IN's raw f32 values, all of them: *n set, NULL with a message on stderr */
+static float *read_f32(const char *path, int64_t *n) {
+    FILE *f = fopen(path, "rb");
+    float *w = NULL;
+    long bytes = -1;
+    if (f && fseek(f, 0, SEEK_END) == 0 && (bytes = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 &&
+        (w = malloc((size_t)bytes + 4)) && fread(w, 1, (size_t)bytes, f) == (size_t)bytes) {
+        fclose(f);
+        *n = bytes / 4;
+        return w;
+    }
+    if (f) fclose(f);
+    free(w);
+    fprintf(stderr, "test_train_quant: cannot read %s\n", path);
+    return NULL;
+}
+
+static int write_parts(const char *path, const void *const *parts, const size_t *sizes, int count) {
+    FILE *f = fopen(path, "wb");
+    int ok = f != NULL;
+    for (int i = 0; ok && i < count; i++) ok = fwrite(parts[i], 1, sizes[i], f) == sizes[i];
+    if (f && fclose(f) != 0) ok = 0;
+    if (!ok) fprintf(stderr, "test_train_quant: cannot write %s\n", path);
+    return ok ? 0 : 1;
+}
+
+/* --nf4 IN THREADS OUT: IN's f32 values quantized as nf4 (torch's mean with THREADS threads); OUT
+ * holds the codes (one a byte), the absmax codes, the nested absmax (f32) and the offset (f32). */
+static int nf4_codes(const char *in, int threads, const char *out) {
+    int64_t n;
+    float *w = read_f32(in, &n);
+    if (!w) return 1;
+    nf4_quantized q;
+    char err[256];
+    int rc = nf4_quantize(w, n, threads, &q, err, sizeof err);
+    if (rc != 0) fprintf(stderr, "test_train_quant: %s\n", err);
+    else {
+        const void *parts[4] = {q.codes, q.absmax_codes, q.nested_absmax, &q.offset};
+        size_t sizes[4] = {(size_t)n, (size_t)q.blocks, (size_t)q.nested_blocks * sizeof(float), sizeof(float)};
+        rc = write_parts(out, parts, sizes, 4);
+    }
+    nf4_quantized_free(&q);
+    free(w);
+    return rc != 0;
+}
+
+/* --fp8 IN ROWS OUT: IN's f32 values as ROWS rows quantized as fp8; OUT holds the codes (one a
+ * byte), the scales (f32, one a row) and the dequantized values (f32). */
+static int fp8_codes(const char *in, int64_t rows, const char *out) {
+    int64_t n;
+    float *w = read_f32(in, &n);
+    if (!w) return 1;
+    uint8_t *codes = malloc((size_t)n + 1);
+    float *scales = malloc((size_t)rows * sizeof(float) + 4);
+    char err[256];
+    int rc = !codes || !scales || rows <= 0 || n % rows;
+    if (rc) fprintf(stderr, "test_train_quant: %lld values are not %lld rows\n", (long long)n, (long long)rows);
+    else if ((rc = fp8_round_trip(w, rows, n / rows, scales, codes, err, sizeof err)) != 0)
+        fprintf(stderr, "test_train_quant: %s\n", err);
+    else {
+        const void *parts[3] = {codes, scales, w};
+        size_t sizes[3] = {(size_t)n, (size_t)rows * sizeof(float), (size_t)n * sizeof(float)};
+        rc = write_parts(out, parts, sizes, 3);
+    }
+    free(codes);
+    free(scales);
+    free(w);
+    return rc != 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc == 3 && strcmp(argv[1], "--tables") == 0) { /* NF4_CODE then BNB_DYNAMIC_CODE, f32 */
+        const void *parts[2] = {NF4_CODE, BNB_DYNAMIC_CODE};
+        size_t sizes[2] = {sizeof NF4_CODE, sizeof BNB_DYNAMIC_CODE};
+        return write_parts(argv[2], parts, sizes, 2);
+    }
     if (argc == 5 && strcmp(argv[1], "--dump") == 0) return dump(argv[2], argv[3], argv[4]);
+    if (argc == 5 && strcmp(argv[1], "--nf4") == 0) return nf4_codes(argv[2], atoi(argv[3]), argv[4]);
+    if (argc == 5 && strcmp(argv[1], "--fp8") == 0) return fp8_codes(argv[2], atoll(argv[3]), argv[4]);
     if (argc > 1) fixtures = argv[1];
     setvbuf(stdout, NULL, _IOLBF, 0);
     test_groups();
     test_refusals();
     test_packed();
+    test_nf4_codes();
+    test_dynamic_code();
+    test_nested();
+    test_bnb4_tensor();
+    test_fp8();
     test_model();
     char tmp[] = "/tmp/test_train_quant.XXXXXX";
     if (mkdtemp(tmp)) {

@@ -70,9 +70,12 @@ static const char train_help_eval[] =
     "  --device D         cpu (default, float32, the reference) or cuda: the model on one NVIDIA GPU,\n"
     "                     cuBLAS products and winattn's CUDA kernels (--attn is fused there)\n"
     "  --precision P      on cuda: bf16 (default) weights and activations, or f32 (checks the CPU path)\n"
-    "  --base-dtype B     the frozen projections: bf16 (default: as the checkpoint stores them) or mlx4\n"
-    "                     (MLX's affine 4-bit, group 64, dequantized to f32; cpu only). A folder from\n"
-    "                     mlx_lm.convert -q is read as mlx4 whatever this says\n"
+    "  --base-dtype B     the frozen projections (cpu only but bf16, each dequantized to f32 at load):\n"
+    "                     bf16 (default: as the checkpoint stores them), mlx4 (MLX's affine 4-bit,\n"
+    "                     group 64), nf4 (bitsandbytes' NF4, blocks of 64, double-quantized absmax, as\n"
+    "                     QLoRA) or fp8 (e4m3, a scale per output channel). A folder from\n"
+    "                     mlx_lm.convert -q, or a transformers checkpoint saved with a bitsandbytes\n"
+    "                     4-bit quantization_config, is read as it is stored whatever this says\n"
     "  --init-random SEED on cuda: draw the base weights on the GPU (N(0, 0.02), norms 1) instead of\n"
     "                     reading model files; --model DIR then needs config.json only\n"
     "  --print-config     print the options as a config file (after -c and the flags) and exit\n"
@@ -238,9 +241,8 @@ int cmd_train(int argc, char **argv) {
             else if (strcmp(v, "cuda") == 0) o.device = WA_DEVICE_CUDA;
             else usage_error(train_usage, "--device '%s': cpu or cuda", v);
         } else if ((v = flag_value(argc, argv, &i, "--base-dtype", train_usage))) {
-            if (strcmp(v, "bf16") == 0) o.base = BASE_BF16;
-            else if (strcmp(v, "mlx4") == 0) o.base = BASE_MLX4;
-            else usage_error(train_usage, "--base-dtype '%s': bf16 or mlx4", v);
+            if (base_dtype_parse(v, &o.base) != 0)
+                usage_error(train_usage, "--base-dtype '%s': bf16, mlx4, nf4 or fp8", v);
         } else if ((v = flag_value(argc, argv, &i, "--precision", train_usage))) {
             if (strcmp(v, "bf16") == 0) o.precision = PRECISION_BF16;
             else if (strcmp(v, "f32") == 0) o.precision = PRECISION_F32;
@@ -273,7 +275,8 @@ int cmd_train(int argc, char **argv) {
     if (o.device != WA_DEVICE_CUDA && (saw_precision || o.random_init))
         usage_error(train_usage, "--precision and --init-random apply to --device cuda");
     if (o.device == WA_DEVICE_CUDA && o.base != BASE_BF16)
-        usage_error(train_usage, "--base-dtype mlx4: the GPU path does not have quantized bases yet (use --device cpu)");
+        usage_error(train_usage, "--base-dtype %s: the GPU path does not have quantized bases yet (use --device cpu)",
+                    base_dtype_name(o.base));
     if (o.device == WA_DEVICE_CUDA && o.arm != ATTN_FUSED)
         usage_error(train_usage, "--device cuda runs attention through winattn only (--attn fused)");
     if (print_config) {

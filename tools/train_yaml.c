@@ -449,9 +449,8 @@ static int read_top_key(const reader *r, const char *name, const yaml_node_t *k,
         else return fail_at(r, v, "adapter_format: mlx or peft, not %s", describe(v, buf, sizeof buf));
     } else if (strcmp(name, "base_dtype") == 0) {
         const char *s = scalar_text(v);
-        if (s && strcmp(s, "bf16") == 0) o->base = BASE_BF16;
-        else if (s && strcmp(s, "mlx4") == 0) o->base = BASE_MLX4;
-        else return fail_at(r, v, "base_dtype: bf16 or mlx4, not %s", describe(v, buf, sizeof buf));
+        if (base_dtype_parse(s, &o->base) != 0)
+            return fail_at(r, v, "base_dtype: bf16, mlx4, nf4 or fp8, not %s", describe(v, buf, sizeof buf));
     } else if (strcmp(name, "fine_tune_type") == 0) {
         const char *s = scalar_text(v);
         if (!s || strcmp(s, "lora") != 0)
@@ -657,7 +656,7 @@ int train_file_print(FILE *out, const train_options *o) {
     fprintf(out, "mask_prompt: %s\n", o->mask_prompt ? "true" : "false");
     fprintf(out, "byte_tokens: %s\n", o->byte_tokens ? "true" : "false");
     fprintf(out, "grad_clip: %s\n", number_text(o->grad_clip, a, sizeof a));
-    fprintf(out, "base_dtype: %s\n", o->base == BASE_MLX4 ? "mlx4" : "bf16");
+    fprintf(out, "base_dtype: %s\n", base_dtype_name(o->base));
     fputs("lora_parameters:\n  keys: [", out);
     int first = 1;
     for (size_t i = 0; i < COUNT(module_paths); i++)

@@ -93,24 +93,35 @@ static void convert_to_real(const st_tensor *t, real *dst, uint64_t n, double ad
     }
 }
 
-/* A rank-2 tensor through f32: the [rows, cols] values of an mlx_lm.convert weight (U32 packed,
- * with NAME.scales and NAME.biases beside NAME.weight) dequantized, or a float tensor quantized
- * and dequantized as mlx4 (the scales and biases rounded to its own dtype), into dst. */
-static int load_via_f32(const checkpoint *ck, const tensor_plan *p, const st_tensor *t, int round_trip, real *dst,
+/* A rank-2 tensor through f32 into dst: a packed weight dequantized (U32: mlx_lm.convert's, with
+ * NAME.scales and NAME.biases beside NAME.weight; U8: bitsandbytes' 4-bit, with NAME.weight.absmax
+ * and the rest of its quant state), or a float tensor quantized and dequantized as base says
+ * (mlx4 rounds to the tensor's own dtype, as MLX gives its values back; nf4 and fp8 stay f32). */
+static int load_via_f32(const checkpoint *ck, const tensor_plan *p, const st_tensor *t, base_dtype base, real *dst,
                         char *err, size_t errlen) {
     size_t n = (size_t)plan_numel(p);
     float *tmp = malloc((n ? n : 1) * sizeof *tmp);
     if (!tmp) return snprintf(err, errlen, "out of memory for %zu weights", n), -1;
-    char why[256] = "";
+    char why[256] = "", stem[128], name[200];
     int rc = 0;
     if (t->dtype == ST_U32) {
-        char stem[128], name[160];
         snprintf(stem, sizeof stem, "%.*s", (int)(strlen(p->name) - strlen(".weight")), p->name);
         snprintf(name, sizeof name, "%s.scales", stem);
         const st_tensor *scales = checkpoint_find(ck, name);
         snprintf(name, sizeof name, "%s.biases", stem);
         const st_tensor *biases = checkpoint_find(ck, name);
         rc = mlx4_dequantize_tensor(t, scales, biases, p->rows, p->cols, tmp, why, sizeof why);
+    } else if (t->dtype == ST_U8) {
+        bnb4_tensors parts = {.weight = t};
+        const char *suffix[5] = {"absmax", "quant_map", "nested_absmax", "nested_quant_map",
+                                 "quant_state.bitsandbytes__nf4"};
+        const st_tensor **slot[5] = {&parts.absmax, &parts.quant_map, &parts.nested_absmax, &parts.nested_quant_map,
+                                     &parts.quant_state};
+        for (int k = 0; k < 5; k++) {
+            snprintf(name, sizeof name, "%s.%s", p->name, suffix[k]);
+            *slot[k] = checkpoint_find(ck, name);
+        }
+        rc = nf4_dequantize_tensor(&parts, p->rows, p->cols, tmp, why, sizeof why);
     } else {
         for (size_t i = 0; i < n; i++) {
             const unsigned char *src = t->data;
@@ -121,7 +132,10 @@ static int load_via_f32(const checkpoint *ck, const tensor_plan *p, const st_ten
             default:     { uint16_t v; memcpy(&v, src + 2 * i, 2); tmp[i] = wa_bf16_to_f32(v); break; }
             }
         }
-        if (round_trip) rc = mlx4_round_trip(tmp, p->rows, p->cols, t->dtype, why, sizeof why);
+        /* nf4's offset is torch's mean with one intra-op thread (quant.h: nf4_torch_mean) */
+        if (base == BASE_MLX4) rc = mlx4_round_trip(tmp, p->rows, p->cols, t->dtype, why, sizeof why);
+        else if (base == BASE_NF4) rc = nf4_round_trip(tmp, (int64_t)n, 1, why, sizeof why);
+        else if (base == BASE_FP8) rc = fp8_round_trip(tmp, p->rows, p->cols, NULL, NULL, why, sizeof why);
     }
     if (rc == 0)
         for (size_t i = 0; i < n; i++) dst[i] = (real)tmp[i];
@@ -150,13 +164,14 @@ static int load_plan(model *m, const checkpoint *ck, tensor_plan *plan, int coun
             }
             return snprintf(err, errlen, "checkpoint has no tensor \"%s%s\"", ck->prefix, p->name), -1;
         }
-        /* U32: a weight packed by mlx_lm.convert, the shape checked against its scales below */
-        int packed = t->dtype == ST_U32 && p->rank == 2;
+        /* U32: a weight packed by mlx_lm.convert, the shape checked against its scales below; U8: one
+         * packed by bitsandbytes, checked against its quant state */
+        int packed = (t->dtype == ST_U32 || t->dtype == ST_U8) && p->rank == 2;
         if (t->dtype != ST_F32 && t->dtype != ST_F16 && t->dtype != ST_BF16 && t->dtype != ST_F64 && !packed)
             return snprintf(err, errlen, "tensor \"%s%s\" has dtype %s (F32, F16, BF16, F64 are read)", ck->prefix,
                             p->name, st_dtype_name(t->dtype)), -1;
         int shape_ok;
-        if (packed) shape_ok = 1; /* against the scales, in mlx4_dequantize_tensor */
+        if (packed) shape_ok = 1; /* in mlx4_dequantize_tensor and nf4_dequantize_tensor */
         else if (p->rank == 0) shape_ok = st_numel(t) == 1 && t->rank <= 1;
         else if (p->rank == 1) shape_ok = t->rank == 1 && t->shape[0] == p->rows;
         else shape_ok = t->rank == 2 && t->shape[0] == p->rows && t->shape[1] == p->cols;
@@ -176,8 +191,8 @@ static int load_plan(model *m, const checkpoint *ck, tensor_plan *plan, int coun
             return snprintf(err, errlen, "tensor \"%s%s\" holds a non-finite value (%s) at element %llu", ck->prefix,
                             p->name, st_tensor_value_kind(t, bad), (unsigned long long)bad), -1;
         real *dst = m->weights + off;
-        if (packed || (base == BASE_MLX4 && p->quantizable)) {
-            if (load_via_f32(ck, p, t, !packed, dst, err, errlen) != 0) return -1;
+        if (packed || (base != BASE_BF16 && p->quantizable)) {
+            if (load_via_f32(ck, p, t, packed ? BASE_BF16 : base, dst, err, errlen) != 0) return -1;
             *p->dst = dst;
             off += (size_t)n;
             continue;
@@ -228,7 +243,7 @@ static int model_load(model *m, const char *dir, const lora_config *lora, int wi
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
     if (gemma_config_load(path, &m->cfg, err, errlen) != 0) return -1;
-    if (mlx4_config_quantization(path, err, errlen) < 0) return -1;
+    if (mlx4_config_quantization(path, err, errlen) < 0 || bnb_config_quantization(path, err, errlen) < 0) return -1;
     const gemma_config *c = &m->cfg;
     if (lora) m->lora = *lora;
     checkpoint ck;

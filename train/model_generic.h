@@ -41,10 +41,12 @@ typedef struct MT(gemma_model) {
  * implies for presence and shape, convert to this precision, and lay out zeroed adapters for
  * lora (rank 0 = none). 0 on success, -1 with a one-line message in err. */
 int MT(gemma_model_load)(MT(gemma_model) *m, const char *dir, const lora_config *lora, char *err, size_t errlen);
-/* The same with the decoder projections (q, k, v, o, gate, up, down) held as base says: BASE_MLX4
- * quantizes and dequantizes each (quant.h), so the model trains on the values a 4-bit base holds;
- * BASE_BF16 is gemma_model_load. A folder written by mlx_lm.convert -q (config.json
- * "quantization": bits 4, group 64) is read by dequantizing every packed weight, whatever base. */
+/* The same with the decoder projections (q, k, v, o, gate, up, down) held as base says: BASE_MLX4,
+ * BASE_NF4 and BASE_FP8 quantize and dequantize each (quant.h), so the model trains on the values
+ * a quantized base holds; BASE_BF16 is gemma_model_load. A folder written by mlx_lm.convert -q
+ * (config.json "quantization": bits 4, group 64) or a transformers checkpoint saved with a
+ * bitsandbytes 4-bit nf4 "quantization_config" is read by dequantizing every packed weight,
+ * whatever base. */
 int MT(gemma_model_load_base)(MT(gemma_model) *m, const char *dir, const lora_config *lora, base_dtype base, char *err,
                               size_t errlen);
 /* The same without the weights (w, norms and embeddings stay NULL, weight_count 0): for a model

@@ -51,6 +51,21 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+static const char *const base_dtype_names[] = {"bf16", "mlx4", "nf4", "fp8"};
+
+const char *base_dtype_name(base_dtype base) {
+    return (unsigned)base < sizeof base_dtype_names / sizeof *base_dtype_names ? base_dtype_names[base] : "?";
+}
+
+int base_dtype_parse(const char *name, base_dtype *base) {
+    for (unsigned i = 0; name && i < sizeof base_dtype_names / sizeof *base_dtype_names; i++)
+        if (strcmp(name, base_dtype_names[i]) == 0) {
+            *base = (base_dtype)i;
+            return 0;
+        }
+    return -1;
+}
+
 void train_defaults(train_options *o) {
     memset(o, 0, sizeof *o);
     o->arm = ATTN_FUSED;
@@ -800,7 +815,7 @@ static json_t *run_identity(const train_options *o, const lora_config *lc, int l
     json_object_set_new(id, "pad_target", json_boolean(o->pad_target));
     json_object_set_new(id, "mask_prompt", json_boolean(o->mask_prompt));
     json_object_set_new(id, "byte_tokens", json_boolean(o->byte_tokens));
-    json_object_set_new(id, "base_dtype", json_string(o->base == BASE_MLX4 ? "mlx4" : "bf16"));
+    json_object_set_new(id, "base_dtype", json_string(base_dtype_name(o->base)));
     if (data_fp) {
         json_object_set_new(id, "iters", json_integer(iters));
         json_object_set_new(id, "train_records", json_integer(records));
@@ -1257,16 +1272,26 @@ int train_run(const train_options *o, char *err, size_t errlen) {
     /* on the GPU the host keeps the adapters only: the base weights go from the checkpoint to the
      * device (a 31B model has no f32 copy anywhere) */
     if (on_gpu && o->base != BASE_BF16) {
-        fail(err, errlen, "--base-dtype mlx4: the GPU path does not have quantized bases yet (use --device cpu)");
+        fail(err, errlen, "--base-dtype %s: the GPU path does not have quantized bases yet (use --device cpu)",
+             base_dtype_name(o->base));
         goto done;
     }
-    if (on_gpu && !o->random_init) { /* an mlx_lm.convert -q folder: its packed weights are the CPU path's alone */
+    if (on_gpu && !o->random_init) { /* a quantized folder (mlx_lm.convert -q, bitsandbytes): the CPU path's alone */
         snprintf(path, sizeof path, "%s/config.json", o->model_dir);
         int quantized = mlx4_config_quantization(path, err, errlen);
         if (quantized < 0) goto done;
         if (quantized) {
             fail(err, errlen, "%s: an MLX-quantized model (config.json has \"quantization\"): the GPU path does not read "
                               "quantized bases yet (use --device cpu, or the bf16 checkpoint)", o->model_dir);
+            goto done;
+        }
+        quantized = bnb_config_quantization(path, err, errlen);
+        if (quantized < 0) goto done;
+        if (quantized) {
+            fail(err, errlen,
+                 "%s: a bitsandbytes-quantized model (config.json has \"quantization_config\"): the GPU path does not "
+                 "read quantized bases yet (use --device cpu, or the bf16 checkpoint)",
+                 o->model_dir);
             goto done;
         }
     }
@@ -1279,6 +1304,11 @@ int train_run(const train_options *o, char *err, size_t errlen) {
     printf("model: %s (%s)\n", o->model_dir, desc);
     if (o->base == BASE_MLX4)
         printf("base: q, k, v, o, gate, up, down as MLX's affine 4-bit (group 64), dequantized to f32\n");
+    else if (o->base == BASE_NF4)
+        printf("base: q, k, v, o, gate, up, down as bitsandbytes' NF4 (blocks of 64, double-quantized absmax), "
+               "dequantized to f32\n");
+    else if (o->base == BASE_FP8)
+        printf("base: q, k, v, o, gate, up, down as FP8 e4m3 with a scale per output channel, dequantized to f32\n");
     if (on_gpu) {
         gemma_cuda_options co = {o->precision, o->random_init, o->init_seed, 0};
         double t0 = now_seconds();

@@ -1,5 +1,7 @@
-"""test_quant.py — `winattn train --base-dtype mlx4` and folders written by `mlx_lm.convert -q`,
-against MLX itself, on a tiny Gemma 4 checkpoint saved by transformers (test_peft.py's):
+"""test_quant.py — `winattn train --base-dtype mlx4|nf4|fp8` and quantized checkpoints, against the
+tools that define the formats, on a tiny Gemma 4 checkpoint saved by transformers (test_peft.py's).
+
+mlx4 (needs mlx, mlx-lm, torch and transformers with Gemma 4; SKIP otherwise):
   - the trainer's mlx4 projections (dumped by test_train_quant --dump) equal
     mx.dequantize(mx.quantize(w, 64, 4)) bit for bit, for the float32 checkpoint and a bfloat16 copy,
     and the held-out loss of `winattn train --base-dtype mlx4` is mlx-lm's after nn.quantize of the
@@ -9,12 +11,31 @@ against MLX itself, on a tiny Gemma 4 checkpoint saved by transformers (test_pef
     on the float32 one the trainer's held-out loss (before training) is mlx-lm's on that folder;
   - a transposed projection under --base-dtype mlx4, a packed weight without its scales and a folder
     saying bits 8 are refused in one line.
-Needs mlx, mlx-lm, torch and transformers with Gemma 4 (SKIP otherwise), and the build's
-tests/test_train_quant and winattn beside WINATTN_LIBRARY:
+nf4 (needs bitsandbytes, torch and transformers with Gemma 4; SKIP otherwise):
+  - the trainer's tables (test_train_quant --tables) are bitsandbytes' NF4 values and
+    create_dynamic_map() bit for bit;
+  - the codes, the 8-bit absmax codes, the nested absmax and the offset (test_train_quant --nf4) equal
+    bitsandbytes.functional.quantize_4bit(w, blocksize=64, quant_type="nf4", compress_statistics=True)
+    on the CPU bit for bit, for bf16 tensors of several shapes (blocks cut short and all-zero blocks
+    included) and, with torch at 1 and at 2 threads, one of 4M weights (torch splits that mean);
+  - --base-dtype nf4 projections equal the weight bitsandbytes' matmul_4bit multiplies a float32
+    input by (gemm_4bit: the nested absmax dequantized plus the offset, then dequantize_4bit into
+    float32) after quantize_4bit(w), bit for bit;
+  - a checkpoint transformers saved with BitsAndBytesConfig(load_in_4bit, nf4, double quant) from the
+    bfloat16 copy loads to the same projections as --base-dtype nf4 on that copy, bit for bit, and so
+    the same held-out loss; that loss is transformers' own (float32 forward of the saved model)
+    within 1e-5; one saved without double quantization equals the weights of the model that saved
+    it bit for bit; an fp4 one and one missing a nested_absmax are refused in one line.
+fp8 (needs torch and transformers with Gemma 4):
+  - codes, scales and values (test_train_quant --fp8) equal torch's (w / scale).to(float8_e4m3fn)
+    with scale = amax / 448 a row, bit for bit, rows with amax 448 (scale 1) carrying every e4m3
+    midpoint included; --base-dtype fp8 projections equal torch's bit for bit.
+Needs the build's tests/test_train_quant and winattn beside WINATTN_LIBRARY:
     WINATTN_LIBRARY=build/libwinattn.so PYTHONPATH=python python3 python/tests/test_quant.py
 The loss tolerance: both sides run float32 on the same dequantized weights (mlx-lm's
-quantized_matmul computes scale · q + bias in float32, as the trainer's load does), so only the
-order of the sums differs; 1e-5 relative, the printed 6 decimals of log.jsonl included.
+quantized_matmul computes scale · q + bias in float32, as the trainer's load does; transformers
+multiplies by bitsandbytes' dequantized weight), so only the order of the sums differs; 1e-5
+relative, the printed 6 decimals of log.jsonl included.
 """
 import json
 import os
@@ -93,6 +114,14 @@ def winattn_eval(model_dir, data, out, *extra):
 
 
 def main():
+    if not os.access(os.path.join(build_dir(), "tests", "test_train_quant"), os.X_OK):
+        skip("quantized bases", "no tests/test_train_quant beside WINATTN_LIBRARY (run make)")
+        return
+    mlx4_cases()
+    nf4_fp8_cases()
+
+
+def mlx4_cases():
     try:
         import mlx.core as mx
         import mlx.nn as nn
@@ -102,9 +131,6 @@ def main():
         from transformers import Gemma4ForCausalLM  # noqa: F401
     except ImportError as e:
         skip("mlx4 base", "mlx, mlx-lm, torch or transformers (with Gemma 4) is not installed (%s)" % e)
-        return
-    if not os.access(os.path.join(build_dir(), "tests", "test_train_quant"), os.X_OK):
-        skip("mlx4 base", "no tests/test_train_quant beside WINATTN_LIBRARY (run make)")
         return
     from test_peft import LAYERS, make_checkpoint, mlx_loss, read_records, write_data
     from pathlib import Path
@@ -235,6 +261,269 @@ def main():
                "a folder quantized to 8 bits is refused in one line", msg)
 
 
+def quant_run(*args):
+    """test_train_quant with args; its output file's bytes."""
+    exe = os.path.join(build_dir(), "tests", "test_train_quant")
+    r = subprocess.run([exe, *args], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError("test_train_quant %s: %s" % (args[0], r.stderr.strip()))
+    with open(args[-1], "rb") as f:
+        return f.read()
+
+
+def bnb_codes(F, w):
+    """bitsandbytes' quantize_4bit on the CPU: the codes (high nibble first), absmax codes, nested
+    absmax and offset."""
+    packed, st = F.quantize_4bit(w, blocksize=64, quant_type="nf4", compress_statistics=True)
+    p = packed.numpy().ravel()
+    codes = np.empty(p.size * 2, np.uint8)
+    codes[0::2], codes[1::2] = p >> 4, p & 15
+    return (codes[:w.numel()], st.absmax.numpy(), st.state2.absmax.numpy(), np.float32(st.offset.item()),
+            st.state2.code.numpy())
+
+
+def ours_codes(tmp, w, threads):
+    src, out = os.path.join(tmp, "w.f32"), os.path.join(tmp, "codes.bin")
+    w.float().numpy().astype(np.float32).tofile(src)
+    b = quant_run("--nf4", src, str(threads), out)
+    n = w.numel()
+    blocks = -(-n // 64)
+    nested = -(-blocks // 256)
+    return (np.frombuffer(b[:n], np.uint8), np.frombuffer(b[n:n + blocks], np.uint8),
+            np.frombuffer(b[n + blocks:n + blocks + 4 * nested], np.float32),
+            np.frombuffer(b[n + blocks + 4 * nested:], np.float32)[0])
+
+
+def same_bits(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    return a.shape == b.shape and np.array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+def projections_of(model_dir_weights, prefix, convert):
+    """The decoder projections in the trainer's dump order through convert(name, tensor)."""
+    from test_peft import LAYERS
+    parts = []
+    for l in range(LAYERS):
+        for p in PROJ:
+            name = "%slayers.%d.%s.weight" % (prefix, l, p)
+            if name in model_dir_weights:
+                parts.append(np.asarray(convert(name, model_dir_weights[name]), np.float32).ravel())
+    return np.concatenate(parts)
+
+
+def fp8_reference(torch, w):
+    """torch's e4m3 with a scale a row: (codes, scales, values), f32."""
+    w = w.float()
+    amax = w.abs().amax(dim=1, keepdim=True)
+    scale = torch.where(amax > 0, amax / 448, torch.ones_like(amax))
+    q = (w / scale).to(torch.float8_e4m3fn)
+    return q.view(torch.uint8).numpy(), scale.numpy().ravel(), (q.float() * scale).numpy()
+
+
+def fp8_cases(torch, tmp, checkpoints):
+    @case("fp8 codes")
+    def _():
+        rng = np.random.default_rng(11)
+        # rows with amax 448 have scale 1: their codes are torch's e4m3 of the values themselves, here every
+        # midpoint between neighbouring e4m3 values (ties), the floats either side, and random magnitudes
+        grid = torch.arange(0, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).float().numpy()
+        mids = (grid[:-1] + grid[1:]) / 2
+        ties = np.concatenate([mids, np.nextafter(mids, 0), np.nextafter(mids, 1000), -mids])
+        spread = (rng.standard_normal(4000) * np.exp2(rng.integers(-16, 9, 4000))).clip(-448, 448)
+        special = np.concatenate([ties, spread]).astype(np.float32)
+        special = np.concatenate([special, np.zeros(-special.size % 500, np.float32)]).reshape(-1, 500)
+        special[:, 0] = 448
+        tensors = [special, (rng.standard_normal((64, 256)) * 0.02).astype(np.float32),
+                   (rng.standard_normal((33, 70)) * 3e3).astype(np.float32), np.zeros((2, 64), np.float32)]
+        compared = bad = 0
+        for w in tensors:
+            src, out = os.path.join(tmp, "fp8.f32"), os.path.join(tmp, "fp8.bin")
+            w.tofile(src)
+            b = quant_run("--fp8", src, str(w.shape[0]), out)
+            n, r = w.size, w.shape[0]
+            codes, scales, values = fp8_reference(torch, torch.from_numpy(w))
+            ours = (np.frombuffer(b[:n], np.uint8), np.frombuffer(b[n:n + 4 * r], np.float32),
+                    np.frombuffer(b[n + 4 * r:], np.float32))
+            bad += int(np.sum(ours[0] != codes.ravel()))
+            bad += int(np.sum(ours[1].view(np.uint32) != scales.view(np.uint32)))
+            bad += int(np.sum(ours[2].view(np.uint32) != values.ravel().view(np.uint32)))
+            compared += n
+        report(bad == 0, "fp8: codes, scales and values equal torch's (w / (amax / 448)).to(float8_e4m3fn) bit for "
+               "bit, ties and a zero row included", "%d weights, %d mismatches" % (compared, bad))
+
+    for name, folder in checkpoints:
+        @case("fp8 projections %s" % name)
+        def _():
+            from safetensors.torch import load_file
+            w = load_file(os.path.join(folder, "model.safetensors"))
+            pre = prefix_of(w)
+            ours = dump(folder, "fp8", os.path.join(tmp, "dump.f32"))
+            theirs = projections_of(w, pre, lambda _, t: fp8_reference(torch, t)[2])
+            report(same_bits(ours, theirs), "--base-dtype fp8 on a %s checkpoint: every projection equals torch's "
+                   "e4m3 with a scale a row bit for bit" % name,
+                   "%d values, %d differ" % (theirs.size, int(np.sum(ours != theirs)) if ours.shape == theirs.shape
+                                             else -1))
+
+
+def nf4_fp8_cases():
+    try:
+        import torch
+        from safetensors.torch import load_file, save_file
+        from transformers import Gemma4ForCausalLM  # noqa: F401
+    except ImportError as e:
+        skip("nf4 and fp8 bases", "torch or transformers (with Gemma 4) is not installed (%s)" % e)
+        return
+    from test_peft import make_checkpoint, read_records, torch_loss, write_data
+    tmp = tempfile.TemporaryDirectory(prefix="winattn-nf4-")
+    ck, ck16, data = (os.path.join(tmp.name, d) for d in ("f32", "bf16", "data"))
+    make_checkpoint("text", ck, 0)
+    write_data(data, 1)
+    os.makedirs(ck16)
+    cfg = json.load(open(os.path.join(ck, "config.json")))
+    cfg["dtype"] = "bfloat16"
+    json.dump(cfg, open(os.path.join(ck16, "config.json"), "w"), indent=2)
+    save_file({k: v.to(torch.bfloat16) for k, v in load_file(os.path.join(ck, "model.safetensors")).items()},
+              os.path.join(ck16, "model.safetensors"), metadata={"format": "pt"})
+    fp8_cases(torch, tmp.name, (("float32", ck), ("bfloat16", ck16)))
+
+    try:
+        import bitsandbytes.functional as F
+        from transformers import BitsAndBytesConfig
+    except ImportError as e:
+        skip("nf4 base", "bitsandbytes is not installed (%s)" % e)
+        return
+
+    @case("nf4 tables")
+    def _():
+        b = quant_run("--tables", os.path.join(tmp.name, "tables.bin"))
+        nf4, dynamic = np.frombuffer(b[:64], np.float32), np.frombuffer(b[64:], np.float32)
+        theirs = F.get_4bit_type("nf4", device="cpu").numpy(), F.create_dynamic_map().numpy()
+        report(same_bits(nf4, theirs[0]) and same_bits(dynamic, theirs[1]),
+               "nf4: the trainer's NF4 values and dynamic code are bitsandbytes' get_4bit_type('nf4') and "
+               "create_dynamic_map() bit for bit")
+
+    @case("nf4 codes")
+    def _():
+        rng = np.random.default_rng(0)
+        shapes = [(4, 256), (128, 576), (300, 640), (3, 100), (5, 13), (1, 64 * 300), (2048, 1088)]
+        compared = bad = 0
+        saved_threads = torch.get_num_threads()
+        runs = [(s, 1) for s in shapes] + [((4096, 1024), 1), ((4096, 1024), 2)]
+        try:
+            for shape, threads in runs:
+                torch.set_num_threads(threads)
+                scale = rng.choice([0.02, 1.0, 3e-3])
+                w = torch.from_numpy((rng.standard_normal(shape) * scale).astype(np.float32)).to(torch.bfloat16)
+                if shape == (300, 640):
+                    w[7] = 0  # all-zero blocks
+                theirs = bnb_codes(F, w)
+                ours = ours_codes(tmp.name, w, threads)
+                bad += sum(int(np.sum(a.view(np.uint8) != b.view(np.uint8))) for a, b in zip(ours[:3], theirs[:3]))
+                bad += int(ours[3].view(np.uint32) != theirs[3].view(np.uint32))
+                compared += w.numel()
+        finally:
+            torch.set_num_threads(saved_threads)
+        report(bad == 0, "nf4: codes, absmax codes, nested absmax and offset equal bitsandbytes' quantize_4bit(nf4, "
+               "64, compress_statistics=True) on the CPU bit for bit (torch at 1 and 2 threads for 4M weights)",
+               "%d weights in %d tensors, %d mismatches" % (compared, len(runs), bad))
+
+    def bnb_weight(packed, st):
+        """The weight bitsandbytes' matmul_4bit multiplies a float32 input by: its gemm_4bit's absmax
+        (dequantize_blockwise + offset) and dequantize_4bit into float32."""
+        absmax = F.dequantize_blockwise(st.absmax, st.state2) + st.offset if st.nested else st.absmax
+        return torch.ops.bitsandbytes.dequantize_4bit.default(packed, absmax, st.blocksize, st.quant_type, st.shape,
+                                                              torch.float32).numpy()
+
+    def bnb_round_trip(name, t):
+        return bnb_weight(*F.quantize_4bit(t, blocksize=64, quant_type="nf4", compress_statistics=True))
+
+    for name, folder in (("float32", ck), ("bfloat16", ck16)):
+        @case("nf4 projections %s" % name)
+        def _():
+            w = load_file(os.path.join(folder, "model.safetensors"))
+            ours = dump(folder, "nf4", os.path.join(tmp.name, "dump.f32"))
+            theirs = projections_of(w, prefix_of(w), bnb_round_trip)
+            report(same_bits(ours, theirs), "--base-dtype nf4 on a %s checkpoint: every projection equals the "
+                   "weight bitsandbytes' matmul_4bit multiplies float32 inputs by, bit for bit" % name,
+                   "%d values, %d differ" % (theirs.size, int(np.sum(ours != theirs)) if ours.shape == theirs.shape
+                                             else -1))
+
+    def save_quantized(src, out, dtype, double_quant=True, quant_type="nf4"):
+        qc = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=quant_type,
+                                bnb_4bit_use_double_quant=double_quant, bnb_4bit_compute_dtype=torch.float32)
+        model = Gemma4ForCausalLM.from_pretrained(src, quantization_config=qc, device_map="cpu", dtype=dtype)
+        model.save_pretrained(out)
+        return model
+
+    q16 = os.path.join(tmp.name, "nf4-bf16")
+
+    @case("transformers nf4 checkpoint")
+    def _():
+        save_quantized(ck16, q16, torch.bfloat16)
+        saved = load_file(os.path.join(q16, "model.safetensors"))
+        state = bytes(saved[prefix_of(saved) + "layers.0.self_attn.q_proj.weight.quant_state.bitsandbytes__nf4"]
+                      .numpy()).decode()
+        ours = dump(q16, "bf16", os.path.join(tmp.name, "saved.f32"))
+        quantized_here = dump(ck16, "nf4", os.path.join(tmp.name, "here.f32"))
+        report(same_bits(ours, quantized_here), "a checkpoint transformers saved with BitsAndBytesConfig(nf4, double "
+               "quant) from the bfloat16 copy loads to --base-dtype nf4's projections on that copy bit for bit",
+               "%d values; quant state %s" % (ours.size, state))
+        records = read_records(os.path.join(data, "valid.jsonl"))
+        loss_saved = winattn_eval(q16, data, os.path.join(tmp.name, "eval-saved"))
+        loss_here = winattn_eval(ck16, data, os.path.join(tmp.name, "eval-here"), "--base-dtype", "nf4")
+        model = Gemma4ForCausalLM.from_pretrained(q16, device_map="cpu", dtype=torch.float32)
+        with torch.no_grad():  # transformers keeps a quantized checkpoint's other tensors bfloat16
+            for p in model.parameters():
+                if p.dtype == torch.bfloat16:
+                    p.data = p.data.float()
+        theirs = torch_loss(model, records)
+        rel = abs(loss_saved - theirs) / theirs
+        report(loss_saved == loss_here and rel <= LOSS_TOL,
+               "the saved nf4 checkpoint's held-out loss equals --base-dtype nf4's on the bfloat16 copy and "
+               "transformers' float32 forward of the saved model",
+               "trainer %.6f (--base-dtype nf4 %.6f), transformers %.6f, rel %.1e (tol %g)" % (
+                   loss_saved, loss_here, theirs, rel, LOSS_TOL))
+
+    @case("transformers nf4 checkpoint without double quantization")
+    def _():
+        out = os.path.join(tmp.name, "nf4-plain")
+        model = save_quantized(ck, out, torch.float32, double_quant=False)
+        ours = dump(out, "bf16", os.path.join(tmp.name, "plain.f32"))
+        parts = []
+        for layer in model.model.layers:
+            for p in PROJ:
+                mod = layer
+                for attr in p.split("."):
+                    mod = getattr(mod, attr, None)
+                if mod is not None:
+                    parts.append(bnb_weight(mod.weight.data, mod.weight.quant_state).ravel())
+        theirs = np.concatenate(parts)
+        report(same_bits(ours, theirs), "a checkpoint saved with nf4 and float32 absmax (no double quantization) "
+               "loads to the weights of the model that saved it bit for bit", "%d values" % theirs.size)
+
+    @case("nf4 checkpoints refused")
+    def _():
+        exe = os.path.join(build_dir(), "winattn")
+        cases = []
+        fp4 = os.path.join(tmp.name, "fp4")
+        save_quantized(ck, fp4, torch.float32, quant_type="fp4")
+        cases.append(("a checkpoint saved with fp4", fp4, "fp4"))
+        broken = os.path.join(tmp.name, "no-nested")
+        shutil.copytree(q16, broken)
+        w = load_file(os.path.join(q16, "model.safetensors"))
+        name = prefix_of(w) + "layers.1.mlp.up_proj.weight.nested_absmax"
+        save_file({k: v for k, v in w.items() if k != name}, os.path.join(broken, "model.safetensors"),
+                  metadata={"format": "pt"})
+        cases.append(("an up_proj without its nested_absmax", broken, "up_proj.weight"))
+        for what, folder, text in cases:
+            r = subprocess.run([exe, "train", "--model", folder, "--data", data, "--eval-only"], capture_output=True,
+                               text=True)
+            msg = r.stderr.strip()
+            report(r.returncode == 1 and text in msg and len(msg.splitlines()) == 1, "%s is refused in one line" % what,
+                   msg)
+
+
 if __name__ == "__main__":
     main()
     finish()
+
