@@ -107,6 +107,8 @@ def job_args(a, model):
              "--steps-per-eval", str(a.steps_per_eval), "--eval", "--save-every", str(a.save_every)]
     if a.max_seq_length:
         args += ["--max-seq-length", str(a.max_seq_length)]
+    if a.deterministic:
+        args += ["--deterministic"]
     return args
 
 
@@ -475,6 +477,8 @@ def main():
     run.add_argument("--save-every", type=int, default=10)
     run.add_argument("--max-seq-length", type=int, default=0)
     run.add_argument("--threads", type=int, default=0)
+    run.add_argument("--deterministic", action="store_true",
+                     help="the trainer's --deterministic (GPU): needed for a bit-for-bit --reference check there")
     rep = sub.add_parser("report", help="the job's numbers; --reference checks it against an uninterrupted run")
     rep.add_argument("--out", required=True)
     rep.add_argument("--reference", default=None)

@@ -232,6 +232,8 @@ echo '{"tokens": [2, 99999]}' >"$T/nodata/train.jsonl"
 expect_error "train: no --model" train --data "$T/data"
 expect_error "train: --attn bogus" train --model $FX --data "$T/data" --attn bogus
 expect_error "train: --base-dtype bogus" train --model $FX --data "$T/data" --base-dtype bogus
+expect_error "train: --deterministic on the CPU" train --model $FX --data "$T/data" --deterministic
+expect_error "train: --precision on the CPU" train --model $FX --data "$T/data" --precision f32
 expect_error "train: --base-dtype mlx4 with --device cuda (the GPU path does not have it)" train --model $FX --data "$T/data" \
     --base-dtype mlx4 --device cuda
 expect_error "train: --base-dtype mlx4 on rows of 32 (gemma4_smoke)" train --model $FX --data "$T/data" --base-dtype mlx4

@@ -141,7 +141,7 @@ static int gpu_errors(const char *dir, const lora_config *lc, const reference *r
     if (gemma_model_layout_f32(&m, dir, lc, err, n) != 0) return -1;
     snprintf(path, sizeof path, "%s/adapters.safetensors", dir);
     gemma_cuda *g = NULL;
-    gemma_cuda_options o = {p, 0, 0, 7}; /* 7 rows per head chunk: the chunking is exercised */
+    gemma_cuda_options o = {p, 0, 0, 7, 0}; /* 7 rows per head chunk: the chunking is exercised */
     int rc = adapters_load(&m, path, err, n) || gemma_cuda_open(&m, dir, &o, &g, err, n);
     float *lg = malloc((size_t)packed_rows(r) * r->V * sizeof(float));
     gemma_stats st = {0}, st2 = {0};
@@ -241,7 +241,7 @@ static void test_refusals(void) {
         return;
     }
     gemma_cuda *g = NULL;
-    gemma_cuda_options o = {PRECISION_BF16, 0, 0, 0};
+    gemma_cuda_options o = {PRECISION_BF16, 0, 0, 0, 0};
     if (gemma_cuda_open(&m, dir, &o, &g, err, sizeof err) != 0) {
         check_fail("refusals: open: %s", err);
         gemma_model_free_f32(&m);
@@ -269,7 +269,7 @@ static int open_smoke(gemma_precision p, gemma_model_f32 *m, gemma_cuda **g, ref
     if (adapter_config_load(path, 1 << 20, &lc, err, n) != 0 || gemma_model_layout_f32(m, dir, &lc, err, n) != 0)
         return -1;
     snprintf(path, sizeof path, "%s/adapters.safetensors", dir);
-    gemma_cuda_options o = {p, 0, 0, 0};
+    gemma_cuda_options o = {p, 0, 0, 0, 0};
     if (adapters_load(m, path, err, n) != 0 || gemma_cuda_open(m, dir, &o, g, err, n) != 0) {
         gemma_model_free_f32(m);
         return -1;

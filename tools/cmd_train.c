@@ -78,6 +78,8 @@ static const char train_help_eval[] =
     "                     4-bit quantization_config, is read as it is stored whatever this says\n"
     "  --init-random SEED on cuda: draw the base weights on the GPU (N(0, 0.02), norms 1) instead of\n"
     "                     reading model files; --model DIR then needs config.json only\n"
+    "  --deterministic    on cuda: winattn's deterministic attention backward (a few % slower), so that\n"
+    "                     a run, or one stopped and resumed, repeats bit for bit\n"
     "  --print-config     print the options as a config file (after -c and the flags) and exit\n"
     "  -h, --help         this help\n"
     ;
@@ -251,7 +253,8 @@ int cmd_train(int argc, char **argv) {
         } else if ((v = flag_value(argc, argv, &i, "--init-random", train_usage))) {
             o.random_init = 1;
             o.init_seed = (uint64_t)parse_int_flag("--init-random", v, 0, INT32_MAX);
-        } else if (strcmp(argv[i], "--print-config") == 0) print_config = 1;
+        } else if (strcmp(argv[i], "--deterministic") == 0) o.deterministic = 1;
+        else if (strcmp(argv[i], "--print-config") == 0) print_config = 1;
         else unknown_option(argv[i]);
     }
     if (saw_epochs && saw_iters) usage_error(train_usage, "--epochs and --iters exclude each other");
@@ -272,8 +275,9 @@ int cmd_train(int argc, char **argv) {
     if (!o.data_dir) usage_error(train_usage, "--data DIR|FILE is required (or data: in a config file)");
     if (o.resume_dir && o.adapters_path)
         usage_error(train_usage, "--resume and --resume-adapter-file (--adapters, a config file's resume_adapter_file) exclude each other");
-    if (o.device != WA_DEVICE_CUDA && (saw_precision || o.random_init))
-        usage_error(train_usage, "--precision and --init-random apply to --device cuda");
+    if (o.device != WA_DEVICE_CUDA && (saw_precision || o.random_init || o.deterministic))
+        usage_error(train_usage, "--precision, --init-random and --deterministic apply to --device cuda (the CPU path "
+                                 "is deterministic)");
     if (o.device == WA_DEVICE_CUDA && o.base != BASE_BF16)
         usage_error(train_usage, "--base-dtype %s: the GPU path does not have quantized bases yet (use --device cpu)",
                     base_dtype_name(o.base));

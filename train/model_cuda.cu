@@ -1341,6 +1341,7 @@ template <class E> void open_model(gemma_cuda *g, const gemma_model_f32 *host, c
     g->blas.set_workspace(g->handle, g->blas_workspace, ws);
     wa_context_params wp = {};
     wp.cuda_stream = g->stream;
+    wp.cuda_deterministic = o->deterministic;
     wa_status st = wa_context_create(&wp, &g->wa);
     if (st != WA_OK) fail("winattn context: %s", wa_status_str(st));
     load_weights<E>(g, dir, o);

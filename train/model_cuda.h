@@ -39,6 +39,8 @@ typedef struct gemma_cuda_options {
     int random_init;     /* 1: base weights drawn on the GPU from seed, the checkpoint's tensors unread */
     uint64_t seed;
     int logit_rows;      /* rows of the head per chunk; 0 = as many as fit 1 GiB of f32 logits */
+    int deterministic;   /* 1: winattn's deterministic backward (wa_context_params.cuda_deterministic):
+                          * with it every kernel of a step gives the same bits run to run */
 } gemma_cuda_options;
 
 /* Put host's base weights on the GPU: from the checkpoint in dir (host must come from

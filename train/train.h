@@ -117,6 +117,7 @@ typedef struct train_options {
     base_dtype base;           /* the frozen projections' format (default BASE_BF16; the others on the CPU only) */
     int random_init;           /* on the GPU: base weights drawn from init_seed, the checkpoint's unread */
     uint64_t init_seed;
+    int deterministic;         /* on the GPU: winattn's deterministic backward, so a run repeats bit for bit */
 } train_options;
 
 /* Zeroes *o and sets the defaults: the write-up's job (LoRA r = 32 on q, k, v, o of every layer,

@@ -1310,7 +1310,7 @@ int train_run(const train_options *o, char *err, size_t errlen) {
     else if (o->base == BASE_FP8)
         printf("base: q, k, v, o, gate, up, down as FP8 e4m3 with a scale per output channel, dequantized to f32\n");
     if (on_gpu) {
-        gemma_cuda_options co = {o->precision, o->random_init, o->init_seed, 0};
+        gemma_cuda_options co = {o->precision, o->random_init, o->init_seed, 0, o->deterministic};
         double t0 = now_seconds();
         if (gemma_cuda_open(&m, o->model_dir, &co, &gpu, err, errlen) != 0) goto done;
         size_t peak;
