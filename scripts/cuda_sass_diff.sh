@@ -171,7 +171,8 @@ for s in $sources; do
         fi
     done <"$work/keys"
 done
-echo "summary: $total functions ($old_rev vs ${2:-working tree}, $archs): $same identical, $regs registers-only," \
+[ "$new_rev" = . ] && new_label="the working tree" || new_label=$new_rev
+echo "summary: $total functions ($old_rev vs $new_label, $archs): $same identical, $regs registers-only," \
     "$diff differing, $only only on one side"
 [ "$total" -gt 0 ] || die "no CUDA functions found in the objects of: $sources"
 [ "$same" -eq "$total" ]
