@@ -26,11 +26,160 @@ template <int D> constexpr size_t dkdv_smem_bytes() {
     return (size_t)2 * (2 * kBwdBN * D + 4 * kBwdBM * D + 2 * kBwdBM * kBwdBN) + (size_t)4 * 4 * kBwdBM;
 }
 
+/* The query-side tiles of iteration it (query head hk * group + it / per_head, query tile
+ * qt0 + it % per_head) into stage `stage`: Q and dO by cp.async (committed by the caller), and their
+ * rows' log-sum-exp and delta. Invariant: the stage is free (its last readers passed the
+ * iteration's closing barrier). */
+template <typename T, int D, bool VARLEN>
+__device__ __forceinline__ void load_q_side(const kparams &p, uint32_t sQ, uint32_t sdO, float *stats, long long b,
+                                            long long hk, int64_t qt0, long long per_head, long long it, int stage) {
+    constexpr int BM = kBwdBM, NT = kBwdThreads;
+    const long long h = hk * p.group + it / per_head, i0 = (qt0 + it % per_head) * BM;
+    load_tile<T, D, BM, NT>(sQ + stage * BM * D * 2, p.q, b, h, i0, p.Nq);
+    load_tile<T, D, BM, NT>(sdO + stage * BM * D * 2, p.dout, b, h, i0, p.Nq);
+    load_row_stats<BM, VARLEN>(stats + stage * BM, stats + 2 * BM + stage * BM, p, b, h, i0);
+}
+
+/* S = Q Kᵀ and dP = dO Vᵀ of one warp's 16 queries (from qg * 16) × 32 keys (from kh * 32), from
+ * the stage's Q and dO (q_s, do_s) and the resident K and V. Invariant: s and dp are zero on entry. */
+template <typename T, int D>
+__device__ __forceinline__ void pair_products(float (&s)[4][4], float (&dp)[4][4], uint32_t q_s, uint32_t do_s,
+                                              uint32_t sK, uint32_t sV, int qg, int kh, int lane) {
+    constexpr int KS = D / 16;
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+        uint32_t aq[4], ao[4];
+        load_a<D>(aq, q_s, qg * 16, ks, lane);
+        load_a<D>(ao, do_s, qg * 16, ks, lane);
+#pragma unroll
+        for (int nb = 0; nb < 2; nb++) {
+            uint32_t bk[4], bv[4];
+            load_b_nk<D>(bk, sK, kh * 32 + nb * 16, ks, lane);
+            load_b_nk<D>(bv, sV, kh * 32 + nb * 16, ks, lane);
+            mma<T>(s[2 * nb], aq, bk[0], bk[1]);
+            mma<T>(s[2 * nb + 1], aq, bk[2], bk[3]);
+            mma<T>(dp[2 * nb], ao, bv[0], bv[1]);
+            mma<T>(dp[2 * nb + 1], ao, bv[2], bv[3]);
+        }
+    }
+}
+
+/* P and dS of the warp's pair tile (grads_of, masked where `edge`) written to shared memory as T,
+ * swizzled, for the gradient phase to read transposed. Invariant: the caller's barrier follows
+ * before anyone reads sP or sdS. */
+template <typename T>
+__device__ __forceinline__ void store_p_ds(const kparams &p, const float (&s)[4][4], const float (&dp)[4][4],
+                                           const float *stats, int stage, long long i0, long long j0, bool edge,
+                                           float scale2, uint32_t sP, uint32_t sdS, int qg, int kh, int g, int t4) {
+    constexpr int BN = kBwdBN, BM = kBwdBM;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int qr = qg * 16 + g + 8 * r;
+        const long long i = i0 + qr;
+        const float lse2 = stats[stage * BM + qr] * kLog2e, delta = stats[2 * BM + stage * BM + qr];
+        long long lo, hi;
+        row_visible_keys(p, i, edge, lo, hi);
+#pragma unroll
+        for (int nb = 0; nb < 4; nb++) {
+            float pv[2], ds[2];
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int kc = kh * 32 + nb * 8 + 2 * t4 + c;
+                const long long j = j0 + kc;
+                grads_of(p, s[nb][2 * r + c], dp[nb][2 * r + c], lse2, delta, scale2, !edge || (j >= lo && j <= hi),
+                         pv[c], ds[c]);
+            }
+            const int col = kh * 32 + nb * 8 + 2 * t4;
+            const uint32_t off = swz<BN>(qr, col >> 3) + (col & 7) * 2;
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sP + off), "r"(pack2<T>(pv[0], pv[1])));
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdS + off), "r"(pack2<T>(ds[0], ds[1])));
+        }
+    }
+}
+
+/* dV += Pᵀ dO and dK += dSᵀ Q for the warp's 16 keys (from kg * 16) × D/2 columns (from dh * D/2).
+ * Invariant: P and dS of the step are complete in shared memory (after the barrier). */
+template <typename T, int D>
+__device__ __forceinline__ void accumulate_dkdv(float (&dv)[D / 16][4], float (&dk)[D / 16][4], uint32_t sP,
+                                                uint32_t sdS, uint32_t q_s, uint32_t do_s, int kg, int dh, int lane) {
+    constexpr int BN = kBwdBN, BM = kBwdBM, DH = D / 2;
+#pragma unroll
+    for (int kq = 0; kq < BM / 16; kq++) {
+        uint32_t ap[4], as[4];
+        load_at<BN>(ap, sP, kq * 16, kg, lane);
+        load_at<BN>(as, sdS, kq * 16, kg, lane);
+#pragma unroll
+        for (int nd = 0; nd < DH / 16; nd++) {
+            uint32_t bo[4], bq[4];
+            load_b_kn<D>(bo, do_s, kq * 16, dh * (DH / 16) + nd, lane);
+            load_b_kn<D>(bq, q_s, kq * 16, dh * (DH / 16) + nd, lane);
+            mma<T>(dv[2 * nd], ap, bo[0], bo[1]);
+            mma<T>(dv[2 * nd + 1], ap, bo[2], bo[3]);
+            mma<T>(dk[2 * nd], as, bq[0], bq[1]);
+            mma<T>(dk[2 * nd + 1], as, bq[2], bq[3]);
+        }
+    }
+}
+
+/* dQ[16 qg.., D/2 dh..] of query head h += dS K, f32 atomic adds into p.dq_acc, in column chunks of
+ * CW to bound registers (the ATOMIC_DQ form). Invariant: dS is complete in shared memory. */
+template <typename T, int D, bool VARLEN>
+__device__ __forceinline__ void add_dq_atomic(const kparams &p, long long b, long long h, long long i0, uint32_t sdS,
+                                              uint32_t sK, int qg, int dh, int g, int t4, int lane) {
+    constexpr int BN = kBwdBN, DH = D / 2, CW = DH < 64 ? DH : 64;
+    const long long r0 = i0 + qg * 16 + g;
+    float *acc_row0 = p.dq_acc + (ws_head<VARLEN>(p, b, h, p.Nq) + r0) * D, *acc_row1 = acc_row0 + 8 * D;
+#pragma unroll
+    for (int ch = 0; ch < DH / CW; ch++) {
+        float dq[CW / 8][4];
+#pragma unroll
+        for (int i = 0; i < CW / 8; i++) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < BN / 16; ks++) {
+            uint32_t a[4];
+            load_a<BN>(a, sdS, qg * 16, ks, lane);
+#pragma unroll
+            for (int nd = 0; nd < CW / 16; nd++) {
+                uint32_t bk[4];
+                load_b_kn<D>(bk, sK, ks * 16, (dh * DH + ch * CW) / 16 + nd, lane);
+                mma<T>(dq[2 * nd], a, bk[0], bk[1]);
+                mma<T>(dq[2 * nd + 1], a, bk[2], bk[3]);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < CW / 8; i++) {
+            const int col = dh * DH + ch * CW + i * 8 + 2 * t4;
+            if (r0 < p.Nq) atomic_add2(acc_row0 + col, dq[i][0], dq[i][1]);
+            if (r0 + 8 < p.Nq) atomic_add2(acc_row1 + col, dq[i][2], dq[i][3]);
+        }
+    }
+}
+
+/* The epilogue: the warp's rows of dK and dV (keys j0 + kg * 16.., columns dh * D/2..) written as T.
+ * Keys no query sees fall through with zero accumulators: dK = dV = 0 is written for them. */
+template <typename T, int D>
+__device__ __forceinline__ void store_dkdv(const kparams &p, const float (&dk)[D / 16][4], const float (&dv)[D / 16][4],
+                                           long long b, long long hk, long long j0, int kg, int dh, int g, int t4) {
+    constexpr int DH = D / 2;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const long long j = j0 + kg * 16 + g + 8 * r;
+        if (j >= p.Nk) continue;
+        T *krow = row_of<T>(p.dk, b, hk, j), *vrow = row_of<T>(p.dv, b, hk, j);
+#pragma unroll
+        for (int i = 0; i < DH / 8; i++) {
+            const int col = dh * DH + i * 8 + 2 * t4;
+            *(uint32_t *)(krow + col) = pack2<T>(dk[i][2 * r], dk[i][2 * r + 1]);
+            *(uint32_t *)(vrow + col) = pack2<T>(dv[i][2 * r], dv[i][2 * r + 1]);
+        }
+    }
+}
+
 /* owner of dK, dV for keys [j0, j0 + 64) of kv head hk; with ATOMIC_DQ it also adds this key
  * tile's share of dQ = dS K into the f32 accumulator p.dq_acc (the fast, non-reproducible option) */
 template <typename T, int D, bool ATOMIC_DQ, bool VARLEN>
 __global__ void __launch_bounds__(kBwdThreads, 1) dkdv_mma_kernel(const kparams kp) {
-    constexpr int BN = kBwdBN, BM = kBwdBM, NT = kBwdThreads, KS = D / 16, DH = D / 2;
+    constexpr int BN = kBwdBN, BM = kBwdBM, NT = kBwdThreads, DH = D / 2;
     extern __shared__ __align__(1024) unsigned char smem[];
     const uint32_t sK = smem_u32(smem), sV = sK + BN * D * 2, sQ = sV + BN * D * 2, sdO = sQ + 2 * BM * D * 2;
     const uint32_t sP = sdO + 2 * BM * D * 2, sdS = sP + BM * BN * 2;
@@ -48,17 +197,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) dkdv_mma_kernel(const kparams 
     const long long per_head = qt1 - qt0, iters = per_head * p.group;
     const float scale2 = p.scale * kLog2e;
 
-    /* stage the query-side tiles of iteration `it` */
-    auto load_q_side = [&](long long it, int stage) {
-        const long long h = hk * p.group + it / per_head, i0 = (qt0 + it % per_head) * BM;
-        load_tile<T, D, BM, NT>(sQ + stage * BM * D * 2, p.q, b, h, i0, p.Nq);
-        load_tile<T, D, BM, NT>(sdO + stage * BM * D * 2, p.dout, b, h, i0, p.Nq);
-        load_row_stats<BM, VARLEN>(stats + stage * BM, stats + 2 * BM + stage * BM, p, b, h, i0);
-    };
-
     load_tile<T, D, BN, NT>(sK, p.k, b, hk, j0, p.Nk);
     load_tile<T, D, BN, NT>(sV, p.v, b, hk, j0, p.Nk);
-    if (iters > 0) load_q_side(0, 0);
+    if (iters > 0) load_q_side<T, D, VARLEN>(p, sQ, sdO, stats, b, hk, qt0, per_head, 0, 0);
     cp_async_commit();
 
     float dv[DH / 8][4], dk[DH / 8][4];
@@ -69,7 +210,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) dkdv_mma_kernel(const kparams 
 
     for (long long it = 0; it < iters; it++) {
         const int stage = (int)(it & 1);
-        if (it + 1 < iters) load_q_side(it + 1, stage ^ 1);
+        if (it + 1 < iters) load_q_side<T, D, VARLEN>(p, sQ, sdO, stats, b, hk, qt0, per_head, it + 1, stage ^ 1);
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
@@ -83,112 +224,18 @@ __global__ void __launch_bounds__(kBwdThreads, 1) dkdv_mma_kernel(const kparams 
         for (int i = 0; i < 4; i++)
 #pragma unroll
             for (int e = 0; e < 4; e++) s[i][e] = dp[i][e] = 0.0f;
-#pragma unroll
-        for (int ks = 0; ks < KS; ks++) {
-            uint32_t aq[4], ao[4];
-            load_a<D>(aq, q_s, qg * 16, ks, lane);
-            load_a<D>(ao, do_s, qg * 16, ks, lane);
-#pragma unroll
-            for (int nb = 0; nb < 2; nb++) {
-                uint32_t bk[4], bv[4];
-                load_b_nk<D>(bk, sK, kh * 32 + nb * 16, ks, lane);
-                load_b_nk<D>(bv, sV, kh * 32 + nb * 16, ks, lane);
-                mma<T>(s[2 * nb], aq, bk[0], bk[1]);
-                mma<T>(s[2 * nb + 1], aq, bk[2], bk[3]);
-                mma<T>(dp[2 * nb], ao, bv[0], bv[1]);
-                mma<T>(dp[2 * nb + 1], ao, bv[2], bv[3]);
-            }
-        }
+        pair_products<T, D>(s, dp, q_s, do_s, sK, sV, qg, kh, lane);
         const bool edge = m < BM || n < BN || wa_tile_needs_mask(&p.win, i0, i0 + m, j0, j0 + n);
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const int qr = qg * 16 + g + 8 * r;
-            const long long i = i0 + qr;
-            const float lse2 = stats[stage * BM + qr] * kLog2e, delta = stats[2 * BM + stage * BM + qr];
-            long long lo, hi;
-            row_visible_keys(p, i, edge, lo, hi);
-#pragma unroll
-            for (int nb = 0; nb < 4; nb++) {
-                float pv[2], ds[2];
-#pragma unroll
-                for (int c = 0; c < 2; c++) {
-                    const int kc = kh * 32 + nb * 8 + 2 * t4 + c;
-                    const long long j = j0 + kc;
-                    grads_of(p, s[nb][2 * r + c], dp[nb][2 * r + c], lse2, delta, scale2, !edge || (j >= lo && j <= hi),
-                             pv[c], ds[c]);
-                }
-                const int col = kh * 32 + nb * 8 + 2 * t4;
-                const uint32_t off = swz<BN>(qr, col >> 3) + (col & 7) * 2;
-                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sP + off), "r"(pack2<T>(pv[0], pv[1])));
-                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdS + off), "r"(pack2<T>(ds[0], ds[1])));
-            }
-        }
+        store_p_ds<T>(p, s, dp, stats, stage, i0, j0, edge, scale2, sP, sdS, qg, kh, g, t4);
         __syncthreads(); /* P and dS complete */
 
-        /* dV += Pᵀ dO and dK += dSᵀ Q for keys 16 kg.., columns DH dh.. */
-#pragma unroll
-        for (int kq = 0; kq < BM / 16; kq++) {
-            uint32_t ap[4], as[4];
-            load_at<BN>(ap, sP, kq * 16, kg, lane);
-            load_at<BN>(as, sdS, kq * 16, kg, lane);
-#pragma unroll
-            for (int nd = 0; nd < DH / 16; nd++) {
-                uint32_t bo[4], bq[4];
-                load_b_kn<D>(bo, do_s, kq * 16, dh * (DH / 16) + nd, lane);
-                load_b_kn<D>(bq, q_s, kq * 16, dh * (DH / 16) + nd, lane);
-                mma<T>(dv[2 * nd], ap, bo[0], bo[1]);
-                mma<T>(dv[2 * nd + 1], ap, bo[2], bo[3]);
-                mma<T>(dk[2 * nd], as, bq[0], bq[1]);
-                mma<T>(dk[2 * nd + 1], as, bq[2], bq[3]);
-            }
-        }
-        if (ATOMIC_DQ) { /* dQ[16 qg.., DH dh..] += dS K, in column chunks of CW to bound registers */
-            constexpr int CW = DH < 64 ? DH : 64;
-            const long long h = hk * p.group + it / per_head;
-            const long long r0 = i0 + qg * 16 + g;
-            float *acc_row0 = p.dq_acc + (ws_head<VARLEN>(p, b, h, p.Nq) + r0) * D, *acc_row1 = acc_row0 + 8 * D;
-#pragma unroll
-            for (int ch = 0; ch < DH / CW; ch++) {
-                float dq[CW / 8][4];
-#pragma unroll
-                for (int i = 0; i < CW / 8; i++) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
-#pragma unroll
-                for (int ks = 0; ks < BN / 16; ks++) {
-                    uint32_t a[4];
-                    load_a<BN>(a, sdS, qg * 16, ks, lane);
-#pragma unroll
-                    for (int nd = 0; nd < CW / 16; nd++) {
-                        uint32_t bk[4];
-                        load_b_kn<D>(bk, sK, ks * 16, (dh * DH + ch * CW) / 16 + nd, lane);
-                        mma<T>(dq[2 * nd], a, bk[0], bk[1]);
-                        mma<T>(dq[2 * nd + 1], a, bk[2], bk[3]);
-                    }
-                }
-#pragma unroll
-                for (int i = 0; i < CW / 8; i++) {
-                    const int col = dh * DH + ch * CW + i * 8 + 2 * t4;
-                    if (r0 < p.Nq) atomic_add2(acc_row0 + col, dq[i][0], dq[i][1]);
-                    if (r0 + 8 < p.Nq) atomic_add2(acc_row1 + col, dq[i][2], dq[i][3]);
-                }
-            }
-        }
+        accumulate_dkdv<T, D>(dv, dk, sP, sdS, q_s, do_s, kg, dh, lane);
+        if (ATOMIC_DQ) /* into query head hk * group + it / per_head */
+            add_dq_atomic<T, D, VARLEN>(p, b, hk * p.group + it / per_head, i0, sdS, sK, qg, dh, g, t4, lane);
         __syncthreads(); /* stage, P and dS are free for the next iteration */
     }
     cp_async_wait<0>();
-
-    /* keys no query sees fall through with zero accumulators: dK = dV = 0 is written for them */
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const long long j = j0 + kg * 16 + g + 8 * r;
-        if (j >= p.Nk) continue;
-        T *krow = row_of<T>(p.dk, b, hk, j), *vrow = row_of<T>(p.dv, b, hk, j);
-#pragma unroll
-        for (int i = 0; i < DH / 8; i++) {
-            const int col = dh * DH + i * 8 + 2 * t4;
-            *(uint32_t *)(krow + col) = pack2<T>(dk[i][2 * r], dk[i][2 * r + 1]);
-            *(uint32_t *)(vrow + col) = pack2<T>(dv[i][2 * r], dv[i][2 * r + 1]);
-        }
-    }
+    store_dkdv<T, D>(p, dk, dv, b, hk, j0, kg, dh, g, t4);
 }
 
 /* dQ: one CTA per 128 query rows; each warp owns 16 rows and their dQ in registers. At D = 256

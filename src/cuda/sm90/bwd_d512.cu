@@ -151,6 +151,72 @@ __device__ __forceinline__ void wide_dscores(const kparams &p, float (&dp)[BN / 
     }
 }
 
+/* The producer warpgroup's work in dkdv_wide_ws_kernel: thread 0 loads K and V once, then Q and dO
+ * of every step part by part, each part once the consumers released the last step's (Q by thread 0
+ * and dO by thread 32 when in parts, so that neither waits for the other's release). Invariant: step
+ * n's parts land behind the full barriers of phase n & 1, in the order the consumers wait for them.
+ * The kernel's scalars come by reference, so that refill captures the kernel's own variables, as it
+ * did written inside the kernel: the kernel's SASS stays that of the inline form (cuda_sass_diff.sh). */
+template <bool VARLEN, typename QFull, typename QEmpty, typename DoFull, typename DoEmpty>
+__device__ __forceinline__ void produce_kv_and_steps(const CUtensorMap &tq, const CUtensorMap &tdo,
+                                                     const CUtensorMap &tk, const CUtensorMap &tv, const kparams &kp,
+                                                     const kparams &p, const uint32_t &sK, const uint32_t &sV,
+                                                     const uint32_t &sQ, const uint32_t &sdO, const uint32_t &kv_full,
+                                                     QFull &q_full, QEmpty &q_empty, DoFull &do_full, DoEmpty &do_empty,
+                                                     const long long &hk, const long long &b, const long long &j0,
+                                                     const int64_t &qt0, const int &nqt, const int &steps) {
+    using L = kv_wide_layout;
+    constexpr int D = kWideD, KEYS = kWideKeys, DB = D / 64, HB = DB / kQParts;
+    constexpr uint32_t PART = HB * (64 * 128); /* bytes of one part of Q or dO */
+    const bool loads_q = threadIdx.x == 0, loads_do = kQParts == 1 ? threadIdx.x == 0 : threadIdx.x == 32;
+    if ((loads_q || loads_do) && steps > 0) {
+        const CUtensorMap *mq = seq_map<VARLEN>(tq, kp, 0), *mdo = seq_map<VARLEN>(tdo, kp, 1);
+        const long long q_row0 = VARLEN ? p.q_row0 : 0, k_row0 = VARLEN ? p.k_row0 : 0; /* TMA rows of the sequence */
+        if (loads_q) {
+            const CUtensorMap *mk = seq_map<VARLEN>(tk, kp, 2), *mv = seq_map<VARLEN>(tv, kp, 3);
+            mbar_expect_tx(kv_full, 2 * L::KV);
+            for (int c = 0; c < DB; c++) {
+                tma_load(sK + c * (KEYS * 128), mk, kv_full, c * 64, (int)(k_row0 + j0), (int)hk, (int)b);
+                tma_load(sV + c * (KEYS * 128), mv, kv_full, c * 64, (int)(k_row0 + j0), (int)hk, (int)b);
+            }
+        }
+        for (int n = 0; n < steps; n++) {
+            const uint32_t ph = (uint32_t)n & 1u;
+            const int h = (int)(hk * p.group + n / nqt), row = (int)(q_row0 + (qt0 + n % nqt) * 64);
+            /* part x of Q or dO into dst, once the consumers have released the previous step's */
+            auto refill = [&](int x, uint32_t dst, const CUtensorMap *m, uint32_t full, uint32_t empty) {
+                if (n > 0) mbar_wait(empty, ph ^ 1u);
+                mbar_expect_tx(full, PART);
+                for (int c = x * HB; c < (x + 1) * HB; c++) tma_load(dst + c * (64 * 128), m, full, c * 64, row, h, (int)b);
+            };
+            for (int x = 0; x < kQParts; x++) {
+                if (loads_q) refill(x, sQ, mq, q_full(x), q_empty(x));
+                if (loads_do) refill(x, sdO, mdo, do_full(x), do_empty(x));
+            }
+        }
+    }
+}
+
+/* The epilogue of dkdv_wide_ws_kernel: cw 0 writes dV, cw 1 dK, of the CTA's keys (from j0) below
+ * p.Nk. acc[c][nb][e] is row (of D) 64 c + 16 w4 + g + 8 (e / 2) of the key j0 + 8 nb + 2 t4 + e % 2.
+ * Invariant: acc is final (every product waited for). */
+template <typename T>
+__device__ __forceinline__ void store_dkdv_wide(const kparams &p, float (&acc)[kWideD / 64][kWideKeys / 8][4], int cw,
+                                                long long b, long long hk, long long j0, int w4, int g, int t4) {
+    constexpr int D = kWideD, KEYS = kWideKeys, DB = D / 64;
+    const dev_tensor out = cw == 0 ? p.dv : p.dk; /* a copy: a reference into a varlen CTA's kparams put it on the stack */
+#pragma unroll
+    for (int nb = 0; nb < KEYS / 8; nb++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const long long key = j0 + nb * 8 + 2 * t4 + (e & 1);
+            if (key >= p.Nk) continue;
+            T *row = row_of<T>(out, b, hk, key) + w4 * 16 + g + 8 * (e >> 1);
+#pragma unroll
+            for (int c = 0; c < DB; c++) row[c * 64] = from_f32<T>(acc[c][nb][e]);
+        }
+}
+
 template <typename T, Cap CAP, bool VARLEN>
 __global__ void __launch_bounds__(kThreads, 1)
     dkdv_wide_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
@@ -160,7 +226,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #else
     using L = kv_wide_layout;
     constexpr int D = kWideD, KEYS = kWideKeys, DB = D / 64, HB = DB / kQParts;
-    constexpr uint32_t PART = HB * (64 * 128); /* bytes of one part of Q or dO */
     extern __shared__ __align__(1024) unsigned char smem[];
     unsigned char *aligned = smem + (((smem_u32(smem) + 1023u) & ~1023u) - smem_u32(smem));
     const uint32_t base = smem_u32(aligned);
@@ -192,37 +257,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncthreads();
 
-    if (wg == 0) { /* producer: K and V once, then Q and dO of every step, part by part as released;
-                    * in parts, Q by thread 0 and dO by thread 32, so that neither waits for the
-                    * other's release */
+    if (wg == 0) { /* producer: K and V once, then Q and dO of every step, part by part as released */
         setmaxnreg_dec<kProducerRegs>();
-        const bool loads_q = threadIdx.x == 0, loads_do = kQParts == 1 ? threadIdx.x == 0 : threadIdx.x == 32;
-        if ((loads_q || loads_do) && steps > 0) {
-            const CUtensorMap *mq = seq_map<VARLEN>(tq, kp, 0), *mdo = seq_map<VARLEN>(tdo, kp, 1);
-            const long long q_row0 = VARLEN ? p.q_row0 : 0, k_row0 = VARLEN ? p.k_row0 : 0; /* TMA rows of the sequence */
-            if (loads_q) {
-                const CUtensorMap *mk = seq_map<VARLEN>(tk, kp, 2), *mv = seq_map<VARLEN>(tv, kp, 3);
-                mbar_expect_tx(kv_full, 2 * L::KV);
-                for (int c = 0; c < DB; c++) {
-                    tma_load(sK + c * (KEYS * 128), mk, kv_full, c * 64, (int)(k_row0 + j0), (int)hk, (int)b);
-                    tma_load(sV + c * (KEYS * 128), mv, kv_full, c * 64, (int)(k_row0 + j0), (int)hk, (int)b);
-                }
-            }
-            for (int n = 0; n < steps; n++) {
-                const uint32_t ph = (uint32_t)n & 1u;
-                const int h = (int)(hk * p.group + n / nqt), row = (int)(q_row0 + (qt0 + n % nqt) * 64);
-                /* part x of Q or dO into dst, once the consumers have released the previous step's */
-                auto refill = [&](int x, uint32_t dst, const CUtensorMap *m, uint32_t full, uint32_t empty) {
-                    if (n > 0) mbar_wait(empty, ph ^ 1u);
-                    mbar_expect_tx(full, PART);
-                    for (int c = x * HB; c < (x + 1) * HB; c++) tma_load(dst + c * (64 * 128), m, full, c * 64, row, h, (int)b);
-                };
-                for (int x = 0; x < kQParts; x++) {
-                    if (loads_q) refill(x, sQ, mq, q_full(x), q_empty(x));
-                    if (loads_do) refill(x, sdO, mdo, do_full(x), do_empty(x));
-                }
-            }
-        }
+        produce_kv_and_steps<VARLEN>(tq, tdo, tk, tv, kp, p, sK, sV, sQ, sdO, kv_full, q_full, q_empty, do_full, do_empty,
+                                     hk, b, j0, qt0, nqt, steps);
         return;
     }
 
@@ -304,18 +342,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             reg_fence(acc);
         }
     }
-    /* acc[c][nb][e] is row (of D) 64 c + 16 w4 + g + 8 (e / 2) of the key j0 + 8 nb + 2 t4 + e % 2 */
-    const dev_tensor out = cw == 0 ? p.dv : p.dk; /* a copy: a reference into a varlen CTA's kparams put it on the stack */
-#pragma unroll
-    for (int nb = 0; nb < KEYS / 8; nb++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const long long key = j0 + nb * 8 + 2 * t4 + (e & 1);
-            if (key >= p.Nk) continue;
-            T *row = row_of<T>(out, b, hk, key) + w4 * 16 + g + 8 * (e >> 1);
-#pragma unroll
-            for (int c = 0; c < DB; c++) row[c * 64] = from_f32<T>(acc[c][nb][e]);
-        }
+    store_dkdv_wide<T>(p, acc, cw, b, hk, j0, w4, g, t4);
 #endif
 }
 

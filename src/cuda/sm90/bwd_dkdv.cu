@@ -156,6 +156,24 @@ template <int D, bool FUSE> __host__ __device__ constexpr bool step_overlap() { 
  * named barrier of the warpgroup (kStats) publishes them. */
 template <int D, bool VARLEN> __host__ __device__ constexpr bool stats_by_tma() { return kv_by_rows<D>() && !VARLEN; }
 
+/* The epilogue of dkdv_ws_kernel: by rows, dV (acc) and dK (acc2, times the scale left out of dSᵀ)
+ * of this warpgroup's keys; by output, dV (cw 0) or dK (cw 1) of the CTA's. keys are the thread's
+ * two key rows. Invariant: the accumulators are final (every product waited for). */
+template <typename T, int D, bool BY_ROWS>
+__device__ __forceinline__ void store_dkdv(const kparams &p, float (&acc)[D / 64][8][4],
+                                           float (&acc2)[BY_ROWS ? D / 64 : 1][8][4], const long long (&keys)[2],
+                                           long long b, long long hk, int cw, int t4) {
+    constexpr int DB = D / 64;
+    if constexpr (BY_ROWS) {
+        store_frag_rows<T, DB * 8>(p.dv, reinterpret_cast<const float (&)[DB * 8][4]>(acc), keys, p.Nk, b, hk, t4);
+        scale_frags(acc2, p.scale); /* dK = scale · Σ dSᵀ Q: the scale left out of dSᵀ */
+        store_frag_rows<T, DB * 8>(p.dk, reinterpret_cast<const float (&)[DB * 8][4]>(acc2), keys, p.Nk, b, hk, t4);
+    } else {
+        store_frag_rows<T, DB * 8>(cw == 0 ? p.dv : p.dk, reinterpret_cast<const float (&)[DB * 8][4]>(acc), keys, p.Nk,
+                                   b, hk, t4);
+    }
+}
+
 template <typename T, int D, Cap CAP, bool FUSE, bool VARLEN, bool ORDERED = false>
 __global__ void __launch_bounds__(kThreads, 1)
     dkdv_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tdo,
@@ -606,13 +624,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     /* the reduce-adds are done before the CTA's shared memory goes (dq_writer: the writers wait) */
     if (FUSE && !dq_writer<D, FUSE, VARLEN>() && tid == 0) bulk_wait<0>();
-    if constexpr (BY_ROWS) {
-        store_frag_rows<T, DB * 8>(p.dv, reinterpret_cast<const float (&)[DB * 8][4]>(acc), keys, p.Nk, b, hk, t4);
-        scale_frags(acc2, p.scale); /* dK = scale · Σ dSᵀ Q: the scale left out of dSᵀ */
-        store_frag_rows<T, DB * 8>(p.dk, reinterpret_cast<const float (&)[DB * 8][4]>(acc2), keys, p.Nk, b, hk, t4);
-    } else {
-        store_frag_rows<T, DB * 8>(cw == 0 ? p.dv : p.dk, reinterpret_cast<const float (&)[DB * 8][4]>(acc), keys, p.Nk, b, hk, t4);
-    }
+    store_dkdv<T, D, BY_ROWS>(p, acc, acc2, keys, b, hk, cw, t4);
 #endif
 }
 

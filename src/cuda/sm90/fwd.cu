@@ -60,6 +60,35 @@ static_assert(ws_layout<64>::bytes <= 232448 && ws_layout<128>::bytes <= 232448 
 
 constexpr int kEpilogueBar = 4; /* + the consumer warpgroup's index: its rows of Q are free */
 
+/* The epilogue of one consumer warpgroup of fwd_ws_kernel: O = acc / row_sum and the log-sum-exp
+ * written for its 64 rows from r0. Staged through shared memory where O's rows are 16-byte aligned
+ * (o_vec16): persistent, this warpgroup's own buffer at base + L::o; otherwise its rows of Q, free
+ * once the warpgroup's products are all done (the named barrier). Invariant: acc, row_max and row_sum
+ * are final (the item's last O += P V waited for); acc is only read. The scalars are references to
+ * the item's variables, as the code used them inline (cuda_sass_diff.sh: the SASS is the same). */
+template <typename T, int D, bool PERSIST>
+__device__ __forceinline__ void store_output(const kparams &p, float (&acc)[D / 64][8][4],
+                                             const float (&row_max)[2], const float (&row_sum)[2],
+                                             const long long (&rows)[2], const long long &r0, long long b, long long h,
+                                             unsigned char *smem, const uint32_t &base, const uint32_t &sQ,
+                                             const bool &o_vec16, const int &cw, const int &w4, const int &lane,
+                                             const int &t4) {
+    using L = ws_layout<D, PERSIST>;
+    constexpr int BM = kBM, DB = D / 64;
+    if (o_vec16) {
+        if constexpr (PERSIST) { /* through this warpgroup's own buffer: each warp its 16 rows */
+            store_rows_staged<T, D, 64, L::O_PART>(p, reinterpret_cast<const float (&)[DB * 8][4]>(acc), row_max, row_sum, r0, b,
+                                                  h, smem + (base + L::o + cw * L::O_STAGE - smem_u32(smem)), 0, w4, lane);
+        } else {
+            named_sync(kEpilogueBar + cw, 128); /* all the warpgroup's products done: its rows of Q are free */
+            store_rows_staged<T, D, BM>(p, reinterpret_cast<const float (&)[DB * 8][4]>(acc), row_max, row_sum, r0, b, h,
+                                        smem + (sQ - smem_u32(smem)), cw * 64, w4, lane);
+        }
+    } else {
+        store_rows<T, DB * 8>(p, reinterpret_cast<const float (&)[DB * 8][4]>(acc), row_max, row_sum, rows, b, h, t4);
+    }
+}
+
 template <typename T, int D, bool PIPELINED, Cap CAP, bool VARLEN, int ORDER = 0>
 __global__ void __launch_bounds__(kThreads, 1)
     fwd_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
@@ -238,18 +267,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         for (long long kt = wk1; kt < kt1; kt++) skip_tile(kt);
 
-        if (o_vec16) {
-            if constexpr (PERSIST) { /* through this warpgroup's own buffer: each warp its 16 rows */
-                store_rows_staged<T, D, 64, L::O_PART>(p, reinterpret_cast<const float (&)[DB * 8][4]>(acc), row_max, row_sum, r0, b,
-                                                      h, smem + (base + L::o + cw * L::O_STAGE - smem_u32(smem)), 0, w4, lane);
-            } else {
-                named_sync(kEpilogueBar + cw, 128); /* all the warpgroup's products done: its rows of Q are free */
-                store_rows_staged<T, D, BM>(p, reinterpret_cast<const float (&)[DB * 8][4]>(acc), row_max, row_sum, r0, b, h,
-                                            smem + (sQ - smem_u32(smem)), cw * 64, w4, lane);
-            }
-        } else {
-            store_rows<T, DB * 8>(p, reinterpret_cast<const float (&)[DB * 8][4]>(acc), row_max, row_sum, rows, b, h, t4);
-        }
+        store_output<T, D, PERSIST>(p, acc, row_max, row_sum, rows, r0, b, h, smem, base, sQ, o_vec16, cw, w4, lane,
+                                    t4);
         if (kt0 < kt1) kit += (int)(kt1 - kt0), qi++;
     });
 #endif

@@ -41,6 +41,32 @@ static_assert(asym_layout::q == 0 && asym_layout::k % 1024 == 0 && asym_layout::
               "the swizzled tiles start 1024-byte aligned");
 static_assert(kAsymBN == kWideBM, "a consumer's half of V (BN rows) stages its half of O (BM rows) in the epilogue");
 
+/* The epilogue of one consumer warpgroup of fwd_wide_asym_kernel: its half of O (columns from 256 cw)
+ * and, with column 0, the log-sum-exp, for the item's rows from i0. Staged through its half of V where
+ * O's rows are 16-byte aligned and the item had keys, and that half then released to the producer
+ * (v_empty, per warp); otherwise written from registers. Invariant: acc and row_sum are final (the
+ * last O += P V waited for, consumer 1's row sums handed over). The scalars are references to the
+ * item's variables, as the code used them inline (cuda_sass_diff.sh: the SASS is the same). */
+template <typename T>
+__device__ __forceinline__ void store_output_half(const kparams &p, float (&acc)[4][8][4], const float (&row_max)[2],
+                                                  const float (&row_sum)[2], const long long (&rows)[2],
+                                                  const long long &i0, long long b, long long h,
+                                                  unsigned char *const &aligned, const bool &staged, const int &n,
+                                                  const uint32_t &v_empty, const int &cw, const int &w4,
+                                                  const int &lane, const int &t4) {
+    using L = asym_layout;
+    constexpr int BN = kAsymBN;
+    if (staged && n > 0) {
+        store_rows_staged<T, 256, BN>(p, reinterpret_cast<const float (&)[32][4]>(acc), row_max, row_sum, i0, b, h,
+                                      aligned + L::v + cw * 4 * (BN * 128), 0, w4, lane, cw * 256);
+        fence_proxy_async(); /* the stage's reads and writes before the TMA load that refills it */
+        __syncwarp();
+        mbar_arrive_if(v_empty, lane == 0); /* the warp's 16 rows copied out */
+    } else {
+        store_rows<T, 32>(p, reinterpret_cast<const float (&)[32][4]>(acc), row_max, row_sum, rows, b, h, t4, cw * 256);
+    }
+}
+
 template <typename T, Cap CAP, bool VARLEN, bool PERSIST = false>
 __global__ void __launch_bounds__(kThreads, 1)
     fwd_wide_asym_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
@@ -290,15 +316,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             mbar_arrive_if(bar(L::p_empty + slot), true);
             row_sum[0] = sums.x, row_sum[1] = sums.y; /* row_max is read only with column 0 (the lse) */
         }
-        if (staged && n > 0) {
-            store_rows_staged<T, 256, BN>(p, reinterpret_cast<const float (&)[32][4]>(acc), row_max, row_sum, i0, b, h,
-                                          aligned + L::v + cw * 4 * (BN * 128), 0, w4, lane, cw * 256);
-            fence_proxy_async(); /* the stage's reads and writes before the TMA load that refills it */
-            __syncwarp();
-            mbar_arrive_if(v_empty, lane == 0); /* the warp's 16 rows copied out */
-        } else {
-            store_rows<T, 32>(p, reinterpret_cast<const float (&)[32][4]>(acc), row_max, row_sum, rows, b, h, t4, cw * 256);
-        }
+        store_output_half<T>(p, acc, row_max, row_sum, rows, i0, b, h, aligned, staged, n, v_empty, cw, w4, lane, t4);
         pit += (uint32_t)n + 1, kit += (uint32_t)n;
         qi += n > 0;
     });
