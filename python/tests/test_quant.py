@@ -9,6 +9,8 @@ mlx4 (needs mlx, mlx-lm, torch and transformers with Gemma 4; SKIP otherwise):
   - folders from the real mlx_lm.convert(quantize=True, q_group_size=64, q_bits=4) of both load:
     their projections equal mx.dequantize of the saved weights, scales and biases bit for bit, and
     on the float32 one the trainer's held-out loss (before training) is mlx-lm's on that folder;
+  - LoRA adapters the trainer trains on the float32 folder, loaded by mlx-lm's load_adapters onto that
+    quantized model, give the trainer's held-out loss after training (within test_peft.py's 1e-4);
   - a transposed projection under --base-dtype mlx4, a packed weight without its scales and a folder
     saying bits 8 are refused in one line.
 nf4 (needs bitsandbytes, torch and transformers with Gemma 4; SKIP otherwise):
@@ -25,7 +27,10 @@ nf4 (needs bitsandbytes, torch and transformers with Gemma 4; SKIP otherwise):
     bfloat16 copy loads to the same projections as --base-dtype nf4 on that copy, bit for bit, and so
     the same held-out loss; that loss is transformers' own (float32 forward of the saved model)
     within 1e-5; one saved without double quantization equals the weights of the model that saved
-    it bit for bit; an fp4 one and one missing a nested_absmax are refused in one line.
+    it bit for bit; an fp4 one and one missing a nested_absmax are refused in one line;
+  - LoRA adapters the trainer trains on that saved nf4 checkpoint in peft's layout, loaded by
+    PeftModel.from_pretrained onto the bitsandbytes-quantized transformers model, give the trainer's
+    held-out loss after training within 1e-5.
 fp8 (needs torch and transformers with Gemma 4):
   - codes, scales and values (test_train_quant --fp8) equal torch's (w / scale).to(float8_e4m3fn)
     with scale = amax / 448 a row, bit for bit, rows with amax 448 (scale 1) carrying every e4m3
@@ -111,6 +116,16 @@ def winattn_eval(model_dir, data, out, *extra):
         raise RuntimeError("winattn train: %s" % r.stderr.strip())
     evals = [json.loads(line) for line in open(os.path.join(out, "log.jsonl")) if '"eval": 0' in line]
     return evals[0]["loss"]
+
+
+def trained_eval(model_dir, data, out, *extra):
+    """Four steps of LoRA (test_peft.py's rank, scale, keys and layers) and the held-out loss after
+    training, as out/log.jsonl logs it."""
+    from test_peft import KEYS, LORA_LAYERS, RANK, SCALE, logged_eval, winattn
+    winattn("--model", model_dir, "--data", data, "--iters", "4", "--batch-size", "2", "--lora-rank", str(RANK),
+            "--lora-scale", str(SCALE), "--lora-keys", KEYS, "--lora-layers", str(LORA_LAYERS), "--lr", "0.02",
+            "--threads", "2", "--eval", "--out", out, *extra)
+    return logged_eval(out)
 
 
 def main():
@@ -216,6 +231,25 @@ def mlx4_cases():
             rel = abs(ours_loss - theirs_loss) / theirs_loss
             report(rel <= LOSS_TOL, "mlx_lm.convert -q folder: the trainer's held-out loss of the base is mlx-lm's",
                    "trainer %.6f, mlx-lm %.6f, rel %.1e (tol %g)" % (ours_loss, theirs_loss, rel, LOSS_TOL))
+
+    @case("adapters on an mlx4 base in mlx-lm")
+    def _():
+        # LoRA trained on the mlx_lm.convert -q folder (float32 scales), in mlx-lm's layout: mlx-lm's
+        # load_adapters on the same quantized model (LoRA over its QuantizedLinear) gives the loss of
+        # the trainer's evaluation after training
+        from mlx_lm.tuner.utils import load_adapters
+        from test_peft import MLX_TOL
+        out = os.path.join(tmp.name, "mlx4-adapters")
+        ours = trained_eval(q, data, out)
+        model, _ = load_model(Path(q))
+        load_adapters(model, out)
+        theirs = mlx_loss(mx, nn, model, read_records(os.path.join(data, "valid.jsonl")))
+        base = winattn_eval(q, data, os.path.join(tmp.name, "eval-base"))
+        rel = abs(theirs - ours) / ours
+        report(rel <= MLX_TOL and abs(ours - base) > 100 * MLX_TOL * ours,
+               "adapters trained on an mlx_lm.convert -q folder: mlx-lm's load_adapters on that quantized model "
+               "gives the trainer's held-out loss", "mlx-lm %.6f, trainer %.6f, rel %.1e (tol %g); base %.6f" % (
+                   theirs, ours, rel, MLX_TOL, base))
 
     @case("mis-shaped tensors refused")
     def _():
@@ -483,6 +517,31 @@ def nf4_fp8_cases():
                "transformers' float32 forward of the saved model",
                "trainer %.6f (--base-dtype nf4 %.6f), transformers %.6f, rel %.1e (tol %g)" % (
                    loss_saved, loss_here, theirs, rel, LOSS_TOL))
+
+    @case("adapters on an nf4 base in peft")
+    def _():
+        # LoRA trained on the saved nf4 checkpoint, in peft's layout: PeftModel.from_pretrained on the
+        # bitsandbytes-quantized model transformers loads from that folder gives the trainer's loss
+        try:
+            from peft import PeftModel
+        except ImportError as e:
+            skip("adapters on an nf4 base in peft", "peft is not installed (%s)" % e)
+            return
+        out = os.path.join(tmp.name, "nf4-adapters")
+        ours = trained_eval(q16, data, out, "--adapter-format", "peft")
+        model = Gemma4ForCausalLM.from_pretrained(q16, device_map="cpu", dtype=torch.float32)
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dtype == torch.bfloat16:
+                    p.data = p.data.float()
+        base = torch_loss(model, read_records(os.path.join(data, "valid.jsonl")))
+        model = PeftModel.from_pretrained(model, out).eval()
+        theirs = torch_loss(model, read_records(os.path.join(data, "valid.jsonl")))
+        rel = abs(theirs - ours) / ours
+        report(rel <= LOSS_TOL and abs(theirs - base) > 100 * LOSS_TOL * ours,
+               "adapters trained on a bitsandbytes nf4 checkpoint: PeftModel.from_pretrained on the quantized "
+               "transformers model gives the trainer's held-out loss",
+               "peft %.6f, trainer %.6f, rel %.1e (tol %g); base %.6f" % (theirs, ours, rel, LOSS_TOL, base))
 
     @case("transformers nf4 checkpoint without double quantization")
     def _():
