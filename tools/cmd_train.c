@@ -70,10 +70,11 @@ static const char train_help_eval[] =
     "  --device D         cpu (default, float32, the reference) or cuda: the model on one NVIDIA GPU,\n"
     "                     cuBLAS products and winattn's CUDA kernels (--attn is fused there)\n"
     "  --precision P      on cuda: bf16 (default) weights and activations, or f32 (checks the CPU path)\n"
-    "  --base-dtype B     the frozen projections (cpu only but bf16, each dequantized to f32 at load):\n"
-    "                     bf16 (default: as the checkpoint stores them), mlx4 (MLX's affine 4-bit,\n"
-    "                     group 64), nf4 (bitsandbytes' NF4, blocks of 64, double-quantized absmax, as\n"
-    "                     QLoRA) or fp8 (e4m3, a scale per output channel). A folder from\n"
+    "  --base-dtype B     the frozen projections: bf16 (default: as the checkpoint stores them), mlx4\n"
+    "                     (MLX's affine 4-bit, group 64), nf4 (bitsandbytes' NF4, blocks of 64,\n"
+    "                     double-quantized absmax, as QLoRA) or fp8 (e4m3, a scale per output channel);\n"
+    "                     cpu dequantizes them to f32 at load, cuda keeps them packed on the device and\n"
+    "                     dequantizes a layer at a time. A folder from\n"
     "                     mlx_lm.convert -q, or a transformers checkpoint saved with a bitsandbytes\n"
     "                     4-bit quantization_config, is read as it is stored whatever this says\n"
     "  --init-random SEED on cuda: draw the base weights on the GPU (N(0, 0.02), norms 1) instead of\n"
@@ -278,9 +279,6 @@ int cmd_train(int argc, char **argv) {
     if (o.device != WA_DEVICE_CUDA && (saw_precision || o.random_init || o.deterministic))
         usage_error(train_usage, "--precision, --init-random and --deterministic apply to --device cuda (the CPU path "
                                  "is deterministic)");
-    if (o.device == WA_DEVICE_CUDA && o.base != BASE_BF16)
-        usage_error(train_usage, "--base-dtype %s: the GPU path does not have quantized bases yet (use --device cpu)",
-                    base_dtype_name(o.base));
     if (o.device == WA_DEVICE_CUDA && o.arm != ATTN_FUSED)
         usage_error(train_usage, "--device cuda runs attention through winattn only (--attn fused)");
     if (print_config) {

@@ -11,11 +11,13 @@ extern "C" { // the trainer's C headers (model.h, checkpoint.h) declare no linka
 #include "checkpoint.h"
 #include "convert.h"
 #include "model_cuda.h"
+#include "quant.h"
 }
 #include "winattn.h"
 
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
@@ -472,6 +474,81 @@ template <class E> __global__ void k_random_normal(E *x, long n, float std, unsi
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Dequantization of one frozen projection into E [rows, cols] (train/quant.h's formats): each value
+// is made by the CPU reference's f32 operations in its order (the _rn intrinsics keep nvcc from
+// fusing a product into a sum; the host is built with -ffp-contract=off), then rounded to E.
+
+// convert.h's wa_round_to on the device: 0 f32, 1 f16, 2 bf16, round to nearest even (f16 above
+// 65,520 to inf in both)
+__device__ __forceinline__ float round_storage(int code, float x) {
+    if (code == 1) return __half2float(__float2half_rn(x));
+    if (code == 2) return __bfloat162float(__float2bfloat16_rn(x));
+    return x;
+}
+
+__device__ __forceinline__ float load_storage(const void *p, long i, int code) {
+    if (code == 0) return ((const float *)p)[i];
+    unsigned short h = ((const unsigned short *)p)[i];
+    return code == 1 ? __half2float(__ushort_as_half(h)) : __bfloat162float(__ushort_as_bfloat16(h));
+}
+
+// mlx4: one thread per uint32 word of eight 4-bit codes (the first in the low bits); a row has
+// words_per_row words, a group of 64 values is 8 words; scales and biases [rows, groups] in the
+// storage dtype `code`. w' = round(round(scale · q) + bias), as mlx4_dequantize_value.
+template <class E>
+__global__ void k_dequant_mlx4(const uint32_t *words, const void *scales, const void *biases, int code,
+                               long words_total, long words_per_row, E *out) {
+    constexpr int per_word = 32 / MLX4_BITS, words_per_group = MLX4_GROUP / per_word;
+    long groups_per_row = words_per_row / words_per_group;
+    for (long w = blockIdx.x * (long)blockDim.x + threadIdx.x; w < words_total; w += (long)gridDim.x * blockDim.x) {
+        long r = w / words_per_row, gi = r * groups_per_row + (w % words_per_row) / words_per_group;
+        float scale = load_storage(scales, gi, code), bias = load_storage(biases, gi, code);
+        uint32_t word = words[w];
+        for (int k = 0; k < per_word; k++) {
+            float q = (float)((word >> (MLX4_BITS * k)) & 0xfu);
+            float v = round_storage(code, __fmul_rn(scale, q));
+            out[w * per_word + k] = to_e<E>(round_storage(code, __fadd_rn(v, bias)));
+        }
+    }
+}
+
+// nf4 on the device: n codes two a byte (the first in the high nibble) over the flat [rows, cols];
+// block b of `block` values scaled by code8[absmax_codes[b]] · nested[b / nested_block] + offset
+// (double quantization) or by absmax[b] (f32, absmax_codes NULL).
+struct nf4_dev {
+    const uint8_t *codes, *absmax_codes;
+    const float *absmax, *code8, *nested;
+    float offset;
+    long n, block, nested_block;
+};
+
+// one thread per byte; nf4 holds NF4_CODE's 16 values. w' = NF4[code] · absmax', as nf4_dequantize.
+template <class E> __global__ void k_dequant_nf4(nf4_dev q, const float *nf4, E *out) {
+    long bytes = (q.n + 1) / 2;
+    for (long i2 = blockIdx.x * (long)blockDim.x + threadIdx.x; i2 < bytes; i2 += (long)gridDim.x * blockDim.x) {
+        unsigned byte = q.codes[i2];
+        for (int h = 0; h < 2; h++) {
+            long i = 2 * i2 + h;
+            if (i >= q.n) break;
+            long b = i / q.block;
+            float scale = q.absmax_codes
+                            ? __fadd_rn(__fmul_rn(q.code8[q.absmax_codes[b]], q.nested[b / q.nested_block]), q.offset)
+                            : q.absmax[b];
+            out[i] = to_e<E>(__fmul_rn(nf4[h ? byte & 0xfu : byte >> 4], scale));
+        }
+    }
+}
+
+// fp8: one thread per e4m3 byte of [rows, cols]; value holds fp8_e4m3_decode of every code.
+// w' = value(code) · scale[row], as fp8_round_trip.
+template <class E>
+__global__ void k_dequant_fp8(const uint8_t *codes, const float *row_scale, const float *value, long n, long cols,
+                              E *out) {
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
+        out[i] = to_e<E>(__fmul_rn(value[codes[i]], row_scale[i / cols]));
+}
+
 int grid_for(long n, int threads) {
     long b = (n + threads - 1) / threads;
     return (int)(b < 8192 ? (b > 0 ? b : 1) : 8192);
@@ -479,6 +556,21 @@ int grid_for(long n, int threads) {
 
 // ---------------------------------------------------------------------------------------------
 // The model on the device.
+
+// A frozen projection as the device keeps it with a quantized base (dlayer.packed): its parts in
+// one allocation, and where in the layer's dequantization scratch its E values go.
+enum qformat { Q_NONE, Q_DENSE, Q_MLX4, Q_NF4, Q_FP8 };
+
+struct qmat {
+    qformat fmt = Q_NONE; // Q_NONE: absent (v with k_eq_v)
+    long rows = 0, cols = 0;
+    size_t at = 0;            // offset in the scratch, in elements of E
+    const void *dense = nullptr; // Q_DENSE: E [rows, cols] (a float tensor of a packed folder)
+    const void *words = nullptr, *scales = nullptr, *biases = nullptr; // Q_MLX4
+    int scale_code = 0;       // the scales' and biases' dtype: 0 f32, 1 f16, 2 bf16
+    nf4_dev nf4 = {};         // Q_NF4
+    const void *fp8 = nullptr, *row_scale = nullptr; // Q_FP8: u8 [rows, cols], f32 [rows]
+};
 
 struct dlayer {
     gemma_layer_kind kind;
@@ -488,6 +580,9 @@ struct dlayer {
     int qd, kd, vd; // output widths of q, k, v (vd 0 with k_eq_v)
     float *input_norm, *post_attn_norm, *pre_ffw_norm, *post_ffw_norm, *q_norm, *k_norm;
     float layer_scalar;
+    // with a quantized base: the packed projections; w_qkv, w_o, w_gu and w_down then point into
+    // the scratch that dequantize_layer fills
+    qmat packed[PROJ_COUNT];
 };
 
 // Device memory counted for the peak: the static part (cudaMalloc) and the stream-ordered pool
@@ -508,7 +603,17 @@ struct gemma_cuda {
     cublasHandle_t handle;
     void *blas_workspace;
     wa_context *wa;
-    void *weights; // one allocation: every E matrix
+    void *weights; // one allocation: every E matrix (with a quantized base: the embedding and head only)
+    // a quantized base: the packed projections' allocations; the scratch one layer's projections
+    // are dequantized into (the largest layer's q|k|v, o, gate|up and down in E) and the layer it
+    // holds now (-1: none); the tables the kernels read (NF4's 16 values, e4m3's 256, the dynamic
+    // 8-bit code's 256)
+    int quantized;
+    const char *base_name;
+    std::vector<void *> packed_mem;
+    void *dequant;
+    int dequant_layer;
+    float *tables;
     float *norms;  // one allocation: every norm weight (f32, Gemma 3's 1 + w applied)
     void *embed, *lm_head;
     float *final_norm;
@@ -817,6 +922,44 @@ void wa_check(wa_status st, const char *what) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// A quantized base: layer l's projections into the scratch its w_qkv, w_o, w_gu and w_down point
+// at, unless the scratch holds them already (the backward recomputes a layer's forward, then runs
+// its backward: one dequantization serves both, and the forward's last layer serves the
+// backward's first). Everything runs on g->stream, so the products of the layer before have read
+// the scratch before it is overwritten, and this layer's products read it after.
+enum { NF4_TABLE = 0, FP8_TABLE = 16, DYNAMIC_TABLE = 16 + 256, TABLES = 16 + 256 + 256 };
+
+template <class E> void dequantize_layer(gemma_cuda *g, int l) {
+    if (!g->quantized || g->dequant_layer == l) return;
+    const dlayer &L = g->layer[l];
+    cudaStream_t st = g->stream;
+    for (int p = 0; p < PROJ_COUNT; p++) {
+        const qmat &q = L.packed[p];
+        long n = q.rows * q.cols;
+        E *dst = (E *)g->dequant + q.at;
+        switch (q.fmt) {
+        case Q_NONE: break;
+        case Q_DENSE: CU(cudaMemcpyAsync(dst, q.dense, (size_t)n * sizeof(E), cudaMemcpyDeviceToDevice, st)); break;
+        case Q_MLX4: {
+            long words = n / (32 / MLX4_BITS);
+            k_dequant_mlx4<E><<<grid_for(words, 256), 256, 0, st>>>((const uint32_t *)q.words, q.scales, q.biases,
+                                                                   q.scale_code, words, q.cols / (32 / MLX4_BITS), dst);
+            break;
+        }
+        case Q_NF4:
+            k_dequant_nf4<E><<<grid_for((n + 1) / 2, 256), 256, 0, st>>>(q.nf4, g->tables + NF4_TABLE, dst);
+            break;
+        case Q_FP8:
+            k_dequant_fp8<E><<<grid_for(n, 256), 256, 0, st>>>((const uint8_t *)q.fp8, (const float *)q.row_scale,
+                                                              g->tables + FP8_TABLE, n, q.cols, dst);
+            break;
+        }
+    }
+    CU(cudaGetLastError());
+    g->dequant_layer = l;
+}
+
+// ---------------------------------------------------------------------------------------------
 // One decoder layer, as model.c's layer_forward / layer_backward.
 
 // attention 0: run it into A->o, A->lse; 1: A->o and A->lse already hold this layer's (kept from
@@ -824,6 +967,7 @@ void wa_check(wa_status st, const char *what) {
 template <class E>
 void layer_forward(gemma_cuda *g, const gemma_model_f32 *host, int l, const dbatch *b, const E *x, acts<E> *A,
                    E *out, int attention_kept = 0) {
+    dequantize_layer<E>(g, l);
     const gemma_config *c = &g->cfg;
     const dlayer &L = g->layer[l];
     const gemma_attn_shape *s = &c->kind[L.kind];
@@ -877,6 +1021,7 @@ void layer_forward(gemma_cuda *g, const gemma_model_f32 *host, int l, const dbat
 template <class E>
 void layer_backward(gemma_cuda *g, const gemma_model_f32 *host, int l, const dbatch *b, const E *x, acts<E> *A,
                     const E *dout, E *dx) {
+    dequantize_layer<E>(g, l);
     const gemma_config *c = &g->cfg;
     const dlayer &L = g->layer[l];
     const gemma_attn_shape *s = &c->kind[L.kind];
@@ -1112,14 +1257,58 @@ struct wplan {
     double add;      // Gemma 3's 1 + w norms
     float fill;      // random init of vectors
     float *scalar;   // layer_scalar
+    int layer, proj; // a decoder projection (quantized with the base), or -1
 };
+
+// A packed tensor of a quantized folder (U32: mlx_lm.convert's; U8: bitsandbytes') dequantized on
+// the host into out [rows, cols] f32 with train/quant.c, as the CPU loader reads it; the checks and
+// messages are the CPU loader's.
+void dequantize_packed_host(const checkpoint *ck, const wplan *p, const st_tensor *t, float *out) {
+    char why[256] = "", stem[128], name[200];
+    int rc;
+    if (t->dtype == ST_U32) {
+        snprintf(stem, sizeof stem, "%.*s", (int)(strlen(p->name) - strlen(".weight")), p->name);
+        snprintf(name, sizeof name, "%s.scales", stem);
+        const st_tensor *scales = checkpoint_find(ck, name);
+        snprintf(name, sizeof name, "%s.biases", stem);
+        const st_tensor *biases = checkpoint_find(ck, name);
+        rc = mlx4_dequantize_tensor(t, scales, biases, p->rows, p->cols, out, why, sizeof why);
+    } else {
+        bnb4_tensors parts = {};
+        parts.weight = t;
+        const char *suffix[5] = {"absmax", "quant_map", "nested_absmax", "nested_quant_map",
+                                 "quant_state.bitsandbytes__nf4"};
+        const st_tensor **slot[5] = {&parts.absmax, &parts.quant_map, &parts.nested_absmax, &parts.nested_quant_map,
+                                     &parts.quant_state};
+        for (int k = 0; k < 5; k++) {
+            snprintf(name, sizeof name, "%s.%s", p->name, suffix[k]);
+            *slot[k] = checkpoint_find(ck, name);
+        }
+        rc = nf4_dequantize_tensor(&parts, p->rows, p->cols, out, why, sizeof why);
+    }
+    if (rc != 0) fail("tensor \"%s%s\": %s", ck->prefix, p->name, why);
+}
 
 void upload_matrix(gemma_cuda *g, const checkpoint *ck, const wplan *p, std::vector<unsigned char> &stage) {
     const st_tensor *t = checkpoint_find(ck, p->name);
     if (!t) fail("checkpoint has no tensor \"%s%s\"", ck->prefix, p->name);
+    size_t n = (size_t)p->rows * p->cols;
+    if (t->dtype == ST_U32 || t->dtype == ST_U8) { // packed (the embedding of an mlx_lm.convert -q folder)
+        std::vector<float> w(n);
+        dequantize_packed_host(ck, p, t, w.data());
+        std::vector<unsigned char> e(n * g->esize);
+        for (size_t i = 0; i < n; i++) {
+            if (g->precision == PRECISION_F32) memcpy(e.data() + 4 * i, &w[i], 4);
+            else {
+                uint16_t b = wa_f32_to_bf16(w[i]);
+                memcpy(e.data() + 2 * i, &b, 2);
+            }
+        }
+        CU(cudaMemcpy(p->dst, e.data(), e.size(), cudaMemcpyHostToDevice));
+        return;
+    }
     if (t->rank != 2 || t->shape[0] != p->rows || t->shape[1] != p->cols)
         fail("tensor \"%s\" has the wrong shape (the config implies [%ld, %ld])", p->name, p->rows, p->cols);
-    size_t n = (size_t)p->rows * p->cols;
     int want = g->precision == PRECISION_BF16 ? ST_BF16 : ST_F32;
     if (t->dtype == want) { // straight from the mapping
         CU(cudaMemcpy(p->dst, t->data, n * g->esize, cudaMemcpyHostToDevice));
@@ -1193,15 +1382,201 @@ template <class E> void check_finite(const checkpoint *ck, const wplan *p, unsig
          isnan(f) ? "NaN" : f > 0 ? "inf" : "-inf", h);
 }
 
+// The parts of one packed projection into one device allocation (counted in static_bytes), each
+// part at a 256-byte boundary so every word and float of it is aligned.
+struct part {
+    const void *src;
+    size_t bytes;
+    const void **dst;
+};
+
+void upload_parts(gemma_cuda *g, const std::vector<part> &parts) {
+    size_t total = 0;
+    for (const part &p : parts) total += (p.bytes + 255) & ~(size_t)255;
+    unsigned char *mem = (unsigned char *)dev_alloc(g, total);
+    g->packed_mem.push_back(mem);
+    size_t off = 0;
+    for (const part &p : parts) {
+        CU(cudaMemcpy(mem + off, p.src, p.bytes, cudaMemcpyHostToDevice));
+        *p.dst = mem + off;
+        off += (p.bytes + 255) & ~(size_t)255;
+    }
+}
+
+// f32 values as E bytes (bf16 rounded to nearest even, as the host's wa_f32_to_bf16)
+std::vector<unsigned char> to_e_bytes(const gemma_cuda *g, const float *w, size_t n) {
+    std::vector<unsigned char> e(n * g->esize);
+    for (size_t i = 0; i < n; i++) {
+        if (g->precision == PRECISION_F32) memcpy(e.data() + 4 * i, &w[i], 4);
+        else {
+            uint16_t b = wa_f32_to_bf16(w[i]);
+            memcpy(e.data() + 2 * i, &b, 2);
+        }
+    }
+    return e;
+}
+
+struct nf4_guard { // nf4_quantized released however the scope ends
+    nf4_quantized q = {};
+    ~nf4_guard() { nf4_quantized_free(&q); }
+};
+
+// A projection's f32 values w [rows, cols] quantized on the host as the CPU loader quantizes them
+// (train/quant.c: mlx4 groups with scales and biases in `storage`, the tensor's own dtype; nf4 with
+// torch's mean on one thread; fp8 with a scale per row; w may be overwritten), packed as the
+// device keeps them, and uploaded. BASE_BF16 keeps the values in E (Q_DENSE).
+void quantize_host(gemma_cuda *g, base_dtype base, float *w, long rows, long cols, st_dtype storage, const char *name,
+                   qmat *q) {
+    char why[256] = "";
+    long n = rows * cols;
+    q->rows = rows, q->cols = cols;
+    if (base == BASE_BF16) {
+        std::vector<unsigned char> e = to_e_bytes(g, w, (size_t)n);
+        q->fmt = Q_DENSE;
+        upload_parts(g, {{e.data(), e.size(), &q->dense}});
+    } else if (base == BASE_MLX4) {
+        if (cols % MLX4_GROUP != 0)
+            fail("tensor \"%s\": rows of %ld values cannot be cut into groups of %d", name, cols, MLX4_GROUP);
+        int code = storage == ST_BF16 ? 2 : storage == ST_F16 ? 1 : 0;
+        size_t ssize = code ? 2 : 4;
+        long groups = n / MLX4_GROUP;
+        const int per_word = 32 / MLX4_BITS;
+        std::vector<uint32_t> words((size_t)(n / per_word), 0);
+        std::vector<unsigned char> scales((size_t)groups * ssize), biases((size_t)groups * ssize);
+        for (long gi = 0; gi < groups; gi++) {
+            uint8_t qv[MLX4_GROUP];
+            float scale, bias;
+            if (mlx4_quantize_group(w + gi * MLX4_GROUP, storage, qv, &scale, &bias) != 0)
+                fail("tensor \"%s\": a non-finite value in group %ld cannot be quantized", name, gi);
+            for (int j = 0; j < MLX4_GROUP; j++)
+                words[(size_t)(gi * (MLX4_GROUP / per_word) + j / per_word)] |= (uint32_t)qv[j] << (MLX4_BITS * (j % per_word));
+            // scale and bias are values of the storage dtype already: these conversions are exact
+            if (code == 0) {
+                memcpy(scales.data() + 4 * gi, &scale, 4);
+                memcpy(biases.data() + 4 * gi, &bias, 4);
+            } else {
+                uint16_t s16 = code == 2 ? wa_f32_to_bf16(scale) : wa_f32_to_f16(scale);
+                uint16_t b16 = code == 2 ? wa_f32_to_bf16(bias) : wa_f32_to_f16(bias);
+                memcpy(scales.data() + 2 * gi, &s16, 2);
+                memcpy(biases.data() + 2 * gi, &b16, 2);
+            }
+        }
+        q->fmt = Q_MLX4;
+        q->scale_code = code;
+        upload_parts(g, {{words.data(), words.size() * 4, &q->words},
+                         {scales.data(), scales.size(), &q->scales},
+                         {biases.data(), biases.size(), &q->biases}});
+    } else if (base == BASE_NF4) {
+        nf4_guard nq;
+        if (nf4_quantize(w, n, 1, &nq.q, why, sizeof why) != 0) fail("tensor \"%s\": %s", name, why);
+        std::vector<uint8_t> packed((size_t)(n + 1) / 2, 0);
+        for (long i = 0; i < n; i++) packed[(size_t)(i / 2)] |= (uint8_t)(i % 2 ? nq.q.codes[i] : nq.q.codes[i] << 4);
+        q->fmt = Q_NF4;
+        q->nf4.n = n, q->nf4.block = NF4_BLOCK, q->nf4.nested_block = NF4_NESTED_BLOCK, q->nf4.offset = nq.q.offset;
+        q->nf4.code8 = g->tables + DYNAMIC_TABLE;
+        const void *codes, *absmax_codes, *nested;
+        upload_parts(g, {{packed.data(), packed.size(), &codes},
+                         {nq.q.absmax_codes, (size_t)nq.q.blocks, &absmax_codes},
+                         {nq.q.nested_absmax, (size_t)nq.q.nested_blocks * 4, &nested}});
+        q->nf4.codes = (const uint8_t *)codes, q->nf4.absmax_codes = (const uint8_t *)absmax_codes;
+        q->nf4.nested = (const float *)nested;
+    } else {
+        std::vector<float> scales((size_t)rows);
+        std::vector<uint8_t> codes((size_t)n);
+        if (fp8_round_trip(w, rows, cols, scales.data(), codes.data(), why, sizeof why) != 0)
+            fail("tensor \"%s\": %s", name, why);
+        q->fmt = Q_FP8;
+        upload_parts(g, {{codes.data(), codes.size(), &q->fp8}, {scales.data(), scales.size() * 4, &q->row_scale}});
+    }
+}
+
+// A projection from the checkpoint onto the device in its packed form: a packed tensor as stored
+// (checked as the CPU loader checks it before dequantizing), a float tensor quantized with base.
+void load_projection(gemma_cuda *g, const checkpoint *ck, const wplan *p, base_dtype base, qmat *q) {
+    const st_tensor *t = checkpoint_find(ck, p->name);
+    if (!t) fail("checkpoint has no tensor \"%s%s\"", ck->prefix, p->name);
+    char full[300], why[256] = "", stem[128], name[200];
+    snprintf(full, sizeof full, "%s%s", ck->prefix, p->name);
+    long n = p->rows * p->cols;
+    q->rows = p->rows, q->cols = p->cols;
+    if (t->dtype == ST_U32) { // mlx_lm.convert's: words, scales and biases copied as stored
+        snprintf(stem, sizeof stem, "%.*s", (int)(strlen(p->name) - strlen(".weight")), p->name);
+        snprintf(name, sizeof name, "%s.scales", stem);
+        const st_tensor *scales = checkpoint_find(ck, name);
+        snprintf(name, sizeof name, "%s.biases", stem);
+        const st_tensor *biases = checkpoint_find(ck, name);
+        if (mlx4_packed_check(t, scales, biases, p->rows, p->cols, why, sizeof why) != 0)
+            fail("tensor \"%s\": %s", full, why);
+        q->fmt = Q_MLX4;
+        q->scale_code = scales->dtype == ST_BF16 ? 2 : scales->dtype == ST_F16 ? 1 : 0;
+        size_t ssize = q->scale_code ? 2 : 4;
+        upload_parts(g, {{t->data, (size_t)st_numel(t) * 4, &q->words},
+                         {scales->data, (size_t)st_numel(scales) * ssize, &q->scales},
+                         {biases->data, (size_t)st_numel(biases) * ssize, &q->biases}});
+        return;
+    }
+    if (t->dtype == ST_U8) { // bitsandbytes': codes, absmax and the nested state copied as stored
+        bnb4_tensors parts = {};
+        parts.weight = t;
+        const char *suffix[5] = {"absmax", "quant_map", "nested_absmax", "nested_quant_map",
+                                 "quant_state.bitsandbytes__nf4"};
+        const st_tensor **slot[5] = {&parts.absmax, &parts.quant_map, &parts.nested_absmax, &parts.nested_quant_map,
+                                     &parts.quant_state};
+        for (int k = 0; k < 5; k++) {
+            snprintf(name, sizeof name, "%s.%s", p->name, suffix[k]);
+            *slot[k] = checkpoint_find(ck, name);
+        }
+        nf4_layout lay;
+        if (nf4_tensor_layout(&parts, p->rows, p->cols, &lay, why, sizeof why) != 0)
+            fail("tensor \"%s\": %s", full, why);
+        q->fmt = Q_NF4;
+        q->nf4.n = n, q->nf4.block = lay.blocksize, q->nf4.offset = lay.offset;
+        q->nf4.nested_block = lay.nested ? lay.nested_blocksize : 1;
+        const void *codes, *absmax, *nested = nullptr, *code8 = nullptr;
+        if (lay.nested) {
+            upload_parts(g, {{t->data, (size_t)(n + 1) / 2, &codes},
+                             {parts.absmax->data, (size_t)lay.blocks, &absmax},
+                             {parts.nested_absmax->data, (size_t)lay.nested_blocks * 4, &nested},
+                             {parts.nested_quant_map->data, 256 * 4, &code8}});
+            q->nf4.absmax_codes = (const uint8_t *)absmax;
+        } else {
+            upload_parts(g, {{t->data, (size_t)(n + 1) / 2, &codes}, {parts.absmax->data, (size_t)lay.blocks * 4, &absmax}});
+            q->nf4.absmax = (const float *)absmax;
+        }
+        q->nf4.codes = (const uint8_t *)codes, q->nf4.nested = (const float *)nested;
+        q->nf4.code8 = (const float *)code8;
+        return;
+    }
+    if (t->rank != 2 || t->shape[0] != p->rows || t->shape[1] != p->cols)
+        fail("tensor \"%s\" has the wrong shape (the config implies [%ld, %ld])", p->name, p->rows, p->cols);
+    if (t->dtype != ST_F32 && t->dtype != ST_F16 && t->dtype != ST_BF16 && t->dtype != ST_F64)
+        fail("tensor \"%s\" has dtype %s (F32, F16, BF16, F64 are read)", full, st_dtype_name(t->dtype));
+    uint64_t bad;
+    if (st_tensor_first_nonfinite(t, &bad)) // the CPU loader's check and message
+        fail("tensor \"%s\" holds a non-finite value (%s) at element %llu", full, st_tensor_value_kind(t, bad),
+             (unsigned long long)bad);
+    std::vector<float> w((size_t)n);
+    const unsigned char *src = (const unsigned char *)t->data;
+    for (long i = 0; i < n; i++) { // to f32 as model.c's load_via_f32
+        switch (t->dtype) {
+        case ST_F64: { double v; memcpy(&v, src + 8 * i, 8); w[i] = (float)v; break; }
+        case ST_F32: memcpy(&w[i], src + 4 * i, 4); break;
+        case ST_F16: { uint16_t v; memcpy(&v, src + 2 * i, 2); w[i] = wa_f16_to_f32(v); break; }
+        default:     { uint16_t v; memcpy(&v, src + 2 * i, 2); w[i] = wa_bf16_to_f32(v); break; }
+        }
+    }
+    quantize_host(g, base, w.data(), p->rows, p->cols, t->dtype, full, q);
+}
+
 template <class E> void load_weights(gemma_cuda *g, const char *dir, const gemma_cuda_options *o) {
     const gemma_config *c = &g->cfg;
     std::vector<wplan> plan;
     long H = c->hidden, I = c->intermediate;
     char name[128];
-    auto mat_plan = [&](long rows, long cols, const char *tensor) {
+    auto mat_plan = [&](long rows, long cols, const char *tensor, int layer = -1, int proj = -1) {
         wplan p = {};
         snprintf(p.name, sizeof p.name, "%s", tensor);
-        p.rows = rows, p.cols = cols;
+        p.rows = rows, p.cols = cols, p.layer = layer, p.proj = proj;
         plan.push_back(p);
     };
     auto layer_name = [&](int l, const char *module) {
@@ -1209,46 +1584,21 @@ template <class E> void load_weights(gemma_cuda *g, const char *dir, const gemma
         return name;
     };
     // matrices first, in device order: embedding, then per layer q|k|v, o, gate|up, down
-    size_t total = 0;
     mat_plan(c->vocab, H, "embed_tokens.weight");
     if (!c->tied_embeddings) mat_plan(c->vocab, H, "lm_head.weight");
     for (int l = 0; l < c->layers; l++) {
         const gemma_attn_shape *a = &c->kind[c->layer_kind[l]];
         long qd = (long)c->heads * a->head_dim, kd = (long)a->kv_heads * a->head_dim;
-        mat_plan(qd, H, layer_name(l, gemma_proj_path[PROJ_Q]));
-        mat_plan(kd, H, layer_name(l, gemma_proj_path[PROJ_K]));
-        if (!a->k_eq_v) mat_plan(kd, H, layer_name(l, gemma_proj_path[PROJ_V]));
-        mat_plan(H, qd, layer_name(l, gemma_proj_path[PROJ_O]));
-        mat_plan(I, H, layer_name(l, gemma_proj_path[PROJ_GATE]));
-        mat_plan(I, H, layer_name(l, gemma_proj_path[PROJ_UP]));
-        mat_plan(H, I, layer_name(l, gemma_proj_path[PROJ_DOWN]));
-    }
-    for (const wplan &p : plan) total += (size_t)p.rows * p.cols;
-    g->weights = dev_alloc(g, total * sizeof(E));
-    size_t off = 0;
-    for (wplan &p : plan) {
-        p.dst = (E *)g->weights + off;
-        off += (size_t)p.rows * p.cols;
-    }
-    size_t mi = 0;
-    g->embed = plan[mi++].dst;
-    g->lm_head = c->tied_embeddings ? g->embed : plan[mi++].dst;
-    g->layer.resize(c->layers);
-    for (int l = 0; l < c->layers; l++) {
-        const gemma_attn_shape *a = &c->kind[c->layer_kind[l]];
-        dlayer &L = g->layer[l];
-        L.kind = c->layer_kind[l];
-        L.qd = c->heads * a->head_dim;
-        L.kd = a->kv_heads * a->head_dim;
-        L.vd = a->k_eq_v ? 0 : L.kd;
-        L.w_qkv = plan[mi].dst;
-        mi += a->k_eq_v ? 2 : 3;
-        L.w_o = plan[mi++].dst;
-        L.w_gu = plan[mi].dst;
-        mi += 2;
-        L.w_down = plan[mi++].dst;
+        mat_plan(qd, H, layer_name(l, gemma_proj_path[PROJ_Q]), l, PROJ_Q);
+        mat_plan(kd, H, layer_name(l, gemma_proj_path[PROJ_K]), l, PROJ_K);
+        if (!a->k_eq_v) mat_plan(kd, H, layer_name(l, gemma_proj_path[PROJ_V]), l, PROJ_V);
+        mat_plan(H, qd, layer_name(l, gemma_proj_path[PROJ_O]), l, PROJ_O);
+        mat_plan(I, H, layer_name(l, gemma_proj_path[PROJ_GATE]), l, PROJ_GATE);
+        mat_plan(I, H, layer_name(l, gemma_proj_path[PROJ_UP]), l, PROJ_UP);
+        mat_plan(H, I, layer_name(l, gemma_proj_path[PROJ_DOWN]), l, PROJ_DOWN);
     }
     // vectors: norms (f32) and the layer scalars
+    g->layer.resize(c->layers);
     std::vector<wplan> vec;
     double add = c->family == GEMMA_3 ? 1.0 : 0.0;
     float fill = c->family == GEMMA_3 ? 0.f : 1.f;
@@ -1259,7 +1609,7 @@ template <class E> void load_weights(gemma_cuda *g, const char *dir, const gemma
     auto vec_plan = [&](long n, float **where, const char *tensor) {
         wplan p = {};
         snprintf(p.name, sizeof p.name, "%s", tensor);
-        p.rows = n, p.is_vector = 1, p.add = add, p.fill = fill, p.dst = vp;
+        p.rows = n, p.is_vector = 1, p.add = add, p.fill = fill, p.dst = vp, p.layer = p.proj = -1;
         *where = vp;
         vp += n;
         vec.push_back(p);
@@ -1267,6 +1617,7 @@ template <class E> void load_weights(gemma_cuda *g, const char *dir, const gemma
     vec_plan(H, &g->final_norm, "norm.weight");
     for (int l = 0; l < c->layers; l++) {
         dlayer &L = g->layer[l];
+        L.kind = c->layer_kind[l];
         int D = c->kind[L.kind].head_dim;
         vec_plan(H, &L.input_norm, layer_name(l, "input_layernorm"));
         vec_plan(H, &L.post_attn_norm, layer_name(l, "post_attention_layernorm"));
@@ -1278,44 +1629,128 @@ template <class E> void load_weights(gemma_cuda *g, const char *dir, const gemma
         if (c->family == GEMMA_4) {
             wplan p = {};
             snprintf(p.name, sizeof p.name, "layers.%d.layer_scalar", l);
-            p.is_vector = 1, p.rows = 1, p.scalar = &L.layer_scalar, p.fill = 1;
+            p.is_vector = 1, p.rows = 1, p.scalar = &L.layer_scalar, p.fill = 1, p.layer = p.proj = -1;
             vec.push_back(p);
         }
     }
 
-    if (o->random_init) { // transformers' Gemma initialisation, as `winattn init-model`
-        unsigned long long s = o->seed * 0x2545f4914f6cdd1dull + 1;
-        for (size_t i = 0; i < plan.size(); i++) {
-            long n = plan[i].rows * plan[i].cols;
-            k_random_normal<E><<<grid_for(n, 256), 256, 0, g->stream>>>((E *)plan[i].dst, n, 0.02f, s + i * 0x1000003ull);
-        }
-        for (const wplan &p : vec) {
-            if (p.scalar) continue;
-            std::vector<float> v(p.rows, (float)(p.fill + p.add));
-            CU(cudaMemcpy(p.dst, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
-        }
-        CU(cudaStreamSynchronize(g->stream));
-        return;
-    }
     checkpoint ck;
-    char err[512];
-    if (checkpoint_open(dir, &ck, err, sizeof err) != 0) fail("%s", err);
+    int ck_open = 0;
     unsigned long long *first = nullptr;
+    if (!o->random_init) {
+        char err[512];
+        if (checkpoint_open(dir, &ck, err, sizeof err) != 0) fail("%s", err);
+        ck_open = 1;
+    }
     try {
-        std::vector<unsigned char> stage((size_t)64 << 20);
-        CU(cudaMalloc(&first, sizeof *first));
-        for (const wplan &p : plan) {
-            upload_matrix(g, &ck, &p, stage);
-            check_finite<E>(&ck, &p, first);
+        // the projections stay packed with a quantized base, or where the folder stores them packed
+        g->quantized = o->base != BASE_BF16;
+        for (const wplan &p : plan)
+            if (ck_open && p.layer >= 0 && !g->quantized) {
+                const st_tensor *t = checkpoint_find(&ck, p.name);
+                g->quantized = t && (t->dtype == ST_U32 || t->dtype == ST_U8);
+            }
+        g->base_name = o->base != BASE_BF16 ? base_dtype_name(o->base) : g->quantized ? "as the folder packs it" : nullptr;
+        size_t total = 0;
+        for (const wplan &p : plan)
+            if (!(g->quantized && p.layer >= 0)) total += (size_t)p.rows * p.cols;
+        g->weights = dev_alloc(g, total * sizeof(E));
+        size_t off = 0;
+        for (wplan &p : plan)
+            if (!(g->quantized && p.layer >= 0)) {
+                p.dst = (E *)g->weights + off;
+                off += (size_t)p.rows * p.cols;
+            }
+        g->embed = plan[0].dst;
+        g->lm_head = c->tied_embeddings ? g->embed : plan[1].dst;
+        size_t scratch = 0;
+        for (int l = 0; l < c->layers; l++) {
+            const gemma_attn_shape *a = &c->kind[c->layer_kind[l]];
+            dlayer &L = g->layer[l];
+            L.qd = c->heads * a->head_dim;
+            L.kd = a->kv_heads * a->head_dim;
+            L.vd = a->k_eq_v ? 0 : L.kd;
+            size_t qkv = (size_t)(L.qd + L.kd + L.vd) * H, o_n = (size_t)H * L.qd, gu = 2 * (size_t)I * H;
+            scratch = std::max(scratch, qkv + o_n + gu + (size_t)H * I);
+            // where each projection's values go in the scratch: q|k|v, o, gate|up, down
+            size_t at[PROJ_COUNT] = {0, (size_t)L.qd * H, (size_t)(L.qd + L.kd) * H, qkv, qkv + o_n, qkv + o_n + (size_t)I * H,
+                                     qkv + o_n + gu};
+            for (int p = 0; p < PROJ_COUNT; p++) L.packed[p].at = at[p];
         }
-        for (const wplan &p : vec) upload_vector(g, &ck, &p);
+        if (g->quantized) {
+            g->dequant = dev_alloc(g, scratch * sizeof(E));
+            g->dequant_layer = -1;
+            std::vector<float> t(TABLES);
+            memcpy(&t[NF4_TABLE], NF4_CODE, sizeof NF4_CODE);
+            for (int code = 0; code < 256; code++) t[FP8_TABLE + code] = fp8_e4m3_decode((uint8_t)code);
+            memcpy(&t[DYNAMIC_TABLE], BNB_DYNAMIC_CODE, sizeof BNB_DYNAMIC_CODE);
+            g->tables = (float *)dev_alloc(g, TABLES * sizeof(float));
+            CU(cudaMemcpy(g->tables, t.data(), TABLES * sizeof(float), cudaMemcpyHostToDevice));
+            for (dlayer &L : g->layer) {
+                E *w = (E *)g->dequant;
+                L.w_qkv = w, L.w_o = w + L.packed[PROJ_O].at, L.w_gu = w + L.packed[PROJ_GATE].at;
+                L.w_down = w + L.packed[PROJ_DOWN].at;
+            }
+        } else {
+            size_t mi = c->tied_embeddings ? 1 : 2;
+            for (int l = 0; l < c->layers; l++) {
+                dlayer &L = g->layer[l];
+                L.w_qkv = plan[mi].dst;
+                mi += L.vd ? 3 : 2;
+                L.w_o = plan[mi++].dst;
+                L.w_gu = plan[mi].dst;
+                mi += 2;
+                L.w_down = plan[mi++].dst;
+            }
+        }
+
+        if (o->random_init) { // transformers' Gemma initialisation, as `winattn init-model`
+            unsigned long long s = o->seed * 0x2545f4914f6cdd1dull + 1;
+            for (size_t i = 0; i < plan.size(); i++) {
+                const wplan &p = plan[i];
+                long n = p.rows * p.cols;
+                // a quantized base: drawn into the scratch as the bf16 base draws it, then quantized on
+                // the host as a checkpoint of E values would be
+                E *dst = p.dst ? (E *)p.dst : (E *)g->dequant;
+                k_random_normal<E><<<grid_for(n, 256), 256, 0, g->stream>>>(dst, n, 0.02f, s + i * 0x1000003ull);
+                CU(cudaGetLastError());
+                if (p.dst) continue;
+                std::vector<E> e((size_t)n);
+                CU(cudaMemcpyAsync(e.data(), dst, (size_t)n * sizeof(E), cudaMemcpyDeviceToHost, g->stream));
+                CU(cudaStreamSynchronize(g->stream));
+                std::vector<float> w((size_t)n);
+                for (long k = 0; k < n; k++) w[k] = (float)e[k];
+                quantize_host(g, o->base, w.data(), p.rows, p.cols, sizeof(E) == 2 ? ST_BF16 : ST_F32, p.name,
+                              &g->layer[p.layer].packed[p.proj]);
+            }
+            for (const wplan &p : vec) {
+                if (p.scalar) continue;
+                std::vector<float> v(p.rows, (float)(p.fill + p.add));
+                CU(cudaMemcpy(p.dst, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
+            }
+        } else {
+            std::vector<unsigned char> stage((size_t)64 << 20);
+            CU(cudaMalloc(&first, sizeof *first));
+            for (const wplan &p : plan) {
+                if (p.dst) {
+                    upload_matrix(g, &ck, &p, stage);
+                    check_finite<E>(&ck, &p, first);
+                } else {
+                    load_projection(g, &ck, &p, o->base, &g->layer[p.layer].packed[p.proj]);
+                }
+            }
+            for (const wplan &p : vec) upload_vector(g, &ck, &p);
+        }
+        // the uploads above ran on the legacy stream and g->stream: all of it is on the device
+        // before the first step's kernels (on g->stream) read it
+        CU(cudaDeviceSynchronize());
     } catch (...) {
         cudaFree(first);
-        checkpoint_close(&ck);
+        if (ck_open) checkpoint_close(&ck);
         throw;
     }
     cudaFree(first);
-    checkpoint_close(&ck);
+    if (ck_open) checkpoint_close(&ck);
 }
 
 template <class E> void open_model(gemma_cuda *g, const gemma_model_f32 *host, const char *dir,
@@ -1345,6 +1780,10 @@ template <class E> void open_model(gemma_cuda *g, const gemma_model_f32 *host, c
     wa_status st = wa_context_create(&wp, &g->wa);
     if (st != WA_OK) fail("winattn context: %s", wa_status_str(st));
     load_weights<E>(g, dir, o);
+    if (g->base_name) {
+        size_t len = strlen(g->describe);
+        snprintf(g->describe + len, sizeof g->describe - len, ", projections %s, dequantized per layer", g->base_name);
+    }
     g->param_count = host->param_count;
     g->params = (float *)dev_alloc(g, g->param_count * sizeof(float));
     g->grads = (float *)dev_alloc(g, g->param_count * sizeof(float));
@@ -1402,6 +1841,8 @@ long gemma_cuda_token_budget(gemma_cuda *g) {
     if (cudaMemGetInfo(&free_b, &total) != cudaSuccess) return 0;
     cudaMemPoolGetAttribute(g->pool, cudaMemPoolAttrReservedMemCurrent, &reserved);
     cudaMemPoolGetAttribute(g->pool, cudaMemPoolAttrUsedMemCurrent, &used);
+    // the static allocations (weights, packed projections and their dequantization scratch with a
+    // quantized base, the adapters) are already outside free_b
     double avail = (double)free_b + (double)(reserved - used);
     // cuBLAS's workspace, the allocator's rounding and fragmentation: 3 GiB and 8% kept free (a
     // 44,753-token batch of the 31B measured 137.1 of 139.8 GB with 2 GiB and 4%)
@@ -1442,6 +1883,9 @@ void gemma_cuda_close(gemma_cuda *g) {
     if (g->handle) g->blas.destroy(g->handle);
     for (int k = 0; k < 2; k++) cudaFree(g->cosv[k]), cudaFree(g->sinv[k]);
     cudaFree(g->weights);
+    for (void *p : g->packed_mem) cudaFree(p);
+    cudaFree(g->dequant);
+    cudaFree(g->tables);
     cudaFree(g->norms);
     cudaFree(g->params);
     cudaFree(g->grads);

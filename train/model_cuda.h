@@ -7,6 +7,14 @@
  *   - weights in bf16 (or f32 with precision f32), copied from the memory-mapped checkpoint
  *     without an f32 copy on the host, or drawn on the GPU (random_init, no file needed);
  *     RMSNorm weights and layer scalars in f32;
+ *   - with a quantized base (options.base mlx4, nf4 or fp8, or a folder written by
+ *     mlx_lm.convert -q or saved with a bitsandbytes 4-bit quantization_config) the decoder's
+ *     projections stay on the device in their packed form: a bf16 checkpoint is quantized on the
+ *     host at load by train/quant.c's functions (the CPU reference's codes and scales, bit for
+ *     bit), a packed one is copied as stored. Each layer's projections are dequantized into one
+ *     E scratch right before its products; the backward's recomputation and the backward of a
+ *     layer share one dequantization. The values the products see are the CPU reference's
+ *     dequantized f32 values, rounded to bf16 in bf16 precision and unchanged in f32;
  *   - activations in the weights' precision, every reduction (norms, softmax, cross-entropy) in
  *     f32; LoRA A and B in f32 master copies with a bf16 copy for the products; gradients and Adam's
  *     moments f32;
@@ -41,6 +49,7 @@ typedef struct gemma_cuda_options {
     int logit_rows;      /* rows of the head per chunk; 0 = as many as fit 1 GiB of f32 logits */
     int deterministic;   /* 1: winattn's deterministic backward (wa_context_params.cuda_deterministic):
                           * with it every kernel of a step gives the same bits run to run */
+    base_dtype base;     /* the frozen projections' format (train.h); BASE_BF16 (0) keeps them in E */
 } gemma_cuda_options;
 
 /* Put host's base weights on the GPU: from the checkpoint in dir (host must come from

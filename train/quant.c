@@ -80,8 +80,8 @@ static float read_float(const st_tensor *t, uint64_t i) {
     return t->dtype == ST_F16 ? wa_f16_to_f32(h) : wa_bf16_to_f32(h);
 }
 
-int mlx4_dequantize_tensor(const st_tensor *packed, const st_tensor *scales, const st_tensor *biases, int64_t rows,
-                           int64_t cols, float *out, char *err, size_t errlen) {
+int mlx4_packed_check(const st_tensor *packed, const st_tensor *scales, const st_tensor *biases, int64_t rows,
+                      int64_t cols, char *err, size_t errlen) {
     const int per_word = 32 / MLX4_BITS;
     if (cols % MLX4_GROUP != 0)
         return snprintf(err, errlen, "rows of %lld values cannot be cut into groups of %d", (long long)cols,
@@ -102,13 +102,22 @@ int mlx4_dequantize_tensor(const st_tensor *packed, const st_tensor *scales, con
     if (scales->dtype != biases->dtype)
         return snprintf(err, errlen, "the scales (%s) and biases (%s) differ in dtype", st_dtype_name(scales->dtype),
                         st_dtype_name(biases->dtype)), -1;
+    for (uint64_t gi = 0; gi < (uint64_t)(rows * groups); gi++)
+        if (!isfinite(read_float(scales, gi)) || !isfinite(read_float(biases, gi)))
+            return snprintf(err, errlen, "a non-finite scale or bias in group %llu", (unsigned long long)gi), -1;
+    return 0;
+}
+
+int mlx4_dequantize_tensor(const st_tensor *packed, const st_tensor *scales, const st_tensor *biases, int64_t rows,
+                           int64_t cols, float *out, char *err, size_t errlen) {
+    const int per_word = 32 / MLX4_BITS;
+    if (mlx4_packed_check(packed, scales, biases, rows, cols, err, errlen) != 0) return -1;
+    int64_t groups = cols / MLX4_GROUP;
     const unsigned char *words = packed->data;
     for (int64_t r = 0; r < rows; r++)
         for (int64_t g = 0; g < groups; g++) {
             uint64_t gi = (uint64_t)(r * groups + g);
             float scale = read_float(scales, gi), bias = read_float(biases, gi);
-            if (!isfinite(scale) || !isfinite(bias))
-                return snprintf(err, errlen, "a non-finite scale or bias in group %llu", (unsigned long long)gi), -1;
             for (int w = 0; w < MLX4_GROUP / per_word; w++) {
                 uint32_t word;
                 memcpy(&word, words + 4 * (uint64_t)(r * (cols / per_word) + g * (MLX4_GROUP / per_word) + w), 4);
@@ -397,7 +406,7 @@ static float f32_at(const st_tensor *t, uint64_t i) {
     return v;
 }
 
-int nf4_dequantize_tensor(const bnb4_tensors *t, int64_t rows, int64_t cols, float *out, char *err, size_t errlen) {
+int nf4_tensor_layout(const bnb4_tensors *t, int64_t rows, int64_t cols, nf4_layout *out, char *err, size_t errlen) {
     if (!t->quant_state || t->quant_state->dtype != ST_U8)
         return snprintf(err, errlen, "the U8 weight has no quant_state.bitsandbytes__nf4 beside it"), -1;
     json_error_t jerr;
@@ -455,12 +464,26 @@ int nf4_dequantize_tensor(const bnb4_tensors *t, int64_t rows, int64_t cols, flo
     float offset = nested && rc == 0 ? (float)json_number_value(offset_json) : 0;
     json_decref(state);
     if (rc != 0) return -1;
+    out->blocksize = blocksize;
+    out->blocks = blocks;
+    out->nested = nested;
+    out->nested_blocksize = nested ? nested_blocksize : 0;
+    out->nested_blocks = nested ? nested_blocks : 0;
+    out->offset = offset;
+    return 0;
+}
+
+int nf4_dequantize_tensor(const bnb4_tensors *t, int64_t rows, int64_t cols, float *out, char *err, size_t errlen) {
+    nf4_layout q;
+    if (nf4_tensor_layout(t, rows, cols, &q, err, errlen) != 0) return -1;
+    int64_t n = rows * cols;
     const uint8_t *packed = t->weight->data, *absmax_codes = t->absmax->data;
-    for (int64_t b = 0; b < blocks; b++) {
-        float scale = nested ? f32_at(t->nested_quant_map, absmax_codes[b]) * f32_at(t->nested_absmax, (uint64_t)(
-                                                                                   b / nested_blocksize)) + offset
-                             : f32_at(t->absmax, (uint64_t)b);
-        for (int64_t i = b * blocksize; i < n && i < (b + 1) * blocksize; i++) {
+    for (int64_t b = 0; b < q.blocks; b++) {
+        float scale = q.nested ? f32_at(t->nested_quant_map, absmax_codes[b]) *
+                                         f32_at(t->nested_absmax, (uint64_t)(b / q.nested_blocksize)) +
+                                     q.offset
+                               : f32_at(t->absmax, (uint64_t)b);
+        for (int64_t i = b * q.blocksize; i < n && i < (b + 1) * q.blocksize; i++) {
             int code = i % 2 ? packed[i / 2] & 0xf : packed[i / 2] >> 4;
             out[i] = NF4_CODE[code] * scale;
         }

@@ -69,6 +69,11 @@ int mlx4_round_trip(float *w, int64_t rows, int64_t cols, st_dtype storage, char
 int mlx4_dequantize_tensor(const st_tensor *packed, const st_tensor *scales, const st_tensor *biases, int64_t rows,
                            int64_t cols, float *out, char *err, size_t errlen);
 
+/* The checks of mlx4_dequantize_tensor alone (shapes, dtypes, finite scales and biases), for a reader
+ * that keeps the packed form (the GPU model). 0, or -1 with the same one-line message. */
+int mlx4_packed_check(const st_tensor *packed, const st_tensor *scales, const st_tensor *biases, int64_t rows,
+                      int64_t cols, char *err, size_t errlen);
+
 /* config.json's "quantization" (mlx_lm.convert -q) at config_path: 1 for MLX's affine 4-bit with
  * group 64 (the weights it lists are read by dequantizing them); 0 when absent (or the file
  * unreadable: the config reader says why); -1 with a one-line message for any other setting. */
@@ -122,6 +127,18 @@ typedef struct bnb4_tensors {
     const st_tensor *nested_quant_map; /* .nested_quant_map: F32 [256] */
     const st_tensor *quant_state;      /* .quant_state.bitsandbytes__nf4: U8, the JSON of the rest */
 } bnb4_tensors;
+/* What the quant state says and the tensors agree on: blocks of blocksize values, each scaled by
+ * absmax' = nested_quant_map[absmax[b]] · nested_absmax[b / nested_blocksize] + offset (nested) or
+ * by the f32 absmax[b]. */
+typedef struct nf4_layout {
+    int64_t blocksize, blocks;
+    int nested;
+    int64_t nested_blocksize, nested_blocks; /* 0 unless nested */
+    float offset;                            /* 0 unless nested */
+} nf4_layout;
+/* The checks of nf4_dequantize_tensor alone, for a reader that keeps the packed form (the GPU
+ * model): 0 with *out filled, or -1 with the same one-line message. */
+int nf4_tensor_layout(const bnb4_tensors *t, int64_t rows, int64_t cols, nf4_layout *out, char *err, size_t errlen);
 /* The [rows, cols] values NF4[code] · absmax' (f32, as nf4_dequantize) into out. 0, or -1 with a
  * one-line message naming what is missing or does not fit. */
 int nf4_dequantize_tensor(const bnb4_tensors *t, int64_t rows, int64_t cols, float *out, char *err, size_t errlen);

@@ -66,8 +66,8 @@ typedef enum gemma_precision { PRECISION_BF16, PRECISION_F32 } gemma_precision;
 /* How the frozen decoder projections are held. BASE_BF16: as the checkpoint stores them (the
  * default). The others quantize them at load (train/quant.h): BASE_MLX4, MLX's affine 4-bit, group
  * 64; BASE_NF4, bitsandbytes' NF4, blocks of 64, double-quantized absmax; BASE_FP8, e4m3 with a
- * scale per output channel. On the CPU they train on the dequantized f32 values; the GPU path does
- * not have them yet. */
+ * scale per output channel. On the CPU they train on the dequantized f32 values; on the GPU the
+ * projections stay packed and each layer's are dequantized into bf16 (f32) before its products. */
 typedef enum base_dtype { BASE_BF16, BASE_MLX4, BASE_NF4, BASE_FP8 } base_dtype;
 /* "bf16", "mlx4", "nf4", "fp8", as --base-dtype and base_dtype: spell them */
 const char *base_dtype_name(base_dtype base);
@@ -114,7 +114,7 @@ typedef struct train_options {
     const char *log_path;      /* JSON lines per step and evaluation; NULL = out_dir/log.jsonl or none */
     wa_device device;          /* WA_DEVICE_CPU (the reference) or WA_DEVICE_CUDA (model_cuda.h) */
     gemma_precision precision; /* on the GPU: bf16 weights and activations (default) or f32 */
-    base_dtype base;           /* the frozen projections' format (default BASE_BF16; the others on the CPU only) */
+    base_dtype base;           /* the frozen projections' format (default BASE_BF16) */
     int random_init;           /* on the GPU: base weights drawn from init_seed, the checkpoint's unread */
     uint64_t init_seed;
     int deterministic;         /* on the GPU: winattn's deterministic backward, so a run repeats bit for bit */

@@ -30,7 +30,6 @@
 #include "adapters.h"
 #include "data.h"
 #include "linalg.h"
-#include "quant.h"
 #include "rng.h"
 #include "atomic_file.h"
 #include "platform.h"
@@ -1271,30 +1270,6 @@ int train_run(const train_options *o, char *err, size_t errlen) {
     int on_gpu = o->device == WA_DEVICE_CUDA;
     /* on the GPU the host keeps the adapters only: the base weights go from the checkpoint to the
      * device (a 31B model has no f32 copy anywhere) */
-    if (on_gpu && o->base != BASE_BF16) {
-        fail(err, errlen, "--base-dtype %s: the GPU path does not have quantized bases yet (use --device cpu)",
-             base_dtype_name(o->base));
-        goto done;
-    }
-    if (on_gpu && !o->random_init) { /* a quantized folder (mlx_lm.convert -q, bitsandbytes): the CPU path's alone */
-        snprintf(path, sizeof path, "%s/config.json", o->model_dir);
-        int quantized = mlx4_config_quantization(path, err, errlen);
-        if (quantized < 0) goto done;
-        if (quantized) {
-            fail(err, errlen, "%s: an MLX-quantized model (config.json has \"quantization\"): the GPU path does not read "
-                              "quantized bases yet (use --device cpu, or the bf16 checkpoint)", o->model_dir);
-            goto done;
-        }
-        quantized = bnb_config_quantization(path, err, errlen);
-        if (quantized < 0) goto done;
-        if (quantized) {
-            fail(err, errlen,
-                 "%s: a bitsandbytes-quantized model (config.json has \"quantization_config\"): the GPU path does not "
-                 "read quantized bases yet (use --device cpu, or the bf16 checkpoint)",
-                 o->model_dir);
-            goto done;
-        }
-    }
     if (on_gpu ? gemma_model_layout_f32(&m, o->model_dir, &lc, err, errlen) != 0
                : gemma_model_load_base_f32(&m, o->model_dir, &lc, o->base, err, errlen) != 0)
         goto done;
@@ -1302,15 +1277,20 @@ int train_run(const train_options *o, char *err, size_t errlen) {
     char desc[512];
     gemma_config_describe(&m.cfg, desc, sizeof desc);
     printf("model: %s (%s)\n", o->model_dir, desc);
+    /* the CPU keeps the dequantized f32 values; the GPU keeps the packed form and dequantizes a
+     * layer at a time into its precision (model_cuda.h) */
+    const char *dequantized = !on_gpu                          ? "dequantized to f32"
+                              : o->precision == PRECISION_F32 ? "packed on the device, dequantized per layer to f32"
+                                                              : "packed on the device, dequantized per layer to bf16";
     if (o->base == BASE_MLX4)
-        printf("base: q, k, v, o, gate, up, down as MLX's affine 4-bit (group 64), dequantized to f32\n");
+        printf("base: q, k, v, o, gate, up, down as MLX's affine 4-bit (group 64), %s\n", dequantized);
     else if (o->base == BASE_NF4)
-        printf("base: q, k, v, o, gate, up, down as bitsandbytes' NF4 (blocks of 64, double-quantized absmax), "
-               "dequantized to f32\n");
+        printf("base: q, k, v, o, gate, up, down as bitsandbytes' NF4 (blocks of 64, double-quantized absmax), %s\n",
+               dequantized);
     else if (o->base == BASE_FP8)
-        printf("base: q, k, v, o, gate, up, down as FP8 e4m3 with a scale per output channel, dequantized to f32\n");
+        printf("base: q, k, v, o, gate, up, down as FP8 e4m3 with a scale per output channel, %s\n", dequantized);
     if (on_gpu) {
-        gemma_cuda_options co = {o->precision, o->random_init, o->init_seed, 0, o->deterministic};
+        gemma_cuda_options co = {o->precision, o->random_init, o->init_seed, 0, o->deterministic, o->base};
         double t0 = now_seconds();
         if (gemma_cuda_open(&m, o->model_dir, &co, &gpu, err, errlen) != 0) goto done;
         size_t peak;
