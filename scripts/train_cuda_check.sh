@@ -4,7 +4,8 @@
 #   2. test_train_cuda: logits, loss and LoRA gradients of `--device cuda` in f32 and bf16 against
 #      transformers' float64 references (train/fixtures), with the CPU model's errors beside;
 #   3. training: a few steps of `winattn train` on the CPU and with `--device cuda --precision f32`
-#      from the same start must print the same losses to 1e-5 relative, and lower them;
+#      from the same start must print the same losses to 1e-5 relative, and lower them; the same
+#      with `--base-dtype nf4` on both (the GPU keeping the base packed);
 #   4. the 31B's shape, one record per step at 8,192 / 16,384 / 30,553 tokens (LENGTHS=...), with the
 #      device time by phase (bench/train_gpu.py with --peers adds transformers beside it).
 #   In step 2 also: the device's optimizer against the host's; in step 3 also: AdamW with clipping,
@@ -95,6 +96,26 @@ if train cpu $common --device cpu --adapter-path "$OUT/run_cpu" &&
               print (ok ? "PASS" : "FAIL") msg NR " steps" }' |
         tee "$OUT/loss_table.txt" | sed '$d'
     result "$(tail -1 "$OUT/loss_table.txt")"
+fi
+
+echo "== a few training steps on an nf4 base: --device cpu vs --device cuda --precision f32, both --base-dtype nf4"
+# the CPU dequantizes the NF4 codes to f32 at load, the GPU keeps them packed and dequantizes a layer
+# at a time; from the same codes (train/quant.c quantizes for both) the f32 losses agree as above
+if train nf4_cpu $common --device cpu --base-dtype nf4 --adapter-path "$OUT/run_nf4_cpu" &&
+    train nf4_cuda_f32 $common --device cuda --precision f32 --base-dtype nf4 --adapter-path "$OUT/run_nf4_cuda_f32"
+then
+    for f in nf4_cpu nf4_cuda_f32; do
+        grep -o 'loss [0-9.]*' "$OUT/steps_$f.txt" | awk '{print $2}' >"$OUT/loss_$f.txt"
+    done
+    paste "$OUT/loss_nf4_cpu.txt" "$OUT/loss_nf4_cuda_f32.txt" | awk '
+        BEGIN { ok = 1; print "step  cpu nf4   cuda f32 nf4" }
+        { d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > 1e-5) ok = 0
+          printf "%-5d %-9s %s\n", NR, $1, $2; if (NR > 1 && !($2 < prev)) ok = 0; prev = $2 }
+        END { if (NR < 4) ok = 0
+              msg = " nf4 base: the GPU f32 losses equal to the CPU ones to 1e-5 relative and falling at every one of "
+              print (ok ? "PASS" : "FAIL") msg NR " steps" }' |
+        tee "$OUT/loss_table_nf4.txt" | sed '$d'
+    result "$(tail -1 "$OUT/loss_table_nf4.txt")"
 fi
 
 echo "== AdamW with clipping, bias correction and gradient accumulation: CPU vs --device cuda --precision f32"

@@ -418,7 +418,8 @@ static void pack_bnb(folder_out *f, const st_tensor *t, int nested) {
         float *absmax_f32 = own(f, (size_t)blocks * 4);
         if (!absmax_f32) return;
         nf4_quantize_blocks(t->data, n, codes, absmax_f32);
-        snprintf(json, 512, "{\"quant_type\": \"nf4\", \"blocksize\": 64, \"dtype\": \"float32\", \"shape\": [%lld, %lld]}",
+        snprintf(json, 512,
+                 "{\"quant_type\": \"nf4\", \"blocksize\": 64, \"dtype\": \"float32\", \"shape\": [%lld, %lld]}",
                  (long long)rows, (long long)cols);
         absmax = absmax_f32;
     }

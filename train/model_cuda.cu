@@ -523,20 +523,23 @@ struct nf4_dev {
     long n, block, nested_block;
 };
 
+__device__ __forceinline__ float nf4_scale(const nf4_dev &q, long b) {
+    return q.absmax_codes ? __fadd_rn(__fmul_rn(q.code8[q.absmax_codes[b]], q.nested[b / q.nested_block]), q.offset)
+                          : q.absmax[b];
+}
+
 // one thread per byte; nf4 holds NF4_CODE's 16 values. w' = NF4[code] · absmax', as nf4_dequantize.
+// A byte's two values share a block unless the block size is odd.
 template <class E> __global__ void k_dequant_nf4(nf4_dev q, const float *nf4, E *out) {
     long bytes = (q.n + 1) / 2;
     for (long i2 = blockIdx.x * (long)blockDim.x + threadIdx.x; i2 < bytes; i2 += (long)gridDim.x * blockDim.x) {
         unsigned byte = q.codes[i2];
-        for (int h = 0; h < 2; h++) {
-            long i = 2 * i2 + h;
-            if (i >= q.n) break;
-            long b = i / q.block;
-            float scale = q.absmax_codes
-                            ? __fadd_rn(__fmul_rn(q.code8[q.absmax_codes[b]], q.nested[b / q.nested_block]), q.offset)
-                            : q.absmax[b];
-            out[i] = to_e<E>(__fmul_rn(nf4[h ? byte & 0xfu : byte >> 4], scale));
-        }
+        long i = 2 * i2;
+        float scale = nf4_scale(q, i / q.block);
+        out[i] = to_e<E>(__fmul_rn(nf4[byte >> 4], scale));
+        if (i + 1 >= q.n) continue;
+        if (q.block & 1) scale = nf4_scale(q, (i + 1) / q.block);
+        out[i + 1] = to_e<E>(__fmul_rn(nf4[byte & 0xfu], scale));
     }
 }
 
@@ -1449,7 +1452,8 @@ void quantize_host(gemma_cuda *g, base_dtype base, float *w, long rows, long col
             if (mlx4_quantize_group(w + gi * MLX4_GROUP, storage, qv, &scale, &bias) != 0)
                 fail("tensor \"%s\": a non-finite value in group %ld cannot be quantized", name, gi);
             for (int j = 0; j < MLX4_GROUP; j++)
-                words[(size_t)(gi * (MLX4_GROUP / per_word) + j / per_word)] |= (uint32_t)qv[j] << (MLX4_BITS * (j % per_word));
+                words[(size_t)(gi * (MLX4_GROUP / per_word) + j / per_word)] |=
+                    (uint32_t)qv[j] << (MLX4_BITS * (j % per_word));
             // scale and bias are values of the storage dtype already: these conversions are exact
             if (code == 0) {
                 memcpy(scales.data() + 4 * gi, &scale, 4);
@@ -1540,7 +1544,8 @@ void load_projection(gemma_cuda *g, const checkpoint *ck, const wplan *p, base_d
                              {parts.nested_quant_map->data, 256 * 4, &code8}});
             q->nf4.absmax_codes = (const uint8_t *)absmax;
         } else {
-            upload_parts(g, {{t->data, (size_t)(n + 1) / 2, &codes}, {parts.absmax->data, (size_t)lay.blocks * 4, &absmax}});
+            upload_parts(g, {{t->data, (size_t)(n + 1) / 2, &codes},
+                             {parts.absmax->data, (size_t)lay.blocks * 4, &absmax}});
             q->nf4.absmax = (const float *)absmax;
         }
         q->nf4.codes = (const uint8_t *)codes, q->nf4.nested = (const float *)nested;
@@ -1650,7 +1655,9 @@ template <class E> void load_weights(gemma_cuda *g, const char *dir, const gemma
                 const st_tensor *t = checkpoint_find(&ck, p.name);
                 g->quantized = t && (t->dtype == ST_U32 || t->dtype == ST_U8);
             }
-        g->base_name = o->base != BASE_BF16 ? base_dtype_name(o->base) : g->quantized ? "as the folder packs it" : nullptr;
+        g->base_name = o->base != BASE_BF16 ? base_dtype_name(o->base)
+                     : g->quantized         ? "as the folder packs them"
+                                            : nullptr;
         size_t total = 0;
         for (const wplan &p : plan)
             if (!(g->quantized && p.layer >= 0)) total += (size_t)p.rows * p.cols;
@@ -1673,8 +1680,8 @@ template <class E> void load_weights(gemma_cuda *g, const char *dir, const gemma
             size_t qkv = (size_t)(L.qd + L.kd + L.vd) * H, o_n = (size_t)H * L.qd, gu = 2 * (size_t)I * H;
             scratch = std::max(scratch, qkv + o_n + gu + (size_t)H * I);
             // where each projection's values go in the scratch: q|k|v, o, gate|up, down
-            size_t at[PROJ_COUNT] = {0, (size_t)L.qd * H, (size_t)(L.qd + L.kd) * H, qkv, qkv + o_n, qkv + o_n + (size_t)I * H,
-                                     qkv + o_n + gu};
+            size_t at[PROJ_COUNT] = {0,   (size_t)L.qd * H, (size_t)(L.qd + L.kd) * H, qkv, qkv + o_n,
+                                     qkv + o_n + (size_t)I * H, qkv + o_n + gu};
             for (int p = 0; p < PROJ_COUNT; p++) L.packed[p].at = at[p];
         }
         if (g->quantized) {

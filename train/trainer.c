@@ -1295,8 +1295,11 @@ int train_run(const train_options *o, char *err, size_t errlen) {
         if (gemma_cuda_open(&m, o->model_dir, &co, &gpu, err, errlen) != 0) goto done;
         size_t peak;
         gemma_cuda_memory(gpu, &peak, NULL);
-        printf("device: %s; base weights %s in %.1f s, %.2f GB on the device\n", gemma_cuda_describe(gpu),
-               o->random_init ? "drawn on the GPU" : "copied from the checkpoint", now_seconds() - t0, peak / 1e9);
+        const char *how = o->base == BASE_BF16 ? (o->random_init ? "drawn on the GPU" : "copied from the checkpoint")
+                          : o->random_init    ? "drawn on the GPU, quantized on the host"
+                                              : "quantized on the host from the checkpoint";
+        printf("device: %s; base weights %s in %.1f s, %.2f GB on the device\n", gemma_cuda_describe(gpu), how,
+               now_seconds() - t0, peak / 1e9);
     } else if (o->random_init) {
         fail(err, errlen, "--init-random draws the weights on the GPU: it needs --device cuda");
         goto done;
