@@ -28,6 +28,8 @@ extern "C" { // the trainer's C headers (model.h, checkpoint.h) declare no linka
 #include <string.h>
 
 #include <algorithm>
+#include <atomic>
+#include <thread>
 #include <vector>
 
 typedef __nv_bfloat16 bf16;
@@ -1406,102 +1408,210 @@ void upload_parts(gemma_cuda *g, const std::vector<part> &parts) {
     }
 }
 
-// f32 values as E bytes (bf16 rounded to nearest even, as the host's wa_f32_to_bf16)
-std::vector<unsigned char> to_e_bytes(const gemma_cuda *g, const float *w, size_t n) {
-    std::vector<unsigned char> e(n * g->esize);
-    for (size_t i = 0; i < n; i++) {
-        if (g->precision == PRECISION_F32) memcpy(e.data() + 4 * i, &w[i], 4);
-        else {
-            uint16_t b = wa_f32_to_bf16(w[i]);
-            memcpy(e.data() + 2 * i, &b, 2);
-        }
-    }
-    return e;
-}
-
-struct nf4_guard { // nf4_quantized released however the scope ends
-    nf4_quantized q = {};
-    ~nf4_guard() { nf4_quantized_free(&q); }
+// One projection's packed form on the host, made by a worker thread (no CUDA call, nothing thrown):
+// the format's parts in upload order (mlx4: words, scales, biases; nf4: codes, absmax codes, nested
+// absmax; fp8: codes, row scales; dense: the E values), or a one-line error.
+struct host_packed {
+    qformat fmt = Q_NONE;
+    int scale_code = 0;
+    float offset = 0;
+    std::vector<unsigned char> part[3];
+    char err[512] = "";
 };
 
-// A projection's f32 values w [rows, cols] quantized on the host as the CPU loader quantizes them
-// (train/quant.c: mlx4 groups with scales and biases in `storage`, the tensor's own dtype; nf4 with
-// torch's mean on one thread; fp8 with a scale per row; w may be overwritten), packed as the
-// device keeps them, and uploaded. BASE_BF16 keeps the values in E (Q_DENSE).
-void quantize_host(gemma_cuda *g, base_dtype base, float *w, long rows, long cols, st_dtype storage, const char *name,
-                   qmat *q) {
+template <class T> void put(std::vector<unsigned char> &v, const T *src, size_t count) {
+    v.resize(count * sizeof(T));
+    if (count) memcpy(v.data(), src, count * sizeof(T));
+}
+
+// A projection's f32 values w [rows, cols] quantized as the CPU loader quantizes them (train/quant.c:
+// mlx4 groups with scales and biases in `storage`, the tensor's own dtype; nf4 with torch's mean on
+// one thread; fp8 with a scale per row; w may be overwritten) and packed as the device keeps them.
+// BASE_BF16 keeps the values in E (Q_DENSE). Thread-safe: the quantizers touch their arguments only.
+void quantize_to_host(gemma_precision precision, base_dtype base, float *w, long rows, long cols, st_dtype storage,
+                      const char *name, host_packed *out) {
     char why[256] = "";
     long n = rows * cols;
-    q->rows = rows, q->cols = cols;
     if (base == BASE_BF16) {
-        std::vector<unsigned char> e = to_e_bytes(g, w, (size_t)n);
-        q->fmt = Q_DENSE;
-        upload_parts(g, {{e.data(), e.size(), &q->dense}});
+        out->fmt = Q_DENSE;
+        if (precision == PRECISION_F32) {
+            put(out->part[0], w, (size_t)n);
+        } else {
+            std::vector<uint16_t> e((size_t)n);
+            for (long i = 0; i < n; i++) e[(size_t)i] = wa_f32_to_bf16(w[i]);
+            put(out->part[0], e.data(), e.size());
+        }
     } else if (base == BASE_MLX4) {
-        if (cols % MLX4_GROUP != 0)
-            fail("tensor \"%s\": rows of %ld values cannot be cut into groups of %d", name, cols, MLX4_GROUP);
+        if (cols % MLX4_GROUP != 0) {
+            snprintf(out->err, sizeof out->err, "tensor \"%s\": rows of %ld values cannot be cut into groups of %d",
+                     name, cols, MLX4_GROUP);
+            return;
+        }
         int code = storage == ST_BF16 ? 2 : storage == ST_F16 ? 1 : 0;
         size_t ssize = code ? 2 : 4;
         long groups = n / MLX4_GROUP;
         const int per_word = 32 / MLX4_BITS;
         std::vector<uint32_t> words((size_t)(n / per_word), 0);
-        std::vector<unsigned char> scales((size_t)groups * ssize), biases((size_t)groups * ssize);
+        out->part[1].resize((size_t)groups * ssize);
+        out->part[2].resize((size_t)groups * ssize);
         for (long gi = 0; gi < groups; gi++) {
             uint8_t qv[MLX4_GROUP];
             float scale, bias;
-            if (mlx4_quantize_group(w + gi * MLX4_GROUP, storage, qv, &scale, &bias) != 0)
-                fail("tensor \"%s\": a non-finite value in group %ld cannot be quantized", name, gi);
+            if (mlx4_quantize_group(w + gi * MLX4_GROUP, storage, qv, &scale, &bias) != 0) {
+                snprintf(out->err, sizeof out->err, "tensor \"%s\": a non-finite value in group %ld cannot be quantized",
+                         name, gi);
+                return;
+            }
             for (int j = 0; j < MLX4_GROUP; j++)
                 words[(size_t)(gi * (MLX4_GROUP / per_word) + j / per_word)] |=
                     (uint32_t)qv[j] << (MLX4_BITS * (j % per_word));
             // scale and bias are values of the storage dtype already: these conversions are exact
             if (code == 0) {
-                memcpy(scales.data() + 4 * gi, &scale, 4);
-                memcpy(biases.data() + 4 * gi, &bias, 4);
+                memcpy(out->part[1].data() + 4 * gi, &scale, 4);
+                memcpy(out->part[2].data() + 4 * gi, &bias, 4);
             } else {
                 uint16_t s16 = code == 2 ? wa_f32_to_bf16(scale) : wa_f32_to_f16(scale);
                 uint16_t b16 = code == 2 ? wa_f32_to_bf16(bias) : wa_f32_to_f16(bias);
-                memcpy(scales.data() + 2 * gi, &s16, 2);
-                memcpy(biases.data() + 2 * gi, &b16, 2);
+                memcpy(out->part[1].data() + 2 * gi, &s16, 2);
+                memcpy(out->part[2].data() + 2 * gi, &b16, 2);
             }
         }
-        q->fmt = Q_MLX4;
-        q->scale_code = code;
-        upload_parts(g, {{words.data(), words.size() * 4, &q->words},
-                         {scales.data(), scales.size(), &q->scales},
-                         {biases.data(), biases.size(), &q->biases}});
+        put(out->part[0], words.data(), words.size());
+        out->fmt = Q_MLX4;
+        out->scale_code = code;
     } else if (base == BASE_NF4) {
-        nf4_guard nq;
-        if (nf4_quantize(w, n, 1, &nq.q, why, sizeof why) != 0) fail("tensor \"%s\": %s", name, why);
-        std::vector<uint8_t> packed((size_t)(n + 1) / 2, 0);
-        for (long i = 0; i < n; i++) packed[(size_t)(i / 2)] |= (uint8_t)(i % 2 ? nq.q.codes[i] : nq.q.codes[i] << 4);
-        q->fmt = Q_NF4;
-        q->nf4.n = n, q->nf4.block = NF4_BLOCK, q->nf4.nested_block = NF4_NESTED_BLOCK, q->nf4.offset = nq.q.offset;
-        q->nf4.code8 = g->tables + DYNAMIC_TABLE;
-        const void *codes, *absmax_codes, *nested;
-        upload_parts(g, {{packed.data(), packed.size(), &codes},
-                         {nq.q.absmax_codes, (size_t)nq.q.blocks, &absmax_codes},
-                         {nq.q.nested_absmax, (size_t)nq.q.nested_blocks * 4, &nested}});
-        q->nf4.codes = (const uint8_t *)codes, q->nf4.absmax_codes = (const uint8_t *)absmax_codes;
-        q->nf4.nested = (const float *)nested;
+        nf4_quantized q;
+        if (nf4_quantize(w, n, 1, &q, why, sizeof why) != 0) {
+            snprintf(out->err, sizeof out->err, "tensor \"%s\": %s", name, why);
+            return;
+        }
+        out->part[0].assign((size_t)(n + 1) / 2, 0);
+        for (long i = 0; i < n; i++) out->part[0][(size_t)(i / 2)] |= (uint8_t)(i % 2 ? q.codes[i] : q.codes[i] << 4);
+        put(out->part[1], q.absmax_codes, (size_t)q.blocks);
+        put(out->part[2], q.nested_absmax, (size_t)q.nested_blocks);
+        out->offset = q.offset;
+        out->fmt = Q_NF4;
+        nf4_quantized_free(&q);
     } else {
         std::vector<float> scales((size_t)rows);
-        std::vector<uint8_t> codes((size_t)n);
-        if (fp8_round_trip(w, rows, cols, scales.data(), codes.data(), why, sizeof why) != 0)
-            fail("tensor \"%s\": %s", name, why);
-        q->fmt = Q_FP8;
-        upload_parts(g, {{codes.data(), codes.size(), &q->fp8}, {scales.data(), scales.size() * 4, &q->row_scale}});
+        out->part[0].resize((size_t)n);
+        if (fp8_round_trip(w, rows, cols, scales.data(), out->part[0].data(), why, sizeof why) != 0) {
+            snprintf(out->err, sizeof out->err, "tensor \"%s\": %s", name, why);
+            return;
+        }
+        put(out->part[1], scales.data(), scales.size());
+        out->fmt = Q_FP8;
     }
 }
 
-// A projection from the checkpoint onto the device in its packed form: a packed tensor as stored
-// (checked as the CPU loader checks it before dequantizing), a float tensor quantized with base.
-void load_projection(gemma_cuda *g, const checkpoint *ck, const wplan *p, base_dtype base, qmat *q) {
-    const st_tensor *t = checkpoint_find(ck, p->name);
-    if (!t) fail("checkpoint has no tensor \"%s%s\"", ck->prefix, p->name);
+// A host_packed onto the device as q (rows and cols set by the caller).
+void upload_packed(gemma_cuda *g, const host_packed &h, qmat *q) {
+    const std::vector<unsigned char> *P = h.part;
+    q->fmt = h.fmt;
+    if (h.fmt == Q_DENSE) {
+        upload_parts(g, {{P[0].data(), P[0].size(), &q->dense}});
+    } else if (h.fmt == Q_MLX4) {
+        q->scale_code = h.scale_code;
+        upload_parts(g, {{P[0].data(), P[0].size(), &q->words},
+                         {P[1].data(), P[1].size(), &q->scales},
+                         {P[2].data(), P[2].size(), &q->biases}});
+    } else if (h.fmt == Q_NF4) {
+        q->nf4.n = q->rows * q->cols, q->nf4.block = NF4_BLOCK, q->nf4.nested_block = NF4_NESTED_BLOCK;
+        q->nf4.offset = h.offset;
+        q->nf4.code8 = g->tables + DYNAMIC_TABLE;
+        const void *codes, *absmax_codes, *nested;
+        upload_parts(g, {{P[0].data(), P[0].size(), &codes},
+                         {P[1].data(), P[1].size(), &absmax_codes},
+                         {P[2].data(), P[2].size(), &nested}});
+        q->nf4.codes = (const uint8_t *)codes, q->nf4.absmax_codes = (const uint8_t *)absmax_codes;
+        q->nf4.nested = (const float *)nested;
+    } else {
+        upload_parts(g, {{P[0].data(), P[0].size(), &q->fp8}, {P[1].data(), P[1].size(), &q->row_scale}});
+    }
+}
+
+// A float projection to quantize on a worker thread: from a checkpoint tensor (scanned for non-finite
+// values and widened to f32 there, as model.c's loader does) or from values drawn on the device and
+// copied back (drawn, in E).
+template <class E> struct quant_job {
+    const wplan *plan;
+    const st_tensor *tensor;
+    std::vector<E> drawn;
+    char name[300];
+    host_packed out;
+};
+
+template <class E> void run_quant_job(gemma_precision precision, base_dtype base, quant_job<E> *j) {
+    long n = j->plan->rows * j->plan->cols;
+    std::vector<float> w((size_t)n);
+    st_dtype storage = sizeof(E) == 2 ? ST_BF16 : ST_F32;
+    if (j->tensor) {
+        const st_tensor *t = j->tensor;
+        uint64_t bad;
+        if (st_tensor_first_nonfinite(t, &bad)) { // the CPU loader's check and message
+            snprintf(j->out.err, sizeof j->out.err, "tensor \"%s\" holds a non-finite value (%s) at element %llu",
+                     j->name, st_tensor_value_kind(t, bad), (unsigned long long)bad);
+            return;
+        }
+        const unsigned char *src = (const unsigned char *)t->data;
+        for (long i = 0; i < n; i++) { // to f32 as model.c's load_via_f32
+            switch (t->dtype) {
+            case ST_F64: { double v; memcpy(&v, src + 8 * i, 8); w[i] = (float)v; break; }
+            case ST_F32: memcpy(&w[i], src + 4 * i, 4); break;
+            case ST_F16: { uint16_t v; memcpy(&v, src + 2 * i, 2); w[i] = wa_f16_to_f32(v); break; }
+            default:     { uint16_t v; memcpy(&v, src + 2 * i, 2); w[i] = wa_bf16_to_f32(v); break; }
+            }
+        }
+        storage = t->dtype;
+    } else {
+        for (long i = 0; i < n; i++) w[i] = (float)j->drawn[i];
+        std::vector<E>().swap(j->drawn);
+    }
+    quantize_to_host(precision, base, w.data(), j->plan->rows, j->plan->cols, storage, j->name, &j->out);
+}
+
+// Quantizes jobs[0..count) on up to `threads` host threads (each job is independent: the CPU
+// reference quantizes tensor by tensor), then uploads them in order; the first failing job in
+// order is reported, as a sequential load would report it.
+template <class E> void run_quant_jobs(gemma_cuda *g, base_dtype base, std::vector<quant_job<E>> &jobs, int threads) {
+    std::atomic<size_t> next(0);
+    auto work = [&]() {
+        for (size_t k; (k = next.fetch_add(1)) < jobs.size();) {
+            try {
+                run_quant_job<E>(g->precision, base, &jobs[k]);
+            } catch (...) { // std::bad_alloc: nothing may leave a thread
+                snprintf(jobs[k].out.err, sizeof jobs[k].out.err, "tensor \"%s\": out of host memory to quantize it",
+                         jobs[k].name);
+            }
+        }
+    };
+    std::vector<std::thread> pool;
+    for (int t = 1; t < threads && (size_t)t < jobs.size(); t++) {
+        try {
+            pool.emplace_back(work);
+        } catch (...) { // no more threads: the ones running take the rest
+            break;
+        }
+    }
+    work();
+    for (std::thread &t : pool) t.join();
+    for (quant_job<E> &j : jobs) {
+        if (j.out.err[0]) fail("%s", j.out.err);
+        qmat *q = &g->layer[j.plan->layer].packed[j.plan->proj];
+        q->rows = j.plan->rows, q->cols = j.plan->cols;
+        upload_packed(g, j.out, q);
+    }
+    jobs.clear();
+}
+
+// A packed projection from the checkpoint onto the device as stored (checked as the CPU loader
+// checks it before dequantizing); 0 when the tensor is not packed (a float tensor, left to a
+// quant_job; its shape and dtype are checked here).
+int load_packed_projection(gemma_cuda *g, const checkpoint *ck, const wplan *p, const st_tensor *t) {
     char full[300], why[256] = "", stem[128], name[200];
     snprintf(full, sizeof full, "%s%s", ck->prefix, p->name);
     long n = p->rows * p->cols;
+    qmat *q = &g->layer[p->layer].packed[p->proj];
     q->rows = p->rows, q->cols = p->cols;
     if (t->dtype == ST_U32) { // mlx_lm.convert's: words, scales and biases copied as stored
         snprintf(stem, sizeof stem, "%.*s", (int)(strlen(p->name) - strlen(".weight")), p->name);
@@ -1517,7 +1627,7 @@ void load_projection(gemma_cuda *g, const checkpoint *ck, const wplan *p, base_d
         upload_parts(g, {{t->data, (size_t)st_numel(t) * 4, &q->words},
                          {scales->data, (size_t)st_numel(scales) * ssize, &q->scales},
                          {biases->data, (size_t)st_numel(biases) * ssize, &q->biases}});
-        return;
+        return 1;
     }
     if (t->dtype == ST_U8) { // bitsandbytes': codes, absmax and the nested state copied as stored
         bnb4_tensors parts = {};
@@ -1550,27 +1660,20 @@ void load_projection(gemma_cuda *g, const checkpoint *ck, const wplan *p, base_d
         }
         q->nf4.codes = (const uint8_t *)codes, q->nf4.nested = (const float *)nested;
         q->nf4.code8 = (const float *)code8;
-        return;
+        return 1;
     }
     if (t->rank != 2 || t->shape[0] != p->rows || t->shape[1] != p->cols)
         fail("tensor \"%s\" has the wrong shape (the config implies [%ld, %ld])", p->name, p->rows, p->cols);
     if (t->dtype != ST_F32 && t->dtype != ST_F16 && t->dtype != ST_BF16 && t->dtype != ST_F64)
         fail("tensor \"%s\" has dtype %s (F32, F16, BF16, F64 are read)", full, st_dtype_name(t->dtype));
-    uint64_t bad;
-    if (st_tensor_first_nonfinite(t, &bad)) // the CPU loader's check and message
-        fail("tensor \"%s\" holds a non-finite value (%s) at element %llu", full, st_tensor_value_kind(t, bad),
-             (unsigned long long)bad);
-    std::vector<float> w((size_t)n);
-    const unsigned char *src = (const unsigned char *)t->data;
-    for (long i = 0; i < n; i++) { // to f32 as model.c's load_via_f32
-        switch (t->dtype) {
-        case ST_F64: { double v; memcpy(&v, src + 8 * i, 8); w[i] = (float)v; break; }
-        case ST_F32: memcpy(&w[i], src + 4 * i, 4); break;
-        case ST_F16: { uint16_t v; memcpy(&v, src + 2 * i, 2); w[i] = wa_f16_to_f32(v); break; }
-        default:     { uint16_t v; memcpy(&v, src + 2 * i, 2); w[i] = wa_bf16_to_f32(v); break; }
-        }
-    }
-    quantize_host(g, base, w.data(), p->rows, p->cols, t->dtype, full, q);
+    return 0;
+}
+
+// host threads for the quantization at load: the machine's, at most 32 (a window holds one f32 copy
+// of a projection per thread: 32 of the 31B's largest are 15 GB)
+int quant_threads() {
+    unsigned n = std::thread::hardware_concurrency();
+    return n < 1 ? 1 : n > 32 ? 32 : (int)n;
 }
 
 template <class E> void load_weights(gemma_cuda *g, const char *dir, const gemma_cuda_options *o) {
@@ -1711,6 +1814,17 @@ template <class E> void load_weights(gemma_cuda *g, const char *dir, const gemma
             }
         }
 
+        // float projections are quantized on host threads, a window of jobs at a time (each holds
+        // its f32 copy until uploaded)
+        int threads = quant_threads();
+        std::vector<quant_job<E>> jobs;
+        jobs.reserve((size_t)threads);
+        auto add_job = [&](const wplan &p, const st_tensor *t) {
+            jobs.emplace_back();
+            quant_job<E> &j = jobs.back();
+            j.plan = &p, j.tensor = t;
+            snprintf(j.name, sizeof j.name, "%s%s", ck_open ? ck.prefix : "", p.name);
+        };
         if (o->random_init) { // transformers' Gemma initialisation, as `winattn init-model`
             unsigned long long s = o->seed * 0x2545f4914f6cdd1dull + 1;
             for (size_t i = 0; i < plan.size(); i++) {
@@ -1722,14 +1836,14 @@ template <class E> void load_weights(gemma_cuda *g, const char *dir, const gemma
                 k_random_normal<E><<<grid_for(n, 256), 256, 0, g->stream>>>(dst, n, 0.02f, s + i * 0x1000003ull);
                 CU(cudaGetLastError());
                 if (p.dst) continue;
-                std::vector<E> e((size_t)n);
-                CU(cudaMemcpyAsync(e.data(), dst, (size_t)n * sizeof(E), cudaMemcpyDeviceToHost, g->stream));
-                CU(cudaStreamSynchronize(g->stream));
-                std::vector<float> w((size_t)n);
-                for (long k = 0; k < n; k++) w[k] = (float)e[k];
-                quantize_host(g, o->base, w.data(), p.rows, p.cols, sizeof(E) == 2 ? ST_BF16 : ST_F32, p.name,
-                              &g->layer[p.layer].packed[p.proj]);
+                add_job(p, nullptr);
+                jobs.back().drawn.resize((size_t)n);
+                CU(cudaMemcpyAsync(jobs.back().drawn.data(), dst, (size_t)n * sizeof(E), cudaMemcpyDeviceToHost,
+                                   g->stream));
+                CU(cudaStreamSynchronize(g->stream)); // the next draw reuses the scratch
+                if ((int)jobs.size() == threads) run_quant_jobs<E>(g, o->base, jobs, threads);
             }
+            run_quant_jobs<E>(g, o->base, jobs, threads);
             for (const wplan &p : vec) {
                 if (p.scalar) continue;
                 std::vector<float> v(p.rows, (float)(p.fill + p.add));
@@ -1742,10 +1856,21 @@ template <class E> void load_weights(gemma_cuda *g, const char *dir, const gemma
                 if (p.dst) {
                     upload_matrix(g, &ck, &p, stage);
                     check_finite<E>(&ck, &p, first);
-                } else {
-                    load_projection(g, &ck, &p, o->base, &g->layer[p.layer].packed[p.proj]);
+                    continue;
                 }
+                const st_tensor *t = checkpoint_find(&ck, p.name);
+                // a failure here comes after those of the jobs before it, as a sequential load's would
+                try {
+                    if (!t) fail("checkpoint has no tensor \"%s%s\"", ck.prefix, p.name);
+                    if (load_packed_projection(g, &ck, &p, t)) continue;
+                } catch (const failure &) {
+                    run_quant_jobs<E>(g, o->base, jobs, threads);
+                    throw;
+                }
+                add_job(p, t);
+                if ((int)jobs.size() == threads) run_quant_jobs<E>(g, o->base, jobs, threads);
             }
+            run_quant_jobs<E>(g, o->base, jobs, threads);
             for (const wplan &p : vec) upload_vector(g, &ck, &p);
         }
         // the uploads above ran on the legacy stream and g->stream: all of it is on the device
