@@ -1458,8 +1458,8 @@ void quantize_to_host(gemma_precision precision, base_dtype base, float *w, long
             uint8_t qv[MLX4_GROUP];
             float scale, bias;
             if (mlx4_quantize_group(w + gi * MLX4_GROUP, storage, qv, &scale, &bias) != 0) {
-                snprintf(out->err, sizeof out->err, "tensor \"%s\": a non-finite value in group %ld cannot be quantized",
-                         name, gi);
+                snprintf(out->err, sizeof out->err,
+                         "tensor \"%s\": a non-finite value in group %ld cannot be quantized", name, gi);
                 return;
             }
             for (int j = 0; j < MLX4_GROUP; j++)
