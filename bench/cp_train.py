@@ -11,7 +11,7 @@ cannot leave the others waiting in a collective: the tree is killed at --timeout
 step and --steps timed ones. With --search the lengths double from --start until one does not
 run, then bisect to --resolution tokens. Prints per length and world: seconds per step, tokens
 per second, every rank's peak memory, or what stopped it; then the longest that ran per world and
-the ratio to one GPU (issue 17's target: >= 1.9 on 2 GPUs). --check first runs both worlds at
+the ratio to one GPU (the target: >= 1.9 on 2 GPUs). --check first runs both worlds at
 --start and compares the loss (the sharded step must give the one-device loss).
 
   python3 bench/cp_train.py [--world 2] [--search | --lengths 16384,32768] [--layers 60]

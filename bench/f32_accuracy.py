@@ -30,7 +30,7 @@ import test_f32_accuracy as acc  # noqa: E402
 CASES = [
     ("GQA 1, causal", 8, 8, 2048, 2048, 128, (-1, 0), 0.0, None, None),
     ("GQA 4, window (1023,0)", 16, 4, 2048, 2048, 128, (1023, 0), 0.0, None, None),
-    ("GQA 16, window (499,0): issue 18's case", 16, 1, 513, 513, 256, (499, 0), 0.0, None, 1077),
+    ("GQA 16, window (499,0): the long-sum case", 16, 1, 513, 513, 256, (499, 0), 0.0, None, 1077),
     ("GQA 16, causal", 32, 2, 300, 300, 128, (-1, 0), 0.0, None, 1079),
     ("GQA 32, window (1023,0)", 32, 1, 1100, 1100, 64, (1023, 0), 0.0, None, 1078),
     ("rows of 1000 keys, softcap 2", 4, 4, 2000, 2000, 64, (999, 0), 2.0, None, 1080),

@@ -32,7 +32,7 @@ TENSORS = ("o", "dq", "dk", "dv")
 
 # name, Hq, Hkv, N, D, (left, right), softcap, scale (None = 1/sqrt(D)); Nq = Nk = N
 CASES = [
-    ("GQA 16:1, issue 18's case", 16, 1, 513, 256, (499, 0), 0.0, None),
+    ("GQA 16:1, the long-sum case", 16, 1, 513, 256, (499, 0), 0.0, None),
     ("GQA 32:1", 32, 1, 600, 64, (511, 0), 0.0, None),
     ("GQA 4:1", 8, 2, 1024, 128, (255, 0), 0.0, None),
     ("MHA causal", 4, 4, 1024, 64, (-1, 0), 0.0, None),
