@@ -102,25 +102,15 @@ static int load_via_f32(const checkpoint *ck, const tensor_plan *p, const st_ten
     size_t n = (size_t)plan_numel(p);
     float *tmp = malloc((n ? n : 1) * sizeof *tmp);
     if (!tmp) return snprintf(err, errlen, "out of memory for %zu weights", n), -1;
-    char why[256] = "", stem[128], name[200];
+    char why[256] = "";
     int rc = 0;
     if (t->dtype == ST_U32) {
-        snprintf(stem, sizeof stem, "%.*s", (int)(strlen(p->name) - strlen(".weight")), p->name);
-        snprintf(name, sizeof name, "%s.scales", stem);
-        const st_tensor *scales = checkpoint_find(ck, name);
-        snprintf(name, sizeof name, "%s.biases", stem);
-        const st_tensor *biases = checkpoint_find(ck, name);
+        const st_tensor *scales, *biases;
+        mlx4_parts_find(ck, p->name, &scales, &biases);
         rc = mlx4_dequantize_tensor(t, scales, biases, p->rows, p->cols, tmp, why, sizeof why);
     } else if (t->dtype == ST_U8) {
-        bnb4_tensors parts = {.weight = t};
-        const char *suffix[5] = {"absmax", "quant_map", "nested_absmax", "nested_quant_map",
-                                 "quant_state.bitsandbytes__nf4"};
-        const st_tensor **slot[5] = {&parts.absmax, &parts.quant_map, &parts.nested_absmax, &parts.nested_quant_map,
-                                     &parts.quant_state};
-        for (int k = 0; k < 5; k++) {
-            snprintf(name, sizeof name, "%s.%s", p->name, suffix[k]);
-            *slot[k] = checkpoint_find(ck, name);
-        }
+        bnb4_tensors parts;
+        bnb4_parts_find(ck, p->name, t, &parts);
         rc = nf4_dequantize_tensor(&parts, p->rows, p->cols, tmp, why, sizeof why);
     } else {
         for (size_t i = 0; i < n; i++) {

@@ -1269,26 +1269,15 @@ struct wplan {
 // the host into out [rows, cols] f32 with train/quant.c, as the CPU loader reads it; the checks and
 // messages are the CPU loader's.
 void dequantize_packed_host(const checkpoint *ck, const wplan *p, const st_tensor *t, float *out) {
-    char why[256] = "", stem[128], name[200];
+    char why[256] = "";
     int rc;
     if (t->dtype == ST_U32) {
-        snprintf(stem, sizeof stem, "%.*s", (int)(strlen(p->name) - strlen(".weight")), p->name);
-        snprintf(name, sizeof name, "%s.scales", stem);
-        const st_tensor *scales = checkpoint_find(ck, name);
-        snprintf(name, sizeof name, "%s.biases", stem);
-        const st_tensor *biases = checkpoint_find(ck, name);
+        const st_tensor *scales, *biases;
+        mlx4_parts_find(ck, p->name, &scales, &biases);
         rc = mlx4_dequantize_tensor(t, scales, biases, p->rows, p->cols, out, why, sizeof why);
     } else {
-        bnb4_tensors parts = {};
-        parts.weight = t;
-        const char *suffix[5] = {"absmax", "quant_map", "nested_absmax", "nested_quant_map",
-                                 "quant_state.bitsandbytes__nf4"};
-        const st_tensor **slot[5] = {&parts.absmax, &parts.quant_map, &parts.nested_absmax, &parts.nested_quant_map,
-                                     &parts.quant_state};
-        for (int k = 0; k < 5; k++) {
-            snprintf(name, sizeof name, "%s.%s", p->name, suffix[k]);
-            *slot[k] = checkpoint_find(ck, name);
-        }
+        bnb4_tensors parts;
+        bnb4_parts_find(ck, p->name, t, &parts);
         rc = nf4_dequantize_tensor(&parts, p->rows, p->cols, out, why, sizeof why);
     }
     if (rc != 0) fail("tensor \"%s%s\": %s", ck->prefix, p->name, why);
@@ -1608,17 +1597,14 @@ template <class E> void run_quant_jobs(gemma_cuda *g, base_dtype base, std::vect
 // checks it before dequantizing); 0 when the tensor is not packed (a float tensor, left to a
 // quant_job; its shape and dtype are checked here).
 int load_packed_projection(gemma_cuda *g, const checkpoint *ck, const wplan *p, const st_tensor *t) {
-    char full[300], why[256] = "", stem[128], name[200];
+    char full[300], why[256] = "";
     snprintf(full, sizeof full, "%s%s", ck->prefix, p->name);
     long n = p->rows * p->cols;
     qmat *q = &g->layer[p->layer].packed[p->proj];
     q->rows = p->rows, q->cols = p->cols;
     if (t->dtype == ST_U32) { // mlx_lm.convert's: words, scales and biases copied as stored
-        snprintf(stem, sizeof stem, "%.*s", (int)(strlen(p->name) - strlen(".weight")), p->name);
-        snprintf(name, sizeof name, "%s.scales", stem);
-        const st_tensor *scales = checkpoint_find(ck, name);
-        snprintf(name, sizeof name, "%s.biases", stem);
-        const st_tensor *biases = checkpoint_find(ck, name);
+        const st_tensor *scales, *biases;
+        mlx4_parts_find(ck, p->name, &scales, &biases);
         if (mlx4_packed_check(t, scales, biases, p->rows, p->cols, why, sizeof why) != 0)
             fail("tensor \"%s\": %s", full, why);
         q->fmt = Q_MLX4;
@@ -1630,16 +1616,8 @@ int load_packed_projection(gemma_cuda *g, const checkpoint *ck, const wplan *p, 
         return 1;
     }
     if (t->dtype == ST_U8) { // bitsandbytes': codes, absmax and the nested state copied as stored
-        bnb4_tensors parts = {};
-        parts.weight = t;
-        const char *suffix[5] = {"absmax", "quant_map", "nested_absmax", "nested_quant_map",
-                                 "quant_state.bitsandbytes__nf4"};
-        const st_tensor **slot[5] = {&parts.absmax, &parts.quant_map, &parts.nested_absmax, &parts.nested_quant_map,
-                                     &parts.quant_state};
-        for (int k = 0; k < 5; k++) {
-            snprintf(name, sizeof name, "%s.%s", p->name, suffix[k]);
-            *slot[k] = checkpoint_find(ck, name);
-        }
+        bnb4_tensors parts;
+        bnb4_parts_find(ck, p->name, t, &parts);
         nf4_layout lay;
         if (nf4_tensor_layout(&parts, p->rows, p->cols, &lay, why, sizeof why) != 0)
             fail("tensor \"%s\": %s", full, why);

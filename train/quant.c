@@ -568,3 +568,26 @@ int fp8_round_trip(float *w, int64_t rows, int64_t cols, float *scales, uint8_t 
     }
     return 0;
 }
+
+void mlx4_parts_find(const checkpoint *ck, const char *weight_name, const st_tensor **scales,
+                     const st_tensor **biases) {
+    char name[400];
+    int stem = (int)(strlen(weight_name) - strlen(".weight"));
+    snprintf(name, sizeof name, "%.*s.scales", stem, weight_name);
+    *scales = checkpoint_find(ck, name);
+    snprintf(name, sizeof name, "%.*s.biases", stem, weight_name);
+    *biases = checkpoint_find(ck, name);
+}
+
+void bnb4_parts_find(const checkpoint *ck, const char *weight_name, const st_tensor *weight, bnb4_tensors *parts) {
+    static const char *const suffix[5] = {"absmax", "quant_map", "nested_absmax", "nested_quant_map",
+                                          "quant_state.bitsandbytes__nf4"};
+    const st_tensor **slot[5] = {&parts->absmax, &parts->quant_map, &parts->nested_absmax, &parts->nested_quant_map,
+                                 &parts->quant_state};
+    char name[400];
+    parts->weight = weight;
+    for (int k = 0; k < 5; k++) {
+        snprintf(name, sizeof name, "%s.%s", weight_name, suffix[k]);
+        *slot[k] = checkpoint_find(ck, name);
+    }
+}

@@ -40,6 +40,7 @@
 #ifndef WA_TRAIN_QUANT_H
 #define WA_TRAIN_QUANT_H
 
+#include "checkpoint.h"
 #include "safetensors.h"
 
 #include <stddef.h>
@@ -136,6 +137,13 @@ typedef struct nf4_layout {
     int64_t nested_blocksize, nested_blocks; /* 0 unless nested */
     float offset;                            /* 0 unless nested */
 } nf4_layout;
+/* The tensors beside a packed projection weight_name ("....q_proj.weight") in ck, NULL where absent:
+ * mlx_lm.convert's STEM.scales and STEM.biases (STEM = weight_name less ".weight"), and
+ * bitsandbytes' weight_name.absmax, .quant_map, .nested_absmax, .nested_quant_map and
+ * .quant_state.bitsandbytes__nf4 (parts->weight = weight). */
+void mlx4_parts_find(const checkpoint *ck, const char *weight_name, const st_tensor **scales,
+                     const st_tensor **biases);
+void bnb4_parts_find(const checkpoint *ck, const char *weight_name, const st_tensor *weight, bnb4_tensors *parts);
 /* The checks of nf4_dequantize_tensor alone, for a reader that keeps the packed form (the GPU
  * model): 0 with *out filled, or -1 with the same one-line message. */
 int nf4_tensor_layout(const bnb4_tensors *t, int64_t rows, int64_t cols, nf4_layout *out, char *err, size_t errlen);
