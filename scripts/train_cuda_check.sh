@@ -57,6 +57,30 @@ train() {
     return 1
 }
 
+# losses_agree HEADER MESSAGE TABLE RUN_A RUN_B [RUN...]: the losses of steps_RUN_A.txt and
+# steps_RUN_B.txt equal to 1e-5 relative at every step and RUN_B's falling, over 4 steps or more;
+# further runs are shown beside them. The table goes to $OUT/TABLE, its last line to the summary.
+losses_agree() {
+    header=$1 msg=$2 table=$3
+    shift 3
+    files=""
+    for f in "$@"; do
+        grep -o 'loss [0-9.]*' "$OUT/steps_$f.txt" | awk '{print $2}' >"$OUT/loss_$f.txt"
+        files="$files $OUT/loss_$f.txt"
+    done
+    # shellcheck disable=SC2086 # one argument per run
+    paste $files | awk -v header="$header" -v msg="$msg" '
+        BEGIN { ok = 1; print header }
+        { d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > 1e-5) ok = 0
+          line = sprintf("%-5d", NR)
+          for (i = 1; i <= NF; i++) line = line sprintf(i < NF ? " %-9s" : " %s", $i)
+          print line
+          if (NR > 1 && !($2 < prev)) ok = 0; prev = $2 }
+        END { if (NR < 4) ok = 0
+              print (ok ? "PASS" : "FAIL") msg NR " steps" }' |
+        tee "$OUT/$table" | sed '$d'
+    result "$(tail -1 "$OUT/$table")"
+}
 echo "== test_train_cuda (GPU model vs transformers float64, CPU float beside; the device's optimizer vs the host's)"
 if "$BUILD/tests/test_train_cuda" train/fixtures >"$OUT/test_train_cuda.txt" 2>&1 &&
     ! grep -q skipped "$OUT/test_train_cuda.txt"; then
@@ -84,18 +108,8 @@ common="--model train/fixtures/gemma4_smoke --data $data --iters 4 --batch-size 
 if train cpu $common --device cpu --adapter-path "$OUT/run_cpu" &&
     train cuda_f32 $common --device cuda --precision f32 --adapter-path "$OUT/run_cuda_f32" &&
     train cuda_bf16 $common --device cuda --adapter-path "$OUT/run_cuda_bf16"; then
-    for f in cpu cuda_f32 cuda_bf16; do
-        grep -o 'loss [0-9.]*' "$OUT/steps_$f.txt" | awk '{print $2}' >"$OUT/loss_$f.txt"
-    done
-    paste "$OUT/loss_cpu.txt" "$OUT/loss_cuda_f32.txt" "$OUT/loss_cuda_bf16.txt" | awk '
-        BEGIN { ok = 1; print "step  cpu       cuda f32  cuda bf16" }
-        { d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > 1e-5) ok = 0
-          printf "%-5d %-9s %-9s %s\n", NR, $1, $2, $3; if (NR > 1 && !($2 < prev)) ok = 0; prev = $2 }
-        END { if (NR < 4) ok = 0
-              msg = " f32 losses equal to 1e-5 relative and falling at every one of "
-              print (ok ? "PASS" : "FAIL") msg NR " steps" }' |
-        tee "$OUT/loss_table.txt" | sed '$d'
-    result "$(tail -1 "$OUT/loss_table.txt")"
+    losses_agree "step  cpu       cuda f32  cuda bf16" " f32 losses equal to 1e-5 relative and falling at every one of " \
+        loss_table.txt cpu cuda_f32 cuda_bf16
 fi
 
 echo "== a few training steps on an nf4 base: --device cpu vs --device cuda --precision f32, both --base-dtype nf4"
@@ -104,18 +118,9 @@ echo "== a few training steps on an nf4 base: --device cpu vs --device cuda --pr
 if train nf4_cpu $common --device cpu --base-dtype nf4 --adapter-path "$OUT/run_nf4_cpu" &&
     train nf4_cuda_f32 $common --device cuda --precision f32 --base-dtype nf4 --adapter-path "$OUT/run_nf4_cuda_f32"
 then
-    for f in nf4_cpu nf4_cuda_f32; do
-        grep -o 'loss [0-9.]*' "$OUT/steps_$f.txt" | awk '{print $2}' >"$OUT/loss_$f.txt"
-    done
-    paste "$OUT/loss_nf4_cpu.txt" "$OUT/loss_nf4_cuda_f32.txt" | awk '
-        BEGIN { ok = 1; print "step  cpu nf4   cuda f32 nf4" }
-        { d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > 1e-5) ok = 0
-          printf "%-5d %-9s %s\n", NR, $1, $2; if (NR > 1 && !($2 < prev)) ok = 0; prev = $2 }
-        END { if (NR < 4) ok = 0
-              msg = " nf4 base: the GPU f32 losses equal to the CPU ones to 1e-5 relative and falling at every one of "
-              print (ok ? "PASS" : "FAIL") msg NR " steps" }' |
-        tee "$OUT/loss_table_nf4.txt" | sed '$d'
-    result "$(tail -1 "$OUT/loss_table_nf4.txt")"
+    losses_agree "step  cpu nf4   cuda f32 nf4" \
+        " nf4 base: the GPU f32 losses equal to the CPU ones to 1e-5 relative and falling at every one of " \
+        loss_table_nf4.txt nf4_cpu nf4_cuda_f32
 fi
 
 echo "== AdamW with clipping, bias correction and gradient accumulation: CPU vs --device cuda --precision f32"
