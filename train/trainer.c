@@ -1382,7 +1382,9 @@ int train_run(const train_options *o, char *err, size_t errlen) {
     if (owed_eval && o->resume_dir) {
         char resumed_log[4200];
         snprintf(resumed_log, sizeof resumed_log, "%s/log.jsonl", o->resume_dir);
-        owed_eval = !log_has_eval(path, batches_done) && !log_has_eval(resumed_log, batches_done);
+        /* the resumed folder's log is this run's own when it resumes in place: read once */
+        owed_eval = !log_has_eval(path, batches_done) &&
+                    (strcmp(resumed_log, path) == 0 || !log_has_eval(resumed_log, batches_done));
     }
     log = fopen(path, batches_done ? "a" : "w");
     if (!log) {
