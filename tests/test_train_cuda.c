@@ -870,6 +870,349 @@ static void test_nonfinite_step(void) {
     gemma_model_free_f32(&m);
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Quantizing at load on the device (gemma_cuda_quantize runs the loader's own functions) against
+ * train/quant.c byte for byte, on tensors of awkward shapes and values; and a value that cannot be
+ * quantized refused in the CPU's line. */
+
+/* a [rows, cols] tensor as a checkpoint stores it, and its values as the loader widens them */
+typedef struct qtensor {
+    st_tensor t;
+    unsigned char *bytes;
+    float *values;
+    long rows, cols;
+} qtensor;
+
+static size_t dtype_bytes(st_dtype d) { return d == ST_F64 ? 8 : d == ST_F32 ? 4 : 2; }
+
+static void qtensor_init(qtensor *q, st_dtype dtype, long rows, long cols) {
+    memset(q, 0, sizeof *q);
+    q->rows = rows, q->cols = cols;
+    q->values = calloc((size_t)(rows * cols), sizeof(float));
+    q->bytes = calloc((size_t)(rows * cols), dtype_bytes(dtype));
+    q->t.name = "quantized";
+    q->t.dtype = dtype, q->t.rank = 2, q->t.shape[0] = rows, q->t.shape[1] = cols;
+    q->t.end = (uint64_t)(rows * cols) * dtype_bytes(dtype);
+    q->t.data = q->bytes;
+}
+
+static void qtensor_free(qtensor *q) {
+    free(q->values);
+    free(q->bytes);
+}
+
+/* values rounded to the dtype (to nearest, ties to even) and written as its bytes */
+static void qtensor_store(qtensor *q) {
+    for (long i = 0; i < q->rows * q->cols; i++) {
+        float v = q->values[i];
+        if (q->t.dtype == ST_F64) {
+            double d = v;
+            memcpy(q->bytes + 8 * i, &d, 8);
+        } else if (q->t.dtype == ST_F32) {
+            memcpy(q->bytes + 4 * i, &v, 4);
+        } else {
+            uint16_t h = q->t.dtype == ST_F16 ? wa_f32_to_f16(v) : wa_f32_to_bf16(v);
+            memcpy(q->bytes + 2 * i, &h, 2);
+            q->values[i] = q->t.dtype == ST_F16 ? wa_f16_to_f32(h) : wa_bf16_to_f32(h);
+        }
+    }
+}
+
+/* a normal value (Box-Muller on a 64-bit xorshift; the test's inputs only need to be varied) */
+static double normal(uint64_t *state) {
+    double u[2];
+    for (int k = 0; k < 2; k++) {
+        *state ^= *state << 13, *state ^= *state >> 7, *state ^= *state << 17;
+        u[k] = ((double)(*state >> 11) + 0.5) / 9007199254740992.0;
+    }
+    return sqrt(-2 * log(u[0])) * cos(2 * M_PI * u[1]);
+}
+
+/* row r: normal values times a magnitude that changes from row to row (10^-4 .. 10^3) */
+static void fill_rows(qtensor *q, uint64_t *rng) {
+    for (long r = 0; r < q->rows; r++) {
+        float scale = powf(10.0f, (float)(r % 8) - 4.0f);
+        for (long j = 0; j < q->cols; j++) q->values[r * q->cols + j] = (float)normal(rng) * scale;
+    }
+}
+
+/* The host's packed form of q, laid out as gemma_cuda_quantize returns it (model_cuda.h), made with
+ * train/quant.c's functions as model.c's loader quantizes: 0, or -1 with the quantizer's message. */
+static int host_pack(base_dtype base, const qtensor *q, gemma_cuda_packed *out, char *why, size_t n) {
+    long count = q->rows * q->cols;
+    float *w = malloc((size_t)count * sizeof(float));
+    memcpy(w, q->values, (size_t)count * sizeof(float));
+    memset(out, 0, sizeof *out);
+    int rc = 0;
+    if (base == BASE_MLX4) {
+        st_dtype storage = q->t.dtype;
+        if ((rc = mlx4_round_trip(w, q->rows, q->cols, storage, why, n)) == 0) {
+            memcpy(w, q->values, (size_t)count * sizeof(float));
+            int half = storage == ST_F16 || storage == ST_BF16;
+            long groups = count / MLX4_GROUP;
+            uint32_t *words = calloc((size_t)count / 8, sizeof(uint32_t));
+            out->count = 3;
+            out->bytes[0] = (size_t)count / 8 * 4, out->bytes[1] = out->bytes[2] = (size_t)groups * (half ? 2 : 4);
+            out->part[1] = malloc(out->bytes[1]), out->part[2] = malloc(out->bytes[2]);
+            for (long gi = 0; gi < groups; gi++) {
+                uint8_t codes[MLX4_GROUP];
+                float scale, bias;
+                mlx4_quantize_group(w + gi * MLX4_GROUP, storage, codes, &scale, &bias);
+                for (long j = 0; j < MLX4_GROUP; j++) {
+                    long i = gi * MLX4_GROUP + j;
+                    words[i / 8] |= (uint32_t)codes[j] << (4 * (i % 8));
+                }
+                if (!half) {
+                    memcpy(out->part[1] + 4 * gi, &scale, 4), memcpy(out->part[2] + 4 * gi, &bias, 4);
+                } else {
+                    uint16_t s = storage == ST_F16 ? wa_f32_to_f16(scale) : wa_f32_to_bf16(scale);
+                    uint16_t b = storage == ST_F16 ? wa_f32_to_f16(bias) : wa_f32_to_bf16(bias);
+                    memcpy(out->part[1] + 2 * gi, &s, 2), memcpy(out->part[2] + 2 * gi, &b, 2);
+                }
+            }
+            out->part[0] = (unsigned char *)words; /* little-endian, as the device's bytes */
+        }
+    } else if (base == BASE_NF4) {
+        nf4_quantized nq;
+        if ((rc = nf4_quantize(w, count, 1, &nq, why, n)) == 0) {
+            out->count = 3;
+            out->bytes[0] = (size_t)(count + 1) / 2, out->bytes[1] = (size_t)nq.blocks;
+            out->bytes[2] = (size_t)nq.nested_blocks * sizeof(float);
+            out->part[0] = calloc(out->bytes[0], 1);
+            for (long i = 0; i < count; i++) out->part[0][i / 2] |= (uint8_t)(i % 2 ? nq.codes[i] : nq.codes[i] << 4);
+            out->part[1] = malloc(out->bytes[1]), out->part[2] = malloc(out->bytes[2]);
+            memcpy(out->part[1], nq.absmax_codes, out->bytes[1]);
+            memcpy(out->part[2], nq.nested_absmax, out->bytes[2]);
+            out->offset = nq.offset;
+        }
+        nf4_quantized_free(&nq);
+    } else {
+        out->count = 2;
+        out->bytes[0] = (size_t)count, out->bytes[1] = (size_t)q->rows * sizeof(float);
+        out->part[0] = malloc(out->bytes[0]), out->part[1] = malloc(out->bytes[1]);
+        rc = fp8_round_trip(w, q->rows, q->cols, (float *)out->part[1], out->part[0], why, n);
+    }
+    free(w);
+    if (rc) gemma_cuda_packed_free(out);
+    return rc;
+}
+
+/* the device's packed form of q equal to the host's, part by part, byte for byte */
+static void test_device_pack(const char *what, base_dtype base, qtensor *q) {
+    gemma_cuda_packed dev, host;
+    char err[1024], why[512];
+    if (host_pack(base, q, &host, why, sizeof why) != 0) {
+        check_fail("device quantization %s: the host refuses it: %s", what, why);
+        return;
+    }
+    if (gemma_cuda_quantize(base, &q->t, "quantized", &dev, err, sizeof err) != 0) {
+        check_fail("device quantization %s: %s", what, err);
+        gemma_cuda_packed_free(&host);
+        return;
+    }
+    char detail[300] = "";
+    int ok = dev.count == host.count && memcmp(&dev.offset, &host.offset, sizeof(float)) == 0;
+    if (!ok) snprintf(detail, sizeof detail, " (parts %d vs %d, offset %a vs %a)", dev.count, host.count,
+                      (double)dev.offset, (double)host.offset);
+    for (int k = 0; ok && k < host.count; k++) {
+        if (dev.bytes[k] != host.bytes[k]) {
+            ok = 0;
+            snprintf(detail, sizeof detail, " (part %d: %zu bytes vs %zu)", k, dev.bytes[k], host.bytes[k]);
+            break;
+        }
+        for (size_t i = 0; i < host.bytes[k]; i++)
+            if (dev.part[k][i] != host.part[k][i]) {
+                ok = 0;
+                snprintf(detail, sizeof detail, " (part %d differs first at byte %zu: 0x%02x vs 0x%02x)", k, i,
+                         dev.part[k][i], host.part[k][i]);
+                break;
+            }
+    }
+    check(ok, "device quantization %s [%ld, %ld] %s: %d parts (%zu, %zu, %zu bytes) equal to train/quant.c's%s",
+          what, q->rows, q->cols, st_dtype_name(q->t.dtype), host.count, host.bytes[0], host.bytes[1],
+          host.bytes[2], detail);
+    gemma_cuda_packed_free(&dev);
+    gemma_cuda_packed_free(&host);
+}
+
+/* the device refuses q with exactly `expected` */
+static void test_device_refusal(const char *what, base_dtype base, qtensor *q, const char *expected) {
+    gemma_cuda_packed dev;
+    char err[1024] = "";
+    int rc = gemma_cuda_quantize(base, &q->t, "quantized", &dev, err, sizeof err);
+    if (rc == 0) gemma_cuda_packed_free(&dev);
+    check(rc != 0 && strcmp(err, expected) == 0, "device quantization %s: refused as \"%s\": \"%s\"", what, expected,
+          err);
+}
+
+/* the CPU loader's line for a non-finite value in a tensor as stored (model.c) */
+static void stored_refusal(const qtensor *q, char *out, size_t n) {
+    uint64_t bad = 0;
+    if (!st_tensor_first_nonfinite(&q->t, &bad)) {
+        snprintf(out, n, "(no non-finite value)");
+        return;
+    }
+    snprintf(out, n, "tensor \"quantized\" holds a non-finite value (%s) at element %llu",
+             st_tensor_value_kind(&q->t, bad), (unsigned long long)bad);
+}
+
+/* mlx4 groups that take every branch of mlx4_quantize_group: zeros, a constant, values on halves
+ * of the step (rint's ties), negative values only, subnormals, a range past FLT_MAX (an infinite
+ * scale) and a constant so large that its scale rounds to zero (codes of 0 / 0) */
+static void mlx4_special_groups(qtensor *q) {
+    float *v = q->values;
+    long g = q->rows * q->cols / MLX4_GROUP;
+    for (long j = 0; j < MLX4_GROUP && g > 0; j++) v[j] = 0;
+    for (long j = 0; j < MLX4_GROUP && g > 1; j++) v[64 + j] = 0.3f;
+    for (long j = 0; j < MLX4_GROUP && g > 2; j++) v[128 + j] = j == 0 ? 0.0f : j == 1 ? 15.0f : (float)(j % 15) + 0.5f;
+    for (long j = 0; j < MLX4_GROUP && g > 3; j++) v[192 + j] = -fabsf(v[192 + j]) - 0.25f;
+    for (long j = 0; j < MLX4_GROUP && g > 4; j++) v[256 + j] = (float)(j % 7) * 1e-42f - 3e-42f;
+    if (q->t.dtype == ST_F16) return; /* f16 holds neither 3e38 nor 1e-42 */
+    for (long j = 0; j < MLX4_GROUP && g > 5; j++) v[320 + j] = j == 0 ? 3e38f : j == 1 ? -3e38f : (float)j * 1e36f;
+    for (long j = 0; j < MLX4_GROUP && g > 6; j++) v[384 + j] = 3e38f;
+}
+
+/* nf4 blocks at NF4's midpoints (absmax 1: s is the value itself; a value on a midpoint takes the
+ * lower code), the floats beside them, ±1, and a block of subnormals; from flat index at */
+static void nf4_special_block(qtensor *q, long at) {
+    float *v = q->values + at;
+    long room = q->rows * q->cols - at;
+    for (long j = 0; j < room && j < NF4_BLOCK; j++) {
+        int i = (int)(j / 3) % 15;
+        float mid = (NF4_CODE[i] + NF4_CODE[i + 1]) / 2;
+        v[j] = j == 0 ? 1.0f : j == 1 ? -1.0f : j % 3 == 0 ? mid : j % 3 == 1 ? nextafterf(mid, 2) : nextafterf(mid, -2);
+    }
+}
+
+/* fp8: amax 448 (scale 1), so each value is its own e4m3 argument: every midpoint between two
+ * neighbouring codes (ties to even), both signs, from flat index at (room for 253) */
+static void fp8_midpoint_row(qtensor *q, long at) {
+    float *v = q->values + at;
+    v[0] = FP8_E4M3_MAX;
+    for (int c = 0; c < 126; c++) {
+        float mid = (fp8_e4m3_decode((uint8_t)c) + fp8_e4m3_decode((uint8_t)(c + 1))) / 2;
+        v[1 + 2 * c] = mid, v[2 + 2 * c] = -mid;
+    }
+}
+
+static void test_device_quantization(void) {
+    uint64_t rng = 0x9e3779b97f4a7c15ull;
+    qtensor q;
+    char expected[1024], why[512];
+    /* mlx4: f32, bf16, f16 and f64 storage (the scales and biases in that dtype; f32 for f64) */
+    const struct { st_dtype d; long rows, cols; } mlx[] = {
+        {ST_F32, 37, 192}, {ST_BF16, 5, 320}, {ST_F16, 3, 448}, {ST_F64, 2, 128}, {ST_BF16, 1, 64}};
+    for (size_t k = 0; k < sizeof mlx / sizeof *mlx; k++) {
+        qtensor_init(&q, mlx[k].d, mlx[k].rows, mlx[k].cols);
+        fill_rows(&q, &rng);
+        if (mlx[k].d == ST_F16)
+            for (long i = 0; i < q.rows * q.cols; i++) q.values[i] = fminf(fmaxf(q.values[i], -6e4f), 6e4f);
+        mlx4_special_groups(&q);
+        qtensor_store(&q);
+        test_device_pack("mlx4", BASE_MLX4, &q);
+        qtensor_free(&q);
+    }
+    /* nf4: n odd, not a multiple of 64 or of 256 blocks; one value; several nested blocks with a
+     * short last one; all zeros (absmax and offset 0) */
+    const struct { st_dtype d; long rows, cols; } nf4[] = {{ST_F32, 13, 97},    {ST_F32, 1, 1},   {ST_BF16, 31, 4099},
+                                                            {ST_F16, 129, 515}, {ST_F64, 3, 333}, {ST_F32, 64, 300}};
+    for (size_t k = 0; k < sizeof nf4 / sizeof *nf4; k++) {
+        qtensor_init(&q, nf4[k].d, nf4[k].rows, nf4[k].cols);
+        long n = q.rows * q.cols;
+        if (k != 5) {
+            fill_rows(&q, &rng);
+            if (nf4[k].d == ST_F16)
+                for (long i = 0; i < n; i++) q.values[i] = fminf(fmaxf(q.values[i], -6e4f), 6e4f);
+            nf4_special_block(&q, 0);
+            nf4_special_block(&q, (n - 1) / NF4_BLOCK * NF4_BLOCK); /* the short last block divides */
+            if (n > 3 * NF4_BLOCK) {
+                for (long j = 0; j < NF4_BLOCK; j++) q.values[NF4_BLOCK + j] = 0; /* an all-zero block */
+                if (nf4[k].d != ST_F16)
+                    for (long j = 0; j < NF4_BLOCK; j++) q.values[2 * NF4_BLOCK + j] = (float)(j - 30) * 1e-41f;
+            }
+        }
+        qtensor_store(&q);
+        test_device_pack("nf4", BASE_NF4, &q);
+        qtensor_free(&q);
+    }
+    /* fp8: a zero row (scale 1), a row of e4m3 midpoints, subnormal rows, values near FLT_MAX */
+    const struct { st_dtype d; long rows, cols; } fp8[] = {
+        {ST_F32, 17, 333}, {ST_BF16, 9, 1000}, {ST_F16, 4, 300}, {ST_F64, 3, 70}, {ST_F32, 1, 1}};
+    for (size_t k = 0; k < sizeof fp8 / sizeof *fp8; k++) {
+        qtensor_init(&q, fp8[k].d, fp8[k].rows, fp8[k].cols);
+        fill_rows(&q, &rng);
+        long c = q.cols;
+        if (fp8[k].d == ST_F16)
+            for (long i = 0; i < q.rows * c; i++) q.values[i] = fminf(fmaxf(q.values[i], -6e4f), 6e4f);
+        if (q.rows > 1) memset(q.values, 0, (size_t)c * sizeof(float));
+        if (q.rows > 2 && c >= 253) fp8_midpoint_row(&q, c);
+        if (q.rows > 2 && fp8[k].d != ST_F16)
+            for (long j = 0; j < c; j++) q.values[2 * c + j] = (float)(j % 11 - 5) * 1e-40f;
+        if (q.rows > 3 && fp8[k].d != ST_F16)
+            for (long j = 0; j < c; j++) q.values[3 * c + j] = j % 2 ? 3.3e38f : -(float)j * 1e36f;
+        qtensor_store(&q);
+        test_device_pack("fp8", BASE_FP8, &q);
+        qtensor_free(&q);
+    }
+    /* refusals: a non-finite value as stored (the loader's line, first index), one that only
+     * widening F64 makes (the quantizer's), and mlx4 rows that groups of 64 do not cut */
+    const base_dtype bases[3] = {BASE_MLX4, BASE_NF4, BASE_FP8};
+    for (int b = 0; b < 3; b++) {
+        const char *name = base_dtype_name(bases[b]);
+        char what[100];
+        qtensor_init(&q, ST_F32, 4, 128);
+        fill_rows(&q, &rng);
+        q.values[300] = -INFINITY, q.values[130] = NAN;
+        qtensor_store(&q);
+        stored_refusal(&q, expected, sizeof expected);
+        snprintf(what, sizeof what, "%s, NaN at 130 and -inf at 300 (f32)", name);
+        test_device_refusal(what, bases[b], &q, expected);
+        qtensor_free(&q);
+
+        qtensor_init(&q, ST_BF16, 3, 192);
+        fill_rows(&q, &rng);
+        q.values[77] = INFINITY;
+        qtensor_store(&q);
+        stored_refusal(&q, expected, sizeof expected);
+        snprintf(what, sizeof what, "%s, inf at 77 (bf16)", name);
+        test_device_refusal(what, bases[b], &q, expected);
+        qtensor_free(&q);
+
+        qtensor_init(&q, ST_F64, 2, 128);
+        fill_rows(&q, &rng);
+        qtensor_store(&q);
+        double huge = 1e300;
+        memcpy(q.bytes + 8 * 99, &huge, 8);
+        q.values[99] = (float)huge;
+        gemma_cuda_packed none;
+        if (host_pack(bases[b], &q, &none, why, sizeof why) == 0) {
+            gemma_cuda_packed_free(&none);
+            check_fail("device quantization %s: the host quantizes an infinite value", name);
+        } else {
+            snprintf(expected, sizeof expected, "tensor \"quantized\": %s", why);
+            snprintf(what, sizeof what, "%s, 1e300 at 99 (f64, inf in f32)", name);
+            test_device_refusal(what, bases[b], &q, expected);
+        }
+        qtensor_free(&q);
+    }
+    qtensor_init(&q, ST_F32, 3, 32);
+    fill_rows(&q, &rng);
+    qtensor_store(&q);
+    gemma_cuda_packed none;
+    if (host_pack(BASE_MLX4, &q, &none, why, sizeof why) == 0) {
+        gemma_cuda_packed_free(&none);
+        check_fail("device quantization mlx4: the host groups rows of 32");
+    } else {
+        snprintf(expected, sizeof expected, "tensor \"quantized\": %s", why);
+        test_device_refusal("mlx4, rows of 32", BASE_MLX4, &q, expected);
+    }
+    q.values[40] = NAN;
+    qtensor_store(&q);
+    stored_refusal(&q, expected, sizeof expected);
+    test_device_refusal("mlx4, rows of 32 with a NaN (the NaN first, as the CPU loader)", BASE_MLX4, &q, expected);
+    qtensor_free(&q);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) fixtures = argv[1];
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -877,6 +1220,7 @@ int main(int argc, char **argv) {
         check_skip("test_train_cuda: no CUDA device (or a build without nvcc)");
         return check_summary();
     }
+    test_device_quantization();
     test_fixture("gemma4_smoke");
     test_fixture("gemma4_tiny");
     test_fixture("gemma3_tiny");

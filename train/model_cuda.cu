@@ -28,8 +28,6 @@ extern "C" { // the trainer's C headers (model.h, checkpoint.h) declare no linka
 #include <string.h>
 
 #include <algorithm>
-#include <atomic>
-#include <thread>
 #include <vector>
 
 typedef __nv_bfloat16 bf16;
@@ -113,6 +111,7 @@ template <class E> mat M(const E *p, long ld, bool trans = false) { return {p, d
 
 __device__ __forceinline__ float f32(float x) { return x; }
 __device__ __forceinline__ float f32(bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float f32(__half x) { return __half2float(x); } // a checkpoint's f16 values
 template <class E> __device__ __forceinline__ E to_e(float x);
 template <> __device__ __forceinline__ float to_e<float>(float x) { return x; }
 template <> __device__ __forceinline__ bf16 to_e<bf16>(float x) { return __float2bfloat16_rn(x); }
@@ -558,6 +557,10 @@ int grid_for(long n, int threads) {
     long b = (n + threads - 1) / threads;
     return (int)(b < 8192 ? (b > 0 ? b : 1) : 8192);
 }
+
+// Quantization of a projection on the device at load: the kernels (their bit-identity with
+// train/quant.c is argued there); the host side is with the loader below.
+#include "quant_cuda.cuh"
 
 // ---------------------------------------------------------------------------------------------
 // The model on the device.
@@ -1397,205 +1400,220 @@ void upload_parts(gemma_cuda *g, const std::vector<part> &parts) {
     }
 }
 
-// One projection's packed form on the host, made by a worker thread (no CUDA call, nothing thrown):
-// the format's parts in upload order (mlx4: words, scales, biases; nf4: codes, absmax codes, nested
-// absmax; fp8: codes, row scales; dense: the E values), or a one-line error.
-struct host_packed {
-    qformat fmt = Q_NONE;
-    int scale_code = 0;
-    float offset = 0;
-    std::vector<unsigned char> part[3];
-    char err[512] = "";
+// ---------------------------------------------------------------------------------------------
+// A float projection quantized at load on the device (quant_cuda.cuh's kernels), from values
+// drawn there or copied up as a checkpoint stores them. One projection at a time: its values in a
+// scratch (the dequantization scratch where it is large enough), its packed form in an allocation
+// of its own.
+
+// A packed form's parts in one allocation, each at a 256-byte boundary (as upload_parts lays them
+// out): mlx4 words, scales, biases; nf4 codes, absmax codes, nested absmax; fp8 codes, row scales;
+// dense: the E values.
+struct packed_layout {
+    int count = 0;
+    size_t at[3] = {}, bytes[3] = {}, total = 0;
 };
 
-template <class T> void put(std::vector<unsigned char> &v, const T *src, size_t count) {
-    v.resize(count * sizeof(T));
-    if (count) memcpy(v.data(), src, count * sizeof(T));
+packed_layout layout_of(qformat fmt, long rows, long cols, int scale_code, size_t esize) {
+    packed_layout l;
+    size_t n = (size_t)rows * cols, blocks = (n + NF4_BLOCK - 1) / NF4_BLOCK;
+    size_t groups = n / MLX4_GROUP, ssize = scale_code ? 2 : 4;
+    if (fmt == Q_DENSE) l.count = 1, l.bytes[0] = n * esize;
+    else if (fmt == Q_MLX4) l.count = 3, l.bytes[0] = n * MLX4_BITS / 8, l.bytes[1] = l.bytes[2] = groups * ssize;
+    else if (fmt == Q_NF4)
+        l.count = 3, l.bytes[0] = (n + 1) / 2, l.bytes[1] = blocks,
+        l.bytes[2] = (blocks + NF4_NESTED_BLOCK - 1) / NF4_NESTED_BLOCK * sizeof(float);
+    else l.count = 2, l.bytes[0] = n, l.bytes[1] = (size_t)rows * sizeof(float);
+    for (int k = 0; k < l.count; k++) {
+        l.at[k] = l.total;
+        l.total += (l.bytes[k] + 255) & ~(size_t)255;
+    }
+    return l;
 }
 
-// A projection's f32 values w [rows, cols] quantized as the CPU loader quantizes them (train/quant.c:
-// mlx4 groups with scales and biases in `storage`, the tensor's own dtype; nf4 with torch's mean on
-// one thread; fp8 with a scale per row; w may be overwritten) and packed as the device keeps them.
-// BASE_BF16 keeps the values in E (Q_DENSE). Thread-safe: the quantizers touch their arguments only.
-void quantize_to_host(gemma_precision precision, base_dtype base, float *w, long rows, long cols, st_dtype storage,
-                      const char *name, host_packed *out) {
-    char why[256] = "";
-    long n = rows * cols;
-    if (base == BASE_BF16) {
-        out->fmt = Q_DENSE;
-        if (precision == PRECISION_F32) {
-            put(out->part[0], w, (size_t)n);
-        } else {
-            std::vector<uint16_t> e((size_t)n);
-            for (long i = 0; i < n; i++) e[(size_t)i] = wa_f32_to_bf16(w[i]);
-            put(out->part[0], e.data(), e.size());
-        }
-    } else if (base == BASE_MLX4) {
-        if (cols % MLX4_GROUP != 0) {
-            snprintf(out->err, sizeof out->err, "tensor \"%s\": rows of %ld values cannot be cut into groups of %d",
-                     name, cols, MLX4_GROUP);
-            return;
-        }
-        int code = storage == ST_BF16 ? 2 : storage == ST_F16 ? 1 : 0;
-        size_t ssize = code ? 2 : 4;
+// What quantizing at load needs besides the values: the stream it all runs on, a device word for
+// the first non-finite index, nf4's f32 absmax on the device (room for the largest projection's
+// blocks) and the host buffers of nf4's double quantization, which runs on the host with
+// train/quant.c's own functions (torch's summation order of the mean, bitsandbytes' 8-bit table):
+// n / 64 floats cross each way, against the n values quantized on the device.
+struct quant_work {
+    cudaStream_t stream = 0;
+    unsigned long long *first = nullptr;
+    float *absmax = nullptr;
+    std::vector<float> absmax_host, nested;
+    std::vector<uint8_t> absmax_codes, lut;
+    quant_constants k = {};
+};
+
+void quant_work_open(quant_work *w, cudaStream_t stream, long largest, int nf4) {
+    w->stream = stream;
+    CU(cudaMalloc(&w->first, sizeof *w->first));
+    if (nf4) {
+        CU(cudaMalloc(&w->absmax, (size_t)((largest + NF4_BLOCK - 1) / NF4_BLOCK) * sizeof(float)));
+        w->lut.resize(BNB_LUT_SIZE);
+    }
+    // quant.c's constants as the host compiler reads them (quant_cuda.cuh says why)
+    w->k.mlx4_eps = 1e-7f;
+    w->k.nf4_floor = 1e-38f;
+    for (int i = 0; i < 15; i++) w->k.nf4_midpoint[i] = (NF4_CODE[i] + NF4_CODE[i + 1]) / 2;
+}
+
+void quant_work_close(quant_work *w) {
+    cudaFree(w->first);
+    cudaFree(w->absmax);
+    w->first = nullptr, w->absmax = nullptr;
+}
+
+// The device's first non-finite index of src[0..n), or -1.
+template <class T> long first_nonfinite(quant_work *w, const T *src, long n) {
+    unsigned long long bad;
+    CU(cudaMemsetAsync(w->first, 0xff, sizeof *w->first, w->stream));
+    k_first_nonfinite<T><<<grid_for(n, 256), 256, 0, w->stream>>>(src, n, w->first);
+    CU(cudaGetLastError());
+    CU(cudaMemcpyAsync(&bad, w->first, sizeof bad, cudaMemcpyDeviceToHost, w->stream));
+    CU(cudaStreamSynchronize(w->stream));
+    return bad == ~0ull ? -1 : (long)bad;
+}
+
+// src (device, T [q->rows, q->cols], written on w->stream) into q->fmt's packed form in mem (laid
+// out as lay; scale_code: the dtype of mlx4's scales and biases, 0 f32, 1 f16, 2 bf16), q's
+// pointers set to its parts (tables: the device's dequantization tables, NULL where nothing
+// dequantizes). The flat index of the first non-finite value (the parts then unset), or -1. The
+// stream is synchronised on return.
+template <class T, class E>
+long quantize_into(quant_work *w, const T *src, qmat *q, int scale_code, const packed_layout &lay, unsigned char *mem,
+                   const float *tables) {
+    cudaStream_t st = w->stream;
+    long n = q->rows * q->cols, blocks = (n + NF4_BLOCK - 1) / NF4_BLOCK;
+    unsigned char *part[3] = {mem + lay.at[0], mem + lay.at[1], mem + lay.at[2]};
+    CU(cudaMemsetAsync(w->first, 0xff, sizeof *w->first, st));
+    if (q->fmt == Q_DENSE) {
+        k_widen_dense<T, E><<<grid_for(n, 256), 256, 0, st>>>(src, n, (E *)part[0], w->first);
+    } else if (q->fmt == Q_MLX4) { // a warp per group
         long groups = n / MLX4_GROUP;
-        const int per_word = 32 / MLX4_BITS;
-        std::vector<uint32_t> words((size_t)(n / per_word), 0);
-        out->part[1].resize((size_t)groups * ssize);
-        out->part[2].resize((size_t)groups * ssize);
-        for (long gi = 0; gi < groups; gi++) {
-            uint8_t qv[MLX4_GROUP];
-            float scale, bias;
-            if (mlx4_quantize_group(w + gi * MLX4_GROUP, storage, qv, &scale, &bias) != 0) {
-                snprintf(out->err, sizeof out->err,
-                         "tensor \"%s\": a non-finite value in group %ld cannot be quantized", name, gi);
-                return;
-            }
-            for (int j = 0; j < MLX4_GROUP; j++)
-                words[(size_t)(gi * (MLX4_GROUP / per_word) + j / per_word)] |=
-                    (uint32_t)qv[j] << (MLX4_BITS * (j % per_word));
-            // scale and bias are values of the storage dtype already: these conversions are exact
-            if (code == 0) {
-                memcpy(out->part[1].data() + 4 * gi, &scale, 4);
-                memcpy(out->part[2].data() + 4 * gi, &bias, 4);
-            } else {
-                uint16_t s16 = code == 2 ? wa_f32_to_bf16(scale) : wa_f32_to_f16(scale);
-                uint16_t b16 = code == 2 ? wa_f32_to_bf16(bias) : wa_f32_to_f16(bias);
-                memcpy(out->part[1].data() + 2 * gi, &s16, 2);
-                memcpy(out->part[2].data() + 2 * gi, &b16, 2);
-            }
-        }
-        put(out->part[0], words.data(), words.size());
-        out->fmt = Q_MLX4;
-        out->scale_code = code;
-    } else if (base == BASE_NF4) {
-        nf4_quantized q;
-        if (nf4_quantize(w, n, 1, &q, why, sizeof why) != 0) {
-            snprintf(out->err, sizeof out->err, "tensor \"%s\": %s", name, why);
-            return;
-        }
-        out->part[0].assign((size_t)(n + 1) / 2, 0);
-        for (long i = 0; i < n; i++) out->part[0][(size_t)(i / 2)] |= (uint8_t)(i % 2 ? q.codes[i] : q.codes[i] << 4);
-        put(out->part[1], q.absmax_codes, (size_t)q.blocks);
-        put(out->part[2], q.nested_absmax, (size_t)q.nested_blocks);
-        out->offset = q.offset;
-        out->fmt = Q_NF4;
-        nf4_quantized_free(&q);
-    } else {
-        std::vector<float> scales((size_t)rows);
-        out->part[0].resize((size_t)n);
-        if (fp8_round_trip(w, rows, cols, scales.data(), out->part[0].data(), why, sizeof why) != 0) {
-            snprintf(out->err, sizeof out->err, "tensor \"%s\": %s", name, why);
-            return;
-        }
-        put(out->part[1], scales.data(), scales.size());
-        out->fmt = Q_FP8;
+        k_quant_mlx4<T><<<grid_for(groups * 32, 256), 256, 0, st>>>(src, groups, scale_code, w->k, part[0], part[1],
+                                                                    part[2], w->first);
+    } else if (q->fmt == Q_NF4) { // a warp per block
+        k_quant_nf4<T><<<grid_for(blocks * 32, 256), 256, 0, st>>>(src, n, w->k, part[0], w->absmax, w->first);
+    } else { // a thread block per row
+        int grid = (int)std::min(q->rows, 8192L);
+        k_quant_fp8<T><<<grid, QUANT_ROW_THREADS, 0, st>>>(src, q->rows, q->cols, part[0], (float *)part[1], w->first);
     }
+    CU(cudaGetLastError());
+    unsigned long long bad;
+    CU(cudaMemcpyAsync(&bad, w->first, sizeof bad, cudaMemcpyDeviceToHost, st));
+    if (q->fmt == Q_NF4) {
+        w->absmax_host.resize((size_t)blocks);
+        CU(cudaMemcpyAsync(w->absmax_host.data(), w->absmax, (size_t)blocks * sizeof(float), cudaMemcpyDeviceToHost,
+                           st));
+    }
+    CU(cudaStreamSynchronize(st));
+    if (bad != ~0ull) return (long)bad;
+    if (q->fmt == Q_DENSE) {
+        q->dense = part[0];
+    } else if (q->fmt == Q_MLX4) {
+        q->words = part[0], q->scales = part[1], q->biases = part[2], q->scale_code = scale_code;
+    } else if (q->fmt == Q_NF4) {
+        // the double quantization as nf4_quantize makes it: torch's mean on one thread, subtracted,
+        // then the 8-bit blocks of 256
+        long nested_blocks = (blocks + NF4_NESTED_BLOCK - 1) / NF4_NESTED_BLOCK;
+        float *absmax = w->absmax_host.data();
+        float offset = nf4_torch_mean(absmax, blocks, 1);
+        for (long b = 0; b < blocks; b++) absmax[b] -= offset;
+        w->absmax_codes.resize((size_t)blocks);
+        w->nested.resize((size_t)nested_blocks);
+        bnb_quantize_8bit(absmax, blocks, NF4_NESTED_BLOCK, BNB_DYNAMIC_CODE, w->lut.data(), w->absmax_codes.data(),
+                          w->nested.data());
+        CU(cudaMemcpyAsync(part[1], w->absmax_codes.data(), (size_t)blocks, cudaMemcpyHostToDevice, st));
+        CU(cudaMemcpyAsync(part[2], w->nested.data(), (size_t)nested_blocks * sizeof(float), cudaMemcpyHostToDevice,
+                           st));
+        CU(cudaStreamSynchronize(st));
+        q->nf4.n = n, q->nf4.block = NF4_BLOCK, q->nf4.nested_block = NF4_NESTED_BLOCK, q->nf4.offset = offset;
+        q->nf4.codes = part[0], q->nf4.absmax_codes = part[1], q->nf4.nested = (const float *)part[2];
+        q->nf4.absmax = nullptr, q->nf4.code8 = tables ? tables + DYNAMIC_TABLE : nullptr;
+    } else {
+        q->fp8 = part[0], q->row_scale = part[1];
+    }
+    return -1;
 }
 
-// A host_packed onto the device as q (rows and cols set by the caller).
-void upload_packed(gemma_cuda *g, const host_packed &h, qmat *q) {
-    const std::vector<unsigned char> *P = h.part;
-    q->fmt = h.fmt;
-    if (h.fmt == Q_DENSE) {
-        upload_parts(g, {{P[0].data(), P[0].size(), &q->dense}});
-    } else if (h.fmt == Q_MLX4) {
-        q->scale_code = h.scale_code;
-        upload_parts(g, {{P[0].data(), P[0].size(), &q->words},
-                         {P[1].data(), P[1].size(), &q->scales},
-                         {P[2].data(), P[2].size(), &q->biases}});
-    } else if (h.fmt == Q_NF4) {
-        q->nf4.n = q->rows * q->cols, q->nf4.block = NF4_BLOCK, q->nf4.nested_block = NF4_NESTED_BLOCK;
-        q->nf4.offset = h.offset;
-        q->nf4.code8 = g->tables + DYNAMIC_TABLE;
-        const void *codes, *absmax_codes, *nested;
-        upload_parts(g, {{P[0].data(), P[0].size(), &codes},
-                         {P[1].data(), P[1].size(), &absmax_codes},
-                         {P[2].data(), P[2].size(), &nested}});
-        q->nf4.codes = (const uint8_t *)codes, q->nf4.absmax_codes = (const uint8_t *)absmax_codes;
-        q->nf4.nested = (const float *)nested;
-    } else {
-        upload_parts(g, {{P[0].data(), P[0].size(), &q->fp8}, {P[1].data(), P[1].size(), &q->row_scale}});
-    }
+// The refusals of a non-finite value at flat index `bad`: in a tensor as the checkpoint stores it,
+// the CPU loader's line (model.c scans every base tensor before use); in values drawn or widened
+// from F64 (where a finite double may overflow f32), the quantizer's (train/quant.c).
+[[noreturn]] void refuse_stored(const char *name, const st_tensor *t, long bad) {
+    fail("tensor \"%s\" holds a non-finite value (%s) at element %ld", name, st_tensor_value_kind(t, (uint64_t)bad),
+         bad);
+}
+[[noreturn]] void refuse_quantizing(const char *name, long bad) {
+    fail("tensor \"%s\": a non-finite value at element %ld cannot be quantized", name, bad);
 }
 
-// A float projection to quantize on a worker thread: from a checkpoint tensor (scanned for non-finite
-// values and widened to f32 there, as model.c's loader does) or from values drawn on the device and
-// copied back (drawn, in E).
-template <class E> struct quant_job {
-    const wplan *plan;
-    const st_tensor *tensor;
-    std::vector<E> drawn;
-    char name[300];
-    host_packed out;
-};
+// One projection's values src (device, T [q->rows, q->cols]; stored: the checkpoint tensor they were
+// copied from as stored, NULL for values drawn or widened from F64) into q->fmt's packed form, in
+// an allocation alloc(bytes) gives; its layout returned. Refused in one line, as the CPU loader
+// refuses: a non-finite value first, then mlx4 rows that groups of 64 do not cut.
+template <class T, class E, class Alloc>
+packed_layout quantize_projection(quant_work *w, const T *src, qmat *q, int scale_code, const char *name,
+                                  const st_tensor *stored, const float *tables, Alloc alloc) {
+    long bad;
+    if (q->fmt == Q_MLX4 && q->cols % MLX4_GROUP != 0) {
+        if ((bad = first_nonfinite<T>(w, src, q->rows * q->cols)) >= 0) {
+            if (stored) refuse_stored(name, stored, bad);
+            refuse_quantizing(name, bad);
+        }
+        fail("tensor \"%s\": rows of %ld values cannot be cut into groups of %d", name, q->cols, MLX4_GROUP);
+    }
+    packed_layout lay = layout_of(q->fmt, q->rows, q->cols, scale_code, sizeof(E));
+    unsigned char *mem = alloc(lay.total);
+    if ((bad = quantize_into<T, E>(w, src, q, scale_code, lay, mem, tables)) >= 0) {
+        if (stored) refuse_stored(name, stored, bad);
+        refuse_quantizing(name, bad);
+    }
+    return lay;
+}
 
-template <class E> void run_quant_job(gemma_precision precision, base_dtype base, quant_job<E> *j) {
-    long n = j->plan->rows * j->plan->cols;
-    std::vector<float> w((size_t)n);
-    st_dtype storage = sizeof(E) == 2 ? ST_BF16 : ST_F32;
-    if (j->tensor) {
-        const st_tensor *t = j->tensor;
+// A float checkpoint tensor t (F32, F16, BF16 or F64, its shape [q->rows, q->cols] checked) into
+// q->fmt's packed form: copied up as stored into raw (room for it in f32) and quantized from there,
+// mlx4's scales and biases in t's dtype (f32 for F64), as model.c's loader quantizes it. F64 is
+// scanned and widened on the host (f32 on the device has no room for it).
+template <class E, class Alloc>
+packed_layout quantize_tensor(quant_work *w, const st_tensor *t, qmat *q, void *raw, const char *name,
+                              const float *tables, Alloc alloc) {
+    size_t n = (size_t)q->rows * q->cols;
+    int scale_code = t->dtype == ST_BF16 ? 2 : t->dtype == ST_F16 ? 1 : 0;
+    if (t->dtype == ST_F64) {
         uint64_t bad;
-        if (st_tensor_first_nonfinite(t, &bad)) { // the CPU loader's check and message
-            snprintf(j->out.err, sizeof j->out.err, "tensor \"%s\" holds a non-finite value (%s) at element %llu",
-                     j->name, st_tensor_value_kind(t, bad), (unsigned long long)bad);
-            return;
-        }
+        if (st_tensor_first_nonfinite(t, &bad)) refuse_stored(name, t, (long)bad);
+        std::vector<float> stage(std::min(n, (size_t)1 << 24));
         const unsigned char *src = (const unsigned char *)t->data;
-        for (long i = 0; i < n; i++) { // to f32 as model.c's load_via_f32
-            switch (t->dtype) {
-            case ST_F64: { double v; memcpy(&v, src + 8 * i, 8); w[i] = (float)v; break; }
-            case ST_F32: memcpy(&w[i], src + 4 * i, 4); break;
-            case ST_F16: { uint16_t v; memcpy(&v, src + 2 * i, 2); w[i] = wa_f16_to_f32(v); break; }
-            default:     { uint16_t v; memcpy(&v, src + 2 * i, 2); w[i] = wa_bf16_to_f32(v); break; }
+        for (size_t i0 = 0; i0 < n; i0 += stage.size()) {
+            size_t m = std::min(stage.size(), n - i0);
+            for (size_t i = 0; i < m; i++) { // to f32 as model.c's load_via_f32
+                double v;
+                memcpy(&v, src + 8 * (i0 + i), 8);
+                stage[i] = (float)v;
             }
+            CU(cudaMemcpyAsync((float *)raw + i0, stage.data(), m * sizeof(float), cudaMemcpyHostToDevice, w->stream));
+            CU(cudaStreamSynchronize(w->stream)); // the stage is refilled next
         }
-        storage = t->dtype;
-    } else {
-        for (long i = 0; i < n; i++) w[i] = (float)j->drawn[i];
-        std::vector<E>().swap(j->drawn);
+        return quantize_projection<float, E>(w, (const float *)raw, q, scale_code, name, nullptr, tables, alloc);
     }
-    quantize_to_host(precision, base, w.data(), j->plan->rows, j->plan->cols, storage, j->name, &j->out);
+    size_t esize = t->dtype == ST_F32 ? 4 : 2;
+    CU(cudaMemcpyAsync(raw, t->data, n * esize, cudaMemcpyHostToDevice, w->stream));
+    if (t->dtype == ST_F16)
+        return quantize_projection<__half, E>(w, (const __half *)raw, q, scale_code, name, t, tables, alloc);
+    if (t->dtype == ST_BF16)
+        return quantize_projection<bf16, E>(w, (const bf16 *)raw, q, scale_code, name, t, tables, alloc);
+    return quantize_projection<float, E>(w, (const float *)raw, q, scale_code, name, t, tables, alloc);
 }
 
-// Quantizes jobs[0..count) on up to `threads` host threads (each job is independent: the CPU
-// reference quantizes tensor by tensor), then uploads them in order; the first failing job in
-// order is reported, as a sequential load would report it.
-template <class E> void run_quant_jobs(gemma_cuda *g, base_dtype base, std::vector<quant_job<E>> &jobs, int threads) {
-    std::atomic<size_t> next(0);
-    auto work = [&]() {
-        for (size_t k; (k = next.fetch_add(1)) < jobs.size();) {
-            try {
-                run_quant_job<E>(g->precision, base, &jobs[k]);
-            } catch (...) { // std::bad_alloc: nothing may leave a thread
-                snprintf(jobs[k].out.err, sizeof jobs[k].out.err, "tensor \"%s\": out of host memory to quantize it",
-                         jobs[k].name);
-            }
-        }
-    };
-    std::vector<std::thread> pool;
-    for (int t = 1; t < threads && (size_t)t < jobs.size(); t++) {
-        try {
-            pool.emplace_back(work);
-        } catch (...) { // no more threads: the ones running take the rest
-            break;
-        }
-    }
-    work();
-    for (std::thread &t : pool) t.join();
-    for (quant_job<E> &j : jobs) {
-        if (j.out.err[0]) fail("%s", j.out.err);
-        qmat *q = &g->layer[j.plan->layer].packed[j.plan->proj];
-        q->rows = j.plan->rows, q->cols = j.plan->cols;
-        upload_packed(g, j.out, q);
-    }
-    jobs.clear();
+qformat format_of(base_dtype base) {
+    return base == BASE_MLX4 ? Q_MLX4 : base == BASE_NF4 ? Q_NF4 : base == BASE_FP8 ? Q_FP8 : Q_DENSE;
 }
 
 // A packed projection from the checkpoint onto the device as stored (checked as the CPU loader
-// checks it before dequantizing); 0 when the tensor is not packed (a float tensor, left to a
-// quant_job; its shape and dtype are checked here).
+// checks it before dequantizing); 0 when the tensor is not packed (a float tensor, left to
+// quantize_tensor; its shape and dtype are checked here).
 int load_packed_projection(gemma_cuda *g, const checkpoint *ck, const wplan *p, const st_tensor *t) {
     char full[300], why[256] = "";
     snprintf(full, sizeof full, "%s%s", ck->prefix, p->name);
@@ -1645,13 +1663,6 @@ int load_packed_projection(gemma_cuda *g, const checkpoint *ck, const wplan *p, 
     if (t->dtype != ST_F32 && t->dtype != ST_F16 && t->dtype != ST_BF16 && t->dtype != ST_F64)
         fail("tensor \"%s\" has dtype %s (F32, F16, BF16, F64 are read)", full, st_dtype_name(t->dtype));
     return 0;
-}
-
-// host threads for the quantization at load: the machine's, at most 32 (a window holds one f32 copy
-// of a projection per thread: 32 of the 31B's largest are 15 GB)
-int quant_threads() {
-    unsigned n = std::thread::hardware_concurrency();
-    return n < 1 ? 1 : n > 32 ? 32 : (int)n;
 }
 
 template <class E> void load_weights(gemma_cuda *g, const char *dir, const gemma_cuda_options *o) {
@@ -1723,6 +1734,8 @@ template <class E> void load_weights(gemma_cuda *g, const char *dir, const gemma
     checkpoint ck;
     int ck_open = 0;
     unsigned long long *first = nullptr;
+    void *raw_own = nullptr;
+    quant_work work;
     if (!o->random_init) {
         char err[512];
         if (checkpoint_open(dir, &ck, err, sizeof err) != 0) fail("%s", err);
@@ -1765,8 +1778,9 @@ template <class E> void load_weights(gemma_cuda *g, const char *dir, const gemma
                                      qkv + o_n + (size_t)I * H, qkv + o_n + gu};
             for (int p = 0; p < PROJ_COUNT; p++) L.packed[p].at = at[p];
         }
+        size_t dequant_bytes = g->quantized ? scratch * sizeof(E) : 0;
         if (g->quantized) {
-            g->dequant = dev_alloc(g, scratch * sizeof(E));
+            g->dequant = dev_alloc(g, dequant_bytes);
             g->dequant_layer = -1;
             std::vector<float> t(TABLES);
             memcpy(&t[NF4_TABLE], NF4_CODE, sizeof NF4_CODE);
@@ -1792,36 +1806,45 @@ template <class E> void load_weights(gemma_cuda *g, const char *dir, const gemma
             }
         }
 
-        // float projections are quantized on host threads, a window of jobs at a time (each holds
-        // its f32 copy until uploaded)
-        int threads = quant_threads();
-        std::vector<quant_job<E>> jobs;
-        jobs.reserve((size_t)threads);
-        auto add_job = [&](const wplan &p, const st_tensor *t) {
-            jobs.emplace_back();
-            quant_job<E> &j = jobs.back();
-            j.plan = &p, j.tensor = t;
-            snprintf(j.name, sizeof j.name, "%s%s", ck_open ? ck.prefix : "", p.name);
+        // float projections are quantized on the device one at a time, on g->stream: drawn into the
+        // dequantization scratch, or copied up as stored into `raw` (the scratch where it has room for
+        // the largest in its stored dtype, widened F64 counting as f32; else an allocation of its own
+        // for the load); nf4's absmax and the non-finite word beside, all freed before training
+        long largest = 0;
+        size_t raw_bytes = 0;
+        for (const wplan &p : plan) {
+            if (p.dst) continue;
+            const st_tensor *t = ck_open ? checkpoint_find(&ck, p.name) : nullptr;
+            if (t && (t->dtype == ST_U32 || t->dtype == ST_U8)) continue; // packed: copied as stored
+            largest = std::max(largest, p.rows * p.cols);
+            size_t esize = t && (t->dtype == ST_F16 || t->dtype == ST_BF16) ? 2 : 4;
+            raw_bytes = std::max(raw_bytes, (size_t)(p.rows * p.cols) * esize);
+        }
+        quant_work_open(&work, g->stream, largest, o->base == BASE_NF4);
+        qformat fmt = format_of(o->base);
+        auto alloc = [g](size_t bytes) {
+            unsigned char *mem = (unsigned char *)dev_alloc(g, bytes);
+            g->packed_mem.push_back(mem);
+            return mem;
         };
+        char full[300];
         if (o->random_init) { // transformers' Gemma initialisation, as `winattn init-model`
             unsigned long long s = o->seed * 0x2545f4914f6cdd1dull + 1;
             for (size_t i = 0; i < plan.size(); i++) {
                 const wplan &p = plan[i];
                 long n = p.rows * p.cols;
-                // a quantized base: drawn into the scratch as the bf16 base draws it, then quantized on
-                // the host as a checkpoint of E values would be
+                // a quantized base: drawn into the scratch as the bf16 base draws it, then quantized
+                // from there as a checkpoint of E values would be (scales and biases in E)
                 E *dst = p.dst ? (E *)p.dst : (E *)g->dequant;
                 k_random_normal<E><<<grid_for(n, 256), 256, 0, g->stream>>>(dst, n, 0.02f, s + i * 0x1000003ull);
                 CU(cudaGetLastError());
                 if (p.dst) continue;
-                add_job(p, nullptr);
-                jobs.back().drawn.resize((size_t)n);
-                CU(cudaMemcpyAsync(jobs.back().drawn.data(), dst, (size_t)n * sizeof(E), cudaMemcpyDeviceToHost,
-                                   g->stream));
-                CU(cudaStreamSynchronize(g->stream)); // the next draw reuses the scratch
-                if ((int)jobs.size() == threads) run_quant_jobs<E>(g, o->base, jobs, threads);
+                qmat *q = &g->layer[p.layer].packed[p.proj];
+                q->rows = p.rows, q->cols = p.cols, q->fmt = fmt;
+                snprintf(full, sizeof full, "%s", p.name);
+                quantize_projection<E, E>(&work, (const E *)dst, q, sizeof(E) == 2 ? 2 : 0, full, nullptr, g->tables,
+                                          alloc);
             }
-            run_quant_jobs<E>(g, o->base, jobs, threads);
             for (const wplan &p : vec) {
                 if (p.scalar) continue;
                 std::vector<float> v(p.rows, (float)(p.fill + p.add));
@@ -1830,6 +1853,11 @@ template <class E> void load_weights(gemma_cuda *g, const char *dir, const gemma
         } else {
             std::vector<unsigned char> stage((size_t)64 << 20);
             CU(cudaMalloc(&first, sizeof *first));
+            void *raw = g->dequant;
+            if (raw_bytes > dequant_bytes) {
+                CU(cudaMalloc(&raw_own, raw_bytes));
+                raw = raw_own;
+            }
             for (const wplan &p : plan) {
                 if (p.dst) {
                     upload_matrix(g, &ck, &p, stage);
@@ -1837,18 +1865,13 @@ template <class E> void load_weights(gemma_cuda *g, const char *dir, const gemma
                     continue;
                 }
                 const st_tensor *t = checkpoint_find(&ck, p.name);
-                // a failure here comes after those of the jobs before it, as a sequential load's would
-                try {
-                    if (!t) fail("checkpoint has no tensor \"%s%s\"", ck.prefix, p.name);
-                    if (load_packed_projection(g, &ck, &p, t)) continue;
-                } catch (const failure &) {
-                    run_quant_jobs<E>(g, o->base, jobs, threads);
-                    throw;
-                }
-                add_job(p, t);
-                if ((int)jobs.size() == threads) run_quant_jobs<E>(g, o->base, jobs, threads);
+                if (!t) fail("checkpoint has no tensor \"%s%s\"", ck.prefix, p.name);
+                if (load_packed_projection(g, &ck, &p, t)) continue;
+                qmat *q = &g->layer[p.layer].packed[p.proj];
+                q->rows = p.rows, q->cols = p.cols, q->fmt = fmt;
+                snprintf(full, sizeof full, "%s%s", ck.prefix, p.name);
+                quantize_tensor<E>(&work, t, q, raw, full, g->tables, alloc);
             }
-            run_quant_jobs<E>(g, o->base, jobs, threads);
             for (const wplan &p : vec) upload_vector(g, &ck, &p);
         }
         // the uploads above ran on the legacy stream and g->stream: all of it is on the device
@@ -1856,10 +1879,14 @@ template <class E> void load_weights(gemma_cuda *g, const char *dir, const gemma
         CU(cudaDeviceSynchronize());
     } catch (...) {
         cudaFree(first);
+        cudaFree(raw_own);
+        quant_work_close(&work);
         if (ck_open) checkpoint_close(&ck);
         throw;
     }
     cudaFree(first);
+    cudaFree(raw_own);
+    quant_work_close(&work);
     if (ck_open) checkpoint_close(&ck);
 }
 
@@ -1983,6 +2010,51 @@ int gemma_cuda_open(const gemma_model_f32 *host, const char *dir, const gemma_cu
     }
     *out = g;
     return 0;
+}
+
+int gemma_cuda_quantize(base_dtype base, const st_tensor *t, const char *name, gemma_cuda_packed *out, char *err,
+                        size_t errlen) {
+    memset(out, 0, sizeof *out);
+    quant_work work;
+    void *raw = nullptr;
+    unsigned char *mem = nullptr;
+    int rc = 0;
+    try {
+        if (!wa_device_available(WA_DEVICE_CUDA)) fail("no CUDA device is available");
+        if (base == BASE_BF16) fail("bf16 is not a quantized format");
+        if (t->rank != 2 || (t->dtype != ST_F32 && t->dtype != ST_F16 && t->dtype != ST_BF16 && t->dtype != ST_F64))
+            fail("tensor \"%s\" is not a matrix of F32, F16, BF16 or F64", name);
+        qmat q;
+        q.rows = (long)t->shape[0], q.cols = (long)t->shape[1], q.fmt = format_of(base);
+        long n = q.rows * q.cols;
+        quant_work_open(&work, 0, n, base == BASE_NF4);
+        CU(cudaMalloc(&raw, (size_t)(n ? n : 1) * sizeof(float)));
+        auto alloc = [&mem](size_t bytes) {
+            CU(cudaMalloc(&mem, bytes ? bytes : 1));
+            return mem;
+        };
+        packed_layout lay = quantize_tensor<float>(&work, t, &q, raw, name, nullptr, alloc);
+        out->count = lay.count;
+        out->offset = q.fmt == Q_NF4 ? q.nf4.offset : 0;
+        for (int k = 0; k < lay.count; k++) {
+            out->bytes[k] = lay.bytes[k];
+            out->part[k] = (unsigned char *)malloc(lay.bytes[k] ? lay.bytes[k] : 1);
+            if (!out->part[k]) fail("out of host memory for %zu bytes", lay.bytes[k]);
+            CU(cudaMemcpy(out->part[k], mem + lay.at[k], lay.bytes[k], cudaMemcpyDeviceToHost));
+        }
+    } catch (const failure &f) {
+        gemma_cuda_packed_free(out);
+        rc = report(f, err, errlen);
+    }
+    cudaFree(mem);
+    cudaFree(raw);
+    quant_work_close(&work);
+    return rc;
+}
+
+void gemma_cuda_packed_free(gemma_cuda_packed *p) {
+    for (int k = 0; k < 3; k++) free(p->part[k]);
+    memset(p, 0, sizeof *p);
 }
 
 void gemma_cuda_close(gemma_cuda *g) {

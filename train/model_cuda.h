@@ -9,9 +9,10 @@
  *     RMSNorm weights and layer scalars in f32;
  *   - with a quantized base (options.base mlx4, nf4 or fp8, or a folder written by
  *     mlx_lm.convert -q or saved with a bitsandbytes 4-bit quantization_config) the decoder's
- *     projections stay on the device in their packed form: a bf16 checkpoint is quantized on the
- *     host at load by train/quant.c's functions (the CPU reference's codes and scales, bit for
- *     bit), a packed one is copied as stored. Each layer's projections are dequantized into one
+ *     projections stay on the device in their packed form: a float checkpoint's (or drawn) projection
+ *     is quantized on the device at load, one at a time, with train/quant.c's arithmetic (the CPU
+ *     reference's codes and scales, bit for bit; nf4's double quantization of the n / 64 absmax
+ *     on the host with quant.c's own functions), a packed one is copied as stored. Each layer's projections are dequantized into one
  *     E scratch right before its products; the backward's recomputation and the backward of a
  *     layer share one dequantization. The values the products see are the CPU reference's
  *     dequantized f32 values, rounded to bf16 in bf16 precision and unchanged in f32;
@@ -127,6 +128,26 @@ void gemma_cuda_memory(gemma_cuda *g, size_t *peak, size_t *device_in_use);
 void gemma_cuda_reset_peak(gemma_cuda *g);
 /* "NVIDIA H200, 139.8 GiB, bf16" */
 const char *gemma_cuda_describe(const gemma_cuda *g);
+
+/* One float tensor quantized on the device as gemma_cuda_open quantizes a checkpoint's projection
+ * (the same functions; for the tests, which hold it against train/quant.c): t is [rows, cols] of
+ * F32, F16, BF16 or F64 as a checkpoint stores it, base BASE_MLX4, BASE_NF4 or BASE_FP8; the packed
+ * form the device keeps, copied back:
+ *   mlx4: part[0] the words (rows · cols / 8 uint32, eight codes a word, the first in the low bits),
+ *         part[1] and part[2] the scales and biases [rows · cols / 64] in t's dtype (f32 for F64);
+ *   nf4:  part[0] the codes two a byte (the first in the high nibble), part[1] the absmax codes
+ *         [ceil(n / 64)], part[2] the nested absmax (f32 [ceil(n / 64 / 256)]), and offset;
+ *   fp8:  part[0] the e4m3 codes [rows · cols], part[1] the row scales (f32 [rows]).
+ * 0, or -1 with the loader's one-line message naming `name` (out then holds nothing). */
+typedef struct gemma_cuda_packed {
+    int count;             /* parts */
+    unsigned char *part[3];
+    size_t bytes[3];
+    float offset;          /* nf4: the mean absmax subtracted before the 8-bit step */
+} gemma_cuda_packed;
+int gemma_cuda_quantize(base_dtype base, const st_tensor *t, const char *name, gemma_cuda_packed *out, char *err,
+                        size_t errlen);
+void gemma_cuda_packed_free(gemma_cuda_packed *p);
 
 #ifdef __cplusplus
 }

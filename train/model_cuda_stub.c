@@ -3,6 +3,8 @@
 #include "model_cuda.h"
 
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 long gemma_cuda_token_budget(gemma_cuda *g) {
     (void)g;
@@ -91,4 +93,16 @@ void gemma_cuda_reset_peak(gemma_cuda *g) { (void)g; }
 const char *gemma_cuda_describe(const gemma_cuda *g) {
     (void)g;
     return "no CUDA";
+}
+
+int gemma_cuda_quantize(base_dtype base, const st_tensor *t, const char *name, gemma_cuda_packed *out, char *err,
+                        size_t errlen) {
+    (void)base, (void)t, (void)name;
+    memset(out, 0, sizeof *out);
+    return no_cuda(err, errlen);
+}
+
+void gemma_cuda_packed_free(gemma_cuda_packed *p) {
+    for (int k = 0; k < 3; k++) free(p->part[k]);
+    memset(p, 0, sizeof *p);
 }
