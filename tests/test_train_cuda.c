@@ -5,7 +5,9 @@
  * the bounds below. A packed batch of every record of the fixture, as the trainer runs it. Then
  * the device's optimizer (gemma_cuda_optimizer_step) against the host's (train_clip_grad_norm
  * and train_optimizer_update) on the same gradients, gradient accumulation over several backward
- * calls, and the refusal of a non-finite gradient.
+ * calls, and the refusal of a non-finite gradient. First, the quantization of a float projection on
+ * the device at load (mlx4, nf4, fp8; f32, f16, bf16 and f64 as stored) against train/quant.c byte
+ * for byte, and --init-random on each quantized base.
  * Without a CUDA device (or a build without nvcc) every case prints SKIP.
  * Usage: test_train_cuda [FIXTURES_DIR] (default train/fixtures). */
 #define _GNU_SOURCE
@@ -1066,8 +1068,8 @@ static void mlx4_special_groups(qtensor *q) {
     for (long j = 0; j < MLX4_GROUP && g > 1; j++) v[64 + j] = 0.3f;
     for (long j = 0; j < MLX4_GROUP && g > 2; j++) v[128 + j] = j == 0 ? 0.0f : j == 1 ? 15.0f : (float)(j % 15) + 0.5f;
     for (long j = 0; j < MLX4_GROUP && g > 3; j++) v[192 + j] = -fabsf(v[192 + j]) - 0.25f;
-    for (long j = 0; j < MLX4_GROUP && g > 4; j++) v[256 + j] = (float)(j % 7) * 1e-42f - 3e-42f;
-    if (q->t.dtype == ST_F16) return; /* f16 holds neither 3e38 nor 1e-42 */
+    for (long j = 0; j < MLX4_GROUP && g > 4; j++) v[256 + j] = (float)(j % 7) * 1e-39f - 3e-39f;
+    if (q->t.dtype == ST_F16) return; /* f16 holds neither 3e38 nor 1e-39 */
     for (long j = 0; j < MLX4_GROUP && g > 5; j++) v[320 + j] = j == 0 ? 3e38f : j == 1 ? -3e38f : (float)j * 1e36f;
     for (long j = 0; j < MLX4_GROUP && g > 6; j++) v[384 + j] = 3e38f;
 }
@@ -1080,7 +1082,8 @@ static void nf4_special_block(qtensor *q, long at) {
     for (long j = 0; j < room && j < NF4_BLOCK; j++) {
         int i = (int)(j / 3) % 15;
         float mid = (NF4_CODE[i] + NF4_CODE[i + 1]) / 2;
-        v[j] = j == 0 ? 1.0f : j == 1 ? -1.0f : j % 3 == 0 ? mid : j % 3 == 1 ? nextafterf(mid, 2) : nextafterf(mid, -2);
+        float beside = nextafterf(mid, j % 3 == 1 ? 2.0f : -2.0f);
+        v[j] = j == 0 ? 1.0f : j == 1 ? -1.0f : j % 3 == 0 ? mid : beside;
     }
 }
 
@@ -1128,7 +1131,7 @@ static void test_device_quantization(void) {
             if (n > 3 * NF4_BLOCK) {
                 for (long j = 0; j < NF4_BLOCK; j++) q.values[NF4_BLOCK + j] = 0; /* an all-zero block */
                 if (nf4[k].d != ST_F16)
-                    for (long j = 0; j < NF4_BLOCK; j++) q.values[2 * NF4_BLOCK + j] = (float)(j - 30) * 1e-41f;
+                    for (long j = 0; j < NF4_BLOCK; j++) q.values[2 * NF4_BLOCK + j] = (float)(j - 30) * 1e-40f;
             }
         }
         qtensor_store(&q);
@@ -1213,6 +1216,58 @@ static void test_device_quantization(void) {
     qtensor_free(&q);
 }
 
+/* --init-random on a quantized base: each projection drawn on the device and quantized there (no
+ * checkpoint read). The draws are the bf16 base's, so the loss of gemma4_tiny's reference batch must
+ * be finite and near the bf16 base's (its random weights give logits near 0 either way: this holds
+ * the load to running and to finite values, the bytes are held to train/quant.c above). */
+static int random_init_loss(const char *dir, const lora_config *lc, const reference *r, gemma_precision p,
+                            base_dtype base, double *loss, char *err, size_t n) {
+    gemma_model_f32 m;
+    if (gemma_model_layout_f32(&m, dir, lc, err, n) != 0) return -1;
+    gemma_cuda *g = NULL;
+    gemma_cuda_options o = {p, 1, 1234, 0, 0, base};
+    gemma_stats st = {0};
+    int rc = gemma_cuda_open(&m, dir, &o, &g, err, n) ||
+             gemma_cuda_forward_batch(g, &m, r->seqs, r->B, &st, NULL, err, n);
+    if (!rc) *loss = st.loss_sum / (double)st.tokens;
+    gemma_cuda_close(g);
+    gemma_model_free_f32(&m);
+    return rc ? -1 : 0;
+}
+
+static void test_random_init_quantized(void) {
+    char dir[1024], path[1100], err[1024] = "";
+    snprintf(dir, sizeof dir, "%s/gemma4_tiny", fixtures);
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    lora_config lc;
+    reference r;
+    if (adapter_config_load(path, 1 << 20, &lc, err, sizeof err) != 0) {
+        check_fail("random init: %s", err);
+        return;
+    }
+    if (reference_open(&r, dir) != 0) return;
+    for (int k = 0; k < 2; k++) {
+        gemma_precision p = k ? PRECISION_BF16 : PRECISION_F32;
+        double plain;
+        if (random_init_loss(dir, &lc, &r, p, BASE_BF16, &plain, err, sizeof err) != 0) {
+            check_fail("random init %s, bf16 base: %s", k ? "bf16" : "f32", err);
+            continue;
+        }
+        const base_dtype bases[3] = {BASE_MLX4, BASE_NF4, BASE_FP8};
+        for (int b = 0; b < 3; b++) {
+            double loss;
+            if (random_init_loss(dir, &lc, &r, p, bases[b], &loss, err, sizeof err) != 0) {
+                check_fail("random init %s, %s base: %s", k ? "bf16" : "f32", base_dtype_name(bases[b]), err);
+                continue;
+            }
+            check(isfinite(loss) && fabs(loss - plain) <= 0.05 * plain,
+                  "random init %s, %s base quantized on the device: loss %.6g, the bf16 base's %.6g",
+                  k ? "bf16" : "f32", base_dtype_name(bases[b]), loss, plain);
+        }
+    }
+    reference_close(&r);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) fixtures = argv[1];
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -1221,6 +1276,7 @@ int main(int argc, char **argv) {
         return check_summary();
     }
     test_device_quantization();
+    test_random_init_quantized();
     test_fixture("gemma4_smoke");
     test_fixture("gemma4_tiny");
     test_fixture("gemma3_tiny");

@@ -9,13 +9,14 @@
  *     RMSNorm weights and layer scalars in f32;
  *   - with a quantized base (options.base mlx4, nf4 or fp8, or a folder written by
  *     mlx_lm.convert -q or saved with a bitsandbytes 4-bit quantization_config) the decoder's
- *     projections stay on the device in their packed form: a float checkpoint's (or drawn) projection
- *     is quantized on the device at load, one at a time, with train/quant.c's arithmetic (the CPU
- *     reference's codes and scales, bit for bit; nf4's double quantization of the n / 64 absmax
- *     on the host with quant.c's own functions), a packed one is copied as stored. Each layer's projections are dequantized into one
- *     E scratch right before its products; the backward's recomputation and the backward of a
- *     layer share one dequantization. The values the products see are the CPU reference's
- *     dequantized f32 values, rounded to bf16 in bf16 precision and unchanged in f32;
+ *     projections stay on the device in their packed form: a float checkpoint's (or a drawn)
+ *     projection is quantized on the device at load, one at a time, with train/quant.c's
+ *     arithmetic (the CPU reference's codes and scales, bit for bit; nf4's double quantization of
+ *     the n / 64 absmax on the host with quant.c's own functions), a packed one is copied as
+ *     stored. Each layer's projections are dequantized into one E scratch right before its
+ *     products; the backward's recomputation and the backward of a layer share one
+ *     dequantization. The values the products see are the CPU reference's dequantized f32
+ *     values, rounded to bf16 in bf16 precision and unchanged in f32;
  *   - activations in the weights' precision, every reduction (norms, softmax, cross-entropy) in
  *     f32; LoRA A and B in f32 master copies with a bf16 copy for the products; gradients and Adam's
  *     moments f32;

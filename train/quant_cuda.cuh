@@ -173,7 +173,8 @@ __global__ void k_quant_fp8(const T *w, long rows, long cols, uint8_t *codes, fl
         for (int k = 1; k < QUANT_ROW_THREADS / 32; k++) amax = fmaxf(amax, shared_max[k]);
         float scale = amax > 0.0f ? __fdiv_rn(amax, FP8_E4M3_MAX) : 1.0f;
         if (threadIdx.x == 0) row_scale[r] = scale;
-        for (long j = threadIdx.x; j < cols; j += blockDim.x) codes[r * cols + j] = e4m3_encode(__fdiv_rn(f32(x[j]), scale));
+        for (long j = threadIdx.x; j < cols; j += blockDim.x)
+            codes[r * cols + j] = e4m3_encode(__fdiv_rn(f32(x[j]), scale));
     }
 }
 
