@@ -1575,7 +1575,7 @@ packed_layout quantize_projection(quant_work *w, const T *src, qmat *q, int scal
 // A float checkpoint tensor t (F32, F16, BF16 or F64, its shape [q->rows, q->cols] checked) into
 // q->fmt's packed form: copied up as stored into raw (room for it in f32) and quantized from there,
 // mlx4's scales and biases in t's dtype (f32 for F64), as model.c's loader quantizes it. F64 is
-// scanned and widened on the host (f32 on the device has no room for it).
+// scanned and widened to f32 on the host, through a stage (raw holds f32 values, not f64).
 template <class E, class Alloc>
 packed_layout quantize_tensor(quant_work *w, const st_tensor *t, qmat *q, void *raw, const char *name,
                               const float *tables, Alloc alloc) {
