@@ -1087,11 +1087,11 @@ static void nf4_special_block(qtensor *q, long at) {
     }
 }
 
-/* fp8: amax 448 (scale 1), so each value is its own e4m3 argument: every midpoint between two
- * neighbouring codes (ties to even), both signs, from flat index at (room for 253) */
+/* fp8: amax 448 (scale 1), so each value is its own e4m3 argument: ±448 and every midpoint between
+ * two neighbouring codes (ties to even), both signs, from flat index at (room for 254) */
 static void fp8_midpoint_row(qtensor *q, long at) {
     float *v = q->values + at;
-    v[0] = FP8_E4M3_MAX;
+    v[0] = FP8_E4M3_MAX, v[253] = -FP8_E4M3_MAX;
     for (int c = 0; c < 126; c++) {
         float mid = (fp8_e4m3_decode((uint8_t)c) + fp8_e4m3_decode((uint8_t)(c + 1))) / 2;
         v[1 + 2 * c] = mid, v[2 + 2 * c] = -mid;
@@ -1148,7 +1148,7 @@ static void test_device_quantization(void) {
         if (fp8[k].d == ST_F16)
             for (long i = 0; i < q.rows * c; i++) q.values[i] = fminf(fmaxf(q.values[i], -6e4f), 6e4f);
         if (q.rows > 1) memset(q.values, 0, (size_t)c * sizeof(float));
-        if (q.rows > 2 && c >= 253) fp8_midpoint_row(&q, c);
+        if (q.rows > 2 && c >= 254) fp8_midpoint_row(&q, c);
         if (q.rows > 2 && fp8[k].d != ST_F16)
             for (long j = 0; j < c; j++) q.values[2 * c + j] = (float)(j % 11 - 5) * 1e-40f;
         if (q.rows > 3 && fp8[k].d != ST_F16)
