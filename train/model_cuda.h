@@ -128,6 +128,19 @@ void gemma_cuda_reset_peak(gemma_cuda *g);
 /* "NVIDIA H200, 139.8 GiB, bf16" */
 const char *gemma_cuda_describe(const gemma_cuda *g);
 
+/* One FP8 product of the fp8 base's bf16 path alone, for tests: codes [n_out, k_in] e4m3 with
+ * row_scale[n_out] (quant.h's fp8 format) are the weight W; x holds bf16 bits.
+ *   input_grad 0, the forward:        y [rows, n_out] = x [rows, k_in] · Wᵀ;
+ *   input_grad 1, the input gradient: y [rows, k_in] = x [rows, n_out] · W.
+ * y receives bf16 bits; xq and x_scale (when not NULL) the operand's rows as the device quantized
+ * them ([rows, k_in] or [rows, n_out] codes, [rows] scales; for the input gradient x times the
+ * row scales first). *compute_capability gets the device's (90 for 9.0). 0; 1 where the device
+ * takes no FP8 products (below 8.9, or cuBLASLt refuses outer-vector scaling there); -1 with a
+ * one-line message. */
+int gemma_cuda_fp8_product(int input_grad, long rows, long n_out, long k_in, const uint8_t *codes,
+                           const float *row_scale, const uint16_t *x, uint16_t *y, uint8_t *xq, float *x_scale,
+                           int *compute_capability, char *err, size_t errlen);
+
 #ifdef __cplusplus
 }
 #endif
