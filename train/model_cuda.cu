@@ -1,9 +1,10 @@
 // model_cuda.cu — the Gemma model with LoRA on one NVIDIA GPU (model_cuda.h). Read top to
-// bottom: cuBLAS loaded at run time and the row-major product on it; the kernels (embedding,
-// RMSNorm with its residual forms, the per-head q/k/v norm with RoPE, GeGLU, the chunked
-// cross-entropy), each beside its backward; the weights on the device (from the checkpoint or
-// drawn there); one decoder layer forward and backward; the head; the drivers with per-layer
-// recomputation, which follow train/model.c line for line so the two can be read side by side.
+// bottom: cuBLAS (and cuBLASLt) loaded at run time, the row-major product on it and an fp8 base's
+// FP8 products; the kernels (embedding, RMSNorm with its residual forms, the per-head q/k/v norm
+// with RoPE, GeGLU, the chunked cross-entropy), each beside its backward; the weights on the device
+// (from the checkpoint or drawn there); one decoder layer forward and backward; the head; the
+// drivers with per-layer recomputation, which follow train/model.c line for line so the two can be
+// read side by side.
 //
 // Everything is templated on the element type E of weights and activations: __nv_bfloat16 (the
 // trainer's default) or float (the check against the CPU model). Reductions run in f32 always.

@@ -14,7 +14,11 @@
  *     bit), a packed one is copied as stored. Each layer's projections are dequantized into one
  *     E scratch right before its products; the backward's recomputation and the backward of a
  *     layer share one dequantization. The values the products see are the CPU reference's
- *     dequantized f32 values, rounded to bf16 in bf16 precision and unchanged in f32;
+ *     dequantized f32 values, rounded to bf16 in bf16 precision and unchanged in f32. Except fp8
+ *     in bf16 on compute capability 8.9 or more (where cuBLASLt, loaded at run time, takes
+ *     outer-vector FP8 scaling): its products multiply the codes themselves, the activations and
+ *     the weight-scaled gradients quantized to e4m3 a token a row on the fly, the codes transposed
+ *     one layer at a time for the input gradient (model_cuda.cu: "FP8 products");
  *   - activations in the weights' precision, every reduction (norms, softmax, cross-entropy) in
  *     f32; LoRA A and B in f32 master copies with a bf16 copy for the products; gradients and Adam's
  *     moments f32;
