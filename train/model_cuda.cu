@@ -935,6 +935,7 @@ cublasStatus_t fp8_product_status(fp8_engine *f, cudaStream_t st, long rows, lon
             !memcmp(a.align, align, sizeof align))
             found = &a;
     if (s == CUBLAS_STATUS_SUCCESS && !found) {
+        if (f->algos.size() >= 256) f->algos.clear(); // batches of many lengths: a bound, then asked afresh
         cublasLtMatmulPreference_t pref = nullptr;
         s = L.pref_create(&pref);
         uint64_t ws = f->workspace_bytes;
