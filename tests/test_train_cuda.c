@@ -301,11 +301,13 @@ static errors compare(const gemma_model_f32 *m, const reference *r, const output
  * the activations' quantization to e4m3 at every frozen product's input, bounded with the same
  * measurement. A relative perturbation of each input value of a product moves its outputs as one
  * of each weight does (Σ_k x_k w_k δ_k either way), e4m3's is at most 2^-4 of the value where
- * rounding to bf16 is at most 2^-9, and both are spread alike over the value's mantissa: 32 times
- * the weights' rounding term w. The logits and the loss see it once (the forward's inputs), the
- * gradients twice (the forward's inputs and the backward's quantized gradients, independent); and
- * twice that, as w is one draw of random roundings like the yardstick's (which is doubled too):
- * 64·w on logits and loss, 128·w on the gradients. Where the CPU refuses the base (mlx4 on
+ * rounding to bf16 is at most 2^-8 (the unit roundoffs of 4 and 8 significant bits), and both are
+ * spread alike over the value's mantissa: 16 times the weights' rounding term w (which also holds
+ * the tied head's rounding, that e4m3 does not touch: it only widens the bound). The logits and
+ * the loss see it once (the forward's inputs), the gradients twice (the forward's inputs and the
+ * backward's quantized gradients, independent); and twice that, as w is one draw of random
+ * roundings like the yardstick's (which is doubled too): 32·w on logits and loss, 64·w on the
+ * gradients. Where the CPU refuses the base (mlx4 on
  * rows of 32), the GPU must refuse it with the same one line. */
 static void test_quantized(const char *name, const char *dir, const char *fixture_dir, const char *what,
                            base_dtype base, const reference *r, const lora_config *lc, const errors *cpu,
@@ -349,7 +351,7 @@ static void test_quantized(const char *name, const char *dir, const char *fixtur
             if (base == BASE_FP8 && fp8_products_here) {
                 check(strstr(gpu_describe, "FP8 products") != NULL, "%s %s cuda bf16: the model runs FP8 products (%s)",
                       name, what, gpu_describe);
-                tol[0] += 64 * w.logits, tol[1] += 64 * w.loss, tol[2] += 128 * w.grads;
+                tol[0] += 32 * w.logits, tol[1] += 32 * w.loss, tol[2] += 64 * w.grads;
             }
         }
         check(e.logits <= tol[0] && e.loss <= tol[1] && e.grads <= tol[2],
@@ -400,9 +402,9 @@ static float host_quant_row(const uint16_t *x, const float *col_scale, long n, u
 /* (a) One product in both forms against the host's double-precision product of the same quantized
  * operands: the device's activation codes and scales must equal the host's reproduction bit for
  * bit, and the output must lie within
- *     2^-8 |ref| + 2^-10 · xs · ws · Σ_k |xq_k · wq_k|
+ *     2^-7 |ref| + 2^-10 · xs · ws · Σ_k |xq_k · wq_k|
  * of ref = xs · ws · Σ_k xq_k · wq_k. Each product of two e4m3 values is exact in f32 (4
- * significant bits each), so what remains is the rounding of the f32 result to bf16 (2^-9
+ * significant bits each), so what remains is the rounding of the f32 result to bf16 (at most 2^-8
  * relative, doubled) and the accumulation: the tensor cores keep about 14 bits in their FP8 partial
  * sums until cuBLASLt promotes them to f32 (fast accumulation off), i.e. 2^-13 of the running
  * magnitude per addition, which a few additions between promotions keep under 2^-10 of Σ|terms|.
@@ -470,7 +472,7 @@ static void test_fp8_products(void) {
                             sum += a * b, abs_sum += fabs(a * b);
                         }
                         double scale = (double)s * (input_grad ? 1.0 : (double)ws[c]);
-                        double ref = scale * sum, bound = ldexp(fabs(ref), -8) + ldexp(scale * abs_sum, -10);
+                        double ref = scale * sum, bound = ldexp(fabs(ref), -7) + ldexp(scale * abs_sum, -10);
                         double got = wa_bf16_to_f32(y[r * out + c]), e = fabs(got - ref);
                         worst = worse(worst, bound > 0 ? e / bound : e > 0 ? INFINITY : 0);
                     }
