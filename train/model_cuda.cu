@@ -999,8 +999,9 @@ void fp8_close(fp8_engine *f) {
 }
 
 // cuBLASLt opened (a one-line failure where it is missing), its handle, the ones vector of length
-// max_in, and a 16 x 16 x 16 product tried: 1 when it runs, 0 (and everything released) when the
-// library refuses outer-vector FP8 scaling on this device.
+// max_in, and a product of the model's kind tried (17 rows, as token counts need not be multiples
+// of 16, into columns 16..31 of a 32-wide output, as q, k and v write theirs): 1 when it runs, 0
+// (and everything released) when the library refuses outer-vector FP8 scaling on this device.
 int fp8_open(fp8_engine *f, cudaStream_t st, void *workspace, size_t workspace_bytes, long max_in) {
     lt_open(&f->lt);
     if (f->lt.create(&f->handle) != CUBLAS_STATUS_SUCCESS) {
@@ -1008,14 +1009,16 @@ int fp8_open(fp8_engine *f, cudaStream_t st, void *workspace, size_t workspace_b
         fail("cublasLtCreate failed");
     }
     f->workspace = workspace, f->workspace_bytes = workspace_bytes;
-    std::vector<float> ones((size_t)std::max(max_in, 16L), 1.f);
+    std::vector<float> ones((size_t)std::max(max_in, 32L), 1.f); // 32: the probe's rows too
     CU(cudaMalloc(&f->ones, ones.size() * sizeof(float)));
     CU(cudaMemcpy(f->ones, ones.data(), ones.size() * sizeof(float), cudaMemcpyHostToDevice));
     void *probe = nullptr;
-    CU(cudaMalloc(&probe, 2 * 256 + 256 * sizeof(bf16)));
-    CU(cudaMemsetAsync(probe, 0, 2 * 256 + 256 * sizeof(bf16), st));
-    uint8_t *a = (uint8_t *)probe, *b = a + 256;
-    cublasStatus_t s = fp8_product_status(f, st, 16, 16, 16, a, 16, f->ones, b, 16, f->ones, (bf16 *)(b + 256), 16);
+    size_t bytes = 256 + 512 + 17 * 32 * sizeof(bf16);
+    CU(cudaMalloc(&probe, bytes));
+    CU(cudaMemsetAsync(probe, 0, bytes, st));
+    uint8_t *w = (uint8_t *)probe, *x = w + 256;
+    bf16 *d = (bf16 *)(x + 512);
+    cublasStatus_t s = fp8_product_status(f, st, 17, 16, 16, x, 16, f->ones, w, 16, f->ones, d + 16, 32);
     cudaError_t e = cudaStreamSynchronize(st);
     cudaFree(probe);
     if (e != cudaSuccess) fail("the FP8 product's probe: %s", cudaGetErrorString(e));
