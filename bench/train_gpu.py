@@ -15,8 +15,9 @@ with --json, writes the numbers.
 
   python3 bench/train_gpu.py --winattn build/winattn [--layers 60] [--lengths 8192,16384,30553]
                              [--steps 3] [--peers winattn,sdpa] [--peer-lengths L,...] [--skip-c]
-                             [--json FILE]
---layers N keeps the first N layers of the 31B's pattern (5 sliding, 1 full, repeated): a quick
+                             [--base-dtypes bf16,fp8] [--json FILE]
+--base-dtypes runs the C trainer once per frozen-projection format (fp8 in bf16 multiplies
+through cuBLASLt's FP8 products where the GPU takes them). --layers N keeps the first N layers of the 31B's pattern (5 sliding, 1 full, repeated): a quick
 look at the per-layer cost; the job itself is 60.
 """
 import argparse
@@ -53,8 +54,9 @@ def write_records(path, lengths, vocab, seed):
 STEP = re.compile(r"^step (\d+)/\d+ +loss ([0-9.naif]+) +tokens (\d+) .* ([0-9.]+) s +(\d+) tok/s .*device peak ([0-9.]+) GB")
 
 
-def run_c(winattn, cfg, length, steps, batch=None):
-    """One record of `length` tokens per step, or with batch = [lengths] those records as one batch."""
+def run_c(winattn, cfg, length, steps, batch=None, base="bf16"):
+    """One record of `length` tokens per step, or with batch = [lengths] those records as one batch; base: the
+    frozen projections' --base-dtype (quantized on the host at load from the drawn weights)."""
     records = list(batch) if batch else [length]
     with tempfile.TemporaryDirectory() as tmp:
         model, data = os.path.join(tmp, "model"), os.path.join(tmp, "data")
@@ -65,7 +67,7 @@ def run_c(winattn, cfg, length, steps, batch=None):
         write_records(os.path.join(data, "train.jsonl"), records * steps, cfg["vocab_size"], length)
         cmd = [winattn, "train", "--model", model, "--data", data, "--device", "cuda", "--init-random", "0",
                "--batch-size", str(len(records)), "--iters", str(steps), "--lora-rank", "32", "--lora-keys", "q,k,v,o",
-               "--adapter-path", os.path.join(tmp, "adapters")]
+               "--adapter-path", os.path.join(tmp, "adapters"), "--base-dtype", base]
         p = subprocess.run(cmd, capture_output=True, text=True)
         times, peak, losses = [], 0.0, []
         for line in p.stdout.splitlines():
@@ -152,6 +154,8 @@ def main():
     ap.add_argument("--batch", default=None,
                     help="LENS: the C trainer alone on batches of these records (e.g. 30553,9000,4000,1200)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--base-dtypes", default="bf16",
+                    help="the C trainer's --base-dtype, one row each (e.g. bf16,fp8: fp8 against bf16 on one machine)")
     a = ap.parse_args()
     cfg = config(a.layers)
     lengths = [int(x) for x in a.lengths.split(",")]
@@ -168,8 +172,10 @@ def main():
         lengths = []
     for n in lengths:
         if not a.skip_c:
-            rows.append(("winattn train --device cuda", n, run_c(a.winattn, cfg, n, a.steps)))
-            print_row(*rows[-1])
+            for base in a.base_dtypes.split(","):
+                label = "winattn train --device cuda" + (f" --base-dtype {base}" if base != "bf16" else "")
+                rows.append((label, n, run_c(a.winattn, cfg, n, a.steps, base=base)))
+                print_row(*rows[-1])
         for p in peers if n in peer_lengths else []:
             rows.append((f"transformers {p}", n, run_peer(cfg, p, n, a.steps, lib)))
             print_row(*rows[-1])

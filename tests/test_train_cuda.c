@@ -7,7 +7,8 @@
  * and train_optimizer_update) on the same gradients, gradient accumulation over several backward
  * calls, and the refusal of a non-finite gradient. First, the quantization of a float projection on
  * the device at load (mlx4, nf4, fp8; f32, f16, bf16 and f64 as stored) against train/quant.c byte
- * for byte, and --init-random on each quantized base.
+ * for byte, --init-random on each quantized base, and the fp8 base's FP8 products alone against
+ * the host's double-precision product of the same quantized operands.
  * Without a CUDA device (or a build without nvcc) every case prints SKIP.
  * Usage: test_train_cuda [FIXTURES_DIR] (default train/fixtures). */
 #define _GNU_SOURCE
@@ -27,6 +28,10 @@
 #include <string.h>
 
 static const char *fixtures = "train/fixtures";
+/* 1 once test_fp8_products has seen this device run the fp8 base's FP8 products */
+static int fp8_products_here;
+/* gemma_cuda_describe of the last model run_outputs opened on the GPU */
+static char gpu_describe[320];
 
 typedef struct reference {
     st_file expected;
@@ -245,6 +250,7 @@ static int run_outputs(const char *dir, const char *adapters_dir, const lora_con
     }
     if (rc && !gpu && !*err) snprintf(err, n, "%s", m->err);
     if (!rc) out->loss = st.loss_sum / (double)st.tokens;
+    if (g) snprintf(gpu_describe, sizeof gpu_describe, "%s", gemma_cuda_describe(g));
     gemma_cuda_close(g);
     if (rc) {
         outputs_free(out);
@@ -293,7 +299,17 @@ static errors compare(const gemma_model_f32 *m, const reference *r, const output
  * bf16 alone moves on the CPU: the yardstick measured that rounding on the plain base's weights, and
  * the dequantized ones are other values (they are not bf16 numbers, so every one of them rounds;
  * on gemma4_smoke's nf4 base without this term the gradients came 4 % over the plain bound on an
- * H100). Where the CPU refuses the base (mlx4 on
+ * H100). fp8 in bf16 where the device runs FP8 products (its description must then say so): plus
+ * the activations' quantization to e4m3 at every frozen product's input, bounded with the same
+ * measurement. A relative perturbation of each input value of a product moves its outputs as one
+ * of each weight does (Σ_k x_k w_k δ_k either way), e4m3's is at most 2^-4 of the value where
+ * rounding to bf16 is at most 2^-8 (the unit roundoffs of 4 and 8 significant bits), and both are
+ * spread alike over the value's mantissa: 16 times the weights' rounding term w (which also holds
+ * the tied head's rounding, that e4m3 does not touch: it only widens the bound). The logits and
+ * the loss see it once (the forward's inputs), the gradients twice (the forward's inputs and the
+ * backward's quantized gradients, independent); and twice that, as w is one draw of random
+ * roundings like the yardstick's (which is doubled too): 32·w on logits and loss, 64·w on the
+ * gradients. Where the CPU refuses the base (mlx4 on
  * rows of 32), the GPU must refuse it with the same one line. */
 static void test_quantized(const char *name, const char *dir, const char *fixture_dir, const char *what,
                            base_dtype base, const reference *r, const lora_config *lc, const errors *cpu,
@@ -334,6 +350,11 @@ static void test_quantized(const char *name, const char *dir, const char *fixtur
             gemma_model_free_f32(&mr);
             tol[0] = 2 * y->logits + cpu->logits + w.logits, tol[1] = 2 * y->loss + 2e-3 + cpu->loss + w.loss,
             tol[2] = 2 * y->grads + cpu->grads + w.grads;
+            if (base == BASE_FP8 && fp8_products_here) {
+                check(strstr(gpu_describe, "FP8 products") != NULL, "%s %s cuda bf16: the model runs FP8 products (%s)",
+                      name, what, gpu_describe);
+                tol[0] += 32 * w.logits, tol[1] += 32 * w.loss, tol[2] += 64 * w.grads;
+            }
         }
         check(e.logits <= tol[0] && e.loss <= tol[1] && e.grads <= tol[2],
               "%s %s cuda %s vs cpu f32 on the same base: logits %.1e, loss %.1e (%.6g vs %.6g), LoRA grads %.1e "
@@ -344,6 +365,130 @@ static void test_quantized(const char *name, const char *dir, const char *fixtur
     }
     outputs_free(&ref);
     gemma_model_free_f32(&mc);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The fp8 base's FP8 products (bf16 mode, compute capability 8.9 or more: model_cuda.h). */
+
+/* normal(0, 1) from a splitmix64 stream and Box–Muller (the test's own: no library draws) */
+static double draw_normal(uint64_t *state) {
+    uint64_t u[2];
+    for (int i = 0; i < 2; i++) {
+        uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        u[i] = (z ^ (z >> 31)) >> 11;
+    }
+    double u1 = ((double)u[0] + 1) / 9007199254740993.0, u2 = (double)u[1] / 9007199254740992.0;
+    return sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+/* The device's quantization of one operand row, reproduced: v = x (times the weight's row scale
+ * for the input gradient, an f32 product), scale = amax / 448 in f32 (1 for a row of zeros), code =
+ * e4m3(v / scale) with quant.h's encoder. */
+static float host_quant_row(const uint16_t *x, const float *col_scale, long n, uint8_t *q) {
+    float amax = 0;
+    for (long i = 0; i < n; i++) {
+        float v = col_scale ? wa_bf16_to_f32(x[i]) * col_scale[i] : wa_bf16_to_f32(x[i]);
+        amax = fmaxf(amax, fabsf(v));
+    }
+    float s = amax / FP8_E4M3_MAX;
+    if (s == 0.f) s = 1.f;
+    for (long i = 0; i < n; i++) {
+        float v = col_scale ? wa_bf16_to_f32(x[i]) * col_scale[i] : wa_bf16_to_f32(x[i]);
+        q[i] = fp8_e4m3_encode(v / s);
+    }
+    return s;
+}
+
+/* (a) One product in both forms against the host's double-precision product of the same quantized
+ * operands: the device's activation codes and scales must equal the host's reproduction bit for
+ * bit, and the output must lie within
+ *     2^-7 |ref| + 2^-10 · xs · ws · Σ_k |xq_k · wq_k|
+ * of ref = xs · ws · Σ_k xq_k · wq_k. Each product of two e4m3 values is exact in f32 (4
+ * significant bits each), so what remains is the rounding of the f32 result to bf16 (at most 2^-8
+ * relative, doubled) and the accumulation: the tensor cores keep about 14 bits in their FP8 partial
+ * sums until cuBLASLt promotes them to f32 (fast accumulation off), i.e. 2^-13 of the running
+ * magnitude per addition, which a few additions between promotions keep under 2^-10 of Σ|terms|.
+ * A scale on the wrong axis, a wrong transpose or a wrong operand moves outputs by about Σ|terms|
+ * over √K, far outside. Rows: magnitudes from 1e-3 to 1e3, a row of zeros, a row with one
+ * value 1e4 times the rest; the weight rows scaled from 1e-2 to 1e2. */
+static void test_fp8_products(void) {
+    static const long shapes[][3] = {{37, 96, 512}, {40, 512, 96}, {1, 16, 16}}; /* rows, n_out, k_in */
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+        long rows = shapes[si][0], n_out = shapes[si][1], k_in = shapes[si][2];
+        uint64_t rng = 1234 + si;
+        float *w = malloc((size_t)(n_out * k_in) * sizeof(float)), *ws = malloc((size_t)n_out * sizeof(float));
+        uint8_t *codes = malloc((size_t)(n_out * k_in));
+        char err[1024] = "";
+        for (long o = 0; o < n_out; o++) {
+            double row_mag = pow(10.0, -2 + 4.0 * (double)o / (double)n_out);
+            for (long k = 0; k < k_in; k++) w[o * k_in + k] = (float)(row_mag * draw_normal(&rng));
+        }
+        if (fp8_round_trip(w, n_out, k_in, ws, codes, err, sizeof err) != 0) {
+            check_fail("fp8 product: %s", err);
+            free(w), free(ws), free(codes);
+            return;
+        }
+        for (int input_grad = 0; input_grad < 2; input_grad++) {
+            long in = input_grad ? n_out : k_in, out = input_grad ? k_in : n_out;
+            uint16_t *x = malloc((size_t)(rows * in) * 2), *y = malloc((size_t)(rows * out) * 2);
+            uint8_t *xq = malloc((size_t)(rows * in)), *hq = malloc((size_t)(rows * in));
+            float *xs = malloc((size_t)rows * sizeof(float));
+            for (long r = 0; r < rows; r++) {
+                double mag = rows > 1 ? pow(10.0, -3 + 6.0 * (double)r / (double)(rows - 1)) : 1.0;
+                for (long i = 0; i < in; i++) {
+                    double v = r == 2 ? 0.0 : mag * draw_normal(&rng);
+                    if (r == 3 && i == in / 3) v *= 1e4;
+                    x[r * in + i] = wa_f32_to_bf16((float)v);
+                }
+            }
+            int cc = 0;
+            int rc = gemma_cuda_fp8_product(input_grad, rows, n_out, k_in, codes, ws, x, y, xq, xs, &cc, err,
+                                            sizeof err);
+            const char *form = input_grad ? "input gradient dy·W" : "forward x·Wᵀ";
+            if (rc == 1) {
+                /* Hopper's cuBLASLt documents outer-vector FP8 scaling: there it must run */
+                if (cc >= 90)
+                    check_fail("fp8 product %s: compute capability %d.%d takes no FP8 products", form, cc / 10,
+                               cc % 10);
+                else
+                    check_skip("fp8 product %s: compute capability %d.%d takes no FP8 products (the dequantized "
+                               "path stays)", form, cc / 10, cc % 10);
+            } else if (rc != 0) {
+                check_fail("fp8 product %s: %s", form, err);
+            } else {
+                fp8_products_here = 1;
+                long code_diff = 0, scale_diff = 0;
+                double worst = 0;
+                for (long r = 0; r < rows; r++) {
+                    float s = host_quant_row(x + r * in, input_grad ? ws : NULL, in, hq + r * in);
+                    scale_diff += s != xs[r];
+                    for (long i = 0; i < in; i++) code_diff += hq[r * in + i] != xq[r * in + i];
+                    for (long c = 0; c < out; c++) {
+                        double sum = 0, abs_sum = 0;
+                        for (long k = 0; k < in; k++) {
+                            double a = fp8_e4m3_decode(hq[r * in + k]);
+                            double b = input_grad ? fp8_e4m3_decode(codes[k * k_in + c])
+                                                  : fp8_e4m3_decode(codes[c * k_in + k]);
+                            sum += a * b, abs_sum += fabs(a * b);
+                        }
+                        double scale = (double)s * (input_grad ? 1.0 : (double)ws[c]);
+                        double ref = scale * sum, bound = ldexp(fabs(ref), -7) + ldexp(scale * abs_sum, -10);
+                        double got = wa_bf16_to_f32(y[r * out + c]), e = fabs(got - ref);
+                        worst = worse(worst, bound > 0 ? e / bound : e > 0 ? INFINITY : 0);
+                    }
+                }
+                check(code_diff == 0 && scale_diff == 0 && worst <= 1.0,
+                      "fp8 product %s, %ld x %ld x %ld (cc %d.%d): activation codes and scales as the host's (%ld "
+                      "codes, %ld scales differ); output vs the host's double product of the same operands: worst "
+                      "%.2f of the bound",
+                      form, rows, out, in, cc / 10, cc % 10, code_diff, scale_diff, worst);
+            }
+            free(x), free(y), free(xq), free(hq), free(xs);
+        }
+        free(w), free(ws), free(codes);
+    }
 }
 
 /* Folders stored packed, built here from a fixture's f32 checkpoint with train/quant.c's own
@@ -1277,6 +1422,7 @@ int main(int argc, char **argv) {
     }
     test_device_quantization();
     test_random_init_quantized();
+    test_fp8_products();
     test_fixture("gemma4_smoke");
     test_fixture("gemma4_tiny");
     test_fixture("gemma3_tiny");

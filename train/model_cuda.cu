@@ -1,9 +1,10 @@
 // model_cuda.cu — the Gemma model with LoRA on one NVIDIA GPU (model_cuda.h). Read top to
-// bottom: cuBLAS loaded at run time and the row-major product on it; the kernels (embedding,
-// RMSNorm with its residual forms, the per-head q/k/v norm with RoPE, GeGLU, the chunked
-// cross-entropy), each beside its backward; the weights on the device (from the checkpoint or
-// drawn there); one decoder layer forward and backward; the head; the drivers with per-layer
-// recomputation, which follow train/model.c line for line so the two can be read side by side.
+// bottom: cuBLAS (and cuBLASLt) loaded at run time, the row-major product on it and an fp8 base's
+// FP8 products; the kernels (embedding, RMSNorm with its residual forms, the per-head q/k/v norm
+// with RoPE, GeGLU, the chunked cross-entropy), each beside its backward; the weights on the device
+// (from the checkpoint or drawn there); one decoder layer forward and backward; the head; the
+// drivers with per-layer recomputation, which follow train/model.c line for line so the two can be
+// read side by side.
 //
 // Everything is templated on the element type E of weights and activations: __nv_bfloat16 (the
 // trainer's default) or float (the check against the CPU model). Reductions run in f32 always.
@@ -15,9 +16,11 @@ extern "C" { // the trainer's C headers (model.h, checkpoint.h) declare no linka
 }
 #include "winattn.h"
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
@@ -92,6 +95,75 @@ void blas_open(blas_api *b) {
     SYM(gemm_ex, "cublasGemmEx");
 #undef SYM
 }
+
+// cuBLASLt, opened the same way and only for the FP8 products of an fp8 base (bf16 mode, compute
+// capability 8.9 or more): the other paths never need it.
+struct lt_api {
+    void *lib = nullptr;
+    decltype(&cublasLtCreate) create;
+    decltype(&cublasLtDestroy) destroy;
+    decltype(&cublasLtMatmulDescCreate) desc_create;
+    decltype(&cublasLtMatmulDescDestroy) desc_destroy;
+    decltype(&cublasLtMatmulDescSetAttribute) desc_set;
+    decltype(&cublasLtMatrixLayoutCreate) layout_create;
+    decltype(&cublasLtMatrixLayoutDestroy) layout_destroy;
+    decltype(&cublasLtMatmulPreferenceCreate) pref_create;
+    decltype(&cublasLtMatmulPreferenceDestroy) pref_destroy;
+    decltype(&cublasLtMatmulPreferenceSetAttribute) pref_set;
+    decltype(&cublasLtMatmulAlgoGetHeuristic) heuristic;
+    decltype(&cublasLtMatmul) matmul;
+};
+
+void lt_open(lt_api *b) {
+    const char *names[] = {"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"};
+    for (const char *n : names)
+        if ((b->lib = dlopen(n, RTLD_NOW | RTLD_LOCAL))) break;
+    if (!b->lib) fail("cannot load cuBLASLt (libcublasLt.so.13 or .12) for the fp8 base's FP8 products: %s", dlerror());
+#define SYM(field, name)                                                                \
+    do {                                                                                \
+        *(void **)&b->field = dlsym(b->lib, name);                                      \
+        if (!b->field) fail("cuBLASLt has no %s", name);                                \
+    } while (0)
+    SYM(create, "cublasLtCreate");
+    SYM(destroy, "cublasLtDestroy");
+    SYM(desc_create, "cublasLtMatmulDescCreate");
+    SYM(desc_destroy, "cublasLtMatmulDescDestroy");
+    SYM(desc_set, "cublasLtMatmulDescSetAttribute");
+    SYM(layout_create, "cublasLtMatrixLayoutCreate");
+    SYM(layout_destroy, "cublasLtMatrixLayoutDestroy");
+    SYM(pref_create, "cublasLtMatmulPreferenceCreate");
+    SYM(pref_destroy, "cublasLtMatmulPreferenceDestroy");
+    SYM(pref_set, "cublasLtMatmulPreferenceSetAttribute");
+    SYM(heuristic, "cublasLtMatmulAlgoGetHeuristic");
+    SYM(matmul, "cublasLtMatmul");
+#undef SYM
+}
+
+// The algorithm cuBLASLt's heuristic chose for one product shape (and operand alignments): asked
+// once per shape, as a step repeats the same few shapes in every layer.
+struct fp8_algo {
+    long m, n, k, lda, ldb, ldd;
+    unsigned align[3];
+    cublasLtMatmulAlgo_t algo;
+};
+
+// The FP8 products of an fp8 base (see "FP8 products" below). The backward's transposed codes and
+// the stacked row scales live in the dequantization scratch, which this path leaves unused.
+struct fp8_engine {
+    int on = 0;
+    lt_api lt;
+    cublasLtHandle_t handle = nullptr;
+    void *workspace = nullptr; // cuBLAS's workspace: both libraries run on one stream, one call at a time
+    size_t workspace_bytes = 0;
+    float *ones = nullptr;     // the codes' scale vector of the input gradient's product (all 1)
+    long width = 0;            // the widest operand row a product quantizes (bytes per token of the buffer)
+    std::vector<fp8_algo> algos;
+    int layer = -1;            // the layer whose transposed codes the scratch holds (-1: none)
+    uint8_t *codes_t = nullptr; // [in, Σout] per group of a layer, at the group's offset in the scratch
+    float *scale_t = nullptr;   // the layer's row scales stacked in projection order
+};
+
+constexpr size_t BLAS_WORKSPACE_BYTES = (size_t)64 << 20; // cuBLAS's, lent to cuBLASLt too
 
 template <class E> constexpr cudaDataType_t dtype_of();
 template <> constexpr cudaDataType_t dtype_of<float>() { return CUDA_R_32F; }
@@ -622,6 +694,7 @@ struct gemma_cuda {
     void *dequant;
     int dequant_layer;
     float *tables;
+    fp8_engine fp8; // an fp8 base's FP8 products (fp8.on), in place of the dequantization
     float *norms;  // one allocation: every norm weight (f32, Gemma 3's 1 + w applied)
     void *embed, *lm_head;
     float *final_norm;
@@ -746,6 +819,218 @@ struct lora_phase {
 };
 
 // ---------------------------------------------------------------------------------------------
+// FP8 products of an fp8 base: in bf16 mode on compute capability 8.9 or more, where cuBLASLt takes
+// outer-vector scaling (one f32 scale per row of each operand), the frozen projections multiply as
+// e4m3 codes instead of being dequantized. One primitive, row-major, both operands K-major (the
+// "TN" layout FP8 needs):
+//   D[r, c] = x_scale[r] · w_scale[c] · Σ_k Xq[r, k] · Wq[c, k]     (D bf16, f32 accumulation)
+// Forward y = x Wᵀ: Xq the activation rows quantized on the fly (one scale a token), Wq the codes
+// as stored ([out, in]), w_scale their row scales. Input gradient dx = dy W, whose sum runs over
+// the weight's rows: the row scales are folded into dy first (dy·diag(s)), that quantized a token
+// a row, and Wq the codes transposed ([in, out], one layer at a time into a scratch), w_scale 1.
+// Quantization: scale = amax / 448 of the row (1 for a row of zeros), code = e4m3(v / scale)
+// rounded to nearest, ties to even, saturating (quant.h's fp8_e4m3_encode); e4m3 for the gradients
+// too: the per-row scale maps each row's largest value to 448, so e5m2's wider range buys nothing
+// and its one bit fewer would double the error. Fast accumulation stays off (cuBLASLt's default):
+// the tensor cores' partial sums are promoted to f32 at intervals.
+
+__device__ float block_max(float v, float *shared32) {
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads(); // shared32 may still be read by a previous call
+    if (lane == 0) shared32[wid] = v;
+    __syncthreads();
+    v = lane < nw ? shared32[lane] : 0.f;
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Rows of x [rows, cols] (row stride ldx), each value times col_scale[col] when given (an f32
+// product), to e4m3 codes q [rows, cols] (contiguous) with row_scale[row]; one block per row. The
+// host reproduces it exactly (tests/test_train_cuda.c): f32 products, max, __fdiv_rn.
+template <class E>
+__global__ void k_quant_rows_e4m3(const E *x, long ldx, const float *col_scale, int cols, uint8_t *q,
+                                  float *row_scale) {
+    __shared__ float sh[32];
+    const E *xr = x + (long)blockIdx.x * ldx;
+    uint8_t *qr = q + (long)blockIdx.x * cols;
+    float amax = 0;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+        float v = col_scale ? __fmul_rn(f32(xr[i]), col_scale[i]) : f32(xr[i]);
+        amax = fmaxf(amax, fabsf(v));
+    }
+    amax = block_max(amax, sh);
+    float s = __fdiv_rn(amax, FP8_E4M3_MAX);
+    if (s == 0.f) s = 1.f;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+        float v = col_scale ? __fmul_rn(f32(xr[i]), col_scale[i]) : f32(xr[i]);
+        qr[i] = __nv_cvt_float_to_fp8(__fdiv_rn(v, s), __NV_SATFINITE, __NV_E4M3);
+    }
+    if (threadIdx.x == 0) row_scale[blockIdx.x] = s;
+}
+
+// codes [rows, cols] → dst[c · ldd + r]: the columns of a row-major [cols, ldd] (a projection's
+// block of its group's transposed codes); 32 x 32 tiles through shared memory
+__global__ void k_transpose_codes(const uint8_t *src, long rows, long cols, uint8_t *dst, long ldd) {
+    __shared__ uint8_t tile[32][33];
+    long c0 = (long)blockIdx.x * 32, r0 = (long)blockIdx.y * 32;
+    for (int i = threadIdx.y; i < 32; i += blockDim.y) {
+        long r = r0 + i, c = c0 + threadIdx.x;
+        if (r < rows && c < cols) tile[i][threadIdx.x] = src[r * cols + c];
+    }
+    __syncthreads();
+    for (int i = threadIdx.y; i < 32; i += blockDim.y) {
+        long c = c0 + i, r = r0 + threadIdx.x;
+        if (r < rows && c < cols) dst[c * ldd + r] = tile[threadIdx.x][i];
+    }
+}
+
+template <class E> void quant_rows(cudaStream_t st, const E *x, long ldx, const float *col_scale, long rows, long cols,
+                                   uint8_t *q, float *row_scale) {
+    if (rows == 0) return;
+    k_quant_rows_e4m3<E><<<(unsigned)rows, ROW_THREADS, 0, st>>>(x, ldx, col_scale, (int)cols, q, row_scale);
+    CU(cudaGetLastError());
+}
+
+void transpose_codes(cudaStream_t st, const uint8_t *src, long rows, long cols, uint8_t *dst, long ldd) {
+    dim3 grid((unsigned)((cols + 31) / 32), (unsigned)((rows + 31) / 32));
+    k_transpose_codes<<<grid, dim3(32, 8), 0, st>>>(src, rows, cols, dst, ldd);
+    CU(cudaGetLastError());
+}
+
+// the largest power of two (at most 256) dividing the address: what the heuristic may assume
+unsigned alignment_of(const void *p) {
+    uintptr_t a = (uintptr_t)p;
+    unsigned al = 1;
+    while (al < 256 && !(a & al)) al <<= 1;
+    return al;
+}
+
+// The primitive above through cuBLASLt. cuBLASLt is column-major: D as [cols, rows] (ld ldd) =
+// op(A) · B with A = Wq stored [k, cols] (ld ldw) and transposed, B = Xq stored [k, rows] (ld ldx),
+// A's scale vector of length cols (w_scale), B's of length rows (x_scale). The status, not a
+// failure: the probe at open takes a refusal as "this device has no such product".
+cublasStatus_t fp8_product_status(fp8_engine *f, cudaStream_t st, long rows, long cols, long k, const uint8_t *xq,
+                                  long ldx, const float *x_scale, const uint8_t *wq, long ldw, const float *w_scale,
+                                  bf16 *d, long ldd) {
+    const lt_api &L = f->lt;
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+    cublasStatus_t s = L.desc_create(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    int32_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N, mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    const void *pa = w_scale, *pb = x_scale;
+    auto set = [&](cublasLtMatmulDescAttributes_t a, const void *v, size_t n) {
+        if (s == CUBLAS_STATUS_SUCCESS) s = L.desc_set(desc, a, v, n);
+    };
+    set(CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+    set(CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
+    set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode);
+    set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode);
+    set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &pa, sizeof pa);
+    set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &pb, sizeof pb);
+    if (s == CUBLAS_STATUS_SUCCESS) s = L.layout_create(&la, CUDA_R_8F_E4M3, (uint64_t)k, (uint64_t)cols, ldw);
+    if (s == CUBLAS_STATUS_SUCCESS) s = L.layout_create(&lb, CUDA_R_8F_E4M3, (uint64_t)k, (uint64_t)rows, ldx);
+    if (s == CUBLAS_STATUS_SUCCESS) s = L.layout_create(&ld, CUDA_R_16BF, (uint64_t)cols, (uint64_t)rows, ldd);
+    unsigned align[3] = {alignment_of(wq), alignment_of(xq), alignment_of(d)};
+    const fp8_algo *found = nullptr;
+    for (const fp8_algo &a : f->algos)
+        if (a.m == cols && a.n == rows && a.k == k && a.lda == ldw && a.ldb == ldx && a.ldd == ldd &&
+            !memcmp(a.align, align, sizeof align))
+            found = &a;
+    if (s == CUBLAS_STATUS_SUCCESS && !found) {
+        if (f->algos.size() >= 256) f->algos.clear(); // batches of many lengths: a bound, then asked afresh
+        cublasLtMatmulPreference_t pref = nullptr;
+        s = L.pref_create(&pref);
+        uint64_t ws = f->workspace_bytes;
+        uint32_t al[3] = {align[0], align[1], align[2]};
+        if (s == CUBLAS_STATUS_SUCCESS) s = L.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+        if (s == CUBLAS_STATUS_SUCCESS) s = L.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al[0], 4);
+        if (s == CUBLAS_STATUS_SUCCESS) s = L.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], 4);
+        if (s == CUBLAS_STATUS_SUCCESS) s = L.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], 4);
+        if (s == CUBLAS_STATUS_SUCCESS) s = L.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[2], 4);
+        cublasLtMatmulHeuristicResult_t h = {};
+        int got = 0;
+        if (s == CUBLAS_STATUS_SUCCESS) s = L.heuristic(f->handle, desc, la, lb, ld, ld, pref, 1, &h, &got);
+        if (s == CUBLAS_STATUS_SUCCESS && (got < 1 || h.state != CUBLAS_STATUS_SUCCESS)) s = CUBLAS_STATUS_NOT_SUPPORTED;
+        if (pref) L.pref_destroy(pref);
+        if (s == CUBLAS_STATUS_SUCCESS) {
+            fp8_algo a = {cols, rows, k, ldw, ldx, ldd, {align[0], align[1], align[2]}, h.algo};
+            f->algos.push_back(a);
+            found = &f->algos.back();
+        }
+    }
+    float one = 1.f, zero = 0.f;
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = L.matmul(f->handle, desc, &one, wq, la, xq, lb, &zero, d, ld, d, ld, &found->algo, f->workspace,
+                     f->workspace_bytes, st);
+    if (ld) L.layout_destroy(ld);
+    if (lb) L.layout_destroy(lb);
+    if (la) L.layout_destroy(la);
+    if (desc) L.desc_destroy(desc);
+    return s;
+}
+
+void fp8_product(fp8_engine *f, cudaStream_t st, long rows, long cols, long k, const uint8_t *xq, long ldx,
+                 const float *x_scale, const uint8_t *wq, long ldw, const float *w_scale, bf16 *d, long ldd) {
+    if (rows == 0 || cols == 0) return;
+    cublasStatus_t s = fp8_product_status(f, st, rows, cols, k, xq, ldx, x_scale, wq, ldw, w_scale, d, ldd);
+    if (s != CUBLAS_STATUS_SUCCESS) fail("cuBLASLt FP8 product (%ld x %ld x %ld): %s", rows, cols, k, blas_status(s));
+}
+
+// FP8 products apply to a model whose every frozen projection is fp8 codes (Q_FP8; Q_NONE for an
+// absent v), in bf16 mode, on compute capability 8.9 or more, with every dimension a product
+// reads a multiple of 16 (FP8's 16-byte alignment of rows and leading dimensions).
+int fp8_applies(const gemma_cuda *g, const cudaDeviceProp &prop) {
+    if (g->precision != PRECISION_BF16 || !g->quantized || prop.major * 10 + prop.minor < 89) return 0;
+    for (const dlayer &L : g->layer)
+        for (int p = 0; p < PROJ_COUNT; p++) {
+            const qmat &q = L.packed[p];
+            if (q.fmt == Q_NONE) continue;
+            if (q.fmt != Q_FP8 || q.rows % 16 || q.cols % 16) return 0;
+        }
+    return 1;
+}
+
+void fp8_close(fp8_engine *f) {
+    if (f->handle) f->lt.destroy(f->handle);
+    f->handle = nullptr;
+    cudaFree(f->ones);
+    f->ones = nullptr;
+    if (f->lt.lib) dlclose(f->lt.lib);
+    f->lt.lib = nullptr;
+    f->on = 0;
+}
+
+// cuBLASLt opened (a one-line failure where it is missing), its handle, the ones vector of length
+// max_in, and a product of the model's kind tried (17 rows, as token counts need not be multiples
+// of 16, into columns 16..31 of a 32-wide output, as q, k and v write theirs): 1 when it runs, 0
+// (and everything released) when the library refuses outer-vector FP8 scaling on this device.
+int fp8_open(fp8_engine *f, cudaStream_t st, void *workspace, size_t workspace_bytes, long max_in) {
+    lt_open(&f->lt);
+    if (f->lt.create(&f->handle) != CUBLAS_STATUS_SUCCESS) {
+        f->handle = nullptr;
+        fail("cublasLtCreate failed");
+    }
+    f->workspace = workspace, f->workspace_bytes = workspace_bytes;
+    std::vector<float> ones((size_t)std::max(max_in, 32L), 1.f); // 32: the probe's rows too
+    CU(cudaMalloc(&f->ones, ones.size() * sizeof(float)));
+    CU(cudaMemcpy(f->ones, ones.data(), ones.size() * sizeof(float), cudaMemcpyHostToDevice));
+    void *probe = nullptr;
+    size_t bytes = 256 + 512 + 17 * 32 * sizeof(bf16);
+    CU(cudaMalloc(&probe, bytes));
+    CU(cudaMemsetAsync(probe, 0, bytes, st));
+    uint8_t *w = (uint8_t *)probe, *x = w + 256;
+    bf16 *d = (bf16 *)(x + 512);
+    cublasStatus_t s = fp8_product_status(f, st, 17, 16, 16, x, 16, f->ones, w, 16, f->ones, d + 16, 32);
+    cudaError_t e = cudaStreamSynchronize(st);
+    cudaFree(probe);
+    if (e != cudaSuccess) fail("the FP8 product's probe: %s", cudaGetErrorString(e));
+    if (s == CUBLAS_STATUS_SUCCESS) return f->on = 1;
+    fp8_close(f);
+    return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
 // A packed batch on the device (model.c's packing: cu, pos, tokens, target).
 
 struct dbatch {
@@ -825,6 +1110,8 @@ template <class E> struct acts {
     E *a, *qkv, *qr, *kr, *vn, *o, *ao, *h, *mi, *gu, *z, *mo;
     E *t[PROJ_COUNT]; // LoRA x·A
     float *lse;
+    uint8_t *q8;     // FP8 products: one operand's rows quantized, [T, fp8.width]
+    float *q8_scale; // and their scales [T]
     // backward
     E *d_h, *d_mo, *d_z, *d_gu, *d_mi, *d_ao, *d_o, *d_qr, *d_kr, *d_vn, *d_qkv, *d_a, *d_t;
 };
@@ -852,6 +1139,8 @@ template <class E> void acts_alloc(gemma_cuda *g, scratch &S, int T, int backwar
     A->T = T;
     acts_layout<E>(g, backward, A, [&](long width) { return S.get<E>((size_t)T * width); });
     A->lse = S.get<float>((size_t)g->cfg.heads * T);
+    A->q8 = g->fp8.on ? S.get<uint8_t>((size_t)T * g->fp8.width) : nullptr;
+    A->q8_scale = g->fp8.on ? S.get<float>((size_t)T) : nullptr;
 }
 
 // elements of E per token that acts_alloc(backward = 1) takes
@@ -863,6 +1152,91 @@ long acts_elems_per_token(const gemma_cuda *g) {
         return (float *)nullptr;
     });
     return n;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The frozen products of one layer, y = x Wᵀ and dx = dy W over a group of projections that share
+// their input (q|k|v, o, gate|up, down: first..last in projection order) whose fused output or
+// gradient has width `width`: through the FP8 products where they apply, else one product on the
+// E weights (the dequantized scratch with a quantized base).
+
+// the projections first..last of layer L in order, each with its output's column offset in the group
+template <class F> void for_group(const dlayer &L, int first, int last, F f) {
+    long off = 0;
+    for (int p = first; p <= last; p++) {
+        const qmat &q = L.packed[p];
+        if (q.fmt == Q_NONE) continue;
+        f(q, off);
+        off += q.rows;
+    }
+}
+
+// The backward's operands of layer l: each group's codes transposed into one [in, width] matrix at
+// the group's offset in the scratch (the codes take a byte where the dequantized values took an
+// element: the groups fit as they did), and every row scale of the layer stacked in projection
+// order after them. Kept for the layer's backward; the next layer's overwrites them in stream order.
+void fp8_prepare_backward(gemma_cuda *g, int l) {
+    fp8_engine *f = &g->fp8;
+    if (f->layer == l) return;
+    const dlayer &L = g->layer[l];
+    static const int groups[4][2] = {{PROJ_Q, PROJ_V}, {PROJ_O, PROJ_O}, {PROJ_GATE, PROJ_UP}, {PROJ_DOWN, PROJ_DOWN}};
+    long scale_off = 0;
+    for (const auto &grp : groups) {
+        long width = 0;
+        for_group(L, grp[0], grp[1], [&](const qmat &q, long) { width += q.rows; });
+        uint8_t *dst = f->codes_t + L.packed[grp[0]].at;
+        for_group(L, grp[0], grp[1], [&](const qmat &q, long off) {
+            transpose_codes(g->stream, (const uint8_t *)q.fp8, q.rows, q.cols, dst + off, width);
+            CU(cudaMemcpyAsync(f->scale_t + scale_off + off, q.row_scale, (size_t)q.rows * sizeof(float),
+                               cudaMemcpyDeviceToDevice, g->stream));
+        });
+        scale_off += width;
+    }
+    f->layer = l;
+}
+
+// where layer L's group starting at projection `first` has its stacked row scales
+long fp8_scale_offset(const dlayer &L, int first) {
+    long off = 0;
+    for (int p = PROJ_Q; p < first; p++) off += L.packed[p].fmt == Q_NONE ? 0 : L.packed[p].rows;
+    return off;
+}
+
+// y [T, width] (row stride width) = x [T, K] · Wᵀ; W the E weights [width, K] of the group
+template <class E>
+void frozen_forward(gemma_cuda *g, const dlayer &L, int first, int last, acts<E> *A, const E *x, long K, const void *W,
+                    E *y, long width) {
+    int T = A->T;
+    if (!g->fp8.on) {
+        gemm(g, T, width, K, 1, M(x, K), M((const E *)W, K, true), 0, y, dtype_of<E>(), width);
+        return;
+    }
+    mark(g, g->prof.gemm_phase);
+    quant_rows<E>(g->stream, x, K, nullptr, T, K, A->q8, A->q8_scale);
+    for_group(L, first, last, [&](const qmat &q, long off) {
+        fp8_product(&g->fp8, g->stream, T, q.rows, K, A->q8, K, A->q8_scale, (const uint8_t *)q.fp8, K,
+                    (const float *)q.row_scale, (bf16 *)(y + off), width);
+    });
+    mark(g, g->prof.elem_phase);
+}
+
+// dx [T, K] = dy [T, width] (row stride width) · W; W the E weights [width, K] of the group that
+// starts at projection `first` (fp8_prepare_backward has its transposed codes)
+template <class E>
+void frozen_input_grad(gemma_cuda *g, int l, int first, acts<E> *A, const E *dy, long width, const void *W, E *dx,
+                       long K) {
+    int T = A->T;
+    if (!g->fp8.on) {
+        gemm(g, T, K, width, 1, M(dy, width), M((const E *)W, K), 0, dx, dtype_of<E>(), K);
+        return;
+    }
+    const dlayer &L = g->layer[l];
+    mark(g, g->prof.gemm_phase);
+    fp8_prepare_backward(g, l);
+    quant_rows<E>(g->stream, dy, width, g->fp8.scale_t + fp8_scale_offset(L, first), T, width, A->q8, A->q8_scale);
+    fp8_product(&g->fp8, g->stream, T, K, width, A->q8, width, A->q8_scale, g->fp8.codes_t + L.packed[first].at, width,
+                g->fp8.ones, (bf16 *)dx, K);
+    mark(g, g->prof.elem_phase);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -938,7 +1312,7 @@ void wa_check(wa_status st, const char *what) {
 enum { NF4_TABLE = 0, FP8_TABLE = 16, DYNAMIC_TABLE = 16 + 256, TABLES = 16 + 256 + 256 };
 
 template <class E> void dequantize_layer(gemma_cuda *g, int l) {
-    if (!g->quantized || g->dequant_layer == l) return;
+    if (!g->quantized || g->fp8.on || g->dequant_layer == l) return; // FP8 products read the codes
     const dlayer &L = g->layer[l];
     cudaStream_t st = g->stream;
     for (int p = 0; p < PROJ_COUNT; p++) {
@@ -985,7 +1359,7 @@ void layer_forward(gemma_cuda *g, const gemma_model_f32 *host, int l, const dbat
     cudaStream_t st = g->stream;
 
     k_rmsnorm<E><<<T, ROW_THREADS, 0, st>>>(x, H, L.input_norm, A->a, H, H, eps);
-    gemm(g, T, ldqkv, H, 1, M(A->a, H), M((const E *)L.w_qkv, H, true), 0, A->qkv, dtype_of<E>(), ldqkv);
+    frozen_forward<E>(g, L, PROJ_Q, PROJ_V, A, A->a, H, L.w_qkv, A->qkv, ldqkv);
     lora_fwd<E>(g, host, l, PROJ_Q, A->a, T, A->qkv, ldqkv, A->t[PROJ_Q]);
     lora_fwd<E>(g, host, l, PROJ_K, A->a, T, A->qkv + L.qd, ldqkv, A->t[PROJ_K]);
     if (L.vd) lora_fwd<E>(g, host, l, PROJ_V, A->a, T, A->qkv + L.qd + L.kd, ldqkv, A->t[PROJ_V]);
@@ -1012,14 +1386,14 @@ void layer_forward(gemma_cuda *g, const gemma_model_f32 *host, int l, const dbat
         mark(g, PH_ELEM);
     }
 
-    gemm(g, T, H, L.qd, 1, M((const E *)A->o, L.qd), M((const E *)L.w_o, L.qd, true), 0, A->ao, dtype_of<E>(), H);
+    frozen_forward<E>(g, L, PROJ_O, PROJ_O, A, A->o, L.qd, L.w_o, A->ao, H);
     lora_fwd<E>(g, host, l, PROJ_O, A->o, T, A->ao, H, A->t[PROJ_O]);
     k_add_norm<E><<<T, ROW_THREADS, 0, st>>>(x, A->ao, L.post_attn_norm, A->h, 1.f, L.pre_ffw_norm, A->mi, H, eps);
-    gemm(g, T, 2L * I, H, 1, M((const E *)A->mi, H), M((const E *)L.w_gu, H, true), 0, A->gu, dtype_of<E>(), 2L * I);
+    frozen_forward<E>(g, L, PROJ_GATE, PROJ_UP, A, A->mi, H, L.w_gu, A->gu, 2L * I);
     lora_fwd<E>(g, host, l, PROJ_GATE, A->mi, T, A->gu, 2L * I, A->t[PROJ_GATE]);
     lora_fwd<E>(g, host, l, PROJ_UP, A->mi, T, A->gu + I, 2L * I, A->t[PROJ_UP]);
     geglu<E>(st, A->gu, nullptr, A->z, T, I);
-    gemm(g, T, H, I, 1, M((const E *)A->z, I), M((const E *)L.w_down, I, true), 0, A->mo, dtype_of<E>(), H);
+    frozen_forward<E>(g, L, PROJ_DOWN, PROJ_DOWN, A, A->z, I, L.w_down, A->mo, H);
     lora_fwd<E>(g, host, l, PROJ_DOWN, A->z, T, A->mo, H, A->t[PROJ_DOWN]);
     k_add_norm<E><<<T, ROW_THREADS, 0, st>>>(A->h, A->mo, L.post_ffw_norm, out, L.layer_scalar, nullptr, nullptr, H,
                                              eps);
@@ -1041,16 +1415,16 @@ void layer_backward(gemma_cuda *g, const gemma_model_f32 *host, int l, const dba
     // out = (h + n_post_ffw(mo)) · layer_scalar
     k_scale<E><<<grid_for((long)T * H, 256), 256, 0, st>>>(dout, L.layer_scalar, A->d_h, (long)T * H);
     k_rmsnorm_bwd<E><<<T, ROW_THREADS, 0, st>>>(A->mo, L.post_ffw_norm, dout, L.layer_scalar, nullptr, A->d_mo, H, eps);
-    gemm(g, T, I, H, 1, M((const E *)A->d_mo, H), M((const E *)L.w_down, I), 0, A->d_z, dtype_of<E>(), I);
+    frozen_input_grad<E>(g, l, PROJ_DOWN, A, A->d_mo, H, L.w_down, A->d_z, I);
     lora_bwd<E>(g, host, l, PROJ_DOWN, A->z, A->t[PROJ_DOWN], A->d_mo, H, T, A->d_z, A->d_t);
     geglu<E>(st, A->gu, A->d_z, A->d_gu, T, I);
-    gemm(g, T, H, 2L * I, 1, M((const E *)A->d_gu, 2L * I), M((const E *)L.w_gu, H), 0, A->d_mi, dtype_of<E>(), H);
+    frozen_input_grad<E>(g, l, PROJ_GATE, A, A->d_gu, 2L * I, L.w_gu, A->d_mi, H);
     lora_bwd<E>(g, host, l, PROJ_GATE, A->mi, A->t[PROJ_GATE], A->d_gu, 2L * I, T, A->d_mi, A->d_t);
     lora_bwd<E>(g, host, l, PROJ_UP, A->mi, A->t[PROJ_UP], A->d_gu + I, 2L * I, T, A->d_mi, A->d_t);
     // h = x + n_post_attn(ao): dx gets d_h whole, plus the input norm's share below
     k_rmsnorm_bwd<E><<<T, ROW_THREADS, 0, st>>>(A->h, L.pre_ffw_norm, A->d_mi, 1.f, A->d_h, dx, H, eps);
     k_rmsnorm_bwd<E><<<T, ROW_THREADS, 0, st>>>(A->ao, L.post_attn_norm, dx, 1.f, nullptr, A->d_ao, H, eps);
-    gemm(g, T, L.qd, H, 1, M((const E *)A->d_ao, H), M((const E *)L.w_o, L.qd), 0, A->d_o, dtype_of<E>(), L.qd);
+    frozen_input_grad<E>(g, l, PROJ_O, A, A->d_ao, H, L.w_o, A->d_o, L.qd);
     lora_bwd<E>(g, host, l, PROJ_O, A->o, A->t[PROJ_O], A->d_ao, H, T, A->d_o, A->d_t);
     CU(cudaGetLastError());
 
@@ -1085,7 +1459,7 @@ void layer_backward(gemma_cuda *g, const gemma_model_f32 *host, int l, const dba
     }
     CU(cudaGetLastError());
 
-    gemm(g, T, H, ldqkv, 1, M((const E *)A->d_qkv, ldqkv), M((const E *)L.w_qkv, H), 0, A->d_a, dtype_of<E>(), H);
+    frozen_input_grad<E>(g, l, PROJ_Q, A, A->d_qkv, ldqkv, L.w_qkv, A->d_a, H);
     lora_bwd<E>(g, host, l, PROJ_Q, A->a, A->t[PROJ_Q], A->d_qkv, ldqkv, T, A->d_a, A->d_t);
     lora_bwd<E>(g, host, l, PROJ_K, A->a, A->t[PROJ_K], A->d_qkv + L.qd, ldqkv, T, A->d_a, A->d_t);
     if (L.vd) lora_bwd<E>(g, host, l, PROJ_V, A->a, A->t[PROJ_V], A->d_qkv + L.qd + L.kd, ldqkv, T, A->d_a, A->d_t);
@@ -1890,6 +2264,35 @@ template <class E> void load_weights(gemma_cuda *g, const char *dir, const gemma
     if (ck_open) checkpoint_close(&ck);
 }
 
+// The FP8 products set up where fp8_applies: cuBLASLt opened and probed (a device whose cuBLASLt
+// refuses outer-vector scaling keeps the dequantization), the quantized operand's width per
+// token, and the backward's transposed codes and stacked row scales placed in the dequantization
+// scratch (codes first: a byte a weight where the scratch has two; then the scales, 4 bytes a row,
+// which fit in the second half as a projection has at least 16 inputs).
+void fp8_setup(gemma_cuda *g) {
+    const gemma_config *c = &g->cfg;
+    long H = c->hidden, I = c->intermediate, width = std::max(H, 2 * I), max_in = std::max(H, I);
+    size_t codes = 0, rows = 0;
+    for (const dlayer &L : g->layer) {
+        width = std::max(width, (long)(L.qd + L.kd + L.vd));
+        width = std::max(width, (long)L.qd);
+        max_in = std::max(max_in, (long)L.qd);
+        const qmat &down = L.packed[PROJ_DOWN];
+        codes = std::max(codes, down.at + (size_t)(down.rows * down.cols));
+        size_t r = 0;
+        for (int p = 0; p < PROJ_COUNT; p++) r += L.packed[p].fmt == Q_NONE ? 0 : (size_t)L.packed[p].rows;
+        rows = std::max(rows, r);
+    }
+    size_t scale_at = (codes + 255) & ~(size_t)255;
+    if (scale_at + rows * sizeof(float) > codes * g->esize)
+        fail("the FP8 products' transposed codes and scales do not fit the dequantization scratch");
+    if (!fp8_open(&g->fp8, g->stream, g->blas_workspace, BLAS_WORKSPACE_BYTES, max_in)) return;
+    g->fp8.width = width;
+    g->fp8.codes_t = (uint8_t *)g->dequant;
+    g->fp8.scale_t = (float *)((uint8_t *)g->dequant + scale_at);
+    g->fp8.layer = -1;
+}
+
 template <class E> void open_model(gemma_cuda *g, const gemma_model_f32 *host, const char *dir,
                                    const gemma_cuda_options *o) {
     int dev = 0;
@@ -1908,7 +2311,7 @@ template <class E> void open_model(gemma_cuda *g, const gemma_model_f32 *host, c
     if (g->blas.create(&g->handle) != CUBLAS_STATUS_SUCCESS) fail("cublasCreate failed");
     g->blas.set_stream(g->handle, g->stream);
     g->blas.set_math_mode(g->handle, CUBLAS_DEFAULT_MATH); // no TF32 for f32 operands
-    size_t ws = (size_t)64 << 20;
+    size_t ws = BLAS_WORKSPACE_BYTES;
     g->blas_workspace = dev_alloc(g, ws);
     g->blas.set_workspace(g->handle, g->blas_workspace, ws);
     wa_context_params wp = {};
@@ -1917,9 +2320,11 @@ template <class E> void open_model(gemma_cuda *g, const gemma_model_f32 *host, c
     wa_status st = wa_context_create(&wp, &g->wa);
     if (st != WA_OK) fail("winattn context: %s", wa_status_str(st));
     load_weights<E>(g, dir, o);
+    if (fp8_applies(g, prop)) fp8_setup(g);
     if (g->base_name) {
         size_t len = strlen(g->describe);
-        snprintf(g->describe + len, sizeof g->describe - len, ", projections %s, dequantized per layer", g->base_name);
+        snprintf(g->describe + len, sizeof g->describe - len, ", projections %s, %s", g->base_name,
+                 g->fp8.on ? "FP8 products (cuBLASLt)" : "dequantized per layer");
     }
     g->param_count = host->param_count;
     g->params = (float *)dev_alloc(g, g->param_count * sizeof(float));
@@ -1970,6 +2375,7 @@ long gemma_cuda_token_budget(gemma_cuda *g) {
     double words = (double)c->heads * (1 + full) + 2 + 3 + (c->kind[0].head_dim + c->kind[1].head_dim) +
                    (double)c->heads * dmax;
     double per_token = elems * g->esize + words * 4;
+    if (g->fp8.on) per_token += (double)g->fp8.width + 4; // the FP8 products' quantized rows and scales
     // fixed: one chunk of logits (f32) and their gradient (E)
     long rows = g->logit_rows > 0 ? g->logit_rows : std::max<long>(1, (1L << 30) / ((long)c->vocab * 4));
     double fixed = (double)rows * c->vocab * (4 + g->esize);
@@ -2063,6 +2469,7 @@ void gemma_cuda_close(gemma_cuda *g) {
     for (cudaEvent_t e : g->prof.ev) cudaEventDestroy(e);
     if (g->wa) wa_context_destroy(g->wa);
     if (g->handle) g->blas.destroy(g->handle);
+    fp8_close(&g->fp8);
     for (int k = 0; k < 2; k++) cudaFree(g->cosv[k]), cudaFree(g->sinv[k]);
     cudaFree(g->weights);
     for (void *p : g->packed_mem) cudaFree(p);
@@ -2223,5 +2630,68 @@ void gemma_cuda_reset_peak(gemma_cuda *g) {
 }
 
 const char *gemma_cuda_describe(const gemma_cuda *g) { return g->describe; }
+
+int gemma_cuda_fp8_product(int input_grad, long rows, long n_out, long k_in, const uint8_t *codes,
+                           const float *row_scale, const uint16_t *x, uint16_t *y, uint8_t *xq, float *x_scale,
+                           int *compute_capability, char *err, size_t errlen) {
+    fp8_engine f;
+    cudaStream_t st = nullptr;
+    void *mem = nullptr, *workspace = nullptr;
+    *compute_capability = 0;
+    int rc = 0;
+    try {
+        int dev = 0;
+        cudaDeviceProp prop;
+        CU(cudaGetDevice(&dev));
+        CU(cudaGetDeviceProperties(&prop, dev));
+        *compute_capability = prop.major * 10 + prop.minor;
+        if (*compute_capability < 89) return 1;
+        if (rows < 1 || n_out % 16 || k_in % 16 || n_out < 16 || k_in < 16)
+            fail("an FP8 product needs rows >= 1 and n_out, k_in positive multiples of 16");
+        CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+        CU(cudaMalloc(&workspace, BLAS_WORKSPACE_BYTES));
+        if (!fp8_open(&f, st, workspace, BLAS_WORKSPACE_BYTES, std::max(n_out, k_in))) {
+            rc = 1;
+        } else {
+            long in = input_grad ? n_out : k_in, out = input_grad ? k_in : n_out, w = n_out * k_in;
+            // one allocation, each part at a 256-byte boundary
+            auto up = [](size_t b) { return (b + 255) & ~(size_t)255; };
+            size_t at_codes = 0, at_scale = at_codes + up((size_t)w), at_t = at_scale + up((size_t)n_out * 4),
+                   at_x = at_t + up((size_t)w), at_y = at_x + up((size_t)(rows * in) * 2),
+                   at_q = at_y + up((size_t)(rows * out) * 2), at_s = at_q + up((size_t)(rows * in)),
+                   total = at_s + up((size_t)rows * 4);
+            CU(cudaMalloc(&mem, total));
+            unsigned char *m = (unsigned char *)mem;
+            CU(cudaMemcpy(m + at_codes, codes, (size_t)w, cudaMemcpyHostToDevice));
+            CU(cudaMemcpy(m + at_scale, row_scale, (size_t)n_out * 4, cudaMemcpyHostToDevice));
+            CU(cudaMemcpy(m + at_x, x, (size_t)(rows * in) * 2, cudaMemcpyHostToDevice));
+            const bf16 *dx = (const bf16 *)(m + at_x);
+            uint8_t *q = m + at_q;
+            float *qs = (float *)(m + at_s);
+            if (!input_grad) { // as frozen_forward
+                quant_rows<bf16>(st, dx, k_in, nullptr, rows, k_in, q, qs);
+                fp8_product(&f, st, rows, n_out, k_in, q, k_in, qs, m + at_codes, k_in, (const float *)(m + at_scale),
+                            (bf16 *)(m + at_y), n_out);
+            } else { // as frozen_input_grad on a group of one projection
+                transpose_codes(st, m + at_codes, n_out, k_in, m + at_t, n_out);
+                quant_rows<bf16>(st, dx, n_out, (const float *)(m + at_scale), rows, n_out, q, qs);
+                fp8_product(&f, st, rows, k_in, n_out, q, n_out, qs, m + at_t, n_out, f.ones, (bf16 *)(m + at_y),
+                            k_in);
+            }
+            CU(cudaStreamSynchronize(st));
+            CU(cudaMemcpy(y, m + at_y, (size_t)(rows * out) * 2, cudaMemcpyDeviceToHost));
+            if (xq) CU(cudaMemcpy(xq, q, (size_t)(rows * in), cudaMemcpyDeviceToHost));
+            if (x_scale) CU(cudaMemcpy(x_scale, qs, (size_t)rows * 4, cudaMemcpyDeviceToHost));
+        }
+    } catch (const failure &e) {
+        rc = report(e, err, errlen);
+    }
+    if (st) cudaStreamSynchronize(st);
+    fp8_close(&f);
+    cudaFree(mem);
+    cudaFree(workspace);
+    if (st) cudaStreamDestroy(st);
+    return rc;
+}
 
 } // extern "C"

@@ -16,7 +16,11 @@
  *     stored. Each layer's projections are dequantized into one E scratch right before its
  *     products; the backward's recomputation and the backward of a layer share one
  *     dequantization. The values the products see are the CPU reference's dequantized f32
- *     values, rounded to bf16 in bf16 precision and unchanged in f32;
+ *     values, rounded to bf16 in bf16 precision and unchanged in f32. Except fp8
+ *     in bf16 on compute capability 8.9 or more (where cuBLASLt, loaded at run time, takes
+ *     outer-vector FP8 scaling): its products multiply the codes themselves, the activations and
+ *     the weight-scaled gradients quantized to e4m3 a token a row on the fly, the codes transposed
+ *     one layer at a time for the input gradient (model_cuda.cu: "FP8 products");
  *   - activations in the weights' precision, every reduction (norms, softmax, cross-entropy) in
  *     f32; LoRA A and B in f32 master copies with a bf16 copy for the products; gradients and Adam's
  *     moments f32;
@@ -149,6 +153,19 @@ typedef struct gemma_cuda_packed {
 int gemma_cuda_quantize(base_dtype base, const st_tensor *t, const char *name, gemma_cuda_packed *out, char *err,
                         size_t errlen);
 void gemma_cuda_packed_free(gemma_cuda_packed *p);
+
+/* One FP8 product of the fp8 base's bf16 path alone, for tests: codes [n_out, k_in] e4m3 with
+ * row_scale[n_out] (quant.h's fp8 format) are the weight W; x holds bf16 bits.
+ *   input_grad 0, the forward:        y [rows, n_out] = x [rows, k_in] · Wᵀ;
+ *   input_grad 1, the input gradient: y [rows, k_in] = x [rows, n_out] · W.
+ * y receives bf16 bits; xq and x_scale (when not NULL) the operand's rows as the device quantized
+ * them ([rows, k_in] or [rows, n_out] codes, [rows] scales; for the input gradient x times the
+ * row scales first). *compute_capability gets the device's (90 for 9.0). 0; 1 where the device
+ * takes no FP8 products (below 8.9, or cuBLASLt refuses outer-vector scaling there); -1 with a
+ * one-line message. */
+int gemma_cuda_fp8_product(int input_grad, long rows, long n_out, long k_in, const uint8_t *codes,
+                           const float *row_scale, const uint16_t *x, uint16_t *y, uint8_t *xq, float *x_scale,
+                           int *compute_capability, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

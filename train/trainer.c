@@ -1287,8 +1287,11 @@ int train_run(const train_options *o, char *err, size_t errlen) {
     else if (o->base == BASE_NF4)
         printf("base: q, k, v, o, gate, up, down as bitsandbytes' NF4 (blocks of 64, double-quantized absmax), %s\n",
                dequantized);
-    else if (o->base == BASE_FP8)
-        printf("base: q, k, v, o, gate, up, down as FP8 e4m3 with a scale per output channel, %s\n", dequantized);
+    else if (o->base == BASE_FP8) /* in bf16 on the GPU: FP8 products where the device takes them */
+        printf("base: q, k, v, o, gate, up, down as FP8 e4m3 with a scale per output channel, %s\n",
+               on_gpu && o->precision == PRECISION_BF16
+                   ? "packed on the device, multiplied as FP8 or dequantized per layer to bf16 (the device line says)"
+                   : dequantized);
     if (on_gpu) {
         gemma_cuda_options co = {o->precision, o->random_init, o->init_seed, 0, o->deterministic, o->base};
         double t0 = now_seconds();
