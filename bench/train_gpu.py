@@ -53,12 +53,17 @@ def config(layers):
     return c
 
 
-def write_records(path, lengths, vocab, seed):
+def record_tokens(lengths, vocab, seed):
+    """The records' token ids: BOS, then uniform ids from 3 up, one generator seeded by `seed`."""
     import random
     rng = random.Random(seed)
+    return [[2] + [rng.randrange(3, vocab) for _ in range(n - 1)] for n in lengths]
+
+
+def write_records(path, lengths, vocab, seed):
     with open(path, "w") as f:
-        for n in lengths:
-            f.write(json.dumps({"tokens": [2] + [rng.randrange(3, vocab) for _ in range(n - 1)]}) + "\n")
+        for tokens in record_tokens(lengths, vocab, seed):
+            f.write(json.dumps({"tokens": tokens}) + "\n")
 
 
 STEP = re.compile(r"^step (\d+)/\d+ +loss ([0-9.naif]+) +tokens (\d+) .* ([0-9.]+) s +(\d+) tok/s .*device peak ([0-9.]+) GB")
@@ -109,6 +114,8 @@ PEER = r'''
 import json, math, sys, time, torch
 cfg_json, peer, length, steps = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 rank, scale = int(sys.argv[5]), float(sys.argv[6])
+with open(sys.argv[7]) as f:  # the records the C trainer trains on (it visits them in its own order)
+    records = json.load(f)
 from transformers import AutoModelForCausalLM
 from transformers_lora import add_lora, gemma4_config
 attn = "winattn" if peer == "qlora" else peer
@@ -132,7 +139,7 @@ opt = torch.optim.Adam(params, lr=1e-5)
 times = []
 try:
     for s in range(steps):
-        ids = torch.randint(3, cfg.vocab_size, (1, length), device="cuda", generator=torch.Generator("cuda").manual_seed(s))
+        ids = torch.tensor([records[s]], device="cuda")
         torch.cuda.reset_peak_memory_stats()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -156,8 +163,12 @@ def run_peer(cfg, peer, length, steps, winattn_lib, peers_dir=None):
     env["PYTHONPATH"] = os.pathsep.join(path)
     if winattn_lib:
         env["WINATTN_LIBRARY"] = winattn_lib
-    p = subprocess.run([sys.executable, "-c", PEER, json.dumps(cfg), peer, str(length), str(steps), str(LORA_RANK),
-                        repr(LORA_SCALE)], capture_output=True, text=True, env=env)
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as records:
+        # the records run_c writes for this length: every trainer sees the same tokens
+        json.dump(record_tokens([length] * steps, cfg["vocab_size"], length), records)
+        records.flush()
+        p = subprocess.run([sys.executable, "-c", PEER, json.dumps(cfg), peer, str(length), str(steps),
+                            str(LORA_RANK), repr(LORA_SCALE), records.name], capture_output=True, text=True, env=env)
     for line in reversed(p.stdout.splitlines()):
         if line.startswith("{"):
             return json.loads(line)
