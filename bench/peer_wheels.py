@@ -1,23 +1,27 @@
 #!/usr/bin/env python3
-"""peer_wheels.py — FlashAttention 4, ffpa-attn and cuDNN's frontend for bench/gpu_peers.py on a GPU
-machine that reaches no package registry, carried there as wheels in pieces small enough for each
-transfer.
+"""peer_wheels.py — the peers' wheels for a GPU machine that reaches no package registry, carried
+there in pieces small enough for each transfer. Two sets, chosen by --set:
+  peers  (the default) FlashAttention 4, ffpa-attn and cuDNN's frontend for bench/gpu_peers.py;
+  qlora  bitsandbytes for bench/train_gpu.py's "qlora" peer (transformers + peft + bitsandbytes).
 
 Where PyPI is reachable:
-    python3 bench/peer_wheels.py fetch [--dir .peer-wheels] [--group-mib 49]
-downloads the pinned wheels below (CPython 3.12, manylinux x86-64: the GPU machine's Python) and
+    python3 bench/peer_wheels.py fetch [--set S] [--dir DIR] [--group-mib 49]
+downloads the set's pinned wheels (CPython 3.12, manylinux x86-64: the GPU machine's Python) into
+DIR (.peer-wheels for peers, .qlora-wheels for qlora: both ignored by git, so carry can take them) and
 lays them out as carry groups DIR/1, DIR/2, ..., each at most --group-mib MiB: a wheel larger than
 what is left of a group is cut into pieces (the CUTLASS DSL's CUDA 13 libraries are 88 MB).
 Each group holds manifest.json: every wheel's size, sha256 and pieces.
 
 On the GPU machine, one group per transfer, back to back while the machine stays warm (its /tmp
 survives between commands):
-    python3 bench/peer_wheels.py stash DIR/1
+    python3 bench/peer_wheels.py stash [--set S] DIR/1
     ...
-    python3 bench/peer_wheels.py stash DIR/N && python3 bench/peer_wheels.py install
-stash copies a group's files into the staging folder (--stage, /tmp/winattn-peer-wheels); install
-checks that every piece of every wheel is there, joins them, checks each wheel's size and sha256,
-and installs them with pip (--no-deps --no-index) into --target (/tmp/winattn-peers). Then
+    python3 bench/peer_wheels.py stash [--set S] DIR/N && python3 bench/peer_wheels.py install [--set S]
+stash copies a group's files into the set's staging folder (--stage; /tmp/winattn-peer-wheels for
+peers, /tmp/winattn-qlora-wheels for qlora, so the two sets' manifests never meet); install checks
+that every piece of every wheel is there, joins them, checks each wheel's size and sha256, and
+installs them with pip (--no-deps --no-index) into --target (/tmp/winattn-peers, /tmp/winattn-qlora).
+Then
     python3 bench/gpu_peers.py --peers-dir /tmp/winattn-peers --systems fa4,winattn,...
 puts the target and the CUTLASS DSL's own package folder on sys.path (what the DSL's .pth file
 does in a site-packages install, which --target skips).
@@ -35,6 +39,11 @@ band, bf16, GQA and head dims 128 and 256 through its fused SDPA, so no cuDNN wh
 (the newest, nvidia-cudnn-cu13 9.28.1.4, is 492 MiB). The frontend's requirement of
 nvidia-cutlass-dsl >= 4.8 is for its own CuTe-DSL kernels, which gpu_peers does not build: below
 the DSL version they check for (4.7) they decline, and gpu_peers builds only the library's plans.
+
+The qlora set is bitsandbytes 0.50.2 alone (one wheel for every CUDA version, its CUDA 13 library
+included): its requirements (torch, numpy, packaging) and transformers, peft and accelerate are on
+the GPU machine already. python3 bench/train_gpu.py --peers qlora --peers-dir /tmp/winattn-qlora
+puts the target on the peer's path.
 """
 import argparse
 import hashlib
@@ -44,7 +53,7 @@ import shutil
 import subprocess
 import sys
 
-PINNED = [
+PEERS = [
     "flash-attn-4==4.0.0b40",
     "ffpa-attn==0.2.4",
     "quack-kernels==0.6.4",
@@ -56,6 +65,13 @@ PINNED = [
     "torch-c-dlpack-ext==0.1.5",
     "nvidia-cudnn-frontend==1.32.0",
 ]
+QLORA = ["bitsandbytes==0.50.2"]
+# each set: its pinned wheels, the staging folder stash fills, the folder install fills and fetch's folder
+# (apart, so that one set's download never counts as the other's stale wheels)
+SETS = {
+    "peers": (PEERS, "/tmp/winattn-peer-wheels", "/tmp/winattn-peers", ".peer-wheels"),
+    "qlora": (QLORA, "/tmp/winattn-qlora-wheels", "/tmp/winattn-qlora", ".qlora-wheels"),
+}
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "any"]
 MIB = 1 << 20
@@ -89,15 +105,16 @@ def sha256(path):
 def fetch(args):
     if args.group_mib < 1:
         die("--group-mib must be at least 1")
+    pinned = SETS[args.set][0]
     download = os.path.join(args.dir, "download")
     os.makedirs(download, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", "3.12",
-           "--implementation", "cp", "-d", download] + sum([["--platform", p] for p in PLATFORMS], []) + PINNED
+           "--implementation", "cp", "-d", download] + sum([["--platform", p] for p in PLATFORMS], []) + pinned
     if subprocess.call(cmd) != 0:
         die("pip download failed (is PyPI reachable from here?)")
     wheels = sorted(f for f in os.listdir(download) if f.endswith(".whl"))
-    if len(wheels) != len(PINNED):
-        die("expected %d wheels in %s, found %d (remove stale ones): %s" % (len(PINNED), download, len(wheels), wheels))
+    if len(wheels) != len(pinned):
+        die("expected %d wheels in %s, found %d (remove stale ones): %s" % (len(pinned), download, len(wheels), wheels))
     # fill groups in order, cutting a wheel where a group is full
     limit = args.group_mib * MIB
     groups, used, manifest = [[]], 0, {}
@@ -166,22 +183,34 @@ def install(args):
            "--upgrade", "--target", args.target] + [os.path.join(joined, n) for n in sorted(manifest)]
     if subprocess.call(cmd) != 0:
         die("pip install into %s failed" % args.target)
-    print("installed %d wheels into %s; python3 bench/gpu_peers.py --peers-dir %s" % (len(manifest), args.target, args.target))
+    tool = "train_gpu.py --peers qlora" if args.set == "qlora" else "gpu_peers.py"
+    print("installed %d wheels into %s; python3 bench/%s --peers-dir %s"
+          % (len(manifest), args.target, tool, args.target))
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     f = sub.add_parser("fetch", help="download the pinned wheels and cut them into carry groups (needs PyPI)")
-    f.add_argument("--dir", default=".peer-wheels")
+    f.add_argument("--dir", default=None, help="default: the set's (.peer-wheels, .qlora-wheels)")
     f.add_argument("--group-mib", type=int, default=49, help="the most MiB in one group")
     s = sub.add_parser("stash", help="copy one carried group into the staging folder")
     s.add_argument("group")
-    s.add_argument("--stage", default="/tmp/winattn-peer-wheels")
+    s.add_argument("--stage", default=None, help="default: the set's (peers /tmp/winattn-peer-wheels, "
+                   "qlora /tmp/winattn-qlora-wheels)")
     i = sub.add_parser("install", help="join, verify and pip-install the stashed wheels")
-    i.add_argument("--stage", default="/tmp/winattn-peer-wheels")
-    i.add_argument("--target", default="/tmp/winattn-peers")
+    i.add_argument("--stage", default=None, help="default: the set's, as for stash")
+    i.add_argument("--target", default=None,
+                   help="default: the set's (peers /tmp/winattn-peers, qlora /tmp/winattn-qlora)")
+    for p in (f, s, i):
+        p.add_argument("--set", default="peers", choices=sorted(SETS), help="which wheels: peers (default) or qlora")
     args = ap.parse_args()
+    if getattr(args, "stage", "") is None:
+        args.stage = SETS[args.set][1]
+    if getattr(args, "target", "") is None:
+        args.target = SETS[args.set][2]
+    if getattr(args, "dir", "") is None:
+        args.dir = SETS[args.set][3]
     {"fetch": fetch, "stash": stash, "install": install}[args.cmd](args)
 
 

@@ -3,21 +3,27 @@
 random bf16 weights, LoRA rank 32 on q, k, v, o, one record per step at each length.
 
 Runs, in one process tree and one sitting:
-  * `winattn train --device cuda --init-random 0` (the C trainer: bf16, cuBLAS, winattn's
-    kernels, per-layer recomputation, the head in chunks);
+  * `winattn train --device cuda --init-random 0 --base-dtype B` (the C trainer: bf16, cuBLAS,
+    winattn's kernels, per-layer recomputation, the head in chunks; B, default bf16, is its frozen
+    base: nf4, mlx4 or fp8 keep the projections packed on the device);
   * with --peers, transformers (the machine's own) with attn_implementation "winattn" and
     "sdpa": bf16 weights, gradient checkpointing, a hand-written LoRA of the same rank, targets
-    and scale, each in its own process so one's memory never counts against another's.
+    and scale, each in its own process so one's memory never counts against another's;
+  * the peer "qlora": transformers + peft + bitsandbytes QLoRA (bench/qlora_peer.py): the
+    projections bitsandbytes NF4 with double quantization (bf16 compute), the embedding and norms
+    bf16, peft's LoRA of the same rank, targets and scale (lora_alpha = scale * rank), gradient
+    checkpointing, attn_implementation "winattn". bitsandbytes comes from --peers-dir (the GPU
+    machine has none: bench/peer_wheels.py --set qlora carries it). The peer the C trainer's
+    --base-dtype nf4 is measured against.
 Per length: the median step time after the first (warm-up) step, tokens/s, peak device memory
 (the C trainer's own count: weights, adapters, the stream-ordered pool's high-water mark; torch's
 max_memory_allocated for transformers), or what stopped it (out of memory). Prints a table and,
 with --json, writes the numbers.
 
   python3 bench/train_gpu.py --winattn build/winattn [--layers 60] [--lengths 8192,16384,30553]
-                             [--steps 3] [--peers winattn,sdpa] [--peer-lengths L,...] [--skip-c]
-                             [--base-dtypes bf16,fp8] [--json FILE]
---base-dtypes runs the C trainer once per frozen-projection format (fp8 in bf16 multiplies
-through cuBLASLt's FP8 products where the GPU takes them). --layers N keeps the first N layers of the 31B's pattern (5 sliding, 1 full, repeated): a quick
+                             [--steps 3] [--base-dtype bf16|nf4|mlx4|fp8[,...]] [--peers winattn,sdpa,qlora]
+                             [--peers-dir DIR] [--peer-lengths L,...] [--skip-c] [--json FILE]
+--layers N keeps the first N layers of the 31B's pattern (5 sliding, 1 full, repeated): a quick
 look at the per-layer cost; the job itself is 60.
 """
 import argparse
@@ -32,6 +38,10 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 CONFIG = os.path.join(ROOT, "train", "configs", "gemma4-31b.json")
+# the adapters every trainer here trains: the C trainer's flags, and the peers' LoRA
+LORA_RANK = 32
+LORA_SCALE = 20.0
+LORA_KEYS = "q,k,v,o"
 
 
 def config(layers):
@@ -43,20 +53,32 @@ def config(layers):
     return c
 
 
-def write_records(path, lengths, vocab, seed):
+def record_tokens(lengths, vocab, seed):
+    """The records' token ids: BOS, then uniform ids from 3 up, one generator seeded by `seed`."""
     import random
     rng = random.Random(seed)
+    return [[2] + [rng.randrange(3, vocab) for _ in range(n - 1)] for n in lengths]
+
+
+def write_records(path, lengths, vocab, seed):
     with open(path, "w") as f:
-        for n in lengths:
-            f.write(json.dumps({"tokens": [2] + [rng.randrange(3, vocab) for _ in range(n - 1)]}) + "\n")
+        for tokens in record_tokens(lengths, vocab, seed):
+            f.write(json.dumps({"tokens": tokens}) + "\n")
 
 
 STEP = re.compile(r"^step (\d+)/\d+ +loss ([0-9.naif]+) +tokens (\d+) .* ([0-9.]+) s +(\d+) tok/s .*device peak ([0-9.]+) GB")
 
 
-def run_c(winattn, cfg, length, steps, batch=None, base="bf16"):
-    """One record of `length` tokens per step, or with batch = [lengths] those records as one batch; base: the
-    frozen projections' --base-dtype (quantized on the host at load from the drawn weights)."""
+def c_command(winattn, model, data, adapters, batch_size, steps, base_dtype):
+    """The C trainer's command line: random weights on the GPU, LORA_RANK on LORA_KEYS scaled by LORA_SCALE."""
+    return [winattn, "train", "--model", model, "--data", data, "--device", "cuda", "--init-random", "0",
+            "--base-dtype", base_dtype, "--batch-size", str(batch_size), "--iters", str(steps),
+            "--lora-rank", str(LORA_RANK), "--lora-scale", "%g" % LORA_SCALE, "--lora-keys", LORA_KEYS,
+            "--adapter-path", adapters]
+
+
+def run_c(winattn, cfg, length, steps, batch=None, base_dtype="bf16"):
+    """One record of `length` tokens per step, or with batch = [lengths] those records as one batch."""
     records = list(batch) if batch else [length]
     with tempfile.TemporaryDirectory() as tmp:
         model, data = os.path.join(tmp, "model"), os.path.join(tmp, "data")
@@ -65,9 +87,7 @@ def run_c(winattn, cfg, length, steps, batch=None, base="bf16"):
         with open(os.path.join(model, "config.json"), "w") as f:
             json.dump(cfg, f)
         write_records(os.path.join(data, "train.jsonl"), records * steps, cfg["vocab_size"], length)
-        cmd = [winattn, "train", "--model", model, "--data", data, "--device", "cuda", "--init-random", "0",
-               "--batch-size", str(len(records)), "--iters", str(steps), "--lora-rank", "32", "--lora-keys", "q,k,v,o",
-               "--adapter-path", os.path.join(tmp, "adapters"), "--base-dtype", base]
+        cmd = c_command(winattn, model, data, os.path.join(tmp, "adapters"), len(records), steps, base_dtype)
         p = subprocess.run(cmd, capture_output=True, text=True)
         times, peak, losses = [], 0.0, []
         for line in p.stdout.splitlines():
@@ -92,24 +112,34 @@ def run_c(winattn, cfg, length, steps, batch=None, base="bf16"):
 
 PEER = r'''
 import json, math, sys, time, torch
-cfg_json, attn, length, steps = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+cfg_json, peer, length, steps = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+rank, scale = int(sys.argv[5]), float(sys.argv[6])
+with open(sys.argv[7]) as f:  # the records the C trainer trains on (it visits them in its own order)
+    records = json.load(f)
 from transformers import AutoModelForCausalLM
 from transformers_lora import add_lora, gemma4_config
+attn = "winattn" if peer == "qlora" else peer
 if attn == "winattn":
     import winattn.transformers
     winattn.transformers.register()
 cfg = gemma4_config(cfg_json, attn)
 torch.manual_seed(0)
-with torch.device("cuda"):
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
-params = add_lora(model, rank=32, scale=20.0)
-model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-model.config.use_cache = False
+if peer == "qlora":
+    from qlora_peer import qlora_model
+    model, params = qlora_model(cfg, "cuda", rank, scale)
+    torch.cuda.empty_cache()
+else:
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    params = add_lora(model, rank=rank, scale=scale)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
+model.train()
 opt = torch.optim.Adam(params, lr=1e-5)
 times = []
 try:
     for s in range(steps):
-        ids = torch.randint(3, cfg.vocab_size, (1, length), device="cuda", generator=torch.Generator("cuda").manual_seed(s))
+        ids = torch.tensor([records[s]], device="cuda")
         torch.cuda.reset_peak_memory_stats()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -127,13 +157,18 @@ except torch.OutOfMemoryError as e:
 '''
 
 
-def run_peer(cfg, attn, length, steps, winattn_lib):
+def run_peer(cfg, peer, length, steps, winattn_lib, peers_dir=None):
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "python"), HERE, env.get("PYTHONPATH", "")])
+    path = ([peers_dir] if peers_dir else []) + [os.path.join(ROOT, "python"), HERE, env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(path)
     if winattn_lib:
         env["WINATTN_LIBRARY"] = winattn_lib
-    p = subprocess.run([sys.executable, "-c", PEER, json.dumps(cfg), attn, str(length), str(steps)],
-                       capture_output=True, text=True, env=env)
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as records:
+        # the records run_c writes for this length: every trainer sees the same tokens
+        json.dump(record_tokens([length] * steps, cfg["vocab_size"], length), records)
+        records.flush()
+        p = subprocess.run([sys.executable, "-c", PEER, json.dumps(cfg), peer, str(length), str(steps),
+                            str(LORA_RANK), repr(LORA_SCALE), records.name], capture_output=True, text=True, env=env)
     for line in reversed(p.stdout.splitlines()):
         if line.startswith("{"):
             return json.loads(line)
@@ -148,42 +183,67 @@ def main():
     ap.add_argument("--layers", type=int, default=0)
     ap.add_argument("--lengths", default="8192,16384,30553")
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--peers", default="winattn,sdpa")
+    ap.add_argument("--base-dtype", default="bf16",
+                    help="the C trainer's frozen base (--base-dtype: bf16, nf4, mlx4, fp8), or several, one C row "
+                         "each (bf16,fp8: fp8 against bf16 on one machine); the qlora peer is always nf4")
+    ap.add_argument("--peers", default="winattn,sdpa",
+                    help="qlora, or transformers' attn_implementation names (winattn, sdpa, ...); none")
+    ap.add_argument("--peers-dir", default=None,
+                    help="first on the peers' path (bench/peer_wheels.py install --set qlora puts bitsandbytes there)")
     ap.add_argument("--peer-lengths", default=None, help="lengths the peers run (default: --lengths)")
     ap.add_argument("--skip-c", action="store_true", help="run the peers only")
     ap.add_argument("--batch", default=None,
                     help="LENS: the C trainer alone on batches of these records (e.g. 30553,9000,4000,1200)")
     ap.add_argument("--json", default=None)
-    ap.add_argument("--base-dtypes", default="bf16",
-                    help="the C trainer's --base-dtype, one row each (e.g. bf16,fp8: fp8 against bf16 on one machine)")
     a = ap.parse_args()
     cfg = config(a.layers)
     lengths = [int(x) for x in a.lengths.split(",")]
     peers = [p for p in a.peers.split(",") if p and p != "none"]
     lib = a.library or os.path.join(os.path.dirname(os.path.abspath(a.winattn)), "libwinattn.so")
     peer_lengths = [int(x) for x in a.peer_lengths.split(",")] if a.peer_lengths else lengths
+    if a.peers_dir and not os.path.isdir(a.peers_dir):
+        sys.exit("train_gpu: --peers-dir %s: no such folder (bench/peer_wheels.py install --set qlora fills it)"
+                 % a.peers_dir)
+    bases = a.base_dtype.split(",")
+    for b in bases:
+        if b not in ("bf16", "nf4", "mlx4", "fp8"):
+            sys.exit("train_gpu: --base-dtype %s: not one of bf16, nf4, mlx4, fp8" % b)
+    labels = {b: "winattn train --device cuda" + ("" if b == "bf16" else " " + b) for b in bases}
     rows = []
     if a.batch:
         recs = [int(x) for x in a.batch.split(",")]
-        rows.append((f"winattn train --device cuda, batch of {len(recs)}", sum(recs), run_c(a.winattn, cfg, sum(recs), a.steps, recs)))
-        print_row(*rows[-1])
-        if "pass_tokens" in rows[-1][2]:
-            print("    " + rows[-1][2]["pass_tokens"])
+        for b in bases:
+            rows.append((f"{labels[b]}, batch of {len(recs)}", sum(recs),
+                         run_c(a.winattn, cfg, sum(recs), a.steps, recs, b)))
+            print_row(*rows[-1])
+            if "pass_tokens" in rows[-1][2]:
+                print("    " + rows[-1][2]["pass_tokens"])
         lengths = []
     for n in lengths:
-        if not a.skip_c:
-            for base in a.base_dtypes.split(","):
-                label = "winattn train --device cuda" + (f" --base-dtype {base}" if base != "bf16" else "")
-                rows.append((label, n, run_c(a.winattn, cfg, n, a.steps, base=base)))
-                print_row(*rows[-1])
-        for p in peers if n in peer_lengths else []:
-            rows.append((f"transformers {p}", n, run_peer(cfg, p, n, a.steps, lib)))
+        for b in bases if not a.skip_c else []:
+            rows.append((labels[b], n, run_c(a.winattn, cfg, n, a.steps, base_dtype=b)))
             print_row(*rows[-1])
+        for p in peers if n in peer_lengths else []:
+            name = "transformers+peft+bnb qlora" if p == "qlora" else f"transformers {p}"
+            rows.append((name, n, run_peer(cfg, p, n, a.steps, lib, a.peers_dir)))
+            print_row(*rows[-1])
+        for b in bases:
+            compare(rows, labels[b], n)
     print(f"(config {os.path.relpath(CONFIG, ROOT)}, {cfg['num_hidden_layers']} layers; median step after the first "
-          f"of {a.steps}; LoRA r32 on q,k,v,o)")
+          f"of {a.steps}; LoRA r{LORA_RANK} on {LORA_KEYS}, scale {LORA_SCALE:g}; C base {', '.join(bases)})")
     if a.json:
         with open(a.json, "w") as f:
             json.dump([{"trainer": t, "tokens": n, **r} for t, n, r in rows], f, indent=1)
+
+
+def compare(rows, c_label, n):
+    """The C trainer's step time and peak memory as fractions of the qlora peer's at length n, when
+    both ran there."""
+    mine = [r for t, m, r in rows if t == c_label and m == n and "error" not in r]
+    theirs = [r for t, m, r in rows if t.endswith(" qlora") and m == n and "error" not in r]
+    if mine and theirs:
+        print(f"    {c_label} / qlora at {n}: step {mine[0]['seconds'] / theirs[0]['seconds']:.2f}x, "
+              f"peak {mine[0]['peak_gb'] / theirs[0]['peak_gb']:.2f}x", flush=True)
 
 
 def print_row(trainer, n, r):
