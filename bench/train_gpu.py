@@ -66,7 +66,36 @@ def write_records(path, lengths, vocab, seed):
             f.write(json.dumps({"tokens": tokens}) + "\n")
 
 
-STEP = re.compile(r"^step (\d+)/\d+ +loss ([0-9.naif]+) +tokens (\d+) .* ([0-9.]+) s +(\d+) tok/s .*device peak ([0-9.]+) GB")
+# the trainer's step line: "step 2/3  loss 12.0104  [lr 2.000e-04  grad norm 3.1]  tokens 8192  longest 8192
+# 3.42 s  2392 tok/s  peak RSS 1.20 GB  device peak 77.40 GB  ETA 0s" (the device peak only with --device cuda)
+STEP = re.compile(r"^step (\d+)/\d+ +loss ([0-9.naif]+) .*?tokens (\d+) .* ([0-9.]+) s +(\d+) tok/s"
+                  r"(?:.*device peak ([0-9.]+) GB)?")
+
+
+def parse_c_output(stdout, stderr, returncode, tokens):
+    """The C trainer's run as a row: the median step after the first, tokens/s for `tokens` a step, the
+    largest device peak, the losses; or {"error": its one-line message} when it failed or trained no step."""
+    times, peak, losses = [], 0.0, []
+    for line in stdout.splitlines():
+        m = STEP.match(line)
+        if m:
+            times.append(float(m.group(4)))
+            losses.append(m.group(2))
+            peak = max(peak, float(m.group(6) or 0))
+    if returncode != 0 or not times:
+        # the trainer's own message ("winattn train: ..."), not the profile lines it prints on stderr too
+        lines = [l for l in stderr.strip().splitlines() if not l.startswith("profile")]
+        lines = [l for l in lines if l.startswith("winattn")] or lines or stdout.strip().splitlines() or ["?"]
+        return {"error": lines[-1] if returncode != 0 else "no step line in the trainer's output: " + lines[-1]}
+    t = statistics.median(times[1:]) if len(times) > 1 else times[0]
+    r = {"seconds": t, "tokens_per_s": tokens / t, "peak_gb": peak, "losses": losses, "all_seconds": times}
+    passes = [l for l in stdout.splitlines() if l.startswith("device: up to")]
+    if passes:
+        r["pass_tokens"] = passes[0]
+    profile = [l for l in stderr.splitlines() if l.startswith("profile")]
+    if profile:  # WINATTN_TRAIN_PROFILE=1: the last step's device time by phase
+        r["profile"] = profile[-1]
+    return r
 
 
 def c_command(winattn, model, data, adapters, batch_size, steps, base_dtype):
@@ -89,25 +118,7 @@ def run_c(winattn, cfg, length, steps, batch=None, base_dtype="bf16"):
         write_records(os.path.join(data, "train.jsonl"), records * steps, cfg["vocab_size"], length)
         cmd = c_command(winattn, model, data, os.path.join(tmp, "adapters"), len(records), steps, base_dtype)
         p = subprocess.run(cmd, capture_output=True, text=True)
-        times, peak, losses = [], 0.0, []
-        for line in p.stdout.splitlines():
-            m = STEP.match(line)
-            if m:
-                times.append(float(m.group(4)))
-                losses.append(m.group(2))
-                peak = max(peak, float(m.group(6)))
-        if p.returncode != 0 or not times:
-            tail = (p.stderr.strip().splitlines() or p.stdout.strip().splitlines() or ["?"])[-1]
-            return {"error": tail}
-        t = statistics.median(times[1:]) if len(times) > 1 else times[0]
-        r = {"seconds": t, "tokens_per_s": sum(records) / t, "peak_gb": peak, "losses": losses, "all_seconds": times}
-        passes = [l for l in p.stdout.splitlines() if l.startswith("device: up to")]
-        if passes:
-            r["pass_tokens"] = passes[0]
-        profile = [l for l in p.stderr.splitlines() if l.startswith("profile")]
-        if profile:  # WINATTN_TRAIN_PROFILE=1: the last step's device time by phase
-            r["profile"] = profile[-1]
-        return r
+        return parse_c_output(p.stdout, p.stderr, p.returncode, sum(records))
 
 
 PEER = r'''

@@ -1299,8 +1299,8 @@ int train_run(const train_options *o, char *err, size_t errlen) {
         size_t peak;
         gemma_cuda_memory(gpu, &peak, NULL);
         const char *how = o->base == BASE_BF16 ? (o->random_init ? "drawn on the GPU" : "copied from the checkpoint")
-                          : o->random_init    ? "drawn on the GPU, quantized on the host"
-                                              : "quantized on the host from the checkpoint";
+                          : o->random_init    ? "drawn and quantized on the GPU"
+                                              : "quantized on the GPU from the checkpoint";
         printf("device: %s; base weights %s in %.1f s, %.2f GB on the device\n", gemma_cuda_describe(gpu), how,
                now_seconds() - t0, peak / 1e9);
     } else if (o->random_init) {
