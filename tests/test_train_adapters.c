@@ -323,6 +323,16 @@ static void foreign_files(void) {
          "the last N layers", "layers_to_transform [1, 3] (a gap)"},
         {"{\"peft_type\": \"LORA\", \"r\": 8, \"lora_alpha\": 8, \"target_modules\": \"model\\\\.layers\\\\.\\\\d+\\\\.self_attn\\\\.q_proj\"}",
          "POSIX extended syntax", "an expression with Python's \\d"},
+        /* shapes glibc's regcomp takes seconds to minutes on (refused before it sees them; without that
+         * refusal these cases hang the test) */
+        {"{\"peft_type\": \"LORA\", \"r\": 8, \"lora_alpha\": 8, \"target_modules\": \".$.************************"
+         "****************************************************************************************\\\\_proj)\"}",
+         "POSIX extended syntax", "a run of 112 '*'"},
+        {"{\"peft_type\": \"LORA\", \"r\": 8, \"lora_alpha\": 8, \"target_modules\": \"(((|)|(|))((|)|(|))((|)|(|))"
+         "((|)|(|))((|)|(|))((|)|(|))((|)|(|))((|)|(|))((|)|(|))((|)|(|)))*\"}",
+         "POSIX extended syntax", "nested empty branches under '*'"},
+        {"{\"peft_type\": \"LORA\", \"r\": 8, \"lora_alpha\": 8, \"target_modules\": \"(a|.*)*(b|.*)*(c|.*)*(d|.*)*(q_proj|.*)\"}",
+         "POSIX extended syntax", "nine repetition operators"},
         {"{\"peft_type\": \"LORA\", \"r\": 8, \"lora_alpha\": 8, \"target_modules\": [\"c_attn\"]}", "selects no projection",
          "target_modules naming no projection of the model"},
         {"{\"peft_type\": \"PREFIX_TUNING\", \"num_virtual_tokens\": 20}", "peft_type", "peft_type PREFIX_TUNING"},

@@ -384,28 +384,64 @@ typedef struct peft_targets {
     const json_t *layers;     /* layers_to_transform: an integer or a list of them, or NULL */
 } peft_targets;
 
-/* Python's re.fullmatch(pattern, key) for the plain syntax POSIX ERE shares with it; 0 and *re set,
- * or -1 with why in err for syntax that only Python reads (classes like \d, (?...) groups, lazy
- * quantifiers, back-references) or that does not compile. Bounded repeats ({m,n}) and more than
- * four '+' are refused too: glibc's regcomp copies the repeated expression for each, which grows
- * exponentially when they nest. */
-static int compile_pattern(const char *pattern, regex_t *re, const char *path, const char *field, char *err, size_t errlen) {
-    int refused = strstr(pattern, "(?") || strstr(pattern, "*?") || strstr(pattern, "+?") || strstr(pattern, "??"), plus = 0;
-    for (const char *c = pattern; *c && !refused; c++) {
+/* The most repetition operators (*, + and ?) and characters a target pattern may hold. glibc's
+ * regcomp is polynomial to exponential in some shapes of pattern (repeated expressions are copied,
+ * runs of operators and nested empty branches make its epsilon closures explode: a run of 112 '*'
+ * took 5 s, 40 nested "((|)|(|))" under one '*' over a minute), so a pattern from a file is held to
+ * what peft's targets need ("model.*\.(q_proj|v_proj)") before it reaches regcomp. */
+enum { PATTERN_MAX_REPEATS = 8, PATTERN_MAX_PLUS = 4, PATTERN_MAX_CHARS = 256 };
+
+/* 1 when pattern has a shape compile_pattern does not hand to regcomp: syntax only Python reads
+ * (classes like \d, (?...) groups, lazy quantifiers, back-references), bounded repeats ({m,n}),
+ * more than PATTERN_MAX_REPEATS operators (PATTERN_MAX_PLUS of them '+'), an operator with nothing
+ * to repeat (at the start, after '(', '|' or another operator), or an empty branch or group ("()",
+ * "(|", "||", "|)", or '|' first or last). A bracket expression ([...], where these characters are
+ * literal) is skipped whole. */
+static int pattern_refused(const char *pattern) {
+    if (strlen(pattern) > PATTERN_MAX_CHARS || strstr(pattern, "(?") || strstr(pattern, "*?") ||
+        strstr(pattern, "+?") || strstr(pattern, "??"))
+        return 1;
+    int repeats = 0, plus = 0;
+    char prev = '('; /* the start behaves as an opening parenthesis: nothing to repeat, no empty branch */
+    for (const char *c = pattern; *c; c++) {
         if (*c == '\\') {
-            if (c[1] && strchr("dDwWsSbBAZ0123456789", c[1])) refused = 1;
-            if (c[1]) c++;
-        } else if (*c == '{') refused = 1;
-        else if (*c == '+') refused = ++plus > 4;
+            if (!c[1] || strchr("dDwWsSbBAZ0123456789", c[1])) return 1;
+            c++, prev = 'a';
+        } else if (*c == '[') { /* to the closing ']'; a ']' first (after an optional '^') is literal */
+            const char *e = c + 1 + (c[1] == '^');
+            e += *e == ']';
+            while (*e && *e != ']') e++;
+            if (!*e) return 1;
+            c = e, prev = 'a';
+        } else if (*c == '*' || *c == '+' || *c == '?') {
+            if (prev == '(' || prev == '|' || prev == '*' || ++repeats > PATTERN_MAX_REPEATS ||
+                (*c == '+' && ++plus > PATTERN_MAX_PLUS))
+                return 1;
+            prev = '*';
+        } else if (*c == '{') {
+            return 1;
+        } else if (*c == ')' || *c == '|') {
+            if (prev == '(' || prev == '|') return 1;
+            prev = *c == '|' ? '|' : 'a';
+        } else {
+            prev = *c == '(' ? '(' : 'a';
+        }
     }
+    return prev == '|';
+}
+
+/* Python's re.fullmatch(pattern, key) for the plain syntax POSIX ERE shares with it; 0 and *re set,
+ * or -1 with why in err for a pattern pattern_refused turns away or that does not compile. */
+static int compile_pattern(const char *pattern, regex_t *re, const char *path, const char *field, char *err, size_t errlen) {
     size_t n = strlen(pattern);
-    char *anchored = refused || n > 4096 ? NULL : malloc(n + 5);
+    char *anchored = pattern_refused(pattern) ? NULL : malloc(n + 5);
     if (anchored) snprintf(anchored, n + 5, "^(%s)$", pattern);
     int rc = anchored && regcomp(re, anchored, REG_EXTENDED | REG_NOSUB) == 0 ? 0 : -1;
     free(anchored);
     if (rc)
         return fail(err, errlen, "%s: %s \"%.80s\" is not a regular expression this reader evaluates (POSIX extended "
-                                 "syntax only, no {m,n}, at most four '+')", path, field, pattern);
+                                 "syntax only: no {m,n}, at most %d of * + ? (four '+'), no empty branch, at most "
+                                 "%d characters)", path, field, pattern, PATTERN_MAX_REPEATS, PATTERN_MAX_CHARS);
     return 0;
 }
 
