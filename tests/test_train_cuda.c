@@ -1203,6 +1203,28 @@ static void stored_refusal(const qtensor *q, char *out, size_t n) {
              st_tensor_value_kind(&q->t, bad), (unsigned long long)bad);
 }
 
+/* q (its values stored first) refused by the device in the CPU loader's line for a stored value */
+static void expect_stored_refusal(const char *what, base_dtype base, qtensor *q) {
+    char expected[1024];
+    qtensor_store(q);
+    stored_refusal(q, expected, sizeof expected);
+    test_device_refusal(what, base, q, expected);
+}
+
+/* q refused by the device in the host quantizer's own line; a host that quantizes q is a failure
+ * (`host_accepts` names what it took) */
+static void expect_quantizer_refusal(const char *what, base_dtype base, qtensor *q, const char *host_accepts) {
+    char expected[1024], why[512];
+    gemma_cuda_packed none;
+    if (host_pack(base, q, &none, why, sizeof why) == 0) {
+        gemma_cuda_packed_free(&none);
+        check_fail("device quantization %s: the host %s", base_dtype_name(base), host_accepts);
+        return;
+    }
+    snprintf(expected, sizeof expected, "tensor \"quantized\": %s", why);
+    test_device_refusal(what, base, q, expected);
+}
+
 /* mlx4 groups that take every branch of mlx4_quantize_group: zeros, a constant, values on halves
  * of the step (rint's ties), negative values only, subnormals, a range past FLT_MAX (an infinite
  * scale) and a constant so large that its scale rounds to zero (codes of 0 / 0) */
@@ -1246,7 +1268,6 @@ static void fp8_midpoint_row(qtensor *q, long at) {
 static void test_device_quantization(void) {
     uint64_t rng = 0x9e3779b97f4a7c15ull;
     qtensor q;
-    char expected[1024], why[512];
     /* mlx4: f32, bf16, f16 and f64 storage (the scales and biases in that dtype; f32 for f64) */
     const struct { st_dtype d; long rows, cols; } mlx[] = {
         {ST_F32, 37, 192}, {ST_BF16, 5, 320}, {ST_F16, 3, 448}, {ST_F64, 2, 128}, {ST_BF16, 1, 64}};
@@ -1311,19 +1332,15 @@ static void test_device_quantization(void) {
         qtensor_init(&q, ST_F32, 4, 128);
         fill_rows(&q, &rng);
         q.values[300] = -INFINITY, q.values[130] = NAN;
-        qtensor_store(&q);
-        stored_refusal(&q, expected, sizeof expected);
         snprintf(what, sizeof what, "%s, NaN at 130 and -inf at 300 (f32)", name);
-        test_device_refusal(what, bases[b], &q, expected);
+        expect_stored_refusal(what, bases[b], &q);
         qtensor_free(&q);
 
         qtensor_init(&q, ST_BF16, 3, 192);
         fill_rows(&q, &rng);
         q.values[77] = INFINITY;
-        qtensor_store(&q);
-        stored_refusal(&q, expected, sizeof expected);
         snprintf(what, sizeof what, "%s, inf at 77 (bf16)", name);
-        test_device_refusal(what, bases[b], &q, expected);
+        expect_stored_refusal(what, bases[b], &q);
         qtensor_free(&q);
 
         qtensor_init(&q, ST_F64, 2, 128);
@@ -1332,32 +1349,16 @@ static void test_device_quantization(void) {
         double huge = 1e300;
         memcpy(q.bytes + 8 * 99, &huge, 8);
         q.values[99] = (float)huge;
-        gemma_cuda_packed none;
-        if (host_pack(bases[b], &q, &none, why, sizeof why) == 0) {
-            gemma_cuda_packed_free(&none);
-            check_fail("device quantization %s: the host quantizes an infinite value", name);
-        } else {
-            snprintf(expected, sizeof expected, "tensor \"quantized\": %s", why);
-            snprintf(what, sizeof what, "%s, 1e300 at 99 (f64, inf in f32)", name);
-            test_device_refusal(what, bases[b], &q, expected);
-        }
+        snprintf(what, sizeof what, "%s, 1e300 at 99 (f64, inf in f32)", name);
+        expect_quantizer_refusal(what, bases[b], &q, "quantizes an infinite value");
         qtensor_free(&q);
     }
     qtensor_init(&q, ST_F32, 3, 32);
     fill_rows(&q, &rng);
     qtensor_store(&q);
-    gemma_cuda_packed none;
-    if (host_pack(BASE_MLX4, &q, &none, why, sizeof why) == 0) {
-        gemma_cuda_packed_free(&none);
-        check_fail("device quantization mlx4: the host groups rows of 32");
-    } else {
-        snprintf(expected, sizeof expected, "tensor \"quantized\": %s", why);
-        test_device_refusal("mlx4, rows of 32", BASE_MLX4, &q, expected);
-    }
+    expect_quantizer_refusal("mlx4, rows of 32", BASE_MLX4, &q, "groups rows of 32");
     q.values[40] = NAN;
-    qtensor_store(&q);
-    stored_refusal(&q, expected, sizeof expected);
-    test_device_refusal("mlx4, rows of 32 with a NaN (the NaN first, as the CPU loader)", BASE_MLX4, &q, expected);
+    expect_stored_refusal("mlx4, rows of 32 with a NaN (the NaN first, as the CPU loader)", BASE_MLX4, &q);
     qtensor_free(&q);
 }
 
