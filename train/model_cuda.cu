@@ -31,6 +31,7 @@ extern "C" { // the trainer's C headers (model.h, checkpoint.h) declare no linka
 #include <string.h>
 
 #include <algorithm>
+#include <initializer_list>
 #include <vector>
 
 typedef __nv_bfloat16 bf16;
@@ -64,6 +65,21 @@ void fail(const char *fmt, ...) {
 // cuBLAS, opened with dlopen when a model is put on the GPU: the command links no CUDA library
 // dynamically and so starts, and trains on the CPU, where the toolkit is not installed.
 
+// The first of `names` dlopen finds (one line naming `missing` where none is there), and one
+// symbol of it (one line naming the library where it lacks it).
+void *library_open(std::initializer_list<const char *> names, const char *missing) {
+    void *lib = nullptr;
+    for (const char *n : names)
+        if ((lib = dlopen(n, RTLD_NOW | RTLD_LOCAL))) break;
+    if (!lib) fail("cannot load %s: %s", missing, dlerror());
+    return lib;
+}
+
+void library_symbol(void *lib, void **slot, const char *name, const char *library) {
+    *slot = dlsym(lib, name);
+    if (!*slot) fail("%s has no %s", library, name);
+}
+
 struct blas_api {
     void *lib = nullptr;
     decltype(&cublasCreate_v2) create;
@@ -78,15 +94,8 @@ struct blas_api {
 };
 
 void blas_open(blas_api *b) {
-    const char *names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so"};
-    for (const char *n : names)
-        if ((b->lib = dlopen(n, RTLD_NOW | RTLD_LOCAL))) break;
-    if (!b->lib) fail("cannot load cuBLAS (libcublas.so.13 or .12): %s", dlerror());
-#define SYM(field, name)                                                                \
-    do {                                                                                \
-        *(void **)&b->field = dlsym(b->lib, name);                                      \
-        if (!b->field) fail("cuBLAS has no %s", name);                                  \
-    } while (0)
+    b->lib = library_open({"libcublas.so.13", "libcublas.so.12", "libcublas.so"}, "cuBLAS (libcublas.so.13 or .12)");
+#define SYM(field, name) library_symbol(b->lib, (void **)&b->field, name, "cuBLAS")
     SYM(create, "cublasCreate_v2");
     SYM(destroy, "cublasDestroy_v2");
     SYM(set_stream, "cublasSetStream_v2");
@@ -115,15 +124,9 @@ struct lt_api {
 };
 
 void lt_open(lt_api *b) {
-    const char *names[] = {"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"};
-    for (const char *n : names)
-        if ((b->lib = dlopen(n, RTLD_NOW | RTLD_LOCAL))) break;
-    if (!b->lib) fail("cannot load cuBLASLt (libcublasLt.so.13 or .12) for the fp8 base's FP8 products: %s", dlerror());
-#define SYM(field, name)                                                                \
-    do {                                                                                \
-        *(void **)&b->field = dlsym(b->lib, name);                                      \
-        if (!b->field) fail("cuBLASLt has no %s", name);                                \
-    } while (0)
+    b->lib = library_open({"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"},
+                          "cuBLASLt (libcublasLt.so.13 or .12) for the fp8 base's FP8 products");
+#define SYM(field, name) library_symbol(b->lib, (void **)&b->field, name, "cuBLASLt")
     SYM(create, "cublasLtCreate");
     SYM(destroy, "cublasLtDestroy");
     SYM(desc_create, "cublasLtMatmulDescCreate");
