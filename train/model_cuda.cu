@@ -1756,6 +1756,10 @@ template <class E> void check_finite(const checkpoint *ck, const wplan *p, unsig
          isnan(f) ? "NaN" : f > 0 ? "inf" : "-inf", h);
 }
 
+// bytes rounded up to the 256-byte boundary every part of a shared device allocation starts at, so
+// every word and float of each part is aligned (and FP8 products' operands as cuBLASLt wants them)
+size_t part_span(size_t bytes) { return (bytes + 255) & ~(size_t)255; }
+
 // The parts of one packed projection into one device allocation (counted in static_bytes), each
 // part at a 256-byte boundary so every word and float of it is aligned.
 struct part {
@@ -1766,14 +1770,14 @@ struct part {
 
 void upload_parts(gemma_cuda *g, const std::vector<part> &parts) {
     size_t total = 0;
-    for (const part &p : parts) total += (p.bytes + 255) & ~(size_t)255;
+    for (const part &p : parts) total += part_span(p.bytes);
     unsigned char *mem = (unsigned char *)dev_alloc(g, total);
     g->packed_mem.push_back(mem);
     size_t off = 0;
     for (const part &p : parts) {
         CU(cudaMemcpy(mem + off, p.src, p.bytes, cudaMemcpyHostToDevice));
         *p.dst = mem + off;
-        off += (p.bytes + 255) & ~(size_t)255;
+        off += part_span(p.bytes);
     }
 }
 
@@ -1803,7 +1807,7 @@ packed_layout layout_of(qformat fmt, long rows, long cols, int scale_code, size_
     else l.count = 2, l.bytes[0] = n, l.bytes[1] = (size_t)rows * sizeof(float);
     for (int k = 0; k < l.count; k++) {
         l.at[k] = l.total;
-        l.total += (l.bytes[k] + 255) & ~(size_t)255;
+        l.total += part_span(l.bytes[k]);
     }
     return l;
 }
@@ -2286,7 +2290,7 @@ void fp8_setup(gemma_cuda *g) {
         for (int p = 0; p < PROJ_COUNT; p++) r += L.packed[p].fmt == Q_NONE ? 0 : (size_t)L.packed[p].rows;
         rows = std::max(rows, r);
     }
-    size_t scale_at = (codes + 255) & ~(size_t)255;
+    size_t scale_at = part_span(codes);
     if (scale_at + rows * sizeof(float) > codes * g->esize)
         fail("the FP8 products' transposed codes and scales do not fit the dequantization scratch");
     if (!fp8_open(&g->fp8, g->stream, g->blas_workspace, BLAS_WORKSPACE_BYTES, max_in)) return;
@@ -2658,11 +2662,10 @@ int gemma_cuda_fp8_product(int input_grad, long rows, long n_out, long k_in, con
         } else {
             long in = input_grad ? n_out : k_in, out = input_grad ? k_in : n_out, w = n_out * k_in;
             // one allocation, each part at a 256-byte boundary
-            auto up = [](size_t b) { return (b + 255) & ~(size_t)255; };
-            size_t at_codes = 0, at_scale = at_codes + up((size_t)w), at_t = at_scale + up((size_t)n_out * 4),
-                   at_x = at_t + up((size_t)w), at_y = at_x + up((size_t)(rows * in) * 2),
-                   at_q = at_y + up((size_t)(rows * out) * 2), at_s = at_q + up((size_t)(rows * in)),
-                   total = at_s + up((size_t)rows * 4);
+            size_t at_codes = 0, at_scale = at_codes + part_span((size_t)w),
+                   at_t = at_scale + part_span((size_t)n_out * 4), at_x = at_t + part_span((size_t)w),
+                   at_y = at_x + part_span((size_t)(rows * in) * 2), at_q = at_y + part_span((size_t)(rows * out) * 2),
+                   at_s = at_q + part_span((size_t)(rows * in)), total = at_s + part_span((size_t)rows * 4);
             CU(cudaMalloc(&mem, total));
             unsigned char *m = (unsigned char *)mem;
             CU(cudaMemcpy(m + at_codes, codes, (size_t)w, cudaMemcpyHostToDevice));
