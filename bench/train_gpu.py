@@ -22,7 +22,7 @@ with --json, writes the numbers.
 
   python3 bench/train_gpu.py --winattn build/winattn [--layers 60] [--lengths 8192,16384,30553]
                              [--steps 3] [--base-dtype bf16|nf4|mlx4|fp8[,...]] [--peers winattn,sdpa,qlora]
-                             [--peers-dir DIR] [--peer-lengths L,...] [--skip-c] [--json FILE]
+                             [--peers-dir DIR] [--peer-lengths L,...] [--skip-c] [--device-gib G] [--json FILE]
 --layers N keeps the first N layers of the 31B's pattern (5 sliding, 1 full, repeated): a quick
 look at the per-layer cost; the job itself is 60.
 """
@@ -71,6 +71,9 @@ def write_records(path, lengths, vocab, seed):
 STEP = re.compile(r"^step (\d+)/\d+ +loss ([0-9.naif]+) .*?tokens (\d+) .* ([0-9.]+) s +(\d+) tok/s"
                   r"(?:.*device peak ([0-9.]+) GB)?")
 
+# the device line after the base is on the GPU: how long it took and what it holds
+LOADED = re.compile(r"base weights .* in ([0-9.]+) s, ([0-9.]+) GB on the device")
+
 
 def parse_c_output(stdout, stderr, returncode, tokens):
     """The C trainer's run as a row: the median step after the first, tokens/s for `tokens` a step, the
@@ -92,6 +95,10 @@ def parse_c_output(stdout, stderr, returncode, tokens):
     passes = [l for l in stdout.splitlines() if l.startswith("device: up to")]
     if passes:
         r["pass_tokens"] = passes[0]
+    for line in stdout.splitlines():  # "device: ...; base weights drawn on the GPU in 41.2 s, 61.40 GB on the device"
+        m = LOADED.search(line)
+        if line.startswith("device:") and m:
+            r["load_seconds"], r["base_gb"] = float(m.group(1)), float(m.group(2))
     profile = [l for l in stderr.splitlines() if l.startswith("profile")]
     if profile:  # WINATTN_TRAIN_PROFILE=1: the last step's device time by phase
         r["profile"] = profile[-1]
@@ -205,6 +212,9 @@ def main():
     ap.add_argument("--skip-c", action="store_true", help="run the peers only")
     ap.add_argument("--batch", default=None,
                     help="LENS: the C trainer alone on batches of these records (e.g. 30553,9000,4000,1200)")
+    ap.add_argument("--device-gib", type=float, default=None,
+                    help="run every trainer on a card of this many GiB: the rest of the GPU's memory is held by "
+                         "this process while they run (a 48 GiB card on an 80 GiB one)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     cfg = config(a.layers)
@@ -220,6 +230,7 @@ def main():
         if b not in ("bf16", "nf4", "mlx4", "fp8"):
             sys.exit("train_gpu: --base-dtype %s: not one of bf16, nf4, mlx4, fp8" % b)
     labels = {b: "winattn train --device cuda" + ("" if b == "bf16" else " " + b) for b in bases}
+    held = hold_device_memory(a.device_gib) if a.device_gib else None  # noqa: F841 (held while the trainers run)
     rows = []
     if a.batch:
         recs = [int(x) for x in a.batch.split(",")]
@@ -227,8 +238,6 @@ def main():
             rows.append((f"{labels[b]}, batch of {len(recs)}", sum(recs),
                          run_c(a.winattn, cfg, sum(recs), a.steps, recs, b)))
             print_row(*rows[-1])
-            if "pass_tokens" in rows[-1][2]:
-                print("    " + rows[-1][2]["pass_tokens"])
         lengths = []
     for n in lengths:
         for b in bases if not a.skip_c else []:
@@ -247,6 +256,22 @@ def main():
             json.dump([{"trainer": t, "tokens": n, **r} for t, n, r in rows], f, indent=1)
 
 
+def hold_device_memory(gib):
+    """Allocates what the GPU has beyond `gib` GiB and returns it: held by this process, it is gone from every
+    trainer's cudaMemGetInfo and allocator, as on a card of that size (this process's own CUDA context, about
+    0.5 GB, comes off the card as a trainer's would)."""
+    import torch
+    free, total = torch.cuda.mem_get_info()
+    hold = total - int(gib * (1 << 30))
+    if hold <= 0 or hold > free:
+        sys.exit("train_gpu: --device-gib %g: the GPU has %.1f GiB, %.1f GiB free" % (gib, total / 2**30, free / 2**30))
+    block = torch.empty(hold, dtype=torch.uint8, device="cuda")
+    free, _ = torch.cuda.mem_get_info()
+    print(f"device: {hold / 2**30:.1f} GiB held, {free / 2**30:.1f} GiB left for the trainers (--device-gib {gib:g})",
+          flush=True)
+    return block
+
+
 def compare(rows, c_label, n):
     """The C trainer's step time and peak memory as fractions of the qlora peer's at length n, when
     both ran there."""
@@ -261,8 +286,11 @@ def print_row(trainer, n, r):
     if "error" in r:
         print(f"{trainer:32s} {n:6d} tokens  {r['error']}", flush=True)
     else:
+        loaded = f"  base {r['base_gb']:.1f} GB, loaded in {r['load_seconds']:.1f} s" if "load_seconds" in r else ""
         print(f"{trainer:32s} {n:6d} tokens  {r['seconds']:7.2f} s/step  {r['tokens_per_s']:7.0f} tok/s  "
-              f"peak {r['peak_gb']:6.1f} GB", flush=True)
+              f"peak {r['peak_gb']:6.1f} GB{loaded}", flush=True)
+        if "pass_tokens" in r:
+            print("    " + r["pass_tokens"], flush=True)
         if "profile" in r:
             print("    " + r["profile"], flush=True)
 

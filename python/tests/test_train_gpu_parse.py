@@ -31,11 +31,15 @@ def winattn_binary():
 def main():
     gpu_line = ("step 2/3  loss 12.0104  lr 2.000e-04  grad norm 3.127  tokens 8192  longest 8192  3.42 s  2392 tok/s"
                 "  peak RSS 1.20 GB  device peak 77.40 GB  ETA 3s")
-    r = parse_c_output("step 1/3  loss 12.3  tokens 8192  longest 8192  9.00 s  910 tok/s  device peak 70.00 GB\n"
+    loaded = ("device: NVIDIA H100 80GB HBM3, bf16, projections nf4, dequantized per layer; base weights drawn and "
+              "quantized on the GPU in 41.5 s, 19.93 GB on the device\n")
+    r = parse_c_output(loaded + "step 1/3  loss 12.3  tokens 8192  longest 8192  9.00 s  910 tok/s  device peak 70.00 GB\n"
                        + gpu_line + "\n", "profile forward + backward (8192 tokens): 3000 ms\n", 0, 8192)
     report(r.get("seconds") == 3.42 and r.get("peak_gb") == 77.4 and r.get("losses") == ["12.3", "12.0104"]
            and "profile" in r, "train_gpu parses the device's step lines (lr and grad norm fields, device peak)",
            json.dumps(r)[:200])
+    report(r.get("load_seconds") == 41.5 and r.get("base_gb") == 19.93,
+           "train_gpu reads the base's load time and device size from the device line", json.dumps(r)[:200])
     r = parse_c_output("", "profile forward + backward (30553 tokens): 13021.2 ms\nwinattn train: batch 1: out of memory\n"
                        "profile forward + backward (30553 tokens): 13021.2 ms\n", 1, 30553)
     report(r == {"error": "winattn train: batch 1: out of memory"},
