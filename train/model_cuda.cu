@@ -728,8 +728,11 @@ struct gemma_cuda {
 
 namespace {
 
-enum { PH_GEMM, PH_LORA, PH_ATTN, PH_ELEM, PH_HEAD, PH_COUNT };
-const char *const phase_name[PH_COUNT] = {"products", "LoRA products", "attention", "elementwise", "head"};
+// PH_Q8: what the FP8 products add around their cuBLASLt calls (the inputs' per-row quantization, the
+// layer's transposed codes); zero, and not printed, on every other path
+enum { PH_GEMM, PH_LORA, PH_ATTN, PH_ELEM, PH_HEAD, PH_Q8, PH_COUNT };
+const char *const phase_name[PH_COUNT] = {"products", "LoRA products", "attention", "elementwise", "head",
+                                          "FP8 quantization"};
 
 // From this point on the device's time counts towards phase p (until the next mark).
 void mark(gemma_cuda *g, int p) {
@@ -760,7 +763,9 @@ void profile_report(gemma_cuda *g, const char *what, int T) {
     }
     P.used = 0;
     fprintf(stderr, "profile %s (%d tokens): %.1f ms on the device:", what, T, total);
-    for (int p = 0; p < PH_COUNT; p++) fprintf(stderr, " %s %.1f%s", phase_name[p], ms[p], p + 1 < PH_COUNT ? "," : "\n");
+    for (int p = 0; p < PH_COUNT; p++)
+        if (p != PH_Q8 || ms[p] > 0) fprintf(stderr, "%s %s %.1f", p ? "," : "", phase_name[p], ms[p]);
+    fprintf(stderr, "\n");
 }
 
 void *dev_alloc(gemma_cuda *g, size_t bytes) {
@@ -1214,8 +1219,9 @@ void frozen_forward(gemma_cuda *g, const dlayer &L, int first, int last, acts<E>
         gemm(g, T, width, K, 1, M(x, K), M((const E *)W, K, true), 0, y, dtype_of<E>(), width);
         return;
     }
-    mark(g, g->prof.gemm_phase);
+    mark(g, PH_Q8);
     quant_rows<E>(g->stream, x, K, nullptr, T, K, A->q8, A->q8_scale);
+    mark(g, g->prof.gemm_phase);
     for_group(L, first, last, [&](const qmat &q, long off) {
         fp8_product(&g->fp8, g->stream, T, q.rows, K, A->q8, K, A->q8_scale, (const uint8_t *)q.fp8, K,
                     (const float *)q.row_scale, (bf16 *)(y + off), width);
@@ -1234,9 +1240,10 @@ void frozen_input_grad(gemma_cuda *g, int l, int first, acts<E> *A, const E *dy,
         return;
     }
     const dlayer &L = g->layer[l];
-    mark(g, g->prof.gemm_phase);
+    mark(g, PH_Q8);
     fp8_prepare_backward(g, l);
     quant_rows<E>(g->stream, dy, width, g->fp8.scale_t + fp8_scale_offset(L, first), T, width, A->q8, A->q8_scale);
+    mark(g, g->prof.gemm_phase);
     fp8_product(&g->fp8, g->stream, T, K, width, A->q8, width, A->q8_scale, g->fp8.codes_t + L.packed[first].at, width,
                 g->fp8.ones, (bf16 *)dx, K);
     mark(g, g->prof.elem_phase);
