@@ -1439,8 +1439,16 @@ int train_run(const train_options *o, char *err, size_t errlen) {
     /* packed tokens one forward + backward may hold: what the GPU's free memory allows */
     long pass_tokens = LONG_MAX;
     if (gpu && o->pack) {
-        pass_tokens = gemma_cuda_token_budget(gpu);
-        printf("device: up to %ld tokens per pass; a larger batch runs its records in several passes\n", pass_tokens);
+        /* the largest batch to come: the host memory the layer inputs take is allocated for it */
+        long largest_batch = 0;
+        for (int i = (int)batches_done; i < iters; i++) {
+            long tokens = 0;
+            for (int j = 0; j < o->batch; j++) tokens += train.seq[order[i] + j].len;
+            largest_batch = tokens > largest_batch ? tokens : largest_batch;
+        }
+        pass_tokens = gemma_cuda_token_budget(gpu, largest_batch);
+        printf("device: up to %ld tokens per pass, a larger batch runs its records in several passes; %s\n",
+               pass_tokens, gemma_cuda_layer_inputs(gpu));
     }
     long first_batch = batches_done;
     long good_batches = batches_done; /* batches behind the adapters and moments: the last update */
