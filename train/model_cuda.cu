@@ -1167,11 +1167,11 @@ template <class E> void acts_alloc(gemma_cuda *g, scratch &S, int T, int backwar
     A->q8_scale = g->fp8.on ? S.get<float>((size_t)T) : nullptr;
 }
 
-// elements of E per token that acts_alloc(backward = 1) takes
-long acts_elems_per_token(const gemma_cuda *g) {
+// elements of E per token that acts_alloc(backward) takes
+long acts_elems_per_token(const gemma_cuda *g, int backward) {
     acts<float> A;
     long n = 0;
-    acts_layout<float>(g, 1, &A, [&](long width) {
+    acts_layout<float>(g, backward, &A, [&](long width) {
         n += width;
         return (float *)nullptr;
     });
@@ -2509,9 +2509,54 @@ int report(const failure &f, char *err, size_t errlen) {
     return -1;
 }
 
+// rows of logits the head computes at a time (head())
+long logit_chunk_rows(const gemma_cuda *g) {
+    return g->logit_rows > 0 ? g->logit_rows : std::max<long>(1, (1L << 30) / ((long)g->cfg.vocab * 4));
+}
+
+// f32/int32 words per packed token that a forward and a backward both take: the head's loss and
+// agreement, the batch's indices, the RoPE tables, and winattn's backward workspace at its largest
+// (an f32 dQ accumulator, Hq x D; counted for the forward too, which needs less)
+double token_words(const gemma_cuda *g) {
+    const gemma_config *c = &g->cfg;
+    int dmax = std::max(c->kind[0].head_dim, c->kind[1].head_dim);
+    return 2 + 3 + (c->kind[0].head_dim + c->kind[1].head_dim) + (double)c->heads * dmax;
+}
+
+// Device bytes a pass's activations may take now, beside `fixed` bytes that do not grow with its
+// tokens; 0 when the device cannot say. What is free, and what the stream-ordered pool holds
+// unused (the static allocations: weights, packed projections and their dequantization scratch
+// with a quantized base, the adapters, are already outside it), less cuBLAS's workspace, the
+// allocator's rounding and fragmentation: 3 GiB and 8% kept free (a 44,753-token batch of the 31B
+// measured 137.1 of 139.8 GB with 2 GiB and 4%).
+double room_for_activations(gemma_cuda *g, double fixed) {
+    size_t free_b = 0, total = 0;
+    uint64_t reserved = 0, used = 0;
+    if (cudaMemGetInfo(&free_b, &total) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    cudaMemPoolGetAttribute(g->pool, cudaMemPoolAttrReservedMemCurrent, &reserved);
+    cudaMemPoolGetAttribute(g->pool, cudaMemPoolAttrUsedMemCurrent, &used);
+    double avail = (double)free_b + (double)(reserved - used);
+    return std::max(0.0, avail * 0.92 - 3.0 * (1 << 30) - fixed);
+}
+
 } // namespace
 
 extern "C" {
+
+long gemma_cuda_forward_token_budget(gemma_cuda *g) {
+    const gemma_config *c = &g->cfg;
+    // what forward() holds per packed token: in E, the residual stream in and out of a layer, one
+    // layer's activations and the head's normed rows; in f32 words, a layer's log-sum-exps and
+    // the words every pass takes; one chunk of logits (f32) besides
+    double elems = 3.0 * c->hidden + acts_elems_per_token(g, 0);
+    double per_token = elems * g->esize + ((double)c->heads + token_words(g)) * 4;
+    if (g->fp8.on) per_token += (double)g->fp8.width + 4;
+    double budget = room_for_activations(g, (double)logit_chunk_rows(g) * c->vocab * 4) / per_token;
+    return budget > 0 ? (long)std::min(budget, (double)INT32_MAX) : 0;
+}
 
 long gemma_cuda_token_budget(gemma_cuda *g, long largest_batch) {
     const gemma_config *c = &g->cfg;
@@ -2522,29 +2567,15 @@ long gemma_cuda_token_budget(gemma_cuda *g, long largest_batch) {
     // inputs (two buffers with the inputs in host memory, all L + 1 without) and the two gradient
     // rows, one layer's activations and their gradients, the full layers' kept attention output,
     // the head's normed rows and their gradient
-    double elems_but_inputs = 2.0 * H + acts_elems_per_token(g) + kept + 2 * H;
-    // f32 words: the log-sum-exps, the head's loss and agreement, the batch's indices, the RoPE
-    // tables, and winattn's backward workspace at its largest (an f32 dQ accumulator, Hq x D)
-    int dmax = std::max(c->kind[0].head_dim, c->kind[1].head_dim);
-    double words = (double)c->heads * (1 + full) + 2 + 3 + (c->kind[0].head_dim + c->kind[1].head_dim) +
-                   (double)c->heads * dmax;
-    double per_token = elems_but_inputs * g->esize + words * 4;
+    double elems_but_inputs = 2.0 * H + acts_elems_per_token(g, 1) + kept + 2 * H;
+    // f32 words: the log-sum-exps of a layer and of the full layers kept, and the words every pass
+    // takes (token_words)
+    double per_token = elems_but_inputs * g->esize + ((double)c->heads * (1 + full) + token_words(g)) * 4;
     if (g->fp8.on) per_token += (double)g->fp8.width + 4; // the FP8 products' quantized rows and scales
     // fixed: one chunk of logits (f32) and their gradient (E)
-    long rows = g->logit_rows > 0 ? g->logit_rows : std::max<long>(1, (1L << 30) / ((long)c->vocab * 4));
-    double fixed = (double)rows * c->vocab * (4 + g->esize);
-    size_t free_b = 0, total = 0;
-    uint64_t reserved = 0, used = 0;
-    if (cudaMemGetInfo(&free_b, &total) != cudaSuccess) return 0;
-    cudaMemPoolGetAttribute(g->pool, cudaMemPoolAttrReservedMemCurrent, &reserved);
-    cudaMemPoolGetAttribute(g->pool, cudaMemPoolAttrUsedMemCurrent, &used);
-    // the static allocations (weights, packed projections and their dequantization scratch with a
-    // quantized base, the adapters) are already outside free_b
-    double avail = (double)free_b + (double)(reserved - used);
-    // cuBLAS's workspace, the allocator's rounding and fragmentation: 3 GiB and 8% kept free (a
-    // 44,753-token batch of the 31B measured 137.1 of 139.8 GB with 2 GiB and 4%)
+    double room = room_for_activations(g, (double)logit_chunk_rows(g) * c->vocab * (4 + g->esize));
     auto tokens_at = [&](double inputs_per_token) {
-        double budget = (avail * 0.92 - (3.0 * (1 << 30)) - fixed) / (per_token + inputs_per_token * H * g->esize);
+        double budget = room / (per_token + inputs_per_token * H * g->esize);
         return budget > 0 ? (long)std::min(budget, (double)INT32_MAX) : 0L;
     };
     long inputs_in_host = tokens_at(2), inputs_on_device = tokens_at(c->layers + 1);

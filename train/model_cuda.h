@@ -137,6 +137,9 @@ long gemma_cuda_token_budget(gemma_cuda *g, long largest_batch);
 /* "layer inputs in page-locked host memory (19.38 GB for 30553 tokens)", or "layer inputs on the
  * device (refused: ...)" with the host memory that was needed */
 const char *gemma_cuda_layer_inputs(const gemma_cuda *g);
+/* How many packed tokens one forward alone (an evaluation) can hold in the device memory free now,
+ * with the margins of gemma_cuda_token_budget; no memory is allocated. */
+long gemma_cuda_forward_token_budget(gemma_cuda *g);
 
 /* Device memory: the peak since the last reset (weights, adapters, activations, winattn's and
  * cuBLAS's workspace), and what the whole device has in use now (cudaMemGetInfo). */

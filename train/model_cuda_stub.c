@@ -11,6 +11,11 @@ long gemma_cuda_token_budget(gemma_cuda *g, long largest_batch) {
     return 0;
 }
 
+long gemma_cuda_forward_token_budget(gemma_cuda *g) {
+    (void)g;
+    return 0;
+}
+
 const char *gemma_cuda_layer_inputs(const gemma_cuda *g) {
     (void)g;
     return "no CUDA";
