@@ -509,6 +509,15 @@ static long eval_tokens(const dataset *d, int records) {
     return t;
 }
 
+/* A batch of n records on the device runs as consecutive passes of whole records, each packed and
+ * at most pass_tokens long: the end of the pass that starts at record j0 (one record at least). */
+static int pass_end(const gemma_seq *s, int j0, int n, long pass_tokens) {
+    long tokens = s[j0].len;
+    int j1 = j0 + 1;
+    for (; j1 < n && tokens + s[j1].len <= pass_tokens; j1++) tokens += s[j1].len;
+    return j1;
+}
+
 /* 0; -1 on error (m->err); 1 when a stop signal came (the pass is abandoned) */
 static int evaluate(gemma_model_f32 *m, gemma_cuda *gpu, const dataset *set, int batch, int pack, int max_batches,
                     gemma_stats *st) {
@@ -523,8 +532,7 @@ static int evaluate(gemma_model_f32 *m, gemma_cuda *gpu, const dataset *set, int
         if (!s) return snprintf(m->err, sizeof m->err, "out of memory"), -1;
         int rc = 0;
         for (int j0 = 0, j1; j0 < step && rc == 0; j0 = j1) {
-            long group = s[j0].len;
-            for (j1 = j0 + 1; j1 < step && group + s[j1].len <= pass_tokens; j1++) group += s[j1].len;
+            j1 = pass_end(s, j0, step, pass_tokens);
             rc = batch_forward(m, gpu, s + j0, j1 - j0, st);
         }
         free(s);
@@ -1559,8 +1567,7 @@ int train_run(const train_options *o, char *err, size_t errlen) {
              * count), computed in several passes */
             int brc = seqs ? 0 : -1;
             for (int j0 = 0, j1; seqs && j0 < o->batch && brc == 0; j0 = j1) {
-                long group = b[j0].len;
-                for (j1 = j0 + 1; j1 < o->batch && group + b[j1].len <= pass_tokens; j1++) group += b[j1].len;
+                j1 = pass_end(seqs, j0, o->batch, pass_tokens);
                 brc = batch_backward(&m, gpu, seqs + j0, j1 - j0, scale, &st);
             }
             free(seqs);
