@@ -1667,26 +1667,17 @@ void host_inputs_for_step(gemma_cuda *g, int T) {
     fail("%s", why);
 }
 
-// The forward on the host path: layer l's input, complete in g->stream's order in device buffer
-// `slot` (l % 2), is copied down into its host slot on the copy stream, beside the next layers.
-template <class E> void input_to_host(gemma_cuda *g, int l, const E *slot, long TH) {
+// Layer l's input between device buffer `slot` (l % 2) and its host slot, on the copy stream once
+// every use of that buffer issued on g->stream so far is done: down (to_host) in the forward, once
+// layer l - 1 has written it, beside the next layers; up in the backward, once the input the
+// buffer held has been read.
+template <class E> void copy_input(gemma_cuda *g, int l, E *slot, long TH, bool to_host) {
     int s = l % 2;
+    E *host = (E *)g->host_inputs + l * TH;
     CU(cudaEventRecord(g->slot_released[s], g->stream));
     CU(cudaStreamWaitEvent(g->copy_stream, g->slot_released[s], 0));
-    CU(cudaMemcpyAsync((E *)g->host_inputs + l * TH, slot, (size_t)TH * sizeof(E), cudaMemcpyDeviceToHost,
-                       g->copy_stream));
-    CU(cudaEventRecord(g->slot_copied[s], g->copy_stream));
-}
-
-// The backward on the host path: layer l's input copied up from its host slot into device buffer
-// `slot` (l % 2) on the copy stream, once every use of that buffer issued on g->stream so far
-// (the reading of the input it held) is done.
-template <class E> void input_from_host(gemma_cuda *g, int l, E *slot, long TH) {
-    int s = l % 2;
-    CU(cudaEventRecord(g->slot_released[s], g->stream));
-    CU(cudaStreamWaitEvent(g->copy_stream, g->slot_released[s], 0));
-    CU(cudaMemcpyAsync(slot, (const E *)g->host_inputs + l * TH, (size_t)TH * sizeof(E), cudaMemcpyHostToDevice,
-                       g->copy_stream));
+    CU(cudaMemcpyAsync(to_host ? host : slot, to_host ? slot : host, (size_t)TH * sizeof(E),
+                       to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, g->copy_stream));
     CU(cudaEventRecord(g->slot_copied[s], g->copy_stream));
 }
 
@@ -1747,7 +1738,7 @@ template <class E> void backward(gemma_cuda *g, gemma_model_f32 *host, const gem
         use_attention(l);
         if (on_host) {
             // xs[l] down to the host (the last input stays in its buffer for the backward's first layer)
-            if (l < Lc - 1) input_to_host<E>(g, l, input(l), TH);
+            if (l < Lc - 1) copy_input<E>(g, l, input(l), TH, true);
             // layer l writes buffer (l + 1) % 2, whose input xs[l - 1] went down beside layer l - 1
             if (l >= 1) wait_for_copy(g, (l + 1) % 2);
         }
@@ -1760,7 +1751,7 @@ template <class E> void backward(gemma_cuda *g, gemma_model_f32 *host, const gem
             // xs[l] came up beside layer l + 1's backward (xs[L - 1] never left its buffer)
             if (l < Lc - 1) wait_for_copy(g, l % 2);
             // xs[l - 1] up into the other buffer, whose input (xs[l + 1], or the head's xs[L]) is read
-            if (l >= 1) input_from_host<E>(g, l - 1, input(l - 1), TH);
+            if (l >= 1) copy_input<E>(g, l - 1, input(l - 1), TH, false);
         }
         layer_forward<E>(g, host, l, &b, input(l), &A, dprev, kept_o[l] != nullptr); // output unused
         layer_backward<E>(g, host, l, &b, input(l), &A, dx, dprev);
@@ -2667,8 +2658,7 @@ void gemma_cuda_packed_free(gemma_cuda_packed *p) {
 void gemma_cuda_close(gemma_cuda *g) {
     if (!g) return;
     if (g->stream) cudaStreamSynchronize(g->stream);
-    if (g->copy_stream) cudaStreamSynchronize(g->copy_stream);
-    if (g->host_inputs) cudaFreeHost(g->host_inputs);
+    host_inputs_free(g);
     for (int s = 0; s < 2; s++) {
         if (g->slot_released[s]) cudaEventDestroy(g->slot_released[s]);
         if (g->slot_copied[s]) cudaEventDestroy(g->slot_copied[s]);
