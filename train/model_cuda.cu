@@ -244,33 +244,53 @@ __global__ void k_add_norm(const E *resid, const E *x, const float *w, E *h, flo
     for (int i = threadIdx.x; i < n; i += blockDim.x) y2[off + i] = to_e<E>(f32(h[off + i]) * inv2 * w2[i]);
 }
 
-// out = base + d/dx of norm(x)·w given dy (base NULL: none; out may be base). With g = dy·w and
-// r = 1/rms: dx = r·g − x·r³·(g·x)/n. in_scale multiplies dy first (the layer scalar).
-template <class E>
-__global__ void k_rmsnorm_bwd(const E *x, const float *w, const E *dy, float in_scale, const E *base, E *out, int n,
-                              float eps) {
-    __shared__ float sh[32];
-    long off = (long)blockIdx.x * n;
+// One row of the norm backward: out[i] = base(i) + d/dx of norm(x)·w given dy (w NULL: no
+// weight; out may alias base's source). With g = dy·w and r = 1/rms: dx = r·g − x·r³·(g·x)/n.
+// in_scale multiplies dy first (the layer scalar). Every thread of the block calls it.
+template <class E, class Base>
+__device__ __forceinline__ void rmsnorm_bwd_row(const E *x, const float *w, const E *dy, float in_scale, Base base,
+                                                E *out, int n, float eps, float *sh) {
     float ss = 0, gx = 0;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        float xi = f32(x[off + i]);
+        float xi = f32(x[i]);
         ss += xi * xi;
-        gx += f32(dy[off + i]) * in_scale * (w ? w[i] : 1.f) * xi;
+        gx += f32(dy[i]) * in_scale * (w ? w[i] : 1.f) * xi;
     }
     ss = block_sum(ss, sh);
     gx = block_sum(gx, sh);
     float inv = rsqrtf(ss / n + eps);
     float k = inv * inv * inv * gx / n;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        float g = inv * f32(dy[off + i]) * in_scale * (w ? w[i] : 1.f) - f32(x[off + i]) * k;
-        out[off + i] = to_e<E>((base ? f32(base[off + i]) : 0.f) + g);
+        float g = inv * f32(dy[i]) * in_scale * (w ? w[i] : 1.f) - f32(x[i]) * k;
+        out[i] = to_e<E>(base(i) + g);
     }
 }
 
-// y = dy · s, elementwise (the layer scalar on the gradient that bypasses the norms)
-template <class E> __global__ void k_scale(const E *dy, float s, E *y, long n) {
-    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
-        y[i] = to_e<E>(f32(dy[i]) * s);
+// out = base + d/dx of norm(x)·w given dy (base NULL: none; out may be base), one block per row
+template <class E>
+__global__ void k_rmsnorm_bwd(const E *x, const float *w, const E *dy, float in_scale, const E *base, E *out, int n,
+                              float eps) {
+    __shared__ float sh[32];
+    long off = (long)blockIdx.x * n;
+    const E *b = base ? base + off : nullptr;
+    rmsnorm_bwd_row<E>(x + off, w, dy + off, in_scale, [&](int i) { return b ? f32(b[i]) : 0.f; }, out + off, n, eps,
+                       sh);
+}
+
+// The backward of the layer's two residual norms, the reverse of h = x + norm(ao)·w_post_attn and
+// mi = norm(h)·w_pre_ffw, with out = (h + …)·scalar: dx = dout·scalar (rounded to E, the gradient
+// that bypasses the norms) + norm'(h)ᵀ·d_mi, then d_ao = norm'(ao)ᵀ·dx from dx as stored in E.
+// One block per row; each thread reads back only the dx entries it wrote.
+template <class E>
+__global__ void k_residual_norms_bwd(const E *dout, float scalar, const E *h, const float *w_pre_ffw, const E *d_mi,
+                                     const E *ao, const float *w_post_attn, E *dx, E *d_ao, int n, float eps) {
+    __shared__ float sh[32];
+    long off = (long)blockIdx.x * n;
+    const E *dr = dout + off;
+    // __fmul_rn: the product stays a rounded product in f32 too (no multiply-add with the norm's share)
+    auto bypass = [&](int i) { return f32(to_e<E>(__fmul_rn(f32(dr[i]), scalar))); };
+    rmsnorm_bwd_row<E>(h + off, w_pre_ffw, d_mi + off, 1.f, bypass, dx + off, n, eps, sh);
+    rmsnorm_bwd_row<E>(ao + off, w_post_attn, dx + off, 1.f, [](int) { return 0.f; }, d_ao + off, n, eps, sh);
 }
 
 // Per-head vectors of D: y = rope(norm(x)·w) for q and k, y = norm(x) for Gemma 4's v (rope 0,
@@ -1116,7 +1136,7 @@ template <class E> struct acts {
     uint8_t *q8;     // FP8 products: one operand's rows quantized, [T, fp8.width]
     float *q8_scale; // and their scales [T]
     // backward
-    E *d_h, *d_mo, *d_z, *d_gu, *d_mi, *d_ao, *d_o, *d_qr, *d_kr, *d_vn, *d_qkv, *d_a, *d_t;
+    E *d_mo, *d_z, *d_gu, *d_mi, *d_ao, *d_o, *d_qr, *d_kr, *d_vn, *d_qkv, *d_a, *d_t;
 };
 
 // The E buffers of A (the forward's, and with backward their gradients), each `rows(width)`:
@@ -1133,7 +1153,7 @@ template <class E, class Rows> void acts_layout(const gemma_cuda *g, int backwar
     A->ao = rows(H), A->h = rows(H), A->mi = rows(H), A->gu = rows(2 * I), A->z = rows(I), A->mo = rows(H);
     for (int p = 0; p < PROJ_COUNT; p++) A->t[p] = rows(r);
     if (!backward) return;
-    A->d_h = rows(H), A->d_mo = rows(H), A->d_z = rows(I), A->d_gu = rows(2 * I), A->d_mi = rows(H), A->d_ao = rows(H);
+    A->d_mo = rows(H), A->d_z = rows(I), A->d_gu = rows(2 * I), A->d_mi = rows(H), A->d_ao = rows(H);
     A->d_o = rows(qd), A->d_qr = rows(qd), A->d_kr = rows(kd), A->d_vn = rows(kd), A->d_qkv = rows(qkv);
     A->d_a = rows(H), A->d_t = rows(r);
 }
@@ -1347,8 +1367,12 @@ template <class E> void dequantize_layer(gemma_cuda *g, int l) {
 // ---------------------------------------------------------------------------------------------
 // One decoder layer, as model.c's layer_forward / layer_backward.
 
-// attention 0: run it into A->o, A->lse; 1: A->o and A->lse already hold this layer's (kept from
-// the first forward: the recomputation skips the full layers' quadratic attention)
+// out: the layer's output, from a forward sweep, which runs the layers in order: there layer l - 1
+// has left this layer's normed input in A->a (l > 0), and the residual that closes this layer
+// writes the next one's beside out (one pass over the row for both). out NULL: the backward's
+// recomputation, which needs only the layer's insides: the input normed here, no output.
+// attention_kept 0: run the attention into A->o, A->lse; 1: A->o and A->lse already hold this
+// layer's (kept from the first forward: the recomputation skips the full layers' quadratic attention)
 template <class E>
 void layer_forward(gemma_cuda *g, const gemma_model_f32 *host, int l, const dbatch *b, const E *x, acts<E> *A,
                    E *out, int attention_kept = 0) {
@@ -1361,7 +1385,7 @@ void layer_forward(gemma_cuda *g, const gemma_model_f32 *host, int l, const dbat
     float eps = (float)c->norm_eps;
     cudaStream_t st = g->stream;
 
-    k_rmsnorm<E><<<T, ROW_THREADS, 0, st>>>(x, H, L.input_norm, A->a, H, H, eps);
+    if (!out || l == 0) k_rmsnorm<E><<<T, ROW_THREADS, 0, st>>>(x, H, L.input_norm, A->a, H, H, eps);
     frozen_forward<E>(g, L, PROJ_Q, PROJ_V, A, A->a, H, L.w_qkv, A->qkv, ldqkv);
     lora_fwd<E>(g, host, l, PROJ_Q, A->a, T, A->qkv, ldqkv, A->t[PROJ_Q]);
     lora_fwd<E>(g, host, l, PROJ_K, A->a, T, A->qkv + L.qd, ldqkv, A->t[PROJ_K]);
@@ -1398,8 +1422,11 @@ void layer_forward(gemma_cuda *g, const gemma_model_f32 *host, int l, const dbat
     geglu<E>(st, A->gu, nullptr, A->z, T, I);
     frozen_forward<E>(g, L, PROJ_DOWN, PROJ_DOWN, A, A->z, I, L.w_down, A->mo, H);
     lora_fwd<E>(g, host, l, PROJ_DOWN, A->z, T, A->mo, H, A->t[PROJ_DOWN]);
-    k_add_norm<E><<<T, ROW_THREADS, 0, st>>>(A->h, A->mo, L.post_ffw_norm, out, L.layer_scalar, nullptr, nullptr, H,
-                                             eps);
+    if (out) { // the products above have read A->a: it takes the next layer's normed input
+        const float *next_norm = l + 1 < c->layers ? g->layer[l + 1].input_norm : nullptr;
+        k_add_norm<E><<<T, ROW_THREADS, 0, st>>>(A->h, A->mo, L.post_ffw_norm, out, L.layer_scalar, next_norm, A->a,
+                                                 H, eps);
+    }
     CU(cudaGetLastError());
 }
 
@@ -1416,7 +1443,6 @@ void layer_backward(gemma_cuda *g, const gemma_model_f32 *host, int l, const dba
     cudaStream_t st = g->stream;
 
     // out = (h + n_post_ffw(mo)) · layer_scalar
-    k_scale<E><<<grid_for((long)T * H, 256), 256, 0, st>>>(dout, L.layer_scalar, A->d_h, (long)T * H);
     k_rmsnorm_bwd<E><<<T, ROW_THREADS, 0, st>>>(A->mo, L.post_ffw_norm, dout, L.layer_scalar, nullptr, A->d_mo, H, eps);
     frozen_input_grad<E>(g, l, PROJ_DOWN, A, A->d_mo, H, L.w_down, A->d_z, I);
     lora_bwd<E>(g, host, l, PROJ_DOWN, A->z, A->t[PROJ_DOWN], A->d_mo, H, T, A->d_z, A->d_t);
@@ -1424,9 +1450,10 @@ void layer_backward(gemma_cuda *g, const gemma_model_f32 *host, int l, const dba
     frozen_input_grad<E>(g, l, PROJ_GATE, A, A->d_gu, 2L * I, L.w_gu, A->d_mi, H);
     lora_bwd<E>(g, host, l, PROJ_GATE, A->mi, A->t[PROJ_GATE], A->d_gu, 2L * I, T, A->d_mi, A->d_t);
     lora_bwd<E>(g, host, l, PROJ_UP, A->mi, A->t[PROJ_UP], A->d_gu + I, 2L * I, T, A->d_mi, A->d_t);
-    // h = x + n_post_attn(ao): dx gets d_h whole, plus the input norm's share below
-    k_rmsnorm_bwd<E><<<T, ROW_THREADS, 0, st>>>(A->h, L.pre_ffw_norm, A->d_mi, 1.f, A->d_h, dx, H, eps);
-    k_rmsnorm_bwd<E><<<T, ROW_THREADS, 0, st>>>(A->ao, L.post_attn_norm, dx, 1.f, nullptr, A->d_ao, H, eps);
+    // h = x + n_post_attn(ao): dx gets h's gradient whole (dout · layer_scalar, plus the pre-FFW
+    // norm's share), plus the input norm's share below
+    k_residual_norms_bwd<E><<<T, ROW_THREADS, 0, st>>>(dout, L.layer_scalar, A->h, L.pre_ffw_norm, A->d_mi, A->ao,
+                                                       L.post_attn_norm, dx, A->d_ao, H, eps);
     frozen_input_grad<E>(g, l, PROJ_O, A, A->d_ao, H, L.w_o, A->d_o, L.qd);
     lora_bwd<E>(g, host, l, PROJ_O, A->o, A->t[PROJ_O], A->d_ao, H, T, A->d_o, A->d_t);
     CU(cudaGetLastError());
@@ -1622,7 +1649,7 @@ template <class E> void backward(gemma_cuda *g, gemma_model_f32 *host, const gem
     head<E>(g, S, &b, xs + Lc * TH, st, nullptr, grad_scale, dx);
     for (int l = Lc - 1; l >= 0; l--) {
         use_attention(l);
-        layer_forward<E>(g, host, l, &b, xs + l * TH, &A, dprev, kept_o[l] != nullptr); // output unused
+        layer_forward<E>(g, host, l, &b, xs + l * TH, &A, nullptr, kept_o[l] != nullptr);
         layer_backward<E>(g, host, l, &b, xs + l * TH, &A, dx, dprev);
         std::swap(dx, dprev);
     }
