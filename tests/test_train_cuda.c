@@ -8,7 +8,8 @@
  * calls, and the refusal of a non-finite gradient. First, the quantization of a float projection on
  * the device at load (mlx4, nf4, fp8; f32, f16, bf16 and f64 as stored) against train/quant.c byte
  * for byte, --init-random on each quantized base, and the fp8 base's FP8 products alone against
- * the host's double-precision product of the same quantized operands.
+ * the host's double-precision product of the same quantized operands, and the decoder layer's
+ * residual kernels against a host implementation of their f32 operations, byte for byte.
  * Without a CUDA device (or a build without nvcc) every case prints SKIP.
  * Usage: test_train_cuda [FIXTURES_DIR] (default train/fixtures). */
 #define _GNU_SOURCE
@@ -489,6 +490,206 @@ static void test_fp8_products(void) {
         }
         free(w), free(ws), free(codes);
     }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The decoder layer's residual kernels (model_cuda.h: gemma_cuda_residual_norm and
+ * gemma_cuda_residual_norms_bwd) against a host implementation of the same f32 operations in the
+ * same order, byte for byte: the per-thread sums, the warp butterflies, the E roundings and the
+ * fused multiply-adds where the header says; only rsqrtf is the device's (gemma_cuda_rsqrt). In f32 a
+ * sum taken in another order, a product fused or not fused otherwise, or a weight or an operand
+ * swapped shows in the last bits; in bf16 a rounding to E added, dropped or moved (dout · scalar
+ * kept in f32, dx read back before its rounding) shows in many entries. Rows of awkward widths:
+ * 1, fewer than a warp, a block and one, neither, and Gemma 3/4 31B's hidden 5376. */
+
+enum { ROW_BLOCK = 256 }; /* the kernels' threads per row */
+
+static float e_round(int bf16, float v) { return bf16 ? wa_bf16_to_f32(wa_f32_to_bf16(v)) : v; }
+static float e_get(int bf16, const void *p, size_t i) {
+    return bf16 ? wa_bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+static void e_set(int bf16, void *p, size_t i, float v) {
+    if (bf16) ((uint16_t *)p)[i] = wa_f32_to_bf16(v);
+    else ((float *)p)[i] = v;
+}
+
+/* lane j takes v[j] + v[j ^ o] for o = 16, 8, 4, 2, 1 (all lanes end equal) */
+static float warp_butterfly(float v[32]) {
+    for (int o = 16; o > 0; o >>= 1) {
+        float next[32];
+        for (int j = 0; j < 32; j++) next[j] = v[j] + v[j ^ o];
+        memcpy(v, next, sizeof next);
+    }
+    return v[0];
+}
+
+/* the block's sum of the ROW_BLOCK per-thread partials: each warp's butterfly, then the warp sums
+ * padded with zeros to a warp */
+static float block_sum_host(const float partial[ROW_BLOCK]) {
+    float lanes[32], warps[32] = {0};
+    for (int w = 0; w < ROW_BLOCK / 32; w++) {
+        memcpy(lanes, partial + 32 * w, sizeof lanes);
+        warps[w] = warp_butterfly(lanes);
+    }
+    return warp_butterfly(warps);
+}
+
+/* inv[r] = the device's rsqrtf(arg[r]) for every row; 0, or -1 after a failed check */
+static int device_rsqrt(const float *arg, float *inv, long rows, const char *what) {
+    char err[512] = "";
+    if (gemma_cuda_rsqrt(arg, inv, rows, err, sizeof err) != 0) {
+        check_fail("%s: rsqrt on the device: %s", what, err);
+        return -1;
+    }
+    return 0;
+}
+
+/* the f32 argument of a row's rsqrt: Σ x² by thread, block-summed, / n + eps */
+static float norm_arg(int bf16, const void *x, size_t off, int n, float eps) {
+    float part[ROW_BLOCK] = {0};
+    for (int i = 0; i < n; i++) {
+        float xi = e_get(bf16, x, off + (size_t)i);
+        part[i % ROW_BLOCK] = fmaf(xi, xi, part[i % ROW_BLOCK]);
+    }
+    return block_sum_host(part) / (float)n + eps;
+}
+
+/* h and y2 as gemma_cuda_residual_norm computes them; 0, or -1 after a failed check */
+static int host_residual_norm(int bf16, long rows, int n, const void *resid, const void *x, const float *w,
+                              float scale, const float *w2, float eps, void *h, void *y2, const char *what) {
+    float *arg = malloc((size_t)rows * sizeof(float)), *inv = malloc((size_t)rows * sizeof(float));
+    int rc = -1;
+    for (long r = 0; r < rows; r++) arg[r] = norm_arg(bf16, x, (size_t)(r * n), n, eps);
+    if (device_rsqrt(arg, inv, rows, what) != 0) goto done;
+    for (long r = 0; r < rows; r++) {
+        size_t off = (size_t)(r * n);
+        for (int i = 0; i < n; i++) {
+            float a = e_get(bf16, x, off + (size_t)i) * inv[r], res = e_get(bf16, resid, off + (size_t)i), s;
+            if (bf16) s = e_round(bf16, res + e_round(bf16, a * w[i]));
+            else s = fmaf(a, w[i], res); /* no rounding between: the product and the add fuse */
+            if (scale != 1.f) s = e_round(bf16, s * scale);
+            e_set(bf16, h, off + (size_t)i, s);
+        }
+    }
+    if (w2) {
+        for (long r = 0; r < rows; r++) arg[r] = norm_arg(bf16, h, (size_t)(r * n), n, eps);
+        if (device_rsqrt(arg, inv, rows, what) != 0) goto done;
+        for (long r = 0; r < rows; r++)
+            for (int i = 0; i < n; i++) {
+                size_t at = (size_t)(r * n + i);
+                float y = e_get(bf16, h, at) * inv[r];
+                e_set(bf16, y2, at, y * w2[i]);
+            }
+    }
+    rc = 0;
+done:
+    free(arg), free(inv);
+    return rc;
+}
+
+/* out = E(base + norm'(x, w, dy)) row by row, base E(dout · scalar) with dout, else 0 (model_cuda.h) */
+static int host_norm_bwd(int bf16, long rows, int n, const void *x, const float *w, const void *dy, const void *dout,
+                         float scalar, float eps, void *out, const char *what) {
+    float *arg = malloc((size_t)rows * sizeof(float)), *inv = malloc((size_t)rows * sizeof(float));
+    float *gx = malloc((size_t)rows * sizeof(float));
+    int rc = -1;
+    for (long r = 0; r < rows; r++) {
+        size_t off = (size_t)(r * n);
+        float part[ROW_BLOCK] = {0};
+        arg[r] = norm_arg(bf16, x, off, n, eps);
+        for (int i = 0; i < n; i++) {
+            float dw = e_get(bf16, dy, off + (size_t)i) * w[i];
+            part[i % ROW_BLOCK] = fmaf(e_get(bf16, x, off + (size_t)i), dw, part[i % ROW_BLOCK]);
+        }
+        gx[r] = block_sum_host(part);
+    }
+    if (device_rsqrt(arg, inv, rows, what) != 0) goto done;
+    for (long r = 0; r < rows; r++) {
+        size_t off = (size_t)(r * n);
+        float cube = inv[r] * inv[r];
+        cube = inv[r] * cube;
+        float k = gx[r] * cube / (float)n;
+        for (int i = 0; i < n; i++) {
+            float xi = e_get(bf16, x, off + (size_t)i), xk = xi * k;
+            float g = fmaf(inv[r] * e_get(bf16, dy, off + (size_t)i), w[i], -xk);
+            float base = dout ? e_round(bf16, e_get(bf16, dout, off + (size_t)i) * scalar) : 0.f;
+            e_set(bf16, out, off + (size_t)i, base + g);
+        }
+    }
+    rc = 0;
+done:
+    free(arg), free(inv), free(gx);
+    return rc;
+}
+
+/* entries of E where a and b differ in their bytes */
+static long e_differ(int bf16, const void *a, const void *b, size_t count) {
+    size_t es = bf16 ? 2 : 4;
+    long d = 0;
+    for (size_t i = 0; i < count; i++) d += memcmp((const char *)a + i * es, (const char *)b + i * es, es) != 0;
+    return d;
+}
+
+/* rows of E: normal values times 10^(r mod 5 − 2) */
+static void *e_rows(int bf16, long rows, int n, uint64_t *rng) {
+    void *p = malloc((size_t)(rows * n) * (bf16 ? 2 : 4));
+    for (long r = 0; r < rows; r++)
+        for (int i = 0; i < n; i++)
+            e_set(bf16, p, (size_t)(r * n + i), (float)(draw_normal(rng) * pow(10.0, (double)(r % 5) - 2)));
+    return p;
+}
+
+static float *weights(int n, uint64_t *rng) {
+    float *w = malloc((size_t)n * sizeof(float));
+    for (int i = 0; i < n; i++) w[i] = (float)(1 + 0.5 * draw_normal(rng));
+    return w;
+}
+
+static void test_residual_kernels(void) {
+    static const int widths[] = {1, 19, 256, 257, 700, 5376};
+    const float eps = 1e-6f;
+    for (int bf16 = 0; bf16 < 2; bf16++)
+        for (size_t wi = 0; wi < sizeof widths / sizeof *widths; wi++) {
+            int n = widths[wi];
+            long rows = 7;
+            size_t count = (size_t)(rows * n), bytes = count * (bf16 ? 2 : 4);
+            const char *type = bf16 ? "bf16" : "f32";
+            uint64_t rng = 977 + 31 * (uint64_t)wi + (uint64_t)bf16;
+            void *resid = e_rows(bf16, rows, n, &rng), *x = e_rows(bf16, rows, n, &rng);
+            void *d_mi = e_rows(bf16, rows, n, &rng), *ao = e_rows(bf16, rows, n, &rng);
+            void *dout = e_rows(bf16, rows, n, &rng);
+            float *w = weights(n, &rng), *w2 = weights(n, &rng);
+            void *h = malloc(bytes), *y2 = malloc(bytes), *hh = malloc(bytes), *hy2 = malloc(bytes);
+            void *dx = malloc(bytes), *dao = malloc(bytes), *hdx = malloc(bytes), *hdao = malloc(bytes);
+            char err[512] = "", what[128];
+            /* the attention half's close (scale 1, the next norm) and the layer's (its scalar, no norm) */
+            for (int form = 0; form < 2; form++) {
+                float scale = form ? 0.37f : 1.f;
+                const float *next = form ? NULL : w2;
+                snprintf(what, sizeof what, "residual norm %s, %ld x %d, scale %g%s", type, rows, n, (double)scale,
+                         next ? ", next norm" : "");
+                if (gemma_cuda_residual_norm(bf16, rows, n, resid, x, w, scale, next, eps, h, y2, err, sizeof err)) {
+                    check_fail("%s: %s", what, err);
+                    continue;
+                }
+                if (host_residual_norm(bf16, rows, n, resid, x, w, scale, next, eps, hh, hy2, what) != 0) continue;
+                long dh = e_differ(bf16, h, hh, count), dy = next ? e_differ(bf16, y2, hy2, count) : 0;
+                check(dh == 0 && dy == 0, "%s: the device's h and y2 as the host's, byte for byte (%ld and %ld of %zu "
+                      "differ)", what, dh, dy, count);
+            }
+            snprintf(what, sizeof what, "residual norms backward %s, %ld x %d", type, rows, n);
+            if (gemma_cuda_residual_norms_bwd(bf16, rows, n, dout, 0.37f, resid, w, d_mi, ao, w2, eps, dx, dao, err,
+                                              sizeof err)) {
+                check_fail("%s: %s", what, err);
+            } else if (host_norm_bwd(bf16, rows, n, resid, w, d_mi, dout, 0.37f, eps, hdx, what) == 0 &&
+                       host_norm_bwd(bf16, rows, n, ao, w2, hdx, NULL, 0, eps, hdao, what) == 0) {
+                long ddx = e_differ(bf16, dx, hdx, count), dda = e_differ(bf16, dao, hdao, count);
+                check(ddx == 0 && dda == 0, "%s: the device's dx and d_ao as the host's, byte for byte (%ld and %ld "
+                      "of %zu differ)", what, ddx, dda, count);
+            }
+            free(resid), free(x), free(d_mi), free(ao), free(dout), free(w), free(w2);
+            free(h), free(y2), free(hh), free(hy2), free(dx), free(dao), free(hdx), free(hdao);
+        }
 }
 
 /* Folders stored packed, built here from a fixture's f32 checkpoint with train/quant.c's own
@@ -1424,6 +1625,7 @@ int main(int argc, char **argv) {
     test_device_quantization();
     test_random_init_quantized();
     test_fp8_products();
+    test_residual_kernels();
     test_fixture("gemma4_smoke");
     test_fixture("gemma4_tiny");
     test_fixture("gemma3_tiny");

@@ -2390,6 +2390,59 @@ int report(const failure &f, char *err, size_t errlen) {
     return -1;
 }
 
+// Device copies of a test's host arrays, freed together.
+struct test_buffers {
+    std::vector<void *> held;
+    ~test_buffers() {
+        for (void *p : held) cudaFree(p);
+    }
+    // bytes on the device, holding src's when src is not NULL
+    void *get(const void *src, size_t bytes) {
+        void *d = nullptr;
+        CU(cudaMalloc(&d, bytes ? bytes : 1));
+        held.push_back(d);
+        if (src) CU(cudaMemcpy(d, src, bytes, cudaMemcpyHostToDevice));
+        return d;
+    }
+    template <class T> T *copy(const T *src, size_t count) { return (T *)get(src, count * sizeof(T)); }
+};
+
+// The layer's residual kernels on host rows of E (model_cuda.h: gemma_cuda_residual_norm and
+// gemma_cuda_residual_norms_bwd), launched as layer_forward and layer_backward launch them.
+template <class E>
+void residual_norm_on(long rows, int n, const void *resid, const void *x, const float *w, float scale, const float *w2,
+                      float eps, void *h, void *y2) {
+    test_buffers B;
+    size_t bytes = (size_t)rows * n * sizeof(E);
+    E *dh = (E *)B.get(nullptr, bytes), *dy2 = w2 ? (E *)B.get(nullptr, bytes) : nullptr;
+    const float *dw2 = w2 ? B.copy(w2, (size_t)n) : nullptr;
+    k_add_norm<E><<<(unsigned)rows, ROW_THREADS>>>((const E *)B.get(resid, bytes), (const E *)B.get(x, bytes),
+                                                   B.copy(w, (size_t)n), dh, scale, dw2, dy2, n, eps);
+    CU(cudaGetLastError());
+    CU(cudaMemcpy(h, dh, bytes, cudaMemcpyDeviceToHost));
+    if (w2) CU(cudaMemcpy(y2, dy2, bytes, cudaMemcpyDeviceToHost));
+}
+
+template <class E>
+void residual_norms_bwd_on(long rows, int n, const void *dout, float scalar, const void *h, const float *w_pre_ffw,
+                           const void *d_mi, const void *ao, const float *w_post_attn, float eps, void *dx,
+                           void *d_ao) {
+    test_buffers B;
+    size_t bytes = (size_t)rows * n * sizeof(E);
+    E *ddx = (E *)B.get(nullptr, bytes), *dao = (E *)B.get(nullptr, bytes);
+    k_residual_norms_bwd<E><<<(unsigned)rows, ROW_THREADS>>>(
+        (const E *)B.get(dout, bytes), scalar, (const E *)B.get(h, bytes), B.copy(w_pre_ffw, (size_t)n),
+        (const E *)B.get(d_mi, bytes), (const E *)B.get(ao, bytes), B.copy(w_post_attn, (size_t)n), ddx, dao, n, eps);
+    CU(cudaGetLastError());
+    CU(cudaMemcpy(dx, ddx, bytes, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(d_ao, dao, bytes, cudaMemcpyDeviceToHost));
+}
+
+__global__ void k_rsqrt(const float *x, float *y, long n) {
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
+        y[i] = rsqrtf(x[i]);
+}
+
 } // namespace
 
 extern "C" {
@@ -2664,6 +2717,48 @@ void gemma_cuda_reset_peak(gemma_cuda *g) {
 }
 
 const char *gemma_cuda_describe(const gemma_cuda *g) { return g->describe; }
+
+int gemma_cuda_residual_norm(int bf16_rows, long rows, int n, const void *resid, const void *x, const float *w,
+                             float scale, const float *w2, float eps, void *h, void *y2, char *err, size_t errlen) {
+    try {
+        if (rows < 1 || n < 1) fail("residual norm: rows and n must be positive");
+        if (bf16_rows) residual_norm_on<bf16>(rows, n, resid, x, w, scale, w2, eps, h, y2);
+        else residual_norm_on<float>(rows, n, resid, x, w, scale, w2, eps, h, y2);
+        CU(cudaDeviceSynchronize());
+    } catch (const failure &e) {
+        return report(e, err, errlen);
+    }
+    return 0;
+}
+
+int gemma_cuda_residual_norms_bwd(int bf16_rows, long rows, int n, const void *dout, float scalar, const void *h,
+                                  const float *w_pre_ffw, const void *d_mi, const void *ao, const float *w_post_attn,
+                                  float eps, void *dx, void *d_ao, char *err, size_t errlen) {
+    try {
+        if (rows < 1 || n < 1) fail("residual norms backward: rows and n must be positive");
+        if (bf16_rows)
+            residual_norms_bwd_on<bf16>(rows, n, dout, scalar, h, w_pre_ffw, d_mi, ao, w_post_attn, eps, dx, d_ao);
+        else residual_norms_bwd_on<float>(rows, n, dout, scalar, h, w_pre_ffw, d_mi, ao, w_post_attn, eps, dx, d_ao);
+        CU(cudaDeviceSynchronize());
+    } catch (const failure &e) {
+        return report(e, err, errlen);
+    }
+    return 0;
+}
+
+int gemma_cuda_rsqrt(const float *x, float *y, long n, char *err, size_t errlen) {
+    try {
+        if (n < 1) return 0;
+        test_buffers B;
+        float *dx = B.copy(x, (size_t)n), *dy = B.copy<float>(nullptr, (size_t)n);
+        k_rsqrt<<<grid_for(n, 256), 256>>>(dx, dy, n);
+        CU(cudaGetLastError());
+        CU(cudaMemcpy(y, dy, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost));
+    } catch (const failure &e) {
+        return report(e, err, errlen);
+    }
+    return 0;
+}
 
 int gemma_cuda_fp8_product(int input_grad, long rows, long n_out, long k_in, const uint8_t *codes,
                            const float *row_scale, const uint16_t *x, uint16_t *y, uint8_t *xq, float *x_scale,

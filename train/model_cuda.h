@@ -167,6 +167,31 @@ int gemma_cuda_fp8_product(int input_grad, long rows, long n_out, long k_in, con
                            const float *row_scale, const uint16_t *x, uint16_t *y, uint8_t *xq, float *x_scale,
                            int *compute_capability, char *err, size_t errlen);
 
+/* The decoder layer's residual kernels alone, for tests (which hold them against a host
+ * implementation of the same f32 operations, byte for byte): rows [rows, n] of E, bf16 bits
+ * (uint16_t) when bf16_rows, else f32; weights f32 [n]. Each row is one block of 256 threads, thread
+ * i taking entries i, i + 256, … in order; a row's sums run per thread in that order (each term
+ * fused into the running sum: fmaf), then over each warp of 32 as a butterfly (lane j adds lane
+ * j ^ 16, then j ^ 8, … j ^ 1), then the 8 warp sums padded with zeros to 32 the same way; E
+ * roundings are to nearest even. inv(v) = rsqrtf(v / n + eps) on the device (gemma_cuda_rsqrt).
+ *   residual_norm, the close of a layer's attention or MLP half with the next norm:
+ *     t = E(x · inv(Σx²) · w), s = E(resid + t) (in f32, where E is no rounding, s = fmaf(x · inv,
+ *     w, resid)), with scale ≠ 1 s = E(s · scale), h = s, and with w2 (not NULL)
+ *     y2 = E(h · inv(Σh²) · w2).
+ *   residual_norms_bwd, the backward through h = x + norm(ao)·w_post_attn, mi = norm(h)·w_pre_ffw
+ *     and out = (h + …)·scalar, for each norm norm'(x, w, dy) = fmaf(inv·dy, w, −(x·k)) with
+ *     k = inv·inv·inv·Σfmaf(x, dy·w) / n:
+ *     dx = E(E(dout · scalar) + norm'(h, w_pre_ffw, d_mi)), d_ao = E(0 + norm'(ao, w_post_attn, dx)).
+ * 0, or -1 with a one-line message. */
+int gemma_cuda_residual_norm(int bf16_rows, long rows, int n, const void *resid, const void *x, const float *w,
+                             float scale, const float *w2, float eps, void *h, void *y2, char *err, size_t errlen);
+int gemma_cuda_residual_norms_bwd(int bf16_rows, long rows, int n, const void *dout, float scalar, const void *h,
+                                  const float *w_pre_ffw, const void *d_mi, const void *ao, const float *w_post_attn,
+                                  float eps, void *dx, void *d_ao, char *err, size_t errlen);
+/* y[i] = the device's rsqrtf(x[i]) (the special function unit's approximation, which the host
+ * cannot reproduce): the one device operation the tests' host implementations borrow. */
+int gemma_cuda_rsqrt(const float *x, float *y, long n, char *err, size_t errlen);
+
 #ifdef __cplusplus
 }
 #endif

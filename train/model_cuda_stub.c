@@ -115,3 +115,23 @@ int gemma_cuda_fp8_product(int input_grad, long rows, long n_out, long k_in, con
     *compute_capability = 0;
     return no_cuda(err, errlen);
 }
+
+int gemma_cuda_residual_norm(int bf16_rows, long rows, int n, const void *resid, const void *x, const float *w,
+                             float scale, const float *w2, float eps, void *h, void *y2, char *err, size_t errlen) {
+    (void)bf16_rows, (void)rows, (void)n, (void)resid, (void)x, (void)w, (void)scale, (void)w2, (void)eps, (void)h;
+    (void)y2;
+    return no_cuda(err, errlen);
+}
+
+int gemma_cuda_residual_norms_bwd(int bf16_rows, long rows, int n, const void *dout, float scalar, const void *h,
+                                  const float *w_pre_ffw, const void *d_mi, const void *ao, const float *w_post_attn,
+                                  float eps, void *dx, void *d_ao, char *err, size_t errlen) {
+    (void)bf16_rows, (void)rows, (void)n, (void)dout, (void)scalar, (void)h, (void)w_pre_ffw, (void)d_mi, (void)ao;
+    (void)w_post_attn, (void)eps, (void)dx, (void)d_ao;
+    return no_cuda(err, errlen);
+}
+
+int gemma_cuda_rsqrt(const float *x, float *y, long n, char *err, size_t errlen) {
+    (void)x, (void)y, (void)n;
+    return no_cuda(err, errlen);
+}
