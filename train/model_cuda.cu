@@ -293,27 +293,43 @@ __global__ void k_residual_norms_bwd(const E *dout, float scalar, const E *h, co
     rmsnorm_bwd_row<E>(ao + off, w_post_attn, dx + off, 1.f, [](int) { return 0.f; }, d_ao + off, n, eps, sh);
 }
 
-// Per-head vectors of D: y = rope(norm(x)·w) for q and k, y = norm(x) for Gemma 4's v (rope 0,
-// w NULL), y = x (norm 0, Gemma 3's v). One warp per (row, head); x rows have stride ldx (the
-// fused q|k|v projection), y is contiguous [T, heads, D]. Rotate-half pairs (j, j + D/2) at the
-// row's own position pos[t], tables cos/sin [positions, D/2].
+// The per-head kernels of a layer's fused q|k|v projection, one launch over every head of a row:
+// q heads first, then k heads, then v heads where the layer has its own values. Rows of qkv have
+// stride ld, k's heads start at column k_at, v's at v_at (v_at < 0: k_eq_v, the values are the
+// raw keys); outputs are contiguous [T, heads, D]. One warp per (row, head), 8 warps a block.
+struct qkv_heads {
+    long ld, k_at, v_at;
+    int T, heads, kv_heads, D;
+    int per_row; // heads + kv_heads, + kv_heads with separate values
+    float eps;
+    const int32_t *pos;
+    const float *cosv, *sinv; // the RoPE tables [positions, D/2] of q and k
+};
+
+constexpr int HEAD_WARPS = 8;
+
+qkv_heads qkv_layout(long ld, long k_at, long v_at, int T, int heads, int kv_heads, int D, float eps,
+                     const int32_t *pos, const float *cosv, const float *sinv) {
+    int per_row = heads + kv_heads + (v_at >= 0 ? kv_heads : 0);
+    return {ld, k_at, v_at, T, heads, kv_heads, D, per_row, eps, pos, cosv, sinv};
+}
+
+int qkv_blocks(const qkv_heads &q) { return (int)(((long)q.T * q.per_row + HEAD_WARPS - 1) / HEAD_WARPS); }
+
+// 1/rms of one head's vector (norm 0: 1), the same value in every lane
+template <class E> __device__ __forceinline__ float head_inv_rms(const E *xv, int D, float eps, int norm, int lane) {
+    if (!norm) return 1.f;
+    float ss = 0;
+    for (int i = lane; i < D; i += 32) ss += f32(xv[i]) * f32(xv[i]);
+    return rsqrtf(warp_sum(ss) / D + eps);
+}
+
+// y = rope(x·inv·w) over one head (w NULL: no weight; c NULL: no rotation): rotate-half pairs
+// (j, j + D/2) with the row's tables c, s
 template <class E>
-__global__ void k_head_norm_rope(const E *x, long ldx, const float *w, E *y, int T, int heads, int D, float eps,
-                                 int norm, const float *cosv, const float *sinv, const int32_t *pos) {
-    long vec = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    int lane = threadIdx.x & 31;
-    if (vec >= (long)T * heads) return;
-    long t = vec / heads;
-    int h = (int)(vec % heads), half = D / 2;
-    const E *xv = x + t * ldx + (long)h * D;
-    E *yv = y + vec * D;
-    float inv = 1.f;
-    if (norm) {
-        float ss = 0;
-        for (int i = lane; i < D; i += 32) ss += f32(xv[i]) * f32(xv[i]);
-        inv = rsqrtf(warp_sum(ss) / D + eps);
-    }
-    const float *c = cosv ? cosv + (long)pos[t] * half : nullptr, *s = sinv ? sinv + (long)pos[t] * half : nullptr;
+__device__ __forceinline__ void head_scale_rope(const E *xv, float inv, const float *w, E *yv, int D, const float *c,
+                                                const float *s, int lane) {
+    int half = D / 2;
     for (int j = lane; j < half; j += 32) {
         float x1 = f32(xv[j]) * inv * (w ? w[j] : 1.f), x2 = f32(xv[j + half]) * inv * (w ? w[j + half] : 1.f);
         if (c) {
@@ -325,22 +341,44 @@ __global__ void k_head_norm_rope(const E *x, long ldx, const float *w, E *y, int
     }
 }
 
-// The backward of the above, written into the fused q|k|v gradient (stride ldo): dx = norm'ᵀ ·
-// rope⁻¹(dy) (the inverse rotation is the transpose), plus, with dy2, the v-norm backward of the
-// same raw x (Gemma 4's full layers with k_eq_v, whose values are the raw keys).
+// qr = rope(norm(q)·q_norm), kr = rope(norm(k)·k_norm), vn = norm(v) (v_norm; Gemma 4) or v (Gemma
+// 3). With k_eq_v the warp of a k head also writes its value head from the same raw keys and rms.
 template <class E>
-__global__ void k_head_norm_rope_bwd(const E *x, long ldx, const float *w, const E *dy, const E *dy2, E *dx, long ldo,
-                                     int T, int heads, int D, float eps, int norm, const float *cosv,
-                                     const float *sinv, const int32_t *pos) {
+__global__ void k_qkv_norm_rope(const E *qkv, qkv_heads q, const float *q_w, const float *k_w, int v_norm, E *qr,
+                                E *kr, E *vn) {
     long vec = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
-    if (vec >= (long)T * heads) return;
-    long t = vec / heads;
-    int h = (int)(vec % heads), half = D / 2;
-    const E *xv = x + t * ldx + (long)h * D;
-    const E *gv = dy + vec * D, *g2 = dy2 ? dy2 + vec * D : nullptr;
-    E *ov = dx + t * ldo + (long)h * D;
-    const float *c = cosv ? cosv + (long)pos[t] * half : nullptr, *s = sinv ? sinv + (long)pos[t] * half : nullptr;
+    if (vec >= (long)q.T * q.per_row) return;
+    long t = vec / q.per_row;
+    int h = (int)(vec % q.per_row), half = q.D / 2;
+    const float *c = q.cosv + (long)q.pos[t] * half, *s = q.sinv + (long)q.pos[t] * half;
+    const E *row = qkv + t * q.ld;
+    if (h < q.heads) {
+        const E *xv = row + (long)h * q.D;
+        head_scale_rope(xv, head_inv_rms(xv, q.D, q.eps, 1, lane), q_w, qr + (t * q.heads + h) * q.D, q.D, c, s, lane);
+        return;
+    }
+    h -= q.heads; // a k head, then a v head: h and h - kv_heads index [T, kv_heads]
+    long out = (t * q.kv_heads + (h < q.kv_heads ? h : h - q.kv_heads)) * q.D;
+    if (h < q.kv_heads) {
+        const E *xv = row + q.k_at + (long)h * q.D;
+        float inv = head_inv_rms(xv, q.D, q.eps, 1, lane);
+        head_scale_rope(xv, inv, k_w, kr + out, q.D, c, s, lane);
+        if (q.v_at < 0) head_scale_rope<E>(xv, v_norm ? inv : 1.f, nullptr, vn + out, q.D, nullptr, nullptr, lane);
+        return;
+    }
+    const E *xv = row + q.v_at + (long)(h - q.kv_heads) * q.D;
+    head_scale_rope<E>(xv, head_inv_rms(xv, q.D, q.eps, v_norm, lane), nullptr, vn + out, q.D, nullptr, nullptr,
+                       lane);
+}
+
+// The backward of one head, written into the fused q|k|v gradient: dx = norm'ᵀ · rope⁻¹(dy) (the
+// inverse rotation is the transpose), plus, with g2, the weightless v-norm backward of the same
+// raw x (k_eq_v, whose values are the raw keys).
+template <class E>
+__device__ __forceinline__ void head_norm_rope_bwd(const E *xv, const float *w, const E *gv, const E *g2, E *ov, int D,
+                                                   float eps, int norm, const float *c, const float *s, int lane) {
+    int half = D / 2;
     // rope⁻¹(dy) pairs, recomputed in both passes rather than held (D up to 512)
     auto unrot = [&](int j, float &u1, float &u2) {
         float a = f32(gv[j]), b = f32(gv[j + half]);
@@ -374,6 +412,38 @@ __global__ void k_head_norm_rope_bwd(const E *x, long ldx, const float *w, const
         ov[j] = to_e<E>(d1);
         ov[j + half] = to_e<E>(d2);
     }
+}
+
+// d_qkv (stride q.ld) from d_qr, d_kr, d_vn: each head as head_norm_rope_bwd; with k_eq_v the
+// k heads take d_vn as well (their raw keys were the values)
+template <class E>
+__global__ void k_qkv_norm_rope_bwd(const E *qkv, qkv_heads q, const float *q_w, const float *k_w, int v_norm,
+                                    const E *d_qr, const E *d_kr, const E *d_vn, E *d_qkv) {
+    long vec = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (vec >= (long)q.T * q.per_row) return;
+    long t = vec / q.per_row;
+    int h = (int)(vec % q.per_row), half = q.D / 2;
+    const float *c = q.cosv + (long)q.pos[t] * half, *s = q.sinv + (long)q.pos[t] * half;
+    const E *row = qkv + t * q.ld;
+    E *orow = d_qkv + t * q.ld;
+    if (h < q.heads) {
+        long at = (long)h * q.D;
+        head_norm_rope_bwd<E>(row + at, q_w, d_qr + (t * q.heads + h) * q.D, nullptr, orow + at, q.D, q.eps, 1, c, s,
+                              lane);
+        return;
+    }
+    h -= q.heads;
+    long in = (t * q.kv_heads + (h < q.kv_heads ? h : h - q.kv_heads)) * q.D;
+    if (h < q.kv_heads) {
+        long at = q.k_at + (long)h * q.D;
+        head_norm_rope_bwd<E>(row + at, k_w, d_kr + in, q.v_at < 0 ? d_vn + in : nullptr, orow + at, q.D, q.eps, 1, c,
+                              s, lane);
+        return;
+    }
+    long at = q.v_at + (long)(h - q.kv_heads) * q.D;
+    head_norm_rope_bwd<E>(row + at, nullptr, d_vn + in, nullptr, orow + at, q.D, q.eps, v_norm, nullptr, nullptr,
+                          lane);
 }
 
 // gelu_pytorch_tanh and its derivative
@@ -1390,16 +1460,12 @@ void layer_forward(gemma_cuda *g, const gemma_model_f32 *host, int l, const dbat
     lora_fwd<E>(g, host, l, PROJ_Q, A->a, T, A->qkv, ldqkv, A->t[PROJ_Q]);
     lora_fwd<E>(g, host, l, PROJ_K, A->a, T, A->qkv + L.qd, ldqkv, A->t[PROJ_K]);
     if (L.vd) lora_fwd<E>(g, host, l, PROJ_V, A->a, T, A->qkv + L.qd + L.kd, ldqkv, A->t[PROJ_V]);
-    const E *vraw = A->qkv + (L.vd ? L.qd + L.kd : L.qd); // k_eq_v: the raw keys, before k_norm and RoPE
 
-    int warps = 8;
-    long qv = (long)T * c->heads, kv = (long)T * s->kv_heads;
-    k_head_norm_rope<E><<<(int)((qv + warps - 1) / warps), 32 * warps, 0, st>>>(
-        A->qkv, ldqkv, L.q_norm, A->qr, T, c->heads, D, eps, 1, g->cosv[L.kind], g->sinv[L.kind], b->pos);
-    k_head_norm_rope<E><<<(int)((kv + warps - 1) / warps), 32 * warps, 0, st>>>(
-        A->qkv + L.qd, ldqkv, L.k_norm, A->kr, T, s->kv_heads, D, eps, 1, g->cosv[L.kind], g->sinv[L.kind], b->pos);
-    k_head_norm_rope<E><<<(int)((kv + warps - 1) / warps), 32 * warps, 0, st>>>(
-        vraw, ldqkv, nullptr, A->vn, T, s->kv_heads, D, eps, c->family == GEMMA_4, nullptr, nullptr, b->pos);
+    // k_eq_v (no v columns): the values are the raw keys, before k_norm and RoPE
+    qkv_heads qh = qkv_layout(ldqkv, L.qd, L.vd ? L.qd + L.kd : -1, T, c->heads, s->kv_heads, D, eps, b->pos,
+                              g->cosv[L.kind], g->sinv[L.kind]);
+    k_qkv_norm_rope<E><<<qkv_blocks(qh), 32 * HEAD_WARPS, 0, st>>>(A->qkv, qh, L.q_norm, L.k_norm,
+                                                                  c->family == GEMMA_4, A->qr, A->kr, A->vn);
     CU(cudaGetLastError());
 
     wa_attn_desc d = layer_desc(g, l);
@@ -1469,24 +1535,14 @@ void layer_backward(gemma_cuda *g, const gemma_model_f32 *host, int l, const dba
     wa_check(wa_backward_varlen(g->wa, &d, &vl, &tq, &tk, &tv, &to, &tl, &tdo, &tdq, &tdk, &tdv), "backward");
     mark(g, PH_ELEM);
 
-    int warps = 8, gemma4 = c->family == GEMMA_4;
-    long qv = (long)T * c->heads, kv = (long)T * s->kv_heads;
-    k_head_norm_rope_bwd<E><<<(int)((qv + warps - 1) / warps), 32 * warps, 0, st>>>(
-        A->qkv, ldqkv, L.q_norm, A->d_qr, nullptr, A->d_qkv, ldqkv, T, c->heads, D, eps, 1, g->cosv[L.kind],
-        g->sinv[L.kind], b->pos);
-    if (L.vd) { // separate values: d_v from the v norm (Gemma 4) or as is (Gemma 3)
-        k_head_norm_rope_bwd<E><<<(int)((kv + warps - 1) / warps), 32 * warps, 0, st>>>(
-            A->qkv + L.qd, ldqkv, L.k_norm, A->d_kr, nullptr, A->d_qkv + L.qd, ldqkv, T, s->kv_heads, D, eps, 1,
-            g->cosv[L.kind], g->sinv[L.kind], b->pos);
-        k_head_norm_rope_bwd<E><<<(int)((kv + warps - 1) / warps), 32 * warps, 0, st>>>(
-            A->qkv + L.qd + L.kd, ldqkv, nullptr, A->d_vn, nullptr, A->d_qkv + L.qd + L.kd, ldqkv, T, s->kv_heads, D,
-            eps, gemma4, nullptr, nullptr, b->pos);
-    } else { // k_eq_v: the raw keys feed both the k norm + RoPE and the v norm
-        if (!gemma4) fail("attention_k_eq_v is a Gemma 4 feature");
-        k_head_norm_rope_bwd<E><<<(int)((kv + warps - 1) / warps), 32 * warps, 0, st>>>(
-            A->qkv + L.qd, ldqkv, L.k_norm, A->d_kr, A->d_vn, A->d_qkv + L.qd, ldqkv, T, s->kv_heads, D, eps, 1,
-            g->cosv[L.kind], g->sinv[L.kind], b->pos);
-    }
+    // separate values: d_v from the v norm (Gemma 4) or as is (Gemma 3); k_eq_v: the raw keys feed
+    // both the k norm + RoPE and the v norm
+    int gemma4 = c->family == GEMMA_4;
+    if (!L.vd && !gemma4) fail("attention_k_eq_v is a Gemma 4 feature");
+    qkv_heads qh = qkv_layout(ldqkv, L.qd, L.vd ? L.qd + L.kd : -1, T, c->heads, s->kv_heads, D, eps, b->pos,
+                              g->cosv[L.kind], g->sinv[L.kind]);
+    k_qkv_norm_rope_bwd<E><<<qkv_blocks(qh), 32 * HEAD_WARPS, 0, st>>>(A->qkv, qh, L.q_norm, L.k_norm, gemma4, A->d_qr,
+                                                                      A->d_kr, A->d_vn, A->d_qkv);
     CU(cudaGetLastError());
 
     frozen_input_grad<E>(g, l, PROJ_Q, A, A->d_qkv, ldqkv, L.w_qkv, A->d_a, H);
@@ -2438,6 +2494,36 @@ void residual_norms_bwd_on(long rows, int n, const void *dout, float scalar, con
     CU(cudaMemcpy(d_ao, dao, bytes, cudaMemcpyDeviceToHost));
 }
 
+// The per-head kernels on host rows (model_cuda.h: gemma_cuda_qkv_heads), launched as
+// layer_forward and layer_backward launch them.
+template <class E>
+void qkv_heads_on(int T, int heads, int kv_heads, int D, int k_eq_v, int v_norm, float eps, const void *qkv,
+                  const float *q_w, const float *k_w, const int32_t *pos, int positions, const float *cosv,
+                  const float *sinv, const void *d_qr, const void *d_kr, const void *d_vn, void *qr, void *kr, void *vn,
+                  void *d_qkv) {
+    test_buffers B;
+    long qd = (long)heads * D, kd = (long)kv_heads * D, ld = qd + kd + (k_eq_v ? 0 : kd);
+    size_t row_bytes = (size_t)T * ld * sizeof(E), q_bytes = (size_t)T * qd * sizeof(E);
+    size_t kv_bytes = (size_t)T * kd * sizeof(E), table = (size_t)positions * (D / 2);
+    qkv_heads q = qkv_layout(ld, qd, k_eq_v ? -1 : qd + kd, T, heads, kv_heads, D, eps, B.copy(pos, (size_t)T),
+                             B.copy(cosv, table), B.copy(sinv, table));
+    const E *x = (const E *)B.get(qkv, row_bytes);
+    const float *dq_w = B.copy(q_w, (size_t)D), *dk_w = B.copy(k_w, (size_t)D);
+    E *dqr = (E *)B.get(nullptr, q_bytes), *dkr = (E *)B.get(nullptr, kv_bytes), *dvn = (E *)B.get(nullptr, kv_bytes);
+    E *dx = (E *)B.get(nullptr, row_bytes);
+    k_qkv_norm_rope<E><<<qkv_blocks(q), 32 * HEAD_WARPS>>>(x, q, dq_w, dk_w, v_norm, dqr, dkr, dvn);
+    CU(cudaGetLastError());
+    k_qkv_norm_rope_bwd<E><<<qkv_blocks(q), 32 * HEAD_WARPS>>>(x, q, dq_w, dk_w, v_norm,
+                                                               (const E *)B.get(d_qr, q_bytes),
+                                                               (const E *)B.get(d_kr, kv_bytes),
+                                                               (const E *)B.get(d_vn, kv_bytes), dx);
+    CU(cudaGetLastError());
+    CU(cudaMemcpy(qr, dqr, q_bytes, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(kr, dkr, kv_bytes, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(vn, dvn, kv_bytes, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(d_qkv, dx, row_bytes, cudaMemcpyDeviceToHost));
+}
+
 __global__ void k_rsqrt(const float *x, float *y, long n) {
     for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
         y[i] = rsqrtf(x[i]);
@@ -2739,6 +2825,29 @@ int gemma_cuda_residual_norms_bwd(int bf16_rows, long rows, int n, const void *d
         if (bf16_rows)
             residual_norms_bwd_on<bf16>(rows, n, dout, scalar, h, w_pre_ffw, d_mi, ao, w_post_attn, eps, dx, d_ao);
         else residual_norms_bwd_on<float>(rows, n, dout, scalar, h, w_pre_ffw, d_mi, ao, w_post_attn, eps, dx, d_ao);
+        CU(cudaDeviceSynchronize());
+    } catch (const failure &e) {
+        return report(e, err, errlen);
+    }
+    return 0;
+}
+
+int gemma_cuda_qkv_heads(int bf16_rows, int T, int heads, int kv_heads, int D, int k_eq_v, int v_norm, float eps,
+                         const void *qkv, const float *q_w, const float *k_w, const int32_t *pos, int positions,
+                         const float *cosv, const float *sinv, const void *d_qr, const void *d_kr, const void *d_vn,
+                         void *qr, void *kr, void *vn, void *d_qkv, char *err, size_t errlen) {
+    try {
+        if (T < 1 || heads < 1 || kv_heads < 1 || D < 2 || D % 2 || positions < 1)
+            fail("qkv heads: T, heads, kv_heads and positions must be positive, D even");
+        for (int t = 0; t < T; t++)
+            if (pos[t] < 0 || pos[t] >= positions)
+                fail("qkv heads: position %d of row %d is outside the tables", pos[t], t);
+        if (bf16_rows)
+            qkv_heads_on<bf16>(T, heads, kv_heads, D, k_eq_v, v_norm, eps, qkv, q_w, k_w, pos, positions, cosv, sinv,
+                               d_qr, d_kr, d_vn, qr, kr, vn, d_qkv);
+        else
+            qkv_heads_on<float>(T, heads, kv_heads, D, k_eq_v, v_norm, eps, qkv, q_w, k_w, pos, positions, cosv, sinv,
+                                d_qr, d_kr, d_vn, qr, kr, vn, d_qkv);
         CU(cudaDeviceSynchronize());
     } catch (const failure &e) {
         return report(e, err, errlen);

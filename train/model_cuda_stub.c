@@ -131,6 +131,16 @@ int gemma_cuda_residual_norms_bwd(int bf16_rows, long rows, int n, const void *d
     return no_cuda(err, errlen);
 }
 
+int gemma_cuda_qkv_heads(int bf16_rows, int T, int heads, int kv_heads, int D, int k_eq_v, int v_norm, float eps,
+                         const void *qkv, const float *q_w, const float *k_w, const int32_t *pos, int positions,
+                         const float *cosv, const float *sinv, const void *d_qr, const void *d_kr, const void *d_vn,
+                         void *qr, void *kr, void *vn, void *d_qkv, char *err, size_t errlen) {
+    (void)bf16_rows, (void)T, (void)heads, (void)kv_heads, (void)D, (void)k_eq_v, (void)v_norm, (void)eps, (void)qkv;
+    (void)q_w, (void)k_w, (void)pos, (void)positions, (void)cosv, (void)sinv, (void)d_qr, (void)d_kr, (void)d_vn;
+    (void)qr, (void)kr, (void)vn, (void)d_qkv;
+    return no_cuda(err, errlen);
+}
+
 int gemma_cuda_rsqrt(const float *x, float *y, long n, char *err, size_t errlen) {
     (void)x, (void)y, (void)n;
     return no_cuda(err, errlen);
