@@ -1437,15 +1437,18 @@ template <class E> void dequantize_layer(gemma_cuda *g, int l) {
 // ---------------------------------------------------------------------------------------------
 // One decoder layer, as model.c's layer_forward / layer_backward.
 
-// out: the layer's output, from a forward sweep, which runs the layers in order: there layer l - 1
-// has left this layer's normed input in A->a (l > 0), and the residual that closes this layer
-// writes the next one's beside out (one pass over the row for both). out NULL: the backward's
-// recomputation, which needs only the layer's insides: the input normed here, no output.
+// How a layer's forward runs. PASS_SWEEP: one of the forward's passes over the layers in order,
+// into out: layer l - 1 has left this layer's normed input in A->a (l > 0), and the residual that
+// closes this layer writes the next one's beside out (one pass over the row for both).
+// PASS_RECOMPUTE: the backward's recomputation of the layer's insides alone: its input normed
+// here, no closing residual, no output (out NULL).
+enum layer_pass { PASS_SWEEP, PASS_RECOMPUTE };
+
 // attention_kept 0: run the attention into A->o, A->lse; 1: A->o and A->lse already hold this
 // layer's (kept from the first forward: the recomputation skips the full layers' quadratic attention)
 template <class E>
 void layer_forward(gemma_cuda *g, const gemma_model_f32 *host, int l, const dbatch *b, const E *x, acts<E> *A,
-                   E *out, int attention_kept = 0) {
+                   layer_pass pass, E *out, int attention_kept = 0) {
     dequantize_layer<E>(g, l);
     const gemma_config *c = &g->cfg;
     const dlayer &L = g->layer[l];
@@ -1455,7 +1458,8 @@ void layer_forward(gemma_cuda *g, const gemma_model_f32 *host, int l, const dbat
     float eps = (float)c->norm_eps;
     cudaStream_t st = g->stream;
 
-    if (!out || l == 0) k_rmsnorm<E><<<T, ROW_THREADS, 0, st>>>(x, H, L.input_norm, A->a, H, H, eps);
+    if (pass == PASS_RECOMPUTE || l == 0)
+        k_rmsnorm<E><<<T, ROW_THREADS, 0, st>>>(x, H, L.input_norm, A->a, H, H, eps);
     frozen_forward<E>(g, L, PROJ_Q, PROJ_V, A, A->a, H, L.w_qkv, A->qkv, ldqkv);
     lora_fwd<E>(g, host, l, PROJ_Q, A->a, T, A->qkv, ldqkv, A->t[PROJ_Q]);
     lora_fwd<E>(g, host, l, PROJ_K, A->a, T, A->qkv + L.qd, ldqkv, A->t[PROJ_K]);
@@ -1488,7 +1492,7 @@ void layer_forward(gemma_cuda *g, const gemma_model_f32 *host, int l, const dbat
     geglu<E>(st, A->gu, nullptr, A->z, T, I);
     frozen_forward<E>(g, L, PROJ_DOWN, PROJ_DOWN, A, A->z, I, L.w_down, A->mo, H);
     lora_fwd<E>(g, host, l, PROJ_DOWN, A->z, T, A->mo, H, A->t[PROJ_DOWN]);
-    if (out) { // the products above have read A->a: it takes the next layer's normed input
+    if (pass == PASS_SWEEP) { // the products above have read A->a: it takes the next layer's normed input
         const float *next_norm = l + 1 < c->layers ? g->layer[l + 1].input_norm : nullptr;
         k_add_norm<E><<<T, ROW_THREADS, 0, st>>>(A->h, A->mo, L.post_ffw_norm, out, L.layer_scalar, next_norm, A->a,
                                                  H, eps);
@@ -1662,7 +1666,7 @@ template <class E> void forward(gemma_cuda *g, const gemma_model_f32 *host, cons
     k_embed<E><<<b.T, ROW_THREADS, 0, g->stream>>>(b.tokens, (const E *)g->embed,
                                                    (float)(E)(float)g->cfg.embed_scale, x, g->cfg.hidden);
     for (int l = 0; l < g->cfg.layers; l++) {
-        layer_forward<E>(g, host, l, &b, x, &A, y);
+        layer_forward<E>(g, host, l, &b, x, &A, PASS_SWEEP, y);
         std::swap(x, y);
     }
     head<E>(g, S, &b, x, st, logits, 0, nullptr);
@@ -1700,12 +1704,12 @@ template <class E> void backward(gemma_cuda *g, gemma_model_f32 *host, const gem
                                                    (float)(E)(float)g->cfg.embed_scale, xs, g->cfg.hidden);
     for (int l = 0; l < Lc; l++) {
         use_attention(l);
-        layer_forward<E>(g, host, l, &b, xs + l * TH, &A, xs + (l + 1) * TH);
+        layer_forward<E>(g, host, l, &b, xs + l * TH, &A, PASS_SWEEP, xs + (l + 1) * TH);
     }
     head<E>(g, S, &b, xs + Lc * TH, st, nullptr, grad_scale, dx);
     for (int l = Lc - 1; l >= 0; l--) {
         use_attention(l);
-        layer_forward<E>(g, host, l, &b, xs + l * TH, &A, nullptr, kept_o[l] != nullptr);
+        layer_forward<E>(g, host, l, &b, xs + l * TH, &A, PASS_RECOMPUTE, nullptr, kept_o[l] != nullptr);
         layer_backward<E>(g, host, l, &b, xs + l * TH, &A, dx, dprev);
         std::swap(dx, dprev);
     }
