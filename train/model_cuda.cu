@@ -375,7 +375,7 @@ __global__ void k_qkv_norm_rope(const E *qkv, qkv_heads q, const float *q_w, con
 // The backward of one head, written into the fused q|k|v gradient: dx = norm'ᵀ · rope⁻¹(dy) (the
 // inverse rotation is the transpose), plus, with g2, the weightless v-norm backward of the same
 // raw x (k_eq_v, whose values are the raw keys).
-template <class E>
+template <class E, bool weighted = true>
 __device__ __forceinline__ void head_norm_rope_bwd(const E *xv, const float *w, const E *gv, const E *g2, E *ov, int D,
                                                    float eps, int norm, const float *c, const float *s, int lane) {
     int half = D / 2;
@@ -399,7 +399,10 @@ __device__ __forceinline__ void head_norm_rope_bwd(const E *xv, const float *w, 
         float u1, u2, x1 = f32(xv[j]), x2 = f32(xv[j + half]);
         unrot(j, u1, u2);
         ss += x1 * x1 + x2 * x2;
-        gx += u1 * (w ? w[j] : 1.f) * x1 + u2 * (w ? w[j + half] : 1.f) * x2;
+        // weightless (the v heads: w a constant null) the fmaf keeps x1's product the fused one, as
+        // the weighted form compiles; contraction alone fuses x2's there in f32, rounding gx otherwise
+        if constexpr (weighted) gx += u1 * (w ? w[j] : 1.f) * x1 + u2 * (w ? w[j + half] : 1.f) * x2;
+        else gx += fmaf(u1, x1, u2 * x2);
         if (g2) gx2 += f32(g2[j]) * x1 + f32(g2[j + half]) * x2;
     }
     ss = warp_sum(ss), gx = warp_sum(gx), gx2 = warp_sum(gx2);
@@ -442,8 +445,8 @@ __global__ void k_qkv_norm_rope_bwd(const E *qkv, qkv_heads q, const float *q_w,
         return;
     }
     long at = q.v_at + (long)(h - q.kv_heads) * q.D;
-    head_norm_rope_bwd<E>(row + at, nullptr, d_vn + in, nullptr, orow + at, q.D, q.eps, v_norm, nullptr, nullptr,
-                          lane);
+    head_norm_rope_bwd<E, false>(row + at, nullptr, d_vn + in, nullptr, orow + at, q.D, q.eps, v_norm, nullptr,
+                                 nullptr, lane);
 }
 
 // gelu_pytorch_tanh and its derivative
