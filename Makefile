@@ -235,7 +235,7 @@ $(BUILD)/src/cuda/%.o: src/cuda/%.cu $(CUDA_HDR) $(wildcard src/*.h) include/win
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
 # model.c twice: float for training, double for the finite-difference tests
-$(BUILD)/train/model_cuda.o: train/model_cuda.cu train/quant_cuda.cuh train/quant.h train/model_cuda.h train/model.h train/model_generic.h train/config.h train/checkpoint.h train/train.h include/winattn.h src/convert.h
+$(BUILD)/train/model_cuda.o: train/model_cuda.cu formats/platform.h train/quant_cuda.cuh train/quant.h train/model_cuda.h train/model.h train/model_generic.h train/config.h train/checkpoint.h train/train.h include/winattn.h src/convert.h
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -Itrain -Isrc -Iformats -c $< -o $@
 $(BUILD)/train/model_f32.o: train/model.c

@@ -9,8 +9,9 @@
 #   4. the 31B's shape, one record per step at 8,192 / 16,384 / 30,553 tokens (LENGTHS=...), with the
 #      device time by phase (bench/train_gpu.py with --peers adds transformers beside it).
 #   In step 2 also: the device's optimizer against the host's; in step 3 also: AdamW with clipping,
-#   bias correction and gradient accumulation on both, and a --device cuda run stopped by SIGTERM
-#   and resumed must end with the uninterrupted run's adapters and optimizer state, byte for byte.
+#   bias correction and gradient accumulation on both, a --device cuda run stopped by SIGTERM and
+#   resumed must end with the uninterrupted run's adapters and optimizer state, byte for byte, and a
+#   record longer than the device holds must be refused before the first step, nothing written.
 # Usage: sh scripts/train_cuda_check.sh [quick|batch]   (quick: steps 1-3; batch: and the job-shaped
 # batch). Logs go to $OUT; a PASS/FAIL summary ends the output, and the exit status is 1 on any FAIL.
 # Machines without libjansson-dev or libyaml-dev: carry Debian's package unpacked in .devdeps (see
@@ -179,6 +180,36 @@ if train whole $resume_opts --adapter-path "$OUT/resume_whole"; then
     fi
 fi
 rm -rf "$data"
+
+echo "== a record longer than the device holds: refused before the first step, nothing written"
+# one layer with a 262,144-wide MLP (0.4 GB of weights, drawn on the device): some 3 MB of
+# activations a token, so the 200,001-token record, the second of the batch, needs several hundred
+# GB, more than one GPU has; the 4-token record beside it fits
+big=$(mktemp -d)
+python3 - "$big" <<'EOF'
+import json, os, sys
+cfg = json.load(open("train/configs/demo-gemma4.json"))
+cfg.update(hidden_size=256, intermediate_size=262144, num_hidden_layers=1, layer_types=["full_attention"])
+os.makedirs(f"{sys.argv[1]}/model")
+os.makedirs(f"{sys.argv[1]}/data")
+json.dump(cfg, open(f"{sys.argv[1]}/model/config.json", "w"))
+with open(f"{sys.argv[1]}/data/train.jsonl", "w") as f:
+    f.write(json.dumps({"tokens": [2, 5, 6, 7]}) + "\n")
+    f.write(json.dumps({"tokens": [2] + [3 + i % 250 for i in range(200000)]}) + "\n")
+EOF
+rc=0
+"$BUILD/winattn" train --model "$big/model" --data "$big/data" --init-random 0 --device cuda --iters 1 \
+    --batch-size 2 --adapter-path "$big/adapters" >"$OUT/steps_too_long.txt" 2>&1 || rc=$?
+refusal=$(tail -1 "$OUT/steps_too_long.txt")
+want="winattn train: the longest record (200001 tokens, record 2 of $big/data/train.jsonl) needs more device memory"
+if [ $rc -eq 1 ] && [ "${refusal#"$want"}" != "$refusal" ] && [ ! -e "$big/adapters" ] &&
+    ! grep -q '^step ' "$OUT/steps_too_long.txt"; then
+    result "PASS a record longer than the device holds: exit $rc before the first step, no output folder: $refusal"
+else
+    result "FAIL a record longer than the device holds: exit $rc, output folder $(ls -d "$big/adapters" 2>/dev/null ||
+        echo absent), last line: $refusal"
+fi
+rm -rf "$big"
 [ "${1:-}" = quick ] && summary
 
 echo "== a batch of the job's shape: 31B, records of 30,553 + 9,000 + 4,000 + 1,200 tokens, batch 4"

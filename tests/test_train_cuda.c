@@ -5,12 +5,13 @@
  * the bounds below. A packed batch of every record of the fixture, as the trainer runs it. Then
  * the device's optimizer (gemma_cuda_optimizer_step) against the host's (train_clip_grad_norm
  * and train_optimizer_update) on the same gradients, gradient accumulation over several backward
- * calls, and the refusal of a non-finite gradient. First, the quantization of a float projection on
- * the device at load (mlx4, nf4, fp8; f32, f16, bf16 and f64 as stored) against train/quant.c byte
- * for byte, --init-random on each quantized base, and the fp8 base's FP8 products alone against
- * the host's double-precision product of the same quantized operands, and the decoder layer's
- * residual and per-head (q/k norm + RoPE) kernels against a host implementation of their f32
- * operations, byte for byte.
+ * calls, the refusal of a non-finite gradient, and a step's loss and gradients equal to the bit
+ * when it runs again (its layer inputs go through host memory and back). First, the quantization
+ * of a float projection on the device at load (mlx4, nf4, fp8; f32, f16, bf16 and f64 as stored)
+ * against train/quant.c byte for byte, --init-random on each quantized base, the fp8 base's FP8
+ * products alone against the host's double-precision product of the same quantized operands, and
+ * the decoder layer's residual and per-head (q/k norm + RoPE) kernels against a host
+ * implementation of their f32 operations, byte for byte.
  * Without a CUDA device (or a build without nvcc) every case prints SKIP.
  * Usage: test_train_cuda [FIXTURES_DIR] (default train/fixtures). */
 #define _GNU_SOURCE
@@ -1136,28 +1137,34 @@ static void test_refusals(void) {
 /* ---------------------------------------------------------------------------------------------
  * The optimizer on the device */
 
-/* gemma4_smoke's model with its adapters, on the GPU; r its reference batch */
-static int open_smoke(gemma_precision p, gemma_model_f32 *m, gemma_cuda **g, reference *r, char *err, size_t n) {
+/* a fixture's model with its adapters, on the GPU (deterministic: winattn's deterministic backward);
+ * r its reference batch */
+static int open_fixture(const char *name, gemma_precision p, int deterministic, gemma_model_f32 *m, gemma_cuda **g,
+                        reference *r, char *err, size_t n) {
     char dir[1024], path[1100];
     lora_config lc;
     *g = NULL;
-    snprintf(dir, sizeof dir, "%s/gemma4_smoke", fixtures);
+    snprintf(dir, sizeof dir, "%s/%s", fixtures, name);
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
     if (adapter_config_load(path, 1 << 20, &lc, err, n) != 0 || gemma_model_layout_f32(m, dir, &lc, err, n) != 0)
         return -1;
     snprintf(path, sizeof path, "%s/adapters.safetensors", dir);
-    gemma_cuda_options o = {p, 0, 0, 0, 0, BASE_BF16};
+    gemma_cuda_options o = {p, 0, 0, 0, deterministic, BASE_BF16};
     if (adapters_load(m, path, err, n) != 0 || gemma_cuda_open(m, dir, &o, g, err, n) != 0) {
         gemma_model_free_f32(m);
         return -1;
     }
     if (reference_open(r, dir) != 0) {
-        snprintf(err, n, "gemma4_smoke: the reference batch cannot be read");
+        snprintf(err, n, "%s: the reference batch cannot be read", name);
         gemma_cuda_close(*g);
         gemma_model_free_f32(m);
         return -1;
     }
     return 0;
+}
+
+static int open_smoke(gemma_precision p, gemma_model_f32 *m, gemma_cuda **g, reference *r, char *err, size_t n) {
+    return open_fixture("gemma4_smoke", p, 0, m, g, r, err, n);
 }
 
 /* the largest |a - b| / max(|a|, |b|) over n entries (NaN counts as infinite), and how many differ */
@@ -1397,6 +1404,77 @@ static void test_nonfinite_step(void) {
                   "non-finite: then a finite gradient updates (norm %g)", norm);
     }
     free(p0), free(m10), free(m20), free(m1), free(m2);
+    reference_close(&r);
+    gemma_cuda_close(g);
+    gemma_model_free_f32(&m);
+}
+
+/* (4) The layer inputs' trip through page-locked host memory. The backward keeps each layer's
+ * input (but the last) on the host: the forward copies it down on a second stream while the next
+ * layer runs, the backward copies it up while the layer above runs its backward, with events
+ * ordering each copy against the computation that writes or reads the device buffer. The copies
+ * move the same bits, so a step must give the same loss and LoRA gradients, bit for bit, every
+ * time it runs (winattn's deterministic backward makes every kernel repeatable). gemma4_tiny (12
+ * layers, 11 of their inputs through the host) with its reference records repeated to a packed
+ * batch A of 8 × 381 tokens (copies of 0.4 MB in bf16, 0.8 MB in f32: long enough beside a
+ * layer's kernels for a missing or misplaced wait to show): A, then a batch B of the records
+ * in reverse order repeated 16 times (other values at every position, twice the tokens, so the
+ * host memory grows: a new allocation between the two runs of A), then A again; the two runs of A
+ * must agree to the bit, and their gradients must not be zero. A copy read before it lands
+ * (the backward reads the device buffer while its input is still coming up) gives the previous
+ * contents of that buffer, an input copied down after the next layer overwrote its buffer, or
+ * one never copied, gives another layer's values or those B (or the fresh allocation) left in
+ * host memory; with the ordering timing-dependent, the runs differ. A copy that is consistently
+ * wrong the same way is caught by the fixtures' comparisons with the CPU above, which run through
+ * the same path. */
+static void test_layer_inputs_offload(gemma_precision precision) {
+    const char *pname = precision == PRECISION_F32 ? "f32" : "bf16";
+    enum { REPEAT = 8 };
+    char err[1024] = "";
+    gemma_model_f32 m;
+    gemma_cuda *g;
+    reference r;
+    if (open_fixture("gemma4_tiny", precision, 1, &m, &g, &r, err, sizeof err) != 0) {
+        check_fail("layer inputs on the host %s: %s", pname, err);
+        return;
+    }
+    size_t n = m.param_count;
+    int na = r.B * REPEAT, nb = 2 * na;
+    gemma_seq *a = malloc((size_t)na * sizeof *a), *b = malloc((size_t)nb * sizeof *b);
+    float *first = malloc(n * sizeof(float)), *again = malloc(n * sizeof(float));
+    gemma_stats s1 = {0}, sb = {0}, s2 = {0};
+    int rc = !a || !b || !first || !again;
+    if (rc) snprintf(err, sizeof err, "out of memory");
+    if (!rc) {
+        for (int i = 0; i < na; i++) a[i] = r.seqs[i % r.B];
+        for (int i = 0; i < nb; i++) b[i] = r.seqs[r.B - 1 - i % r.B];
+        double scale = 1.0 / ((double)r.targets * REPEAT);
+        rc = gemma_cuda_grads_zero(g, err, sizeof err) ||
+             gemma_cuda_backward_batch(g, &m, a, na, scale, &s1, err, sizeof err) ||
+             gemma_cuda_grads_download(g, first, err, sizeof err) || gemma_cuda_grads_zero(g, err, sizeof err) ||
+             gemma_cuda_backward_batch(g, &m, b, nb, scale, &sb, err, sizeof err) ||
+             gemma_cuda_grads_zero(g, err, sizeof err) ||
+             gemma_cuda_backward_batch(g, &m, a, na, scale, &s2, err, sizeof err) ||
+             gemma_cuda_grads_download(g, again, err, sizeof err);
+    }
+    if (rc) {
+        check_fail("layer inputs on the host %s: %s", pname, err);
+    } else {
+        const char *where = gemma_cuda_layer_inputs(g);
+        double gb = 0;
+        long held = 0, b_tokens = 2L * REPEAT * packed_rows(&r);
+        size_t differ = 0;
+        for (size_t i = 0; i < n; i++) differ += memcmp(&first[i], &again[i], sizeof(float)) != 0;
+        check(sscanf(where, "layer inputs in page-locked host memory (%lf GB for %ld tokens)", &gb, &held) == 2 &&
+                  held >= b_tokens,
+              "layer inputs on the host %s: \"%s\" (at least the %ld tokens of B)", pname, where, b_tokens);
+        check(differ == 0 && memcmp(&s1.loss_sum, &s2.loss_sum, sizeof s1.loss_sum) == 0 && s1.tokens == s2.tokens &&
+                  !all_zero(first, n),
+              "layer inputs on the host %s: %d records packed, twice around a batch of %d: loss sums %.17g and "
+              "%.17g (equal to the bit), %zu of %zu gradients differ (0), the gradients not all zero",
+              pname, na, nb, s1.loss_sum, s2.loss_sum, differ, n);
+    }
+    free(a), free(b), free(first), free(again);
     reference_close(&r);
     gemma_cuda_close(g);
     gemma_model_free_f32(&m);
@@ -1819,5 +1897,7 @@ int main(int argc, char **argv) {
     test_optimizer_step(PRECISION_BF16);
     test_accumulation();
     test_nonfinite_step();
+    test_layer_inputs_offload(PRECISION_F32);
+    test_layer_inputs_offload(PRECISION_BF16);
     return check_summary();
 }

@@ -12,6 +12,7 @@ extern "C" { // the trainer's C headers (model.h, checkpoint.h) declare no linka
 #include "checkpoint.h"
 #include "convert.h"
 #include "model_cuda.h"
+#include "platform.h"
 #include "quant.h"
 }
 #include "winattn.h"
@@ -805,13 +806,27 @@ struct gemma_cuda {
     unsigned long long *first_bad; // k_first_nonfinite's answer
     const float *params_pinned; // host->params, page-locked while this object lives
     size_t static_bytes;
+    // The layer inputs backward() keeps for its recomputation (docs/train.md §7). With
+    // inputs_on_host, layer l's input xs[l] for l < layers - 1 lives in page-locked host memory
+    // (host_inputs, room for host_tokens tokens, [layers - 1, T, hidden] E at a step of T tokens)
+    // and the device holds two [T, hidden] buffers it passes through: the forward copies each
+    // input down on copy_stream while the next layer runs, the backward copies layer l - 1's up
+    // while layer l's runs. slot_released[s]: g->stream is done with device buffer s so far (its
+    // writing in the forward, its reading in the backward); slot_copied[s]: the last copy that
+    // reads or writes buffer s has ended. Without inputs_on_host (the host refused the memory:
+    // gemma_cuda_token_budget) all L + 1 inputs stay on the device. inputs_line says which.
+    int inputs_on_host;
+    void *host_inputs;
+    long host_tokens;
+    cudaStream_t copy_stream;
+    cudaEvent_t slot_released[2], slot_copied[2], copies_joined;
+    char inputs_line[320];
     // WINATTN_TRAIN_PROFILE=1: where a step's device time goes, by phase (events between marks)
     struct {
         int on, gemm_phase, elem_phase;
         std::vector<cudaEvent_t> ev;
         std::vector<int> phase;
         size_t used;
-        double ms[6];
     } prof;
     // RoPE tables per layer kind, for positions up to rope_len
     float *cosv[2], *sinv[2];
@@ -821,8 +836,12 @@ struct gemma_cuda {
 
 namespace {
 
-enum { PH_GEMM, PH_LORA, PH_ATTN, PH_ELEM, PH_HEAD, PH_COUNT };
-const char *const phase_name[PH_COUNT] = {"products", "LoRA products", "attention", "elementwise", "head"};
+// PH_Q8: what the FP8 products add around their cuBLASLt calls (the inputs' per-row quantization, the
+// layer's transposed codes); PH_COPY: g->stream waiting for a layer input's copy to or from the host
+// to end (what of the copies the computation does not hide). Each is printed only where it ran.
+enum { PH_GEMM, PH_LORA, PH_ATTN, PH_ELEM, PH_HEAD, PH_Q8, PH_COPY, PH_COUNT };
+const char *const phase_name[PH_COUNT] = {"products", "LoRA products", "attention", "elementwise", "head",
+                                          "FP8 quantization", "layer-input copy waits"};
 
 // From this point on the device's time counts towards phase p (until the next mark).
 void mark(gemma_cuda *g, int p) {
@@ -853,7 +872,9 @@ void profile_report(gemma_cuda *g, const char *what, int T) {
     }
     P.used = 0;
     fprintf(stderr, "profile %s (%d tokens): %.1f ms on the device:", what, T, total);
-    for (int p = 0; p < PH_COUNT; p++) fprintf(stderr, " %s %.1f%s", phase_name[p], ms[p], p + 1 < PH_COUNT ? "," : "\n");
+    for (int p = 0; p < PH_COUNT; p++)
+        if (p < PH_Q8 || ms[p] > 0) fprintf(stderr, "%s %s %.1f", p ? "," : "", phase_name[p], ms[p]);
+    fprintf(stderr, "\n");
 }
 
 void *dev_alloc(gemma_cuda *g, size_t bytes) {
@@ -1239,11 +1260,11 @@ template <class E> void acts_alloc(gemma_cuda *g, scratch &S, int T, int backwar
     A->q8_scale = g->fp8.on ? S.get<float>((size_t)T) : nullptr;
 }
 
-// elements of E per token that acts_alloc(backward = 1) takes
-long acts_elems_per_token(const gemma_cuda *g) {
+// elements of E per token that acts_alloc(backward) takes
+long acts_elems_per_token(const gemma_cuda *g, int backward) {
     acts<float> A;
     long n = 0;
-    acts_layout<float>(g, 1, &A, [&](long width) {
+    acts_layout<float>(g, backward, &A, [&](long width) {
         n += width;
         return (float *)nullptr;
     });
@@ -1307,8 +1328,9 @@ void frozen_forward(gemma_cuda *g, const dlayer &L, int first, int last, acts<E>
         gemm(g, T, width, K, 1, M(x, K), M((const E *)W, K, true), 0, y, dtype_of<E>(), width);
         return;
     }
-    mark(g, g->prof.gemm_phase);
+    mark(g, PH_Q8);
     quant_rows<E>(g->stream, x, K, nullptr, T, K, A->q8, A->q8_scale);
+    mark(g, g->prof.gemm_phase);
     for_group(L, first, last, [&](const qmat &q, long off) {
         fp8_product(&g->fp8, g->stream, T, q.rows, K, A->q8, K, A->q8_scale, (const uint8_t *)q.fp8, K,
                     (const float *)q.row_scale, (bf16 *)(y + off), width);
@@ -1327,9 +1349,10 @@ void frozen_input_grad(gemma_cuda *g, int l, int first, acts<E> *A, const E *dy,
         return;
     }
     const dlayer &L = g->layer[l];
-    mark(g, g->prof.gemm_phase);
+    mark(g, PH_Q8);
     fp8_prepare_backward(g, l);
     quant_rows<E>(g->stream, dy, width, g->fp8.scale_t + fp8_scale_offset(L, first), T, width, A->q8, A->q8_scale);
+    mark(g, g->prof.gemm_phase);
     fp8_product(&g->fp8, g->stream, T, K, width, A->q8, width, A->q8_scale, g->fp8.codes_t + L.packed[first].at, width,
                 g->fp8.ones, (bf16 *)dx, K);
     mark(g, g->prof.elem_phase);
@@ -1676,16 +1699,121 @@ template <class E> void forward(gemma_cuda *g, const gemma_model_f32 *host, cons
     profile_report(g, "forward", b.T);
 }
 
+// ---------------------------------------------------------------------------------------------
+// The layer inputs in page-locked host memory (gemma_cuda.inputs_on_host).
+
+// bytes of host memory the layer inputs of `tokens` tokens take: xs[0..layers-2] (the last input
+// and the head's stay in the two device buffers)
+double host_input_bytes(const gemma_cuda *g, long tokens) {
+    return (double)tokens * std::max(g->cfg.layers - 1, 0) * g->cfg.hidden * g->esize;
+}
+
+void inputs_line_on_host(gemma_cuda *g) {
+    snprintf(g->inputs_line, sizeof g->inputs_line, "layer inputs in page-locked host memory (%.2f GB for %ld tokens)",
+             host_input_bytes(g, g->host_tokens) / 1e9, g->host_tokens);
+}
+
+void host_inputs_free(gemma_cuda *g) {
+    if (g->copy_stream) cudaStreamSynchronize(g->copy_stream); // no copy still reads or writes it (nor throws:
+                                                                 // gemma_cuda_token_budget calls this)
+    if (g->host_inputs) cudaFreeHost(g->host_inputs);
+    g->host_inputs = nullptr;
+    g->host_tokens = 0;
+}
+
+// Page-locked host memory for the layer inputs of `tokens` tokens (kept if it holds them already):
+// 1, or 0 with why (the bytes needed and the refusal) and no memory held. Refused, too, beyond 80%
+// of the memory the kernel calls available (pinned pages cannot be swapped: more would push the
+// machine into the out-of-memory killer rather than make cudaHostAlloc fail).
+int host_inputs_reserve(gemma_cuda *g, long tokens, char *why, size_t whylen) {
+    if (tokens <= g->host_tokens) return 1;
+    host_inputs_free(g);
+    double bytes = host_input_bytes(g, tokens), avail = (double)mem_available_bytes();
+    if (avail > 0 && bytes > 0.8 * avail) {
+        snprintf(why, whylen, "%.2f GB of page-locked host memory for %ld tokens' layer inputs, %.2f GB available",
+                 bytes / 1e9, tokens, avail / 1e9);
+        return 0;
+    }
+    void *p = nullptr;
+    cudaError_t e = cudaHostAlloc(&p, bytes > 0 ? (size_t)bytes : 1, cudaHostAllocDefault);
+    if (e != cudaSuccess) {
+        cudaGetLastError(); // an allocation's refusal is not sticky: clear it
+        snprintf(why, whylen, "%.2f GB of page-locked host memory for %ld tokens' layer inputs: cudaHostAlloc: %s",
+                 bytes / 1e9, tokens, cudaGetErrorString(e));
+        return 0;
+    }
+    g->host_inputs = p, g->host_tokens = tokens;
+    inputs_line_on_host(g);
+    return 1;
+}
+
+// A step of T tokens on the host path: the memory is there (grown by a quarter at least, so that
+// slowly growing batches do not pin anew every step), or the step fails naming what it needed.
+void host_inputs_for_step(gemma_cuda *g, int T) {
+    if (T <= g->host_tokens) return;
+    char why[256];
+    long grown = std::max((long)T, g->host_tokens + g->host_tokens / 4);
+    if (host_inputs_reserve(g, grown, why, sizeof why) || host_inputs_reserve(g, T, why, sizeof why)) return;
+    fail("%s", why);
+}
+
+// The forward on the host path: layer l's input, complete in g->stream's order in device buffer
+// `slot` (l % 2), is copied down into its host slot on the copy stream, beside the next layers.
+template <class E> void input_to_host(gemma_cuda *g, int l, const E *slot, long TH) {
+    int s = l % 2;
+    CU(cudaEventRecord(g->slot_released[s], g->stream));
+    CU(cudaStreamWaitEvent(g->copy_stream, g->slot_released[s], 0));
+    CU(cudaMemcpyAsync((E *)g->host_inputs + l * TH, slot, (size_t)TH * sizeof(E), cudaMemcpyDeviceToHost,
+                       g->copy_stream));
+    CU(cudaEventRecord(g->slot_copied[s], g->copy_stream));
+}
+
+// The backward on the host path: layer l's input copied up from its host slot into device buffer
+// `slot` (l % 2) on the copy stream, once every use of that buffer issued on g->stream so far
+// (the reading of the input it held) is done.
+template <class E> void input_from_host(gemma_cuda *g, int l, E *slot, long TH) {
+    int s = l % 2;
+    CU(cudaEventRecord(g->slot_released[s], g->stream));
+    CU(cudaStreamWaitEvent(g->copy_stream, g->slot_released[s], 0));
+    CU(cudaMemcpyAsync(slot, (const E *)g->host_inputs + l * TH, (size_t)TH * sizeof(E), cudaMemcpyHostToDevice,
+                       g->copy_stream));
+    CU(cudaEventRecord(g->slot_copied[s], g->copy_stream));
+}
+
+// g->stream goes on once the last copy of device buffer s has ended (profiled: the wait shows)
+void wait_for_copy(gemma_cuda *g, int s) {
+    mark(g, PH_COPY);
+    CU(cudaStreamWaitEvent(g->stream, g->slot_copied[s], 0));
+    mark(g, PH_ELEM);
+}
+
+// On leaving a step by any way, failures included: g->stream waits for everything issued on the
+// copy stream, so the stream-ordered frees of the step's buffers (on g->stream) come after the
+// copies that use them. Declared after the step's scratch, so it runs before the scratch's frees.
+struct copies_join {
+    gemma_cuda *g;
+    ~copies_join() {
+        if (cudaEventRecord(g->copies_joined, g->copy_stream) == cudaSuccess)
+            cudaStreamWaitEvent(g->stream, g->copies_joined, 0);
+    }
+};
+
 template <class E> void backward(gemma_cuda *g, gemma_model_f32 *host, const gemma_seq *seqs, int n,
                                  double grad_scale, gemma_stats *st) {
     scratch S(g);
+    copies_join join{g};
     dbatch b;
     batch_upload(g, S, seqs, n, &b);
     rope_tables(g, b.longest);
-    int Lc = g->cfg.layers;
+    int Lc = g->cfg.layers, on_host = g->inputs_on_host;
     long TH = (long)b.T * g->cfg.hidden;
-    // the layer inputs are all the forward keeps; each layer's insides are recomputed
-    E *xs = S.get<E>((size_t)(Lc + 1) * TH), *dx = S.get<E>(TH), *dprev = S.get<E>(TH);
+    if (on_host) host_inputs_for_step(g, b.T);
+    // the layer inputs are all the forward keeps; each layer's insides are recomputed. On the host
+    // path the device holds two buffers: layer l's input is in buffer l % 2 while layer l runs
+    // (the forward's layer l writes its output, layer l + 1's input, into the other); otherwise
+    // all L + 1 inputs, layer l's at xs + l·TH
+    E *xs = S.get<E>((size_t)(on_host ? 2 : Lc + 1) * TH), *dx = S.get<E>(TH), *dprev = S.get<E>(TH);
+    auto input = [&](int l) { return xs + (on_host ? l % 2 : l) * TH; };
     acts<E> A;
     acts_alloc<E>(g, S, b.T, 1, &A);
     // the full layers' attention output and log-sum-exp are kept from the first forward: their
@@ -1704,16 +1832,28 @@ template <class E> void backward(gemma_cuda *g, gemma_model_f32 *host, const gem
         A.lse = kept_lse[l] ? kept_lse[l] : lse_work;
     };
     k_embed<E><<<b.T, ROW_THREADS, 0, g->stream>>>(b.tokens, (const E *)g->embed,
-                                                   (float)(E)(float)g->cfg.embed_scale, xs, g->cfg.hidden);
+                                                   (float)(E)(float)g->cfg.embed_scale, input(0), g->cfg.hidden);
     for (int l = 0; l < Lc; l++) {
         use_attention(l);
-        layer_forward<E>(g, host, l, &b, xs + l * TH, &A, PASS_SWEEP, xs + (l + 1) * TH);
+        if (on_host) {
+            // xs[l] down to the host (the last input stays in its buffer for the backward's first layer)
+            if (l < Lc - 1) input_to_host<E>(g, l, input(l), TH);
+            // layer l writes buffer (l + 1) % 2, whose input xs[l - 1] went down beside layer l - 1
+            if (l >= 1) wait_for_copy(g, (l + 1) % 2);
+        }
+        layer_forward<E>(g, host, l, &b, input(l), &A, PASS_SWEEP, input(l + 1));
     }
-    head<E>(g, S, &b, xs + Lc * TH, st, nullptr, grad_scale, dx);
+    head<E>(g, S, &b, input(Lc), st, nullptr, grad_scale, dx);
     for (int l = Lc - 1; l >= 0; l--) {
         use_attention(l);
-        layer_forward<E>(g, host, l, &b, xs + l * TH, &A, PASS_RECOMPUTE, nullptr, kept_o[l] != nullptr);
-        layer_backward<E>(g, host, l, &b, xs + l * TH, &A, dx, dprev);
+        if (on_host) {
+            // xs[l] came up beside layer l + 1's backward (xs[L - 1] never left its buffer)
+            if (l < Lc - 1) wait_for_copy(g, l % 2);
+            // xs[l - 1] up into the other buffer, whose input (xs[l + 1], or the head's xs[L]) is read
+            if (l >= 1) input_from_host<E>(g, l - 1, input(l - 1), TH);
+        }
+        layer_forward<E>(g, host, l, &b, input(l), &A, PASS_RECOMPUTE, nullptr, kept_o[l] != nullptr);
+        layer_backward<E>(g, host, l, &b, input(l), &A, dx, dprev);
         std::swap(dx, dprev);
     }
     A.o = o_work, A.lse = lse_work;
@@ -2399,6 +2539,12 @@ template <class E> void open_model(gemma_cuda *g, const gemma_model_f32 *host, c
     snprintf(g->describe, sizeof g->describe, "%s, %.1f GiB, %s", prop.name, prop.totalGlobalMem / 1073741824.0,
              g->precision == PRECISION_BF16 ? "bf16" : "f32");
     CU(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));
+    CU(cudaStreamCreateWithFlags(&g->copy_stream, cudaStreamNonBlocking));
+    for (int s = 0; s < 2; s++) {
+        CU(cudaEventCreateWithFlags(&g->slot_released[s], cudaEventDisableTiming));
+        CU(cudaEventCreateWithFlags(&g->slot_copied[s], cudaEventDisableTiming));
+    }
+    CU(cudaEventCreateWithFlags(&g->copies_joined, cudaEventDisableTiming));
     // activations come from the device's stream-ordered pool; keep what it reserves between steps
     // (no release at every synchronisation) so its high-water mark is the step's peak
     CU(cudaDeviceGetDefaultMemPool(&g->pool, dev));
@@ -2451,6 +2597,39 @@ void download(gemma_cuda *g, float *dst, const float *src) {
 int report(const failure &f, char *err, size_t errlen) {
     snprintf(err, errlen, "%s", f.msg);
     return -1;
+}
+
+// rows of logits the head computes at a time (head())
+long logit_chunk_rows(const gemma_cuda *g) {
+    return g->logit_rows > 0 ? g->logit_rows : std::max<long>(1, (1L << 30) / ((long)g->cfg.vocab * 4));
+}
+
+// f32/int32 words per packed token that a forward and a backward both take: the head's loss and
+// agreement, the batch's indices, the RoPE tables, and winattn's backward workspace at its largest
+// (an f32 dQ accumulator, Hq x D; counted for the forward too, which needs less)
+double token_words(const gemma_cuda *g) {
+    const gemma_config *c = &g->cfg;
+    int dmax = std::max(c->kind[0].head_dim, c->kind[1].head_dim);
+    return 2 + 3 + (c->kind[0].head_dim + c->kind[1].head_dim) + (double)c->heads * dmax;
+}
+
+// Device bytes a pass's activations may take now, beside `fixed` bytes that do not grow with its
+// tokens; 0 when the device cannot say. What is free, and what the stream-ordered pool holds
+// unused (the static allocations: weights, packed projections and their dequantization scratch
+// with a quantized base, the adapters, are already outside it), less cuBLAS's workspace, the
+// allocator's rounding and fragmentation: 3 GiB and 8% kept free (a 44,753-token batch of the 31B
+// measured 137.1 of 139.8 GB with 2 GiB and 4%).
+double room_for_activations(gemma_cuda *g, double fixed) {
+    size_t free_b = 0, total = 0;
+    uint64_t reserved = 0, used = 0;
+    if (cudaMemGetInfo(&free_b, &total) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    cudaMemPoolGetAttribute(g->pool, cudaMemPoolAttrReservedMemCurrent, &reserved);
+    cudaMemPoolGetAttribute(g->pool, cudaMemPoolAttrUsedMemCurrent, &used);
+    double avail = (double)free_b + (double)(reserved - used);
+    return std::max(0.0, avail * 0.92 - 3.0 * (1 << 30) - fixed);
 }
 
 // Device copies of a test's host arrays, freed together.
@@ -2540,37 +2719,50 @@ __global__ void k_rsqrt(const float *x, float *y, long n) {
 
 extern "C" {
 
-long gemma_cuda_token_budget(gemma_cuda *g) {
+long gemma_cuda_forward_token_budget(gemma_cuda *g) {
+    const gemma_config *c = &g->cfg;
+    // what forward() holds per packed token: in E, the residual stream in and out of a layer, one
+    // layer's activations and the head's normed rows; in f32 words, a layer's log-sum-exps and
+    // the words every pass takes; one chunk of logits (f32) besides
+    double elems = 3.0 * c->hidden + acts_elems_per_token(g, 0);
+    double per_token = elems * g->esize + ((double)c->heads + token_words(g)) * 4;
+    if (g->fp8.on) per_token += (double)g->fp8.width + 4;
+    double budget = room_for_activations(g, (double)logit_chunk_rows(g) * c->vocab * 4) / per_token;
+    return budget > 0 ? (long)std::min(budget, (double)INT32_MAX) : 0;
+}
+
+long gemma_cuda_token_budget(gemma_cuda *g, long largest_batch) {
     const gemma_config *c = &g->cfg;
     long H = c->hidden, kept = 0, full = 0;
     for (const dlayer &L : g->layer)
         if (L.kind == LAYER_FULL) kept += L.qd, full++;
     // what backward() holds per packed token, in elements of E and in f32/int32 words: the layer
-    // inputs and the two gradient rows, one layer's activations and their gradients, the full
-    // layers' kept attention output, the head's normed rows and their gradient
-    double elems = (double)(c->layers + 3) * H + acts_elems_per_token(g) + kept + 2 * H;
-    // f32 words: the log-sum-exps, the head's loss and agreement, the batch's indices, the RoPE
-    // tables, and winattn's backward workspace at its largest (an f32 dQ accumulator, Hq x D)
-    int dmax = std::max(c->kind[0].head_dim, c->kind[1].head_dim);
-    double words = (double)c->heads * (1 + full) + 2 + 3 + (c->kind[0].head_dim + c->kind[1].head_dim) +
-                   (double)c->heads * dmax;
-    double per_token = elems * g->esize + words * 4;
+    // inputs (two buffers with the inputs in host memory, all L + 1 without) and the two gradient
+    // rows, one layer's activations and their gradients, the full layers' kept attention output,
+    // the head's normed rows and their gradient
+    double elems_but_inputs = 2.0 * H + acts_elems_per_token(g, 1) + kept + 2 * H;
+    // f32 words: the log-sum-exps of a layer and of the full layers kept, and the words every pass
+    // takes (token_words)
+    double per_token = elems_but_inputs * g->esize + ((double)c->heads * (1 + full) + token_words(g)) * 4;
     if (g->fp8.on) per_token += (double)g->fp8.width + 4; // the FP8 products' quantized rows and scales
     // fixed: one chunk of logits (f32) and their gradient (E)
-    long rows = g->logit_rows > 0 ? g->logit_rows : std::max<long>(1, (1L << 30) / ((long)c->vocab * 4));
-    double fixed = (double)rows * c->vocab * (4 + g->esize);
-    size_t free_b = 0, total = 0;
-    uint64_t reserved = 0, used = 0;
-    if (cudaMemGetInfo(&free_b, &total) != cudaSuccess) return 0;
-    cudaMemPoolGetAttribute(g->pool, cudaMemPoolAttrReservedMemCurrent, &reserved);
-    cudaMemPoolGetAttribute(g->pool, cudaMemPoolAttrUsedMemCurrent, &used);
-    // the static allocations (weights, packed projections and their dequantization scratch with a
-    // quantized base, the adapters) are already outside free_b
-    double avail = (double)free_b + (double)(reserved - used);
-    // cuBLAS's workspace, the allocator's rounding and fragmentation: 3 GiB and 8% kept free (a
-    // 44,753-token batch of the 31B measured 137.1 of 139.8 GB with 2 GiB and 4%)
-    double budget = (avail * 0.92 - (3.0 * (1 << 30)) - fixed) / per_token;
-    return budget > 0 ? (long)std::min(budget, (double)INT32_MAX) : 0;
+    double room = room_for_activations(g, (double)logit_chunk_rows(g) * c->vocab * (4 + g->esize));
+    auto tokens_at = [&](double inputs_per_token) {
+        double budget = room / (per_token + inputs_per_token * H * g->esize);
+        return budget > 0 ? (long)std::min(budget, (double)INT32_MAX) : 0L;
+    };
+    long inputs_in_host = tokens_at(2), inputs_on_device = tokens_at(c->layers + 1);
+    // page-locked host memory for the largest pass the trainer will run (the budget or its largest
+    // batch, whichever is less), allocated now; refused, the inputs stay on the device
+    long pass = largest_batch > 0 ? std::min(largest_batch, inputs_in_host) : inputs_in_host;
+    char why[256];
+    if (host_inputs_reserve(g, pass, why, sizeof why)) {
+        g->inputs_on_host = 1;
+        return inputs_in_host;
+    }
+    g->inputs_on_host = 0;
+    snprintf(g->inputs_line, sizeof g->inputs_line, "layer inputs on the device (refused: %s)", why);
+    return inputs_on_device;
 }
 
 int gemma_cuda_open(const gemma_model_f32 *host, const char *dir, const gemma_cuda_options *o, gemma_cuda **out,
@@ -2585,6 +2777,8 @@ int gemma_cuda_open(const gemma_model_f32 *host, const char *dir, const gemma_cu
     const char *prof = getenv("WINATTN_TRAIN_PROFILE");
     g->prof.on = prof && *prof && strcmp(prof, "0") != 0;
     g->prof.gemm_phase = PH_GEMM, g->prof.elem_phase = PH_ELEM;
+    g->inputs_on_host = 1; // the memory comes with gemma_cuda_token_budget or the first backward
+    snprintf(g->inputs_line, sizeof g->inputs_line, "layer inputs in page-locked host memory (none allocated yet)");
     try {
         if (!wa_device_available(WA_DEVICE_CUDA)) fail("no CUDA device is available");
         if (g->cfg.kind[0].head_dim % 2 || g->cfg.kind[1].head_dim % 2) fail("RoPE needs an even head dim");
@@ -2646,6 +2840,14 @@ void gemma_cuda_packed_free(gemma_cuda_packed *p) {
 void gemma_cuda_close(gemma_cuda *g) {
     if (!g) return;
     if (g->stream) cudaStreamSynchronize(g->stream);
+    if (g->copy_stream) cudaStreamSynchronize(g->copy_stream);
+    if (g->host_inputs) cudaFreeHost(g->host_inputs);
+    for (int s = 0; s < 2; s++) {
+        if (g->slot_released[s]) cudaEventDestroy(g->slot_released[s]);
+        if (g->slot_copied[s]) cudaEventDestroy(g->slot_copied[s]);
+    }
+    if (g->copies_joined) cudaEventDestroy(g->copies_joined);
+    if (g->copy_stream) cudaStreamDestroy(g->copy_stream);
     for (cudaEvent_t e : g->prof.ev) cudaEventDestroy(e);
     if (g->wa) wa_context_destroy(g->wa);
     if (g->handle) g->blas.destroy(g->handle);
@@ -2810,6 +3012,8 @@ void gemma_cuda_reset_peak(gemma_cuda *g) {
 }
 
 const char *gemma_cuda_describe(const gemma_cuda *g) { return g->describe; }
+
+const char *gemma_cuda_layer_inputs(const gemma_cuda *g) { return g->inputs_line; }
 
 int gemma_cuda_residual_norm(int bf16_rows, long rows, int n, const void *resid, const void *x, const float *w,
                              float scale, const float *w2, float eps, void *h, void *y2, char *err, size_t errlen) {

@@ -27,7 +27,9 @@
  *   - matrix products through cuBLAS (loaded at run time: the command starts on machines without
  *     it), attention through winattn's CUDA kernels (one varlen call per layer), everything else
  *     in fused kernels of model_cuda.cu;
- *   - per-layer recomputation as on the CPU: the forward keeps the L+1 layer inputs only;
+ *   - per-layer recomputation as on the CPU: the forward keeps the L+1 layer inputs only, all but
+ *     the last in page-locked host memory, copied down and up on a second stream beside the
+ *     computation (gemma_cuda_token_budget);
  *   - the head in chunks of rows: logits [chunk, vocab] in f32 and their gradient, never [T, vocab].
  * Precision f32 runs the same code with f32 everywhere and pure-f32 products (no TF32): it
  * agrees with the CPU model to float rounding and is what the tests compare against.
@@ -124,8 +126,20 @@ int gemma_cuda_optimizer_step(gemma_cuda *g, const gemma_cuda_adam *a, double *g
 
 /* How many packed tokens one forward + backward can hold in the device memory free now (with a
  * margin for winattn's and cuBLAS's workspace): the trainer runs a batch larger than this in
- * several passes. */
-long gemma_cuda_token_budget(gemma_cuda *g);
+ * several passes. The backward keeps its layer inputs (all but the last) in page-locked host
+ * memory: this allocates it for the largest pass to come, min(largest_batch, the budget) tokens
+ * (largest_batch 0: the budget), and counts two [T, hidden] buffers on the device. Where the host
+ * refuses that memory (cudaHostAlloc, or more than 80% of what the kernel calls available), the
+ * inputs stay on the device, all L + 1, and the budget counts them there; gemma_cuda_layer_inputs
+ * says which. A backward larger than the host memory held grows it, and fails with a one-line
+ * message naming the bytes when the host refuses. */
+long gemma_cuda_token_budget(gemma_cuda *g, long largest_batch);
+/* "layer inputs in page-locked host memory (19.38 GB for 30553 tokens)", or "layer inputs on the
+ * device (refused: ...)" with the host memory that was needed */
+const char *gemma_cuda_layer_inputs(const gemma_cuda *g);
+/* How many packed tokens one forward alone (an evaluation) can hold in the device memory free now,
+ * with the margins of gemma_cuda_token_budget; no memory is allocated. */
+long gemma_cuda_forward_token_budget(gemma_cuda *g);
 
 /* Device memory: the peak since the last reset (weights, adapters, activations, winattn's and
  * cuBLAS's workspace), and what the whole device has in use now (cudaMemGetInfo). */

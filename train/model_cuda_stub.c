@@ -6,9 +6,19 @@
 #include <stdlib.h>
 #include <string.h>
 
-long gemma_cuda_token_budget(gemma_cuda *g) {
+long gemma_cuda_token_budget(gemma_cuda *g, long largest_batch) {
+    (void)g, (void)largest_batch;
+    return 0;
+}
+
+long gemma_cuda_forward_token_budget(gemma_cuda *g) {
     (void)g;
     return 0;
+}
+
+const char *gemma_cuda_layer_inputs(const gemma_cuda *g) {
+    (void)g;
+    return "no CUDA";
 }
 
 int gemma_cuda_open(const gemma_model_f32 *host, const char *dir, const gemma_cuda_options *o, gemma_cuda **out,

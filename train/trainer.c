@@ -514,17 +514,76 @@ static int evaluate(gemma_model_f32 *m, gemma_cuda *gpu, const dataset *set, int
                     gemma_stats *st) {
     memset(st, 0, sizeof *st);
     int n = eval_records(set, batch, max_batches), step = pack ? batch : 1;
+    /* on the GPU a packed batch larger than one forward holds runs as consecutive groups of its
+     * records, each packed: the statistics are sums over the tokens, the same either way */
+    long pass_tokens = gpu && pack ? gemma_cuda_forward_token_budget(gpu) : LONG_MAX;
     for (int i = 0; i < n; i += step) {
         if (stop_signal) return 1;
         gemma_seq *s = batch_seqs(&set->seq[i], step);
         if (!s) return snprintf(m->err, sizeof m->err, "out of memory"), -1;
-        int rc = batch_forward(m, gpu, s, step, st);
+        int rc = 0;
+        for (int j0 = 0, j1; j0 < step && rc == 0; j0 = j1) {
+            long group = s[j0].len;
+            for (j1 = j0 + 1; j1 < step && group + s[j1].len <= pass_tokens; j1++) group += s[j1].len;
+            rc = batch_forward(m, gpu, s + j0, j1 - j0, st);
+        }
         free(s);
         if (rc != 0) return -1;
         if (isatty(STDERR_FILENO)) fprintf(stderr, "\r  eval %d/%d ", i + step, n);
     }
     if (isatty(STDERR_FILENO)) fprintf(stderr, "\r%*s\r", 30, "");
     return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * A record longer than the device holds. The trainer splits a batch into passes of whole records
+ * (gemma_cuda_token_budget for training, gemma_cuda_forward_token_budget for evaluation), but
+ * one record cannot be split: longer than a pass, it would fail inside its step in the device's
+ * allocation. It is refused before the first step, before the log or a checkpoint is written. */
+
+/* the longest of the records a run visits: its length, index in its file (from 0) and split */
+typedef struct longest_record {
+    int len, index;
+    const char *split; /* "train", "valid", "test" */
+} longest_record;
+
+static void longest_note(longest_record *l, const dataset *d, int index, const char *split) {
+    if (d->seq[index].len > l->len) *l = (longest_record){d->seq[index].len, index, split};
+}
+
+/* 0 when l fits a pass of pass_tokens; else -1 with the line that names the record, its file
+ * (o->data_dir's train.jsonl, valid.jsonl or test.jsonl, or the one file given) and the device's
+ * figures: the pass, the device, and what the model (weights, adapters, optimizer state) holds */
+static int longest_fits(const longest_record *l, long pass_tokens, const char *pass, gemma_cuda *gpu,
+                        const train_options *o, char *err, size_t errlen) {
+    if (l->len <= pass_tokens) return 0;
+    data_paths files;
+    char derr[256], file[4096];
+    snprintf(file, sizeof file, "%s.jsonl", l->split);
+    if (data_files(o->data_dir, &files, derr, sizeof derr) == 0) {
+        const char *path = !strcmp(l->split, "train") ? files.train : !strcmp(l->split, "valid") ? files.valid
+                                                                                                   : files.test;
+        if (path) snprintf(file, sizeof file, "%s", path);
+        data_paths_free(&files);
+    }
+    size_t model_bytes = 0;
+    gemma_cuda_memory(gpu, &model_bytes, NULL); /* no pass has run yet: the static allocations */
+    return fail(err, errlen,
+                "the longest record (%d tokens, record %d of %s) needs more device memory than is free: %s "
+                "on the device holds up to %ld tokens (%s; %.2f GB of it taken by the model and its adapters)",
+                l->len, l->index + 1, file, pass, pass_tokens, gemma_cuda_describe(gpu), model_bytes / 1e9);
+}
+
+/* The evaluations' records against what one forward holds now: the held-out set's batches when
+ * valid_evaluated, the test set's (o->test). 0, or -1 with longest_fits's line. */
+static int eval_records_fit(gemma_cuda *gpu, const dataset *valid, int valid_evaluated, const dataset *test,
+                            const train_options *o, char *err, size_t errlen) {
+    longest_record l = {0, 0, "valid"};
+    int nv = valid_evaluated ? eval_records(valid, o->batch, o->val_batches) : 0;
+    int nt = o->test ? eval_records(test, o->batch, 0) : 0;
+    for (int i = 0; i < nv; i++) longest_note(&l, valid, i, "valid");
+    for (int i = 0; i < nt; i++) longest_note(&l, test, i, "test");
+    return longest_fits(&l, gemma_cuda_forward_token_budget(gpu), "an evaluation pass", gpu, o, err, errlen);
 }
 
 static void log_line(FILE *log, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -1342,6 +1401,7 @@ int train_run(const train_options *o, char *err, size_t errlen) {
     if (gpu && gemma_cuda_params_upload(gpu, &m, err, errlen) != 0) goto done;
 
     if (o->eval_only) {
+        if (gpu && o->pack && eval_records_fit(gpu, &valid, 1, &test, o, err, errlen) != 0) goto done;
         rc = report_eval(&m, gpu, &valid, o, 0, 0, "", NULL, NULL, err, errlen);
         if (rc == 0 && o->test) rc = report_eval(&m, gpu, &test, o, 1, 0, "", NULL, NULL, err, errlen);
         goto done;
@@ -1389,12 +1449,6 @@ int train_run(const train_options *o, char *err, size_t errlen) {
         owed_eval = !log_has_eval(path, batches_done) &&
                     (strcmp(resumed_log, path) == 0 || !log_has_eval(resumed_log, batches_done));
     }
-    log = fopen(path, batches_done ? "a" : "w");
-    if (!log) {
-        fail(err, errlen, "%s: cannot open the log: %s", path, strerror(errno));
-        goto done;
-    }
-    if (batches_done) log_line(log, "{\"resume\": %ld, \"updates\": %ld}", batches_done, opt.updates);
     progress prog = {0};
     for (int i = (int)batches_done; i < iters; i++)
         for (int j = 0; j < o->batch; j++) prog.total_tokens += train.seq[order[i] + j].len;
@@ -1410,6 +1464,39 @@ int train_run(const train_options *o, char *err, size_t errlen) {
     if (o->save_every > 0) printf("checkpoints: %s, every %d updates and at the end\n", out_dir, o->save_every);
     else printf("checkpoints: %s, at the end (and on SIGINT or SIGTERM)\n", out_dir);
     fflush(stdout);
+
+    /* packed tokens one forward + backward may hold: what the GPU's free memory allows; a record
+     * longer than that, or an evaluation's longer than one forward holds, is refused here, before
+     * the log is written */
+    long pass_tokens = LONG_MAX;
+    if (gpu && o->pack) {
+        /* the largest batch to come: the host memory the layer inputs take is allocated for it */
+        long largest_batch = 0;
+        longest_record longest = {0, 0, "train"};
+        for (int i = (int)batches_done; i < iters; i++) {
+            long tokens = 0;
+            for (int j = 0; j < o->batch; j++) {
+                tokens += train.seq[order[i] + j].len;
+                longest_note(&longest, &train, order[i] + j, "train");
+            }
+            largest_batch = tokens > largest_batch ? tokens : largest_batch;
+        }
+        pass_tokens = gemma_cuda_token_budget(gpu, largest_batch);
+        printf("device: up to %ld tokens per pass, a larger batch runs its records in several passes; %s\n",
+               pass_tokens, gemma_cuda_layer_inputs(gpu));
+        fflush(stdout);
+        int valid_evaluated = valid.count && (owed_eval || (o->eval_every && batches_done == 0) ||
+                                              evals_after(o, batches_done, iters) > 0);
+        if (longest_fits(&longest, pass_tokens, "a training pass", gpu, o, err, errlen) != 0 ||
+            eval_records_fit(gpu, &valid, valid_evaluated, &test, o, err, errlen) != 0)
+            goto done;
+    }
+    log = fopen(path, batches_done ? "a" : "w");
+    if (!log) {
+        fail(err, errlen, "%s: cannot open the log: %s", path, strerror(errno));
+        goto done;
+    }
+    if (batches_done) log_line(log, "{\"resume\": %ld, \"updates\": %ld}", batches_done, opt.updates);
 
     /* from here a stop signal ends the run with a checkpoint: the evaluation before training too */
     stop_handlers_install(&handlers);
@@ -1436,12 +1523,6 @@ int train_run(const train_options *o, char *err, size_t errlen) {
         }
     }
     uint64_t base_hash = weights_hash(&m);
-    /* packed tokens one forward + backward may hold: what the GPU's free memory allows */
-    long pass_tokens = LONG_MAX;
-    if (gpu && o->pack) {
-        pass_tokens = gemma_cuda_token_budget(gpu);
-        printf("device: up to %ld tokens per pass; a larger batch runs its records in several passes\n", pass_tokens);
-    }
     long first_batch = batches_done;
     long good_batches = batches_done; /* batches behind the adapters and moments: the last update */
     double run_start = now_seconds();

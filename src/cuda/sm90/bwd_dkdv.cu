@@ -156,6 +156,63 @@ template <int D, bool FUSE> __host__ __device__ constexpr bool step_overlap() { 
  * named barrier of the warpgroup (kStats) publishes them. */
 template <int D, bool VARLEN> __host__ __device__ constexpr bool stats_by_tma() { return kv_by_rows<D>() && !VARLEN; }
 
+/* A dQ writer warp of dkdv_ws_kernel (dq_writer: warp w + 1 for consumer warpgroup w): each step's
+ * share, staged by the warpgroup (add_dq), reduce-added into its query tile of the accumulator in
+ * add_dq's order; ORDERED: stored or added only after the shares of the key tiles below, and counted
+ * once written. Invariant: the staging buffer is released (kDqFree) only after the bulk copy read it,
+ * and every bulk operation is complete before return (the CTA's shared memory goes after it). */
+template <int D, bool FUSE, bool ORDERED, typename DqTile>
+__device__ __forceinline__ void write_dq_shares(const kparams &p, const uint32_t &base, const cta_tile &at,
+                                                DqTile &dq_tile, const int64_t &qt0, const int &nqt, const int &steps,
+                                                const bool &walk_ends_last, const int &warp, const int &lane) {
+    using L = kv_layout<D, FUSE>;
+    constexpr int DB = D / 64, KEYS = L::KEYS;
+    /* the dQ writer of consumer warpgroup w = warp - 1: each step's staged share into its
+     * query tile of the accumulator (add_dq's order) */
+    const int w = warp - 1, cb = dq_split_columns<D>() ? w : 0;
+    const uint32_t stage = base + L::dq_stage + w * L::DQ_STAGE;
+    step_walk<ORDERED> walk(nqt, p.group, walk_ends_last);
+    int *counted = nullptr; /* ordered: the last share's block, not counted yet */
+    for (int n = 0; n < steps; n++) {
+        named_sync(kDqStaged + w, 160);
+        if (lane == 0) {
+            const long long tile = dq_tile(walk.head, qt0 + walk.tile);
+            bool first = false; /* ordered: the block's first share, stored rather than added */
+            if constexpr (ORDERED) {
+                /* the shares before this one: the key tiles of this query tile below ours */
+                const long long qt = qt0 + walk.tile;
+                int64_t kt0, kt1;
+                wa_key_tiles_for_rows(&p.win, qt * 64, qt * 64 + 64, KEYS, &kt0, &kt1);
+                const int before = (int)(at.tile - kt0);
+                wait_count(p.dq_order + tile * DB + cb, before);
+                fence_proxy_async(); /* the reduce-add below (async proxy) after the acquire */
+                first = before == 0;
+            }
+            if (first) bulk_store_f32(p.dq_acc + (tile * DB + cb) * 4096, stage, 64 * 64 * 4);
+            else bulk_reduce_add_f32(p.dq_acc + (tile * DB + cb) * 4096, stage, 64 * 64 * 4);
+            bulk_commit();
+            if (ORDERED) {
+                if (counted) {
+                    bulk_wait<1>(); /* the last share's writes are done */
+                    fence_proxy_async();
+                    count_share(counted);
+                }
+                counted = p.dq_order + tile * DB + cb;
+            }
+            bulk_wait_read<0>();
+        }
+        __syncwarp();
+        if (n + 1 < steps) named_arrive(kDqFree + w, 160);
+        walk.next();
+    }
+    if (ORDERED && lane == 0 && counted) {
+        bulk_wait<0>();
+        fence_proxy_async();
+        count_share(counted);
+    }
+    if (lane == 0) bulk_wait<0>(); /* the reduce-adds are done before the CTA's shared memory goes */
+}
+
 /* The epilogue of dkdv_ws_kernel: by rows, dV (acc) and dK (acc2, times the scale left out of dSᵀ)
  * of this warpgroup's keys; by output, dV (cw 0) or dK (cw 1) of the CTA's. keys are the thread's
  * two key rows. Invariant: the accumulators are final (every product waited for). */
@@ -250,50 +307,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 walk.next();
             }
         } else if (dq_writer<D, FUSE, VARLEN>() && (warp == 1 || warp == 2) && steps > 0) {
-            /* the dQ writer of consumer warpgroup w = warp - 1: each step's staged share into its
-             * query tile of the accumulator (add_dq's order) */
-            const int w = warp - 1, cb = dq_split_columns<D>() ? w : 0;
-            const uint32_t stage = base + L::dq_stage + w * L::DQ_STAGE;
-            step_walk<ORDERED> walk(nqt, p.group, walk_ends_last);
-            int *counted = nullptr; /* ordered: the last share's block, not counted yet */
-            for (int n = 0; n < steps; n++) {
-                named_sync(kDqStaged + w, 160);
-                if (lane == 0) {
-                    const long long tile = dq_tile(walk.head, qt0 + walk.tile);
-                    bool first = false; /* ordered: the block's first share, stored rather than added */
-                    if constexpr (ORDERED) {
-                        /* the shares before this one: the key tiles of this query tile below ours */
-                        const long long qt = qt0 + walk.tile;
-                        int64_t kt0, kt1;
-                        wa_key_tiles_for_rows(&p.win, qt * 64, qt * 64 + 64, KEYS, &kt0, &kt1);
-                        const int before = (int)(at.tile - kt0);
-                        wait_count(p.dq_order + tile * DB + cb, before);
-                        fence_proxy_async(); /* the reduce-add below (async proxy) after the acquire */
-                        first = before == 0;
-                    }
-                    if (first) bulk_store_f32(p.dq_acc + (tile * DB + cb) * 4096, stage, 64 * 64 * 4);
-                    else bulk_reduce_add_f32(p.dq_acc + (tile * DB + cb) * 4096, stage, 64 * 64 * 4);
-                    bulk_commit();
-                    if (ORDERED) {
-                        if (counted) {
-                            bulk_wait<1>(); /* the last share's writes are done */
-                            fence_proxy_async();
-                            count_share(counted);
-                        }
-                        counted = p.dq_order + tile * DB + cb;
-                    }
-                    bulk_wait_read<0>();
-                }
-                __syncwarp();
-                if (n + 1 < steps) named_arrive(kDqFree + w, 160);
-                walk.next();
-            }
-            if (ORDERED && lane == 0 && counted) {
-                bulk_wait<0>();
-                fence_proxy_async();
-                count_share(counted);
-            }
-            if (lane == 0) bulk_wait<0>(); /* the reduce-adds are done before the CTA's shared memory goes */
+            write_dq_shares<D, FUSE, ORDERED>(p, base, at, dq_tile, qt0, nqt, steps, walk_ends_last, warp, lane);
         }
         return;
     }

@@ -60,19 +60,157 @@ static_assert(ws_layout<64>::bytes <= 232448 && ws_layout<128>::bytes <= 232448 
 
 constexpr int kEpilogueBar = 4; /* + the consumer warpgroup's index: its rows of Q are free */
 
-/* The epilogue of one consumer warpgroup of fwd_ws_kernel: O = acc / row_sum and the log-sum-exp
- * written for its 64 rows from r0. Staged through shared memory where O's rows are 16-byte aligned
- * (o_vec16): persistent, this warpgroup's own buffer at base + L::o; otherwise its rows of Q, free
- * once the warpgroup's products are all done (the named barrier). Invariant: acc, row_max and row_sum
- * are final (the item's last O += P V waited for); acc is only read. The scalars are references to
- * the item's variables, as the code used them inline (cuda_sass_diff.sh: the SASS is the same). */
+/* The producer warpgroup's work, thread 0 only: each item with keys gets Q and its key tiles
+ * (produce_forward). Invariant: kit counts the key tiles and qi the Q loads issued before the item,
+ * as the consumers count them, so that the ring's and Q's phases agree across a persistent CTA's
+ * items; a persistent CTA waits for q_empty (the last item's Q read) before it overwrites Q. */
+template <int BM, int BN, int DB, bool VARLEN, bool PERSIST, int ORDER, typename SeqView, typename KeyTiles>
+__device__ __forceinline__ void produce_items(const kv_ring &ring, const CUtensorMap &tq, const CUtensorMap &tk,
+                                              const CUtensorMap &tv, const kparams &kp, const SeqView &sv, const uint32_t &sQ,
+                                              const uint32_t &sK, const uint32_t &sV, const uint32_t &q_empty, KeyTiles &key_tiles, int &kit, uint32_t &qi) {
+    const kparams &p = sv.p;
+    for_each_item<BM, ORDER>(p, sv.b(), [&](long long i0, long long h, long long b) {
+        int64_t kt0, kt1;
+        key_tiles(i0, kt0, kt1);
+        if (kt0 >= kt1) return;
+        if (PERSIST && qi > 0) mbar_wait(q_empty, (qi - 1) & 1u); /* the last item's Q read */
+        produce_forward<BM, BN, DB, VARLEN>(ring, tq, tk, tv, kp, sQ, sK, sV, i0, h, h / p.group, b, kt0, kt1,
+                                            VARLEN ? p.q_row0 : 0, VARLEN ? p.k_row0 : 0, kit);
+        kit += (int)(kt1 - kt0), qi++;
+    });
+}
+
+/* The key tiles of one consumer warpgroup's rows within its item: [kt0, kt1) the item's (each one
+ * waited for and released, so that the ring's phases stay in order), [wk0, wk1) those these rows see
+ * (wk0 = wk1 = kt1: none), [ut0, ut1) those they see whole (no mask). */
+/* One consumer warpgroup's main loop over an item's key tiles: S = Q Kᵀ, the online softmax and
+ * O += P V into acc (zero on entry), row_max and row_sum, with pa holding P of the last tile between
+ * its softmax and its O += P V. Invariant: every tile of [kt0, kt1) is waited for and its stage
+ * released exactly once, in order, with ring positions counted from kit; on return every product is
+ * complete (acc final) and, persistent, q_empty has had this warpgroup's arrival. */
+template <typename T, int D, int BN, bool PIPELINED, Cap CAP, bool PERSIST>
+__device__ __forceinline__ void mainloop(const kv_ring &ring, const kparams &p, const uint32_t &sQ, const uint32_t &sK, const uint32_t &sV,
+                                         const uint32_t &q_empty, const int64_t &kt0, const int64_t &kt1, const int64_t &wk0, const int64_t &wk1, const int64_t &ut0, const int64_t &ut1, const long long (&rows)[2],
+                                         const int &cw, const int &lane, const int &t4, const float &scale2, int &kit, uint32_t &qi,
+                                         float (&acc)[D / 64][8][4],
+                                         float (&row_max)[2], float (&row_sum)[2], uint32_t (&pa)[BN / 16][4]) {
+    constexpr int BM = kBM, DB = D / 64, KS = D / 16, TILE = BN * D * 2;
+
+    auto skip_tile = [&](long long kt) { ring.skip(kit + (int)(kt - kt0), lane); };
+
+    /* S = Q Kᵀ for the tile in stage st (issue only). One descriptor per operand and tile, moved
+     * on by each k step's constant offset (desc_at); the base addresses pass through opaque() so
+     * that the compiler does not hoist every step's descriptor out of the loop, which held 2
+     * registers per descriptor (spills at D = 128). */
+    auto issue_s = [&](float (&s)[BN / 8][4], int st) {
+        const uint64_t k_d = gmma_desc(opaque(sK + st * TILE)), q_d = gmma_desc(opaque(sQ + cw * (64 * 128)));
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++)
+            wgmma_ss<T, BN>(s, desc_at(q_d, (ks >> 2) * (BM * 128) + (ks & 3) * 32),
+                            desc_at(k_d, (ks >> 2) * (BN * 128) + (ks & 3) * 32), ks > 0);
+    };
+    /* O += P V for the tile in stage st (issue only) */
+    auto issue_pv = [&](int st) {
+        const uint64_t v_d = gmma_desc_mn(opaque(sV + st * TILE), BN * 128);
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) wide_mn_product<T, D>(acc, pa[kk], desc_at(v_d, kk * (16 * 128)));
+    };
+    /* the last tile's O += P V, waited for */
+    auto finish_pv = [&](int st, uint32_t ph) {
+        mbar_wait(ring.v_full(st), ph);
+        reg_fence(pa);
+        reg_fence(acc);
+        wg_fence();
+        issue_pv(st);
+        wg_commit();
+        wg_wait<0>();
+        reg_fence(acc);
+        mbar_arrive_if(ring.v_empty(st), lane == 0);
+    };
+    /* the online-softmax step on S of key tile kt; alpha is O's factor, P goes to pa afterwards */
+    auto softmax = [&](float (&s)[BN / 8][4], long long kt, float (&alpha)[2]) {
+        const bool edge = !(kt >= ut0 && kt < ut1);
+        softmax_scores<BN, CAP>(p, s, row_max, row_sum, alpha, rows, kt * BN, edge, t4, scale2);
+    };
+    auto pack_p = [&](const float (&s)[BN / 8][4]) { pack_a<T, BN>(pa, s); };
+
+    /* S of key tile kt (stage st) waited for, its stage released, and its softmax step */
+    auto s_and_softmax = [&](float (&s)[BN / 8][4], float (&alpha)[2], long long kt, int st, uint32_t ph) {
+        mbar_wait(ring.k_full(st), ph);
+        wg_fence();
+        issue_s(s, st);
+        wg_commit();
+        wg_wait<0>();
+        reg_fence(s);
+        mbar_arrive_if(ring.k_empty(st), lane == 0);
+        softmax(s, kt, alpha);
+    };
+
+    if (kt0 < kt1) mbar_wait(ring.once(), qi & 1u);
+    for (long long kt = kt0; kt < wk0; kt++) skip_tile(kt);
+
+    if (wk0 < wk1) {
+        /* the first tile: nothing to overlap with yet (and O is zero, no rescale) */
+        int pst = kv_ring::stage(kit + (int)(wk0 - kt0));
+        uint32_t pph = kv_ring::parity(kit + (int)(wk0 - kt0));
+        {
+            float s[BN / 8][4], alpha[2];
+            s_and_softmax(s, alpha, wk0, pst, pph);
+            pack_p(s);
+            if (!PIPELINED) finish_pv(pst, pph);
+        }
+        for (long long kt = wk0 + 1; kt < wk1; kt++) {
+            const int it = kit + (int)(kt - kt0), st = kv_ring::stage(it);
+            const uint32_t ph = kv_ring::parity(it);
+            float s[BN / 8][4], alpha[2];
+            if (PIPELINED) {
+                /* S of this tile and O += P V of the last one, back to back; the softmax below runs
+                 * while the second is on the tensor cores, the rescale of O after it */
+                mbar_wait(ring.k_full(st), ph);
+                mbar_wait(ring.v_full(pst), pph);
+                reg_fence(pa);
+                reg_fence(acc);
+                wg_fence();
+                issue_s(s, st);
+                wg_commit();
+                issue_pv(pst);
+                wg_commit();
+                wg_wait<1>();
+                reg_fence(s);
+                mbar_arrive_if(ring.k_empty(st), lane == 0);
+                softmax(s, kt, alpha);
+                wg_wait<0>();
+                reg_fence(acc);
+                mbar_arrive_if(ring.v_empty(pst), lane == 0);
+                rescale_lazy<DB * 8>(reinterpret_cast<float (&)[DB * 8][4]>(acc), alpha);
+                pack_p(s);
+            } else {
+                s_and_softmax(s, alpha, kt, st, ph);
+                rescale_lazy<DB * 8>(reinterpret_cast<float (&)[DB * 8][4]>(acc), alpha);
+                pack_p(s);
+                finish_pv(st, ph);
+            }
+            pst = st, pph = ph;
+        }
+        if (PERSIST) mbar_arrive_if(q_empty, lane == 0); /* the item's last S is done: the next Q may land */
+        if (PIPELINED) finish_pv(pst, pph);
+    } else if (PERSIST && kt0 < kt1) {
+        mbar_arrive_if(q_empty, lane == 0); /* these rows read no Q */
+    }
+    for (long long kt = wk1; kt < kt1; kt++) skip_tile(kt);
+}
+
+/* The epilogue of one consumer warpgroup: O = acc / row_sum and the log-sum-exp written for its 64
+ * rows from r0. Staged through shared memory where O's rows are 16-byte aligned: persistent, this
+ * warpgroup's own buffer at base + L::o; otherwise its rows of Q, free once the warpgroup's products
+ * are all done (the named barrier). Invariant: acc, row_max and row_sum are final (mainloop returned);
+ * acc is only read. */
 template <typename T, int D, bool PERSIST>
 __device__ __forceinline__ void store_output(const kparams &p, float (&acc)[D / 64][8][4],
                                              const float (&row_max)[2], const float (&row_sum)[2],
                                              const long long (&rows)[2], const long long &r0, long long b, long long h,
-                                             unsigned char *smem, const uint32_t &base, const uint32_t &sQ,
-                                             const bool &o_vec16, const int &cw, const int &w4, const int &lane,
-                                             const int &t4) {
+                                             unsigned char *smem, const uint32_t &base, const uint32_t &sQ, const bool &o_vec16, const int &cw,
+                                             const int &w4, const int &lane, const int &t4) {
     using L = ws_layout<D, PERSIST>;
     constexpr int BM = kBM, DB = D / 64;
     if (o_vec16) {
@@ -100,7 +238,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     static_assert(!PERSIST || (!VARLEN && PIPELINED), "persistent: rectangular, pipelined");
     using L = ws_layout<D, PERSIST>;
     static_assert(L::bytes <= 232448 && L::o % 1024 == 0, "227 KB a CTA; the O buffers' 128-byte swizzle is 1024-byte aligned");
-    constexpr int BM = kBM, BN = L::BN, DB = D / 64, KS = D / 16, TILE = BN * D * 2;
+    constexpr int BM = kBM, BN = L::BN, DB = D / 64;
     extern __shared__ __align__(1024) unsigned char smem[];
     const uint32_t base = (smem_u32(smem) + 1023u) & ~1023u;
     const uint32_t sQ = base + L::q, sK = base + L::k, sV = base + L::v, q_empty = base + L::q_empty;
@@ -129,15 +267,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (wg == 0) { /* the producer: thread 0 issues the loads */
         setmaxnreg_dec<kProducerRegs>();
         if (threadIdx.x != 0) return;
-        for_each_item<BM, ORDER>(p, sv.b(), [&](long long i0, long long h, long long b) {
-            int64_t kt0, kt1;
-            key_tiles(i0, kt0, kt1);
-            if (kt0 >= kt1) return;
-            if (PERSIST && qi > 0) mbar_wait(q_empty, (qi - 1) & 1u); /* the last item's Q read */
-            produce_forward<BM, BN, DB, VARLEN>(ring, tq, tk, tv, kp, sQ, sK, sV, i0, h, h / p.group, b, kt0, kt1,
-                                                VARLEN ? p.q_row0 : 0, VARLEN ? p.k_row0 : 0, kit);
-            kit += (int)(kt1 - kt0), qi++;
-        });
+        produce_items<BM, BN, DB, VARLEN, PERSIST, ORDER>(ring, tq, tk, tv, kp, sv, sQ, sK, sV, q_empty, key_tiles, kit, qi);
         return;
     }
 
@@ -163,112 +293,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         zero_frags(acc);
         float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
         uint32_t pa[BN / 16][4]; /* P of the last tile, the A operand of O += P V */
-
-        auto skip_tile = [&](long long kt) { ring.skip(kit + (int)(kt - kt0), lane); };
-
-        /* S = Q Kᵀ for the tile in stage st (issue only). One descriptor per operand and tile, moved
-         * on by each k step's constant offset (desc_at); the base addresses pass through opaque() so
-         * that the compiler does not hoist every step's descriptor out of the loop, which held 2
-         * registers per descriptor (spills at D = 128). */
-        auto issue_s = [&](float (&s)[BN / 8][4], int st) {
-            const uint64_t k_d = gmma_desc(opaque(sK + st * TILE)), q_d = gmma_desc(opaque(sQ + cw * (64 * 128)));
-#pragma unroll
-            for (int ks = 0; ks < KS; ks++)
-                wgmma_ss<T, BN>(s, desc_at(q_d, (ks >> 2) * (BM * 128) + (ks & 3) * 32),
-                                desc_at(k_d, (ks >> 2) * (BN * 128) + (ks & 3) * 32), ks > 0);
-        };
-        /* O += P V for the tile in stage st (issue only) */
-        auto issue_pv = [&](int st) {
-            const uint64_t v_d = gmma_desc_mn(opaque(sV + st * TILE), BN * 128);
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; kk++) wide_mn_product<T, D>(acc, pa[kk], desc_at(v_d, kk * (16 * 128)));
-        };
-        /* the last tile's O += P V, waited for */
-        auto finish_pv = [&](int st, uint32_t ph) {
-            mbar_wait(ring.v_full(st), ph);
-            reg_fence(pa);
-            reg_fence(acc);
-            wg_fence();
-            issue_pv(st);
-            wg_commit();
-            wg_wait<0>();
-            reg_fence(acc);
-            mbar_arrive_if(ring.v_empty(st), lane == 0);
-        };
-        /* the online-softmax step on S of key tile kt; alpha is O's factor, P goes to pa afterwards */
-        auto softmax = [&](float (&s)[BN / 8][4], long long kt, float (&alpha)[2]) {
-            const bool edge = !(kt >= ut0 && kt < ut1);
-            softmax_scores<BN, CAP>(p, s, row_max, row_sum, alpha, rows, kt * BN, edge, t4, scale2);
-        };
-        auto pack_p = [&](const float (&s)[BN / 8][4]) { pack_a<T, BN>(pa, s); };
-
-        /* S of key tile kt (stage st) waited for, its stage released, and its softmax step */
-        auto s_and_softmax = [&](float (&s)[BN / 8][4], float (&alpha)[2], long long kt, int st, uint32_t ph) {
-            mbar_wait(ring.k_full(st), ph);
-            wg_fence();
-            issue_s(s, st);
-            wg_commit();
-            wg_wait<0>();
-            reg_fence(s);
-            mbar_arrive_if(ring.k_empty(st), lane == 0);
-            softmax(s, kt, alpha);
-        };
-
-        if (kt0 < kt1) mbar_wait(ring.once(), qi & 1u);
-        for (long long kt = kt0; kt < wk0; kt++) skip_tile(kt);
-
-        if (wk0 < wk1) {
-            /* the first tile: nothing to overlap with yet (and O is zero, no rescale) */
-            int pst = kv_ring::stage(kit + (int)(wk0 - kt0));
-            uint32_t pph = kv_ring::parity(kit + (int)(wk0 - kt0));
-            {
-                float s[BN / 8][4], alpha[2];
-                s_and_softmax(s, alpha, wk0, pst, pph);
-                pack_p(s);
-                if (!PIPELINED) finish_pv(pst, pph);
-            }
-            for (long long kt = wk0 + 1; kt < wk1; kt++) {
-                const int it = kit + (int)(kt - kt0), st = kv_ring::stage(it);
-                const uint32_t ph = kv_ring::parity(it);
-                float s[BN / 8][4], alpha[2];
-                if (PIPELINED) {
-                    /* S of this tile and O += P V of the last one, back to back; the softmax below runs
-                     * while the second is on the tensor cores, the rescale of O after it */
-                    mbar_wait(ring.k_full(st), ph);
-                    mbar_wait(ring.v_full(pst), pph);
-                    reg_fence(pa);
-                    reg_fence(acc);
-                            wg_fence();
-                    issue_s(s, st);
-                    wg_commit();
-                    issue_pv(pst);
-                    wg_commit();
-                            wg_wait<1>();
-                    reg_fence(s);
-                    mbar_arrive_if(ring.k_empty(st), lane == 0);
-                    softmax(s, kt, alpha);
-                    wg_wait<0>();
-                    reg_fence(acc);
-                    mbar_arrive_if(ring.v_empty(pst), lane == 0);
-                    rescale_lazy<DB * 8>(reinterpret_cast<float (&)[DB * 8][4]>(acc), alpha);
-                    pack_p(s);
-                } else {
-                    s_and_softmax(s, alpha, kt, st, ph);
-                    rescale_lazy<DB * 8>(reinterpret_cast<float (&)[DB * 8][4]>(acc), alpha);
-                    pack_p(s);
-                    finish_pv(st, ph);
-                }
-                pst = st, pph = ph;
-            }
-            if (PERSIST) mbar_arrive_if(q_empty, lane == 0); /* the item's last S is done: the next Q may land */
-            if (PIPELINED) finish_pv(pst, pph);
-        } else if (PERSIST && kt0 < kt1) {
-            mbar_arrive_if(q_empty, lane == 0); /* these rows read no Q */
-        }
-        for (long long kt = wk1; kt < kt1; kt++) skip_tile(kt);
-
-        store_output<T, D, PERSIST>(p, acc, row_max, row_sum, rows, r0, b, h, smem, base, sQ, o_vec16, cw, w4, lane,
-                                    t4);
+        mainloop<T, D, BN, PIPELINED, CAP, PERSIST>(ring, p, sQ, sK, sV, q_empty, kt0, kt1, wk0, wk1, ut0, ut1, rows, cw, lane,
+                                                    t4, scale2, kit, qi, acc, row_max, row_sum, pa);
+        store_output<T, D, PERSIST>(p, acc, row_max, row_sum, rows, r0, b, h, smem, base, sQ, o_vec16, cw, w4, lane, t4);
         if (kt0 < kt1) kit += (int)(kt1 - kt0), qi++;
     });
 #endif
