@@ -8,8 +8,10 @@
  * calls, the refusal of a non-finite gradient, and a step's loss and gradients equal to the bit
  * when it runs again (its layer inputs go through host memory and back). First, the quantization
  * of a float projection on the device at load (mlx4, nf4, fp8; f32, f16, bf16 and f64 as stored)
- * against train/quant.c byte for byte, --init-random on each quantized base, and the fp8 base's
- * FP8 products alone against the host's double-precision product of the same quantized operands.
+ * against train/quant.c byte for byte, --init-random on each quantized base, the fp8 base's FP8
+ * products alone against the host's double-precision product of the same quantized operands, and
+ * the decoder layer's residual and per-head (q/k norm + RoPE) kernels against a host
+ * implementation of their f32 operations, byte for byte.
  * Without a CUDA device (or a build without nvcc) every case prints SKIP.
  * Usage: test_train_cuda [FIXTURES_DIR] (default train/fixtures). */
 #define _GNU_SOURCE
@@ -490,6 +492,389 @@ static void test_fp8_products(void) {
         }
         free(w), free(ws), free(codes);
     }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The decoder layer's residual kernels (model_cuda.h: gemma_cuda_residual_norm and
+ * gemma_cuda_residual_norms_bwd) against a host implementation of the same f32 operations in the
+ * same order, byte for byte: the per-thread sums, the warp butterflies, the E roundings and the
+ * fused multiply-adds where the header says; only rsqrtf is the device's (gemma_cuda_rsqrt). In f32 a
+ * sum taken in another order, a product fused or not fused otherwise, or a weight or an operand
+ * swapped shows in the last bits; in bf16 a rounding to E added, dropped or moved (dout · scalar
+ * kept in f32, dx read back before its rounding) shows in many entries. Rows of awkward widths:
+ * 1, fewer than a warp, a block and one, neither, and Gemma 3/4 31B's hidden 5376. */
+
+enum { ROW_BLOCK = 256 }; /* the kernels' threads per row */
+
+static float e_round(int bf16, float v) { return bf16 ? wa_bf16_to_f32(wa_f32_to_bf16(v)) : v; }
+static float e_get(int bf16, const void *p, size_t i) {
+    return bf16 ? wa_bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+static void e_set(int bf16, void *p, size_t i, float v) {
+    if (bf16) ((uint16_t *)p)[i] = wa_f32_to_bf16(v);
+    else ((float *)p)[i] = v;
+}
+
+/* lane j takes v[j] + v[j ^ o] for o = 16, 8, 4, 2, 1 (all lanes end equal) */
+static float warp_butterfly(float v[32]) {
+    for (int o = 16; o > 0; o >>= 1) {
+        float next[32];
+        for (int j = 0; j < 32; j++) next[j] = v[j] + v[j ^ o];
+        memcpy(v, next, sizeof next);
+    }
+    return v[0];
+}
+
+/* the block's sum of the ROW_BLOCK per-thread partials: each warp's butterfly, then the warp sums
+ * padded with zeros to a warp */
+static float block_sum_host(const float partial[ROW_BLOCK]) {
+    float lanes[32], warps[32] = {0};
+    for (int w = 0; w < ROW_BLOCK / 32; w++) {
+        memcpy(lanes, partial + 32 * w, sizeof lanes);
+        warps[w] = warp_butterfly(lanes);
+    }
+    return warp_butterfly(warps);
+}
+
+/* inv[r] = the device's rsqrtf(arg[r]) for every row; 0, or -1 after a failed check */
+static int device_rsqrt(const float *arg, float *inv, long rows, const char *what) {
+    char err[512] = "";
+    if (gemma_cuda_rsqrt(arg, inv, rows, err, sizeof err) != 0) {
+        check_fail("%s: rsqrt on the device: %s", what, err);
+        return -1;
+    }
+    return 0;
+}
+
+/* the f32 argument of a row's rsqrt: Σ x² by thread, block-summed, / n + eps */
+static float norm_arg(int bf16, const void *x, size_t off, int n, float eps) {
+    float part[ROW_BLOCK] = {0};
+    for (int i = 0; i < n; i++) {
+        float xi = e_get(bf16, x, off + (size_t)i);
+        part[i % ROW_BLOCK] = fmaf(xi, xi, part[i % ROW_BLOCK]);
+    }
+    return block_sum_host(part) / (float)n + eps;
+}
+
+/* h and y2 as gemma_cuda_residual_norm computes them; 0, or -1 after a failed check */
+static int host_residual_norm(int bf16, long rows, int n, const void *resid, const void *x, const float *w,
+                              float scale, const float *w2, float eps, void *h, void *y2, const char *what) {
+    float *arg = malloc((size_t)rows * sizeof(float)), *inv = malloc((size_t)rows * sizeof(float));
+    int rc = -1;
+    for (long r = 0; r < rows; r++) arg[r] = norm_arg(bf16, x, (size_t)(r * n), n, eps);
+    if (device_rsqrt(arg, inv, rows, what) != 0) goto done;
+    for (long r = 0; r < rows; r++) {
+        size_t off = (size_t)(r * n);
+        for (int i = 0; i < n; i++) {
+            float a = e_get(bf16, x, off + (size_t)i) * inv[r], res = e_get(bf16, resid, off + (size_t)i), s;
+            if (bf16) s = e_round(bf16, res + e_round(bf16, a * w[i]));
+            else s = fmaf(a, w[i], res); /* no rounding between: the product and the add fuse */
+            if (scale != 1.f) s = e_round(bf16, s * scale);
+            e_set(bf16, h, off + (size_t)i, s);
+        }
+    }
+    if (w2) {
+        for (long r = 0; r < rows; r++) arg[r] = norm_arg(bf16, h, (size_t)(r * n), n, eps);
+        if (device_rsqrt(arg, inv, rows, what) != 0) goto done;
+        for (long r = 0; r < rows; r++)
+            for (int i = 0; i < n; i++) {
+                size_t at = (size_t)(r * n + i);
+                float y = e_get(bf16, h, at) * inv[r];
+                e_set(bf16, y2, at, y * w2[i]);
+            }
+    }
+    rc = 0;
+done:
+    free(arg), free(inv);
+    return rc;
+}
+
+/* out = E(base + norm'(x, w, dy)) row by row, base E(dout · scalar) with dout, else 0 (model_cuda.h) */
+static int host_norm_bwd(int bf16, long rows, int n, const void *x, const float *w, const void *dy, const void *dout,
+                         float scalar, float eps, void *out, const char *what) {
+    float *arg = malloc((size_t)rows * sizeof(float)), *inv = malloc((size_t)rows * sizeof(float));
+    float *gx = malloc((size_t)rows * sizeof(float));
+    int rc = -1;
+    for (long r = 0; r < rows; r++) {
+        size_t off = (size_t)(r * n);
+        float part[ROW_BLOCK] = {0};
+        arg[r] = norm_arg(bf16, x, off, n, eps);
+        for (int i = 0; i < n; i++) {
+            float dw = e_get(bf16, dy, off + (size_t)i) * w[i];
+            part[i % ROW_BLOCK] = fmaf(e_get(bf16, x, off + (size_t)i), dw, part[i % ROW_BLOCK]);
+        }
+        gx[r] = block_sum_host(part);
+    }
+    if (device_rsqrt(arg, inv, rows, what) != 0) goto done;
+    for (long r = 0; r < rows; r++) {
+        size_t off = (size_t)(r * n);
+        float cube = inv[r] * inv[r];
+        cube = inv[r] * cube;
+        float k = gx[r] * cube / (float)n;
+        for (int i = 0; i < n; i++) {
+            float xi = e_get(bf16, x, off + (size_t)i), xk = xi * k;
+            float g = fmaf(inv[r] * e_get(bf16, dy, off + (size_t)i), w[i], -xk);
+            float base = dout ? e_round(bf16, e_get(bf16, dout, off + (size_t)i) * scalar) : 0.f;
+            e_set(bf16, out, off + (size_t)i, base + g);
+        }
+    }
+    rc = 0;
+done:
+    free(arg), free(inv), free(gx);
+    return rc;
+}
+
+/* entries of E where a and b differ in their bytes */
+static long e_differ(int bf16, const void *a, const void *b, size_t count) {
+    size_t es = bf16 ? 2 : 4;
+    long d = 0;
+    for (size_t i = 0; i < count; i++) d += memcmp((const char *)a + i * es, (const char *)b + i * es, es) != 0;
+    return d;
+}
+
+/* rows of E: normal values times 10^(r mod 5 − 2) */
+static void *e_rows(int bf16, long rows, int n, uint64_t *rng) {
+    void *p = malloc((size_t)(rows * n) * (bf16 ? 2 : 4));
+    for (long r = 0; r < rows; r++)
+        for (int i = 0; i < n; i++)
+            e_set(bf16, p, (size_t)(r * n + i), (float)(draw_normal(rng) * pow(10.0, (double)(r % 5) - 2)));
+    return p;
+}
+
+static float *weights(int n, uint64_t *rng) {
+    float *w = malloc((size_t)n * sizeof(float));
+    for (int i = 0; i < n; i++) w[i] = (float)(1 + 0.5 * draw_normal(rng));
+    return w;
+}
+
+static void test_residual_kernels(void) {
+    static const int widths[] = {1, 19, 256, 257, 700, 5376};
+    const float eps = 1e-6f;
+    for (int bf16 = 0; bf16 < 2; bf16++)
+        for (size_t wi = 0; wi < sizeof widths / sizeof *widths; wi++) {
+            int n = widths[wi];
+            long rows = 7;
+            size_t count = (size_t)(rows * n), bytes = count * (bf16 ? 2 : 4);
+            const char *type = bf16 ? "bf16" : "f32";
+            uint64_t rng = 977 + 31 * (uint64_t)wi + (uint64_t)bf16;
+            void *resid = e_rows(bf16, rows, n, &rng), *x = e_rows(bf16, rows, n, &rng);
+            void *d_mi = e_rows(bf16, rows, n, &rng), *ao = e_rows(bf16, rows, n, &rng);
+            void *dout = e_rows(bf16, rows, n, &rng);
+            float *w = weights(n, &rng), *w2 = weights(n, &rng);
+            void *h = malloc(bytes), *y2 = malloc(bytes), *hh = malloc(bytes), *hy2 = malloc(bytes);
+            void *dx = malloc(bytes), *dao = malloc(bytes), *hdx = malloc(bytes), *hdao = malloc(bytes);
+            char err[512] = "", what[128];
+            /* the attention half's close (scale 1, the next norm) and the layer's (its scalar, no norm) */
+            for (int form = 0; form < 2; form++) {
+                float scale = form ? 0.37f : 1.f;
+                const float *next = form ? NULL : w2;
+                snprintf(what, sizeof what, "residual norm %s, %ld x %d, scale %g%s", type, rows, n, (double)scale,
+                         next ? ", next norm" : "");
+                if (gemma_cuda_residual_norm(bf16, rows, n, resid, x, w, scale, next, eps, h, y2, err, sizeof err)) {
+                    check_fail("%s: %s", what, err);
+                    continue;
+                }
+                if (host_residual_norm(bf16, rows, n, resid, x, w, scale, next, eps, hh, hy2, what) != 0) continue;
+                long dh = e_differ(bf16, h, hh, count), dy = next ? e_differ(bf16, y2, hy2, count) : 0;
+                check(dh == 0 && dy == 0, "%s: the device's h and y2 as the host's, byte for byte (%ld and %ld of %zu "
+                      "differ)", what, dh, dy, count);
+            }
+            snprintf(what, sizeof what, "residual norms backward %s, %ld x %d", type, rows, n);
+            if (gemma_cuda_residual_norms_bwd(bf16, rows, n, dout, 0.37f, resid, w, d_mi, ao, w2, eps, dx, dao, err,
+                                              sizeof err)) {
+                check_fail("%s: %s", what, err);
+            } else if (host_norm_bwd(bf16, rows, n, resid, w, d_mi, dout, 0.37f, eps, hdx, what) == 0 &&
+                       host_norm_bwd(bf16, rows, n, ao, w2, hdx, NULL, 0, eps, hdao, what) == 0) {
+                long ddx = e_differ(bf16, dx, hdx, count), dda = e_differ(bf16, dao, hdao, count);
+                check(ddx == 0 && dda == 0, "%s: the device's dx and d_ao as the host's, byte for byte (%ld and %ld "
+                      "of %zu differ)", what, ddx, dda, count);
+            }
+            free(resid), free(x), free(d_mi), free(ao), free(dout), free(w), free(w2);
+            free(h), free(y2), free(hh), free(hy2), free(dx), free(dao), free(hdx), free(hdao);
+        }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The per-head kernels of the fused q|k|v projection (model_cuda.h: gemma_cuda_qkv_heads),
+ * forward and backward, against a host implementation of the same f32 operations, byte for byte,
+ * as the residual kernels above: head dims 2 (half a pair per lane), 70 (lanes past the end), 256
+ * and 512 (the 31B's), separate values with and without their norm, and k_eq_v (the k heads write
+ * the values too and take their gradient). */
+
+/* One head vector of a row: where its input starts in the qkv row, its weight (NULL: none), its
+ * norm and rotation, and which output and gradient it has. */
+typedef struct head_vec {
+    long col;
+    const float *w;
+    int norm, rope, kind; /* kind 0: q, 1: k, 2: v */
+    long out;             /* offset in qr (q) or kr / vn (k, v) */
+} head_vec;
+
+static head_vec head_at(int h, long t, int heads, int kv_heads, int D, int v_norm, const float *q_w,
+                        const float *k_w) {
+    head_vec v;
+    if (h < heads) {
+        v.col = (long)h * D, v.w = q_w, v.norm = 1, v.rope = 1, v.kind = 0, v.out = (t * heads + h) * D;
+        return v;
+    }
+    h -= heads;
+    int kh = h < kv_heads ? h : h - kv_heads;
+    v.out = (t * kv_heads + kh) * D;
+    if (h < kv_heads) v.col = (long)(heads + h) * D, v.w = k_w, v.norm = 1, v.rope = 1, v.kind = 1;
+    else v.col = (long)(heads + kv_heads + kh) * D, v.w = NULL, v.norm = v_norm, v.rope = 0, v.kind = 2;
+    return v;
+}
+
+/* rope⁻¹ of the pair (a, b) at cos c, sin s */
+static void unrotate(int rope, float a, float b, float c, float s, float *u1, float *u2) {
+    if (rope) *u1 = fmaf(a, c, b * s), *u2 = fmaf(b, c, -(a * s));
+    else *u1 = a, *u2 = b;
+}
+
+static int host_qkv_heads(int bf16, int T, int heads, int kv_heads, int D, int k_eq_v, int v_norm, float eps,
+                          const void *qkv, const float *q_w, const float *k_w, const int32_t *pos, const float *cosv,
+                          const float *sinv, const void *d_qr, const void *d_kr, const void *d_vn, void *qr, void *kr,
+                          void *vn, void *d_qkv, const char *what) {
+    int per_row = heads + kv_heads + (k_eq_v ? 0 : kv_heads), half = D / 2;
+    long ld = (long)per_row * D, count = (long)T * per_row;
+    float *arg = malloc((size_t)count * sizeof(float)), *inv = malloc((size_t)count * sizeof(float));
+    float *gx = malloc((size_t)count * sizeof(float)), *gx2 = malloc((size_t)count * sizeof(float));
+    int rc = -1;
+    /* forward: Σx² by lane over the vector */
+    for (long n = 0; n < count; n++) {
+        long t = n / per_row;
+        head_vec v = head_at((int)(n % per_row), t, heads, kv_heads, D, v_norm, q_w, k_w);
+        float lanes[32] = {0};
+        for (int i = 0; i < D; i++) {
+            float x = e_get(bf16, qkv, (size_t)(t * ld + v.col + i));
+            lanes[i % 32] = fmaf(x, x, lanes[i % 32]);
+        }
+        arg[n] = warp_butterfly(lanes) / (float)D + eps;
+    }
+    if (device_rsqrt(arg, inv, count, what) != 0) goto done;
+    for (long n = 0; n < count; n++) {
+        long t = n / per_row;
+        head_vec v = head_at((int)(n % per_row), t, heads, kv_heads, D, v_norm, q_w, k_w);
+        const float *c = cosv + (long)pos[t] * half, *s = sinv + (long)pos[t] * half;
+        float r = v.norm ? inv[n] : 1.f;
+        for (int j = 0; j < half; j++) {
+            float x1 = e_get(bf16, qkv, (size_t)(t * ld + v.col + j)) * r;
+            float x2 = e_get(bf16, qkv, (size_t)(t * ld + v.col + j + half)) * r;
+            if (v.kind == 2) {
+                e_set(bf16, vn, (size_t)(v.out + j), x1), e_set(bf16, vn, (size_t)(v.out + j + half), x2);
+                continue;
+            }
+            if (v.kind == 1 && k_eq_v) { /* the raw keys are the values: x · inv (v_norm) or x */
+                float s1 = e_get(bf16, qkv, (size_t)(t * ld + v.col + j)) * (v_norm ? r : 1.f);
+                float s2 = e_get(bf16, qkv, (size_t)(t * ld + v.col + j + half)) * (v_norm ? r : 1.f);
+                e_set(bf16, vn, (size_t)(v.out + j), s1), e_set(bf16, vn, (size_t)(v.out + j + half), s2);
+            }
+            x1 = x1 * v.w[j], x2 = x2 * v.w[j + half];
+            float r1 = fmaf(x1, c[j], -(x2 * s[j])), r2 = fmaf(x2, c[j], x1 * s[j]);
+            void *y = v.kind == 0 ? qr : kr;
+            e_set(bf16, y, (size_t)(v.out + j), r1), e_set(bf16, y, (size_t)(v.out + j + half), r2);
+        }
+    }
+    /* backward: Σx², Σg·x and (k_eq_v's k heads) Σdv·x by lane over the pairs */
+    for (long n = 0; n < count; n++) {
+        long t = n / per_row;
+        head_vec v = head_at((int)(n % per_row), t, heads, kv_heads, D, v_norm, q_w, k_w);
+        const float *c = cosv + (long)pos[t] * half, *s = sinv + (long)pos[t] * half;
+        const void *dy = v.kind == 0 ? d_qr : v.kind == 1 ? d_kr : d_vn;
+        int g2 = v.kind == 1 && k_eq_v;
+        float ss[32] = {0}, g[32] = {0}, g2s[32] = {0};
+        for (int j = 0; j < half; j++) {
+            float x1 = e_get(bf16, qkv, (size_t)(t * ld + v.col + j));
+            float x2 = e_get(bf16, qkv, (size_t)(t * ld + v.col + j + half)), u1, u2;
+            unrotate(v.rope, e_get(bf16, dy, (size_t)(v.out + j)), e_get(bf16, dy, (size_t)(v.out + j + half)), c[j],
+                     s[j], &u1, &u2);
+            ss[j % 32] = ss[j % 32] + fmaf(x1, x1, x2 * x2);
+            g[j % 32] = g[j % 32] + (v.w ? fmaf(u1 * v.w[j], x1, u2 * v.w[j + half] * x2) : fmaf(u1, x1, u2 * x2));
+            if (g2)
+                g2s[j % 32] = g2s[j % 32] + fmaf(e_get(bf16, d_vn, (size_t)(v.out + j)), x1,
+                                                 e_get(bf16, d_vn, (size_t)(v.out + j + half)) * x2);
+        }
+        arg[n] = warp_butterfly(ss) / (float)D + eps;
+        gx[n] = warp_butterfly(g), gx2[n] = warp_butterfly(g2s);
+    }
+    if (device_rsqrt(arg, inv, count, what) != 0) goto done;
+    for (long n = 0; n < count; n++) {
+        long t = n / per_row;
+        head_vec v = head_at((int)(n % per_row), t, heads, kv_heads, D, v_norm, q_w, k_w);
+        const float *c = cosv + (long)pos[t] * half, *s = sinv + (long)pos[t] * half;
+        const void *dy = v.kind == 0 ? d_qr : v.kind == 1 ? d_kr : d_vn;
+        int g2 = v.kind == 1 && k_eq_v;
+        float r = inv[n], cube = r * r;
+        cube = cube * r;
+        float k = cube * gx[n] / (float)D, k2 = cube * gx2[n] / (float)D;
+        for (int j = 0; j < half; j++) {
+            float x1 = e_get(bf16, qkv, (size_t)(t * ld + v.col + j));
+            float x2 = e_get(bf16, qkv, (size_t)(t * ld + v.col + j + half)), u1, u2, d1, d2;
+            unrotate(v.rope, e_get(bf16, dy, (size_t)(v.out + j)), e_get(bf16, dy, (size_t)(v.out + j + half)), c[j],
+                     s[j], &u1, &u2);
+            if (!v.norm) {
+                d1 = u1, d2 = u2;
+            } else if (v.w) {
+                d1 = fmaf(r * u1, v.w[j], -(x1 * k)), d2 = fmaf(r * u2, v.w[j + half], -(x2 * k));
+            } else {
+                d1 = fmaf(r, u1, -(x1 * k)), d2 = fmaf(r, u2, -(x2 * k));
+            }
+            if (g2) {
+                d1 = d1 + fmaf(r, e_get(bf16, d_vn, (size_t)(v.out + j)), -(x1 * k2));
+                d2 = d2 + fmaf(r, e_get(bf16, d_vn, (size_t)(v.out + j + half)), -(x2 * k2));
+            }
+            e_set(bf16, d_qkv, (size_t)(t * ld + v.col + j), d1);
+            e_set(bf16, d_qkv, (size_t)(t * ld + v.col + j + half), d2);
+        }
+    }
+    rc = 0;
+done:
+    free(arg), free(inv), free(gx), free(gx2);
+    return rc;
+}
+
+static void test_qkv_heads(void) {
+    static const int cases[][3] = {{2, 0, 0}, {70, 0, 1}, {70, 1, 1}, {256, 0, 1}, {512, 1, 1}}; /* D, k_eq_v, v_norm */
+    const int T = 5, heads = 3, kv_heads = 2, positions = 7;
+    const float eps = 1e-6f;
+    for (int bf16 = 0; bf16 < 2; bf16++)
+        for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+            int D = cases[ci][0], k_eq_v = cases[ci][1], v_norm = cases[ci][2], half = D / 2;
+            long ld = (long)(heads + kv_heads + (k_eq_v ? 0 : kv_heads)) * D;
+            long nq = (long)T * heads * D, nk = (long)T * kv_heads * D, nx = T * ld;
+            size_t es = bf16 ? 2 : 4;
+            uint64_t rng = 4242 + 17 * (uint64_t)ci + (uint64_t)bf16;
+            void *qkv = e_rows(bf16, T, (int)ld, &rng), *d_qr = e_rows(bf16, T, heads * D, &rng);
+            void *d_kr = e_rows(bf16, T, kv_heads * D, &rng), *d_vn = e_rows(bf16, T, kv_heads * D, &rng);
+            float *q_w = weights(D, &rng), *k_w = weights(D, &rng);
+            float *cosv = malloc((size_t)(positions * half) * sizeof(float));
+            float *sinv = malloc((size_t)(positions * half) * sizeof(float));
+            int32_t pos[5];
+            for (int i = 0; i < positions * half; i++) {
+                double a = 6.283185307179586 * (draw_normal(&rng) + 3);
+                cosv[i] = (float)cos(a), sinv[i] = (float)sin(a);
+            }
+            for (int t = 0; t < T; t++) pos[t] = (int32_t)((t * 3 + (int)ci) % positions);
+            void *out[4], *ref[4];
+            size_t sizes[4] = {(size_t)nq, (size_t)nk, (size_t)nk, (size_t)nx};
+            for (int k = 0; k < 4; k++) out[k] = calloc(sizes[k], es), ref[k] = calloc(sizes[k], es);
+            char err[512] = "", what[160];
+            snprintf(what, sizeof what, "qkv heads %s, T %d, %d q and %d kv heads of %d%s%s", bf16 ? "bf16" : "f32",
+                     T, heads, kv_heads, D, k_eq_v ? ", k_eq_v" : "", v_norm ? ", v norm" : "");
+            if (gemma_cuda_qkv_heads(bf16, T, heads, kv_heads, D, k_eq_v, v_norm, eps, qkv, q_w, k_w, pos, positions,
+                                     cosv, sinv, d_qr, d_kr, d_vn, out[0], out[1], out[2], out[3], err, sizeof err)) {
+                check_fail("%s: %s", what, err);
+            } else if (host_qkv_heads(bf16, T, heads, kv_heads, D, k_eq_v, v_norm, eps, qkv, q_w, k_w, pos, cosv,
+                                      sinv, d_qr, d_kr, d_vn, ref[0], ref[1], ref[2], ref[3], what) == 0) {
+                long dq = e_differ(bf16, out[0], ref[0], sizes[0]), dk = e_differ(bf16, out[1], ref[1], sizes[1]);
+                long dv = e_differ(bf16, out[2], ref[2], sizes[2]), dx = e_differ(bf16, out[3], ref[3], sizes[3]);
+                check(dq == 0 && dk == 0 && dv == 0 && dx == 0,
+                      "%s: the device's qr, kr, vn and d_qkv as the host's, byte for byte (%ld, %ld, %ld and %ld "
+                      "differ)", what, dq, dk, dv, dx);
+            }
+            for (int k = 0; k < 4; k++) free(out[k]), free(ref[k]);
+            free(qkv), free(d_qr), free(d_kr), free(d_vn), free(q_w), free(k_w), free(cosv), free(sinv);
+        }
 }
 
 /* Folders stored packed, built here from a fixture's f32 checkpoint with train/quant.c's own
@@ -1502,6 +1887,8 @@ int main(int argc, char **argv) {
     test_device_quantization();
     test_random_init_quantized();
     test_fp8_products();
+    test_residual_kernels();
+    test_qkv_heads();
     test_fixture("gemma4_smoke");
     test_fixture("gemma4_tiny");
     test_fixture("gemma3_tiny");

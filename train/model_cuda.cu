@@ -245,56 +245,92 @@ __global__ void k_add_norm(const E *resid, const E *x, const float *w, E *h, flo
     for (int i = threadIdx.x; i < n; i += blockDim.x) y2[off + i] = to_e<E>(f32(h[off + i]) * inv2 * w2[i]);
 }
 
-// out = base + d/dx of norm(x)·w given dy (base NULL: none; out may be base). With g = dy·w and
-// r = 1/rms: dx = r·g − x·r³·(g·x)/n. in_scale multiplies dy first (the layer scalar).
-template <class E>
-__global__ void k_rmsnorm_bwd(const E *x, const float *w, const E *dy, float in_scale, const E *base, E *out, int n,
-                              float eps) {
-    __shared__ float sh[32];
-    long off = (long)blockIdx.x * n;
+// One row of the norm backward: out[i] = base(i) + d/dx of norm(x)·w given dy (w NULL: no
+// weight; out may alias base's source). With g = dy·w and r = 1/rms: dx = r·g − x·r³·(g·x)/n.
+// in_scale multiplies dy first (the layer scalar). Every thread of the block calls it.
+template <class E, class Base>
+__device__ __forceinline__ void rmsnorm_bwd_row(const E *x, const float *w, const E *dy, float in_scale, Base base,
+                                                E *out, int n, float eps, float *sh) {
     float ss = 0, gx = 0;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        float xi = f32(x[off + i]);
+        float xi = f32(x[i]);
         ss += xi * xi;
-        gx += f32(dy[off + i]) * in_scale * (w ? w[i] : 1.f) * xi;
+        gx += f32(dy[i]) * in_scale * (w ? w[i] : 1.f) * xi;
     }
     ss = block_sum(ss, sh);
     gx = block_sum(gx, sh);
     float inv = rsqrtf(ss / n + eps);
     float k = inv * inv * inv * gx / n;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        float g = inv * f32(dy[off + i]) * in_scale * (w ? w[i] : 1.f) - f32(x[off + i]) * k;
-        out[off + i] = to_e<E>((base ? f32(base[off + i]) : 0.f) + g);
+        float g = inv * f32(dy[i]) * in_scale * (w ? w[i] : 1.f) - f32(x[i]) * k;
+        out[i] = to_e<E>(base(i) + g);
     }
 }
 
-// y = dy · s, elementwise (the layer scalar on the gradient that bypasses the norms)
-template <class E> __global__ void k_scale(const E *dy, float s, E *y, long n) {
-    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
-        y[i] = to_e<E>(f32(dy[i]) * s);
-}
-
-// Per-head vectors of D: y = rope(norm(x)·w) for q and k, y = norm(x) for Gemma 4's v (rope 0,
-// w NULL), y = x (norm 0, Gemma 3's v). One warp per (row, head); x rows have stride ldx (the
-// fused q|k|v projection), y is contiguous [T, heads, D]. Rotate-half pairs (j, j + D/2) at the
-// row's own position pos[t], tables cos/sin [positions, D/2].
+// out = base + d/dx of norm(x)·w given dy (base NULL: none; out may be base), one block per row
 template <class E>
-__global__ void k_head_norm_rope(const E *x, long ldx, const float *w, E *y, int T, int heads, int D, float eps,
-                                 int norm, const float *cosv, const float *sinv, const int32_t *pos) {
-    long vec = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    int lane = threadIdx.x & 31;
-    if (vec >= (long)T * heads) return;
-    long t = vec / heads;
-    int h = (int)(vec % heads), half = D / 2;
-    const E *xv = x + t * ldx + (long)h * D;
-    E *yv = y + vec * D;
-    float inv = 1.f;
-    if (norm) {
-        float ss = 0;
-        for (int i = lane; i < D; i += 32) ss += f32(xv[i]) * f32(xv[i]);
-        inv = rsqrtf(warp_sum(ss) / D + eps);
-    }
-    const float *c = cosv ? cosv + (long)pos[t] * half : nullptr, *s = sinv ? sinv + (long)pos[t] * half : nullptr;
+__global__ void k_rmsnorm_bwd(const E *x, const float *w, const E *dy, float in_scale, const E *base, E *out, int n,
+                              float eps) {
+    __shared__ float sh[32];
+    long off = (long)blockIdx.x * n;
+    const E *b = base ? base + off : nullptr;
+    rmsnorm_bwd_row<E>(x + off, w, dy + off, in_scale, [&](int i) { return b ? f32(b[i]) : 0.f; }, out + off, n, eps,
+                       sh);
+}
+
+// The backward of the layer's two residual norms, the reverse of h = x + norm(ao)·w_post_attn and
+// mi = norm(h)·w_pre_ffw, with out = (h + …)·scalar: dx = dout·scalar (rounded to E, the gradient
+// that bypasses the norms) + norm'(h)ᵀ·d_mi, then d_ao = norm'(ao)ᵀ·dx from dx as stored in E.
+// One block per row; each thread reads back only the dx entries it wrote.
+template <class E>
+__global__ void k_residual_norms_bwd(const E *dout, float scalar, const E *h, const float *w_pre_ffw, const E *d_mi,
+                                     const E *ao, const float *w_post_attn, E *dx, E *d_ao, int n, float eps) {
+    __shared__ float sh[32];
+    long off = (long)blockIdx.x * n;
+    const E *dr = dout + off;
+    // __fmul_rn: the product stays a rounded product in f32 too (no multiply-add with the norm's share)
+    auto bypass = [&](int i) { return f32(to_e<E>(__fmul_rn(f32(dr[i]), scalar))); };
+    rmsnorm_bwd_row<E>(h + off, w_pre_ffw, d_mi + off, 1.f, bypass, dx + off, n, eps, sh);
+    rmsnorm_bwd_row<E>(ao + off, w_post_attn, dx + off, 1.f, [](int) { return 0.f; }, d_ao + off, n, eps, sh);
+}
+
+// The per-head kernels of a layer's fused q|k|v projection, one launch over every head of a row:
+// q heads first, then k heads, then v heads where the layer has its own values. Rows of qkv have
+// stride ld, k's heads start at column k_at, v's at v_at (v_at < 0: k_eq_v, the values are the
+// raw keys); outputs are contiguous [T, heads, D]. One warp per (row, head), 8 warps a block.
+struct qkv_heads {
+    long ld, k_at, v_at;
+    int T, heads, kv_heads, D;
+    int per_row; // heads + kv_heads, + kv_heads with separate values
+    float eps;
+    const int32_t *pos;
+    const float *cosv, *sinv; // the RoPE tables [positions, D/2] of q and k
+};
+
+constexpr int HEAD_WARPS = 8;
+
+qkv_heads qkv_layout(long ld, long k_at, long v_at, int T, int heads, int kv_heads, int D, float eps,
+                     const int32_t *pos, const float *cosv, const float *sinv) {
+    int per_row = heads + kv_heads + (v_at >= 0 ? kv_heads : 0);
+    return {ld, k_at, v_at, T, heads, kv_heads, D, per_row, eps, pos, cosv, sinv};
+}
+
+int qkv_blocks(const qkv_heads &q) { return (int)(((long)q.T * q.per_row + HEAD_WARPS - 1) / HEAD_WARPS); }
+
+// 1/rms of one head's vector (norm 0: 1), the same value in every lane
+template <class E> __device__ __forceinline__ float head_inv_rms(const E *xv, int D, float eps, int norm, int lane) {
+    if (!norm) return 1.f;
+    float ss = 0;
+    for (int i = lane; i < D; i += 32) ss += f32(xv[i]) * f32(xv[i]);
+    return rsqrtf(warp_sum(ss) / D + eps);
+}
+
+// y = rope(x·inv·w) over one head (w NULL: no weight; c NULL: no rotation): rotate-half pairs
+// (j, j + D/2) with the row's tables c, s
+template <class E>
+__device__ __forceinline__ void head_scale_rope(const E *xv, float inv, const float *w, E *yv, int D, const float *c,
+                                                const float *s, int lane) {
+    int half = D / 2;
     for (int j = lane; j < half; j += 32) {
         float x1 = f32(xv[j]) * inv * (w ? w[j] : 1.f), x2 = f32(xv[j + half]) * inv * (w ? w[j + half] : 1.f);
         if (c) {
@@ -306,22 +342,44 @@ __global__ void k_head_norm_rope(const E *x, long ldx, const float *w, E *y, int
     }
 }
 
-// The backward of the above, written into the fused q|k|v gradient (stride ldo): dx = norm'ᵀ ·
-// rope⁻¹(dy) (the inverse rotation is the transpose), plus, with dy2, the v-norm backward of the
-// same raw x (Gemma 4's full layers with k_eq_v, whose values are the raw keys).
+// qr = rope(norm(q)·q_norm), kr = rope(norm(k)·k_norm), vn = norm(v) (v_norm; Gemma 4) or v (Gemma
+// 3). With k_eq_v the warp of a k head also writes its value head from the same raw keys and rms.
 template <class E>
-__global__ void k_head_norm_rope_bwd(const E *x, long ldx, const float *w, const E *dy, const E *dy2, E *dx, long ldo,
-                                     int T, int heads, int D, float eps, int norm, const float *cosv,
-                                     const float *sinv, const int32_t *pos) {
+__global__ void k_qkv_norm_rope(const E *qkv, qkv_heads q, const float *q_w, const float *k_w, int v_norm, E *qr,
+                                E *kr, E *vn) {
     long vec = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
-    if (vec >= (long)T * heads) return;
-    long t = vec / heads;
-    int h = (int)(vec % heads), half = D / 2;
-    const E *xv = x + t * ldx + (long)h * D;
-    const E *gv = dy + vec * D, *g2 = dy2 ? dy2 + vec * D : nullptr;
-    E *ov = dx + t * ldo + (long)h * D;
-    const float *c = cosv ? cosv + (long)pos[t] * half : nullptr, *s = sinv ? sinv + (long)pos[t] * half : nullptr;
+    if (vec >= (long)q.T * q.per_row) return;
+    long t = vec / q.per_row;
+    int h = (int)(vec % q.per_row), half = q.D / 2;
+    const float *c = q.cosv + (long)q.pos[t] * half, *s = q.sinv + (long)q.pos[t] * half;
+    const E *row = qkv + t * q.ld;
+    if (h < q.heads) {
+        const E *xv = row + (long)h * q.D;
+        head_scale_rope(xv, head_inv_rms(xv, q.D, q.eps, 1, lane), q_w, qr + (t * q.heads + h) * q.D, q.D, c, s, lane);
+        return;
+    }
+    h -= q.heads; // a k head, then a v head: h and h - kv_heads index [T, kv_heads]
+    long out = (t * q.kv_heads + (h < q.kv_heads ? h : h - q.kv_heads)) * q.D;
+    if (h < q.kv_heads) {
+        const E *xv = row + q.k_at + (long)h * q.D;
+        float inv = head_inv_rms(xv, q.D, q.eps, 1, lane);
+        head_scale_rope(xv, inv, k_w, kr + out, q.D, c, s, lane);
+        if (q.v_at < 0) head_scale_rope<E>(xv, v_norm ? inv : 1.f, nullptr, vn + out, q.D, nullptr, nullptr, lane);
+        return;
+    }
+    const E *xv = row + q.v_at + (long)(h - q.kv_heads) * q.D;
+    head_scale_rope<E>(xv, head_inv_rms(xv, q.D, q.eps, v_norm, lane), nullptr, vn + out, q.D, nullptr, nullptr,
+                       lane);
+}
+
+// The backward of one head, written into the fused q|k|v gradient: dx = norm'ᵀ · rope⁻¹(dy) (the
+// inverse rotation is the transpose), plus, with g2, the weightless v-norm backward of the same
+// raw x (k_eq_v, whose values are the raw keys).
+template <class E, bool weighted = true>
+__device__ __forceinline__ void head_norm_rope_bwd(const E *xv, const float *w, const E *gv, const E *g2, E *ov, int D,
+                                                   float eps, int norm, const float *c, const float *s, int lane) {
+    int half = D / 2;
     // rope⁻¹(dy) pairs, recomputed in both passes rather than held (D up to 512)
     auto unrot = [&](int j, float &u1, float &u2) {
         float a = f32(gv[j]), b = f32(gv[j + half]);
@@ -342,7 +400,10 @@ __global__ void k_head_norm_rope_bwd(const E *x, long ldx, const float *w, const
         float u1, u2, x1 = f32(xv[j]), x2 = f32(xv[j + half]);
         unrot(j, u1, u2);
         ss += x1 * x1 + x2 * x2;
-        gx += u1 * (w ? w[j] : 1.f) * x1 + u2 * (w ? w[j + half] : 1.f) * x2;
+        // weightless (the v heads: w a constant null) the fmaf keeps x1's product the fused one, as
+        // the weighted form compiles; contraction alone fuses x2's there in f32, rounding gx otherwise
+        if constexpr (weighted) gx += u1 * (w ? w[j] : 1.f) * x1 + u2 * (w ? w[j + half] : 1.f) * x2;
+        else gx += fmaf(u1, x1, u2 * x2);
         if (g2) gx2 += f32(g2[j]) * x1 + f32(g2[j + half]) * x2;
     }
     ss = warp_sum(ss), gx = warp_sum(gx), gx2 = warp_sum(gx2);
@@ -355,6 +416,38 @@ __global__ void k_head_norm_rope_bwd(const E *x, long ldx, const float *w, const
         ov[j] = to_e<E>(d1);
         ov[j + half] = to_e<E>(d2);
     }
+}
+
+// d_qkv (stride q.ld) from d_qr, d_kr, d_vn: each head as head_norm_rope_bwd; with k_eq_v the
+// k heads take d_vn as well (their raw keys were the values)
+template <class E>
+__global__ void k_qkv_norm_rope_bwd(const E *qkv, qkv_heads q, const float *q_w, const float *k_w, int v_norm,
+                                    const E *d_qr, const E *d_kr, const E *d_vn, E *d_qkv) {
+    long vec = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (vec >= (long)q.T * q.per_row) return;
+    long t = vec / q.per_row;
+    int h = (int)(vec % q.per_row), half = q.D / 2;
+    const float *c = q.cosv + (long)q.pos[t] * half, *s = q.sinv + (long)q.pos[t] * half;
+    const E *row = qkv + t * q.ld;
+    E *orow = d_qkv + t * q.ld;
+    if (h < q.heads) {
+        long at = (long)h * q.D;
+        head_norm_rope_bwd<E>(row + at, q_w, d_qr + (t * q.heads + h) * q.D, nullptr, orow + at, q.D, q.eps, 1, c, s,
+                              lane);
+        return;
+    }
+    h -= q.heads;
+    long in = (t * q.kv_heads + (h < q.kv_heads ? h : h - q.kv_heads)) * q.D;
+    if (h < q.kv_heads) {
+        long at = q.k_at + (long)h * q.D;
+        head_norm_rope_bwd<E>(row + at, k_w, d_kr + in, q.v_at < 0 ? d_vn + in : nullptr, orow + at, q.D, q.eps, 1, c,
+                              s, lane);
+        return;
+    }
+    long at = q.v_at + (long)(h - q.kv_heads) * q.D;
+    head_norm_rope_bwd<E, false>(row + at, nullptr, d_vn + in, nullptr, orow + at, q.D, q.eps, v_norm, nullptr,
+                                 nullptr, lane);
 }
 
 // gelu_pytorch_tanh and its derivative
@@ -1137,7 +1230,7 @@ template <class E> struct acts {
     uint8_t *q8;     // FP8 products: one operand's rows quantized, [T, fp8.width]
     float *q8_scale; // and their scales [T]
     // backward
-    E *d_h, *d_mo, *d_z, *d_gu, *d_mi, *d_ao, *d_o, *d_qr, *d_kr, *d_vn, *d_qkv, *d_a, *d_t;
+    E *d_mo, *d_z, *d_gu, *d_mi, *d_ao, *d_o, *d_qr, *d_kr, *d_vn, *d_qkv, *d_a, *d_t;
 };
 
 // The E buffers of A (the forward's, and with backward their gradients), each `rows(width)`:
@@ -1154,7 +1247,7 @@ template <class E, class Rows> void acts_layout(const gemma_cuda *g, int backwar
     A->ao = rows(H), A->h = rows(H), A->mi = rows(H), A->gu = rows(2 * I), A->z = rows(I), A->mo = rows(H);
     for (int p = 0; p < PROJ_COUNT; p++) A->t[p] = rows(r);
     if (!backward) return;
-    A->d_h = rows(H), A->d_mo = rows(H), A->d_z = rows(I), A->d_gu = rows(2 * I), A->d_mi = rows(H), A->d_ao = rows(H);
+    A->d_mo = rows(H), A->d_z = rows(I), A->d_gu = rows(2 * I), A->d_mi = rows(H), A->d_ao = rows(H);
     A->d_o = rows(qd), A->d_qr = rows(qd), A->d_kr = rows(kd), A->d_vn = rows(kd), A->d_qkv = rows(qkv);
     A->d_a = rows(H), A->d_t = rows(r);
 }
@@ -1370,11 +1463,18 @@ template <class E> void dequantize_layer(gemma_cuda *g, int l) {
 // ---------------------------------------------------------------------------------------------
 // One decoder layer, as model.c's layer_forward / layer_backward.
 
-// attention 0: run it into A->o, A->lse; 1: A->o and A->lse already hold this layer's (kept from
-// the first forward: the recomputation skips the full layers' quadratic attention)
+// How a layer's forward runs. PASS_SWEEP: one of the forward's passes over the layers in order,
+// into out: layer l - 1 has left this layer's normed input in A->a (l > 0), and the residual that
+// closes this layer writes the next one's beside out (one pass over the row for both).
+// PASS_RECOMPUTE: the backward's recomputation of the layer's insides alone: its input normed
+// here, no closing residual, no output (out NULL).
+enum layer_pass { PASS_SWEEP, PASS_RECOMPUTE };
+
+// attention_kept 0: run the attention into A->o, A->lse; 1: A->o and A->lse already hold this
+// layer's (kept from the first forward: the recomputation skips the full layers' quadratic attention)
 template <class E>
 void layer_forward(gemma_cuda *g, const gemma_model_f32 *host, int l, const dbatch *b, const E *x, acts<E> *A,
-                   E *out, int attention_kept = 0) {
+                   layer_pass pass, E *out, int attention_kept = 0) {
     dequantize_layer<E>(g, l);
     const gemma_config *c = &g->cfg;
     const dlayer &L = g->layer[l];
@@ -1384,21 +1484,18 @@ void layer_forward(gemma_cuda *g, const gemma_model_f32 *host, int l, const dbat
     float eps = (float)c->norm_eps;
     cudaStream_t st = g->stream;
 
-    k_rmsnorm<E><<<T, ROW_THREADS, 0, st>>>(x, H, L.input_norm, A->a, H, H, eps);
+    if (pass == PASS_RECOMPUTE || l == 0)
+        k_rmsnorm<E><<<T, ROW_THREADS, 0, st>>>(x, H, L.input_norm, A->a, H, H, eps);
     frozen_forward<E>(g, L, PROJ_Q, PROJ_V, A, A->a, H, L.w_qkv, A->qkv, ldqkv);
     lora_fwd<E>(g, host, l, PROJ_Q, A->a, T, A->qkv, ldqkv, A->t[PROJ_Q]);
     lora_fwd<E>(g, host, l, PROJ_K, A->a, T, A->qkv + L.qd, ldqkv, A->t[PROJ_K]);
     if (L.vd) lora_fwd<E>(g, host, l, PROJ_V, A->a, T, A->qkv + L.qd + L.kd, ldqkv, A->t[PROJ_V]);
-    const E *vraw = A->qkv + (L.vd ? L.qd + L.kd : L.qd); // k_eq_v: the raw keys, before k_norm and RoPE
 
-    int warps = 8;
-    long qv = (long)T * c->heads, kv = (long)T * s->kv_heads;
-    k_head_norm_rope<E><<<(int)((qv + warps - 1) / warps), 32 * warps, 0, st>>>(
-        A->qkv, ldqkv, L.q_norm, A->qr, T, c->heads, D, eps, 1, g->cosv[L.kind], g->sinv[L.kind], b->pos);
-    k_head_norm_rope<E><<<(int)((kv + warps - 1) / warps), 32 * warps, 0, st>>>(
-        A->qkv + L.qd, ldqkv, L.k_norm, A->kr, T, s->kv_heads, D, eps, 1, g->cosv[L.kind], g->sinv[L.kind], b->pos);
-    k_head_norm_rope<E><<<(int)((kv + warps - 1) / warps), 32 * warps, 0, st>>>(
-        vraw, ldqkv, nullptr, A->vn, T, s->kv_heads, D, eps, c->family == GEMMA_4, nullptr, nullptr, b->pos);
+    // k_eq_v (no v columns): the values are the raw keys, before k_norm and RoPE
+    qkv_heads qh = qkv_layout(ldqkv, L.qd, L.vd ? L.qd + L.kd : -1, T, c->heads, s->kv_heads, D, eps, b->pos,
+                              g->cosv[L.kind], g->sinv[L.kind]);
+    k_qkv_norm_rope<E><<<qkv_blocks(qh), 32 * HEAD_WARPS, 0, st>>>(A->qkv, qh, L.q_norm, L.k_norm,
+                                                                  c->family == GEMMA_4, A->qr, A->kr, A->vn);
     CU(cudaGetLastError());
 
     wa_attn_desc d = layer_desc(g, l);
@@ -1421,8 +1518,11 @@ void layer_forward(gemma_cuda *g, const gemma_model_f32 *host, int l, const dbat
     geglu<E>(st, A->gu, nullptr, A->z, T, I);
     frozen_forward<E>(g, L, PROJ_DOWN, PROJ_DOWN, A, A->z, I, L.w_down, A->mo, H);
     lora_fwd<E>(g, host, l, PROJ_DOWN, A->z, T, A->mo, H, A->t[PROJ_DOWN]);
-    k_add_norm<E><<<T, ROW_THREADS, 0, st>>>(A->h, A->mo, L.post_ffw_norm, out, L.layer_scalar, nullptr, nullptr, H,
-                                             eps);
+    if (pass == PASS_SWEEP) { // the products above have read A->a: it takes the next layer's normed input
+        const float *next_norm = l + 1 < c->layers ? g->layer[l + 1].input_norm : nullptr;
+        k_add_norm<E><<<T, ROW_THREADS, 0, st>>>(A->h, A->mo, L.post_ffw_norm, out, L.layer_scalar, next_norm, A->a,
+                                                 H, eps);
+    }
     CU(cudaGetLastError());
 }
 
@@ -1439,7 +1539,6 @@ void layer_backward(gemma_cuda *g, const gemma_model_f32 *host, int l, const dba
     cudaStream_t st = g->stream;
 
     // out = (h + n_post_ffw(mo)) · layer_scalar
-    k_scale<E><<<grid_for((long)T * H, 256), 256, 0, st>>>(dout, L.layer_scalar, A->d_h, (long)T * H);
     k_rmsnorm_bwd<E><<<T, ROW_THREADS, 0, st>>>(A->mo, L.post_ffw_norm, dout, L.layer_scalar, nullptr, A->d_mo, H, eps);
     frozen_input_grad<E>(g, l, PROJ_DOWN, A, A->d_mo, H, L.w_down, A->d_z, I);
     lora_bwd<E>(g, host, l, PROJ_DOWN, A->z, A->t[PROJ_DOWN], A->d_mo, H, T, A->d_z, A->d_t);
@@ -1447,9 +1546,10 @@ void layer_backward(gemma_cuda *g, const gemma_model_f32 *host, int l, const dba
     frozen_input_grad<E>(g, l, PROJ_GATE, A, A->d_gu, 2L * I, L.w_gu, A->d_mi, H);
     lora_bwd<E>(g, host, l, PROJ_GATE, A->mi, A->t[PROJ_GATE], A->d_gu, 2L * I, T, A->d_mi, A->d_t);
     lora_bwd<E>(g, host, l, PROJ_UP, A->mi, A->t[PROJ_UP], A->d_gu + I, 2L * I, T, A->d_mi, A->d_t);
-    // h = x + n_post_attn(ao): dx gets d_h whole, plus the input norm's share below
-    k_rmsnorm_bwd<E><<<T, ROW_THREADS, 0, st>>>(A->h, L.pre_ffw_norm, A->d_mi, 1.f, A->d_h, dx, H, eps);
-    k_rmsnorm_bwd<E><<<T, ROW_THREADS, 0, st>>>(A->ao, L.post_attn_norm, dx, 1.f, nullptr, A->d_ao, H, eps);
+    // h = x + n_post_attn(ao): dx gets h's gradient whole (dout · layer_scalar, plus the pre-FFW
+    // norm's share), plus the input norm's share below
+    k_residual_norms_bwd<E><<<T, ROW_THREADS, 0, st>>>(dout, L.layer_scalar, A->h, L.pre_ffw_norm, A->d_mi, A->ao,
+                                                       L.post_attn_norm, dx, A->d_ao, H, eps);
     frozen_input_grad<E>(g, l, PROJ_O, A, A->d_ao, H, L.w_o, A->d_o, L.qd);
     lora_bwd<E>(g, host, l, PROJ_O, A->o, A->t[PROJ_O], A->d_ao, H, T, A->d_o, A->d_t);
     CU(cudaGetLastError());
@@ -1465,24 +1565,14 @@ void layer_backward(gemma_cuda *g, const gemma_model_f32 *host, int l, const dba
     wa_check(wa_backward_varlen(g->wa, &d, &vl, &tq, &tk, &tv, &to, &tl, &tdo, &tdq, &tdk, &tdv), "backward");
     mark(g, PH_ELEM);
 
-    int warps = 8, gemma4 = c->family == GEMMA_4;
-    long qv = (long)T * c->heads, kv = (long)T * s->kv_heads;
-    k_head_norm_rope_bwd<E><<<(int)((qv + warps - 1) / warps), 32 * warps, 0, st>>>(
-        A->qkv, ldqkv, L.q_norm, A->d_qr, nullptr, A->d_qkv, ldqkv, T, c->heads, D, eps, 1, g->cosv[L.kind],
-        g->sinv[L.kind], b->pos);
-    if (L.vd) { // separate values: d_v from the v norm (Gemma 4) or as is (Gemma 3)
-        k_head_norm_rope_bwd<E><<<(int)((kv + warps - 1) / warps), 32 * warps, 0, st>>>(
-            A->qkv + L.qd, ldqkv, L.k_norm, A->d_kr, nullptr, A->d_qkv + L.qd, ldqkv, T, s->kv_heads, D, eps, 1,
-            g->cosv[L.kind], g->sinv[L.kind], b->pos);
-        k_head_norm_rope_bwd<E><<<(int)((kv + warps - 1) / warps), 32 * warps, 0, st>>>(
-            A->qkv + L.qd + L.kd, ldqkv, nullptr, A->d_vn, nullptr, A->d_qkv + L.qd + L.kd, ldqkv, T, s->kv_heads, D,
-            eps, gemma4, nullptr, nullptr, b->pos);
-    } else { // k_eq_v: the raw keys feed both the k norm + RoPE and the v norm
-        if (!gemma4) fail("attention_k_eq_v is a Gemma 4 feature");
-        k_head_norm_rope_bwd<E><<<(int)((kv + warps - 1) / warps), 32 * warps, 0, st>>>(
-            A->qkv + L.qd, ldqkv, L.k_norm, A->d_kr, A->d_vn, A->d_qkv + L.qd, ldqkv, T, s->kv_heads, D, eps, 1,
-            g->cosv[L.kind], g->sinv[L.kind], b->pos);
-    }
+    // separate values: d_v from the v norm (Gemma 4) or as is (Gemma 3); k_eq_v: the raw keys feed
+    // both the k norm + RoPE and the v norm
+    int gemma4 = c->family == GEMMA_4;
+    if (!L.vd && !gemma4) fail("attention_k_eq_v is a Gemma 4 feature");
+    qkv_heads qh = qkv_layout(ldqkv, L.qd, L.vd ? L.qd + L.kd : -1, T, c->heads, s->kv_heads, D, eps, b->pos,
+                              g->cosv[L.kind], g->sinv[L.kind]);
+    k_qkv_norm_rope_bwd<E><<<qkv_blocks(qh), 32 * HEAD_WARPS, 0, st>>>(A->qkv, qh, L.q_norm, L.k_norm, gemma4, A->d_qr,
+                                                                      A->d_kr, A->d_vn, A->d_qkv);
     CU(cudaGetLastError());
 
     frozen_input_grad<E>(g, l, PROJ_Q, A, A->d_qkv, ldqkv, L.w_qkv, A->d_a, H);
@@ -1602,7 +1692,7 @@ template <class E> void forward(gemma_cuda *g, const gemma_model_f32 *host, cons
     k_embed<E><<<b.T, ROW_THREADS, 0, g->stream>>>(b.tokens, (const E *)g->embed,
                                                    (float)(E)(float)g->cfg.embed_scale, x, g->cfg.hidden);
     for (int l = 0; l < g->cfg.layers; l++) {
-        layer_forward<E>(g, host, l, &b, x, &A, y);
+        layer_forward<E>(g, host, l, &b, x, &A, PASS_SWEEP, y);
         std::swap(x, y);
     }
     head<E>(g, S, &b, x, st, logits, 0, nullptr);
@@ -1742,7 +1832,7 @@ template <class E> void backward(gemma_cuda *g, gemma_model_f32 *host, const gem
             // layer l writes buffer (l + 1) % 2, whose input xs[l - 1] went down beside layer l - 1
             if (l >= 1) wait_for_copy(g, (l + 1) % 2);
         }
-        layer_forward<E>(g, host, l, &b, input(l), &A, input(l + 1));
+        layer_forward<E>(g, host, l, &b, input(l), &A, PASS_SWEEP, input(l + 1));
     }
     head<E>(g, S, &b, input(Lc), st, nullptr, grad_scale, dx);
     for (int l = Lc - 1; l >= 0; l--) {
@@ -1753,7 +1843,7 @@ template <class E> void backward(gemma_cuda *g, gemma_model_f32 *host, const gem
             // xs[l - 1] up into the other buffer, whose input (xs[l + 1], or the head's xs[L]) is read
             if (l >= 1) copy_input<E>(g, l - 1, input(l - 1), TH, false);
         }
-        layer_forward<E>(g, host, l, &b, input(l), &A, dprev, kept_o[l] != nullptr); // output unused
+        layer_forward<E>(g, host, l, &b, input(l), &A, PASS_RECOMPUTE, nullptr, kept_o[l] != nullptr);
         layer_backward<E>(g, host, l, &b, input(l), &A, dx, dprev);
         std::swap(dx, dprev);
     }
@@ -2533,6 +2623,89 @@ double room_for_activations(gemma_cuda *g, double fixed) {
     return std::max(0.0, avail * 0.92 - 3.0 * (1 << 30) - fixed);
 }
 
+// Device copies of a test's host arrays, freed together.
+struct test_buffers {
+    std::vector<void *> held;
+    ~test_buffers() {
+        for (void *p : held) cudaFree(p);
+    }
+    // bytes on the device, holding src's when src is not NULL
+    void *get(const void *src, size_t bytes) {
+        void *d = nullptr;
+        CU(cudaMalloc(&d, bytes ? bytes : 1));
+        held.push_back(d);
+        if (src) CU(cudaMemcpy(d, src, bytes, cudaMemcpyHostToDevice));
+        return d;
+    }
+    template <class T> T *copy(const T *src, size_t count) { return (T *)get(src, count * sizeof(T)); }
+};
+
+// The layer's residual kernels on host rows of E (model_cuda.h: gemma_cuda_residual_norm and
+// gemma_cuda_residual_norms_bwd), launched as layer_forward and layer_backward launch them.
+template <class E>
+void residual_norm_on(long rows, int n, const void *resid, const void *x, const float *w, float scale, const float *w2,
+                      float eps, void *h, void *y2) {
+    test_buffers B;
+    size_t bytes = (size_t)rows * n * sizeof(E);
+    E *dh = (E *)B.get(nullptr, bytes), *dy2 = w2 ? (E *)B.get(nullptr, bytes) : nullptr;
+    const float *dw2 = w2 ? B.copy(w2, (size_t)n) : nullptr;
+    k_add_norm<E><<<(unsigned)rows, ROW_THREADS>>>((const E *)B.get(resid, bytes), (const E *)B.get(x, bytes),
+                                                   B.copy(w, (size_t)n), dh, scale, dw2, dy2, n, eps);
+    CU(cudaGetLastError());
+    CU(cudaMemcpy(h, dh, bytes, cudaMemcpyDeviceToHost));
+    if (w2) CU(cudaMemcpy(y2, dy2, bytes, cudaMemcpyDeviceToHost));
+}
+
+template <class E>
+void residual_norms_bwd_on(long rows, int n, const void *dout, float scalar, const void *h, const float *w_pre_ffw,
+                           const void *d_mi, const void *ao, const float *w_post_attn, float eps, void *dx,
+                           void *d_ao) {
+    test_buffers B;
+    size_t bytes = (size_t)rows * n * sizeof(E);
+    E *ddx = (E *)B.get(nullptr, bytes), *dao = (E *)B.get(nullptr, bytes);
+    k_residual_norms_bwd<E><<<(unsigned)rows, ROW_THREADS>>>(
+        (const E *)B.get(dout, bytes), scalar, (const E *)B.get(h, bytes), B.copy(w_pre_ffw, (size_t)n),
+        (const E *)B.get(d_mi, bytes), (const E *)B.get(ao, bytes), B.copy(w_post_attn, (size_t)n), ddx, dao, n, eps);
+    CU(cudaGetLastError());
+    CU(cudaMemcpy(dx, ddx, bytes, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(d_ao, dao, bytes, cudaMemcpyDeviceToHost));
+}
+
+// The per-head kernels on host rows (model_cuda.h: gemma_cuda_qkv_heads), launched as
+// layer_forward and layer_backward launch them.
+template <class E>
+void qkv_heads_on(int T, int heads, int kv_heads, int D, int k_eq_v, int v_norm, float eps, const void *qkv,
+                  const float *q_w, const float *k_w, const int32_t *pos, int positions, const float *cosv,
+                  const float *sinv, const void *d_qr, const void *d_kr, const void *d_vn, void *qr, void *kr, void *vn,
+                  void *d_qkv) {
+    test_buffers B;
+    long qd = (long)heads * D, kd = (long)kv_heads * D, ld = qd + kd + (k_eq_v ? 0 : kd);
+    size_t row_bytes = (size_t)T * ld * sizeof(E), q_bytes = (size_t)T * qd * sizeof(E);
+    size_t kv_bytes = (size_t)T * kd * sizeof(E), table = (size_t)positions * (D / 2);
+    qkv_heads q = qkv_layout(ld, qd, k_eq_v ? -1 : qd + kd, T, heads, kv_heads, D, eps, B.copy(pos, (size_t)T),
+                             B.copy(cosv, table), B.copy(sinv, table));
+    const E *x = (const E *)B.get(qkv, row_bytes);
+    const float *dq_w = B.copy(q_w, (size_t)D), *dk_w = B.copy(k_w, (size_t)D);
+    E *dqr = (E *)B.get(nullptr, q_bytes), *dkr = (E *)B.get(nullptr, kv_bytes), *dvn = (E *)B.get(nullptr, kv_bytes);
+    E *dx = (E *)B.get(nullptr, row_bytes);
+    k_qkv_norm_rope<E><<<qkv_blocks(q), 32 * HEAD_WARPS>>>(x, q, dq_w, dk_w, v_norm, dqr, dkr, dvn);
+    CU(cudaGetLastError());
+    k_qkv_norm_rope_bwd<E><<<qkv_blocks(q), 32 * HEAD_WARPS>>>(x, q, dq_w, dk_w, v_norm,
+                                                               (const E *)B.get(d_qr, q_bytes),
+                                                               (const E *)B.get(d_kr, kv_bytes),
+                                                               (const E *)B.get(d_vn, kv_bytes), dx);
+    CU(cudaGetLastError());
+    CU(cudaMemcpy(qr, dqr, q_bytes, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(kr, dkr, kv_bytes, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(vn, dvn, kv_bytes, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(d_qkv, dx, row_bytes, cudaMemcpyDeviceToHost));
+}
+
+__global__ void k_rsqrt(const float *x, float *y, long n) {
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
+        y[i] = rsqrtf(x[i]);
+}
+
 } // namespace
 
 extern "C" {
@@ -2831,6 +3004,71 @@ void gemma_cuda_reset_peak(gemma_cuda *g) {
 const char *gemma_cuda_describe(const gemma_cuda *g) { return g->describe; }
 
 const char *gemma_cuda_layer_inputs(const gemma_cuda *g) { return g->inputs_line; }
+
+int gemma_cuda_residual_norm(int bf16_rows, long rows, int n, const void *resid, const void *x, const float *w,
+                             float scale, const float *w2, float eps, void *h, void *y2, char *err, size_t errlen) {
+    try {
+        if (rows < 1 || n < 1) fail("residual norm: rows and n must be positive");
+        if (bf16_rows) residual_norm_on<bf16>(rows, n, resid, x, w, scale, w2, eps, h, y2);
+        else residual_norm_on<float>(rows, n, resid, x, w, scale, w2, eps, h, y2);
+        CU(cudaDeviceSynchronize());
+    } catch (const failure &e) {
+        return report(e, err, errlen);
+    }
+    return 0;
+}
+
+int gemma_cuda_residual_norms_bwd(int bf16_rows, long rows, int n, const void *dout, float scalar, const void *h,
+                                  const float *w_pre_ffw, const void *d_mi, const void *ao, const float *w_post_attn,
+                                  float eps, void *dx, void *d_ao, char *err, size_t errlen) {
+    try {
+        if (rows < 1 || n < 1) fail("residual norms backward: rows and n must be positive");
+        if (bf16_rows)
+            residual_norms_bwd_on<bf16>(rows, n, dout, scalar, h, w_pre_ffw, d_mi, ao, w_post_attn, eps, dx, d_ao);
+        else residual_norms_bwd_on<float>(rows, n, dout, scalar, h, w_pre_ffw, d_mi, ao, w_post_attn, eps, dx, d_ao);
+        CU(cudaDeviceSynchronize());
+    } catch (const failure &e) {
+        return report(e, err, errlen);
+    }
+    return 0;
+}
+
+int gemma_cuda_qkv_heads(int bf16_rows, int T, int heads, int kv_heads, int D, int k_eq_v, int v_norm, float eps,
+                         const void *qkv, const float *q_w, const float *k_w, const int32_t *pos, int positions,
+                         const float *cosv, const float *sinv, const void *d_qr, const void *d_kr, const void *d_vn,
+                         void *qr, void *kr, void *vn, void *d_qkv, char *err, size_t errlen) {
+    try {
+        if (T < 1 || heads < 1 || kv_heads < 1 || D < 2 || D % 2 || positions < 1)
+            fail("qkv heads: T, heads, kv_heads and positions must be positive, D even");
+        for (int t = 0; t < T; t++)
+            if (pos[t] < 0 || pos[t] >= positions)
+                fail("qkv heads: position %d of row %d is outside the tables", pos[t], t);
+        if (bf16_rows)
+            qkv_heads_on<bf16>(T, heads, kv_heads, D, k_eq_v, v_norm, eps, qkv, q_w, k_w, pos, positions, cosv, sinv,
+                               d_qr, d_kr, d_vn, qr, kr, vn, d_qkv);
+        else
+            qkv_heads_on<float>(T, heads, kv_heads, D, k_eq_v, v_norm, eps, qkv, q_w, k_w, pos, positions, cosv, sinv,
+                                d_qr, d_kr, d_vn, qr, kr, vn, d_qkv);
+        CU(cudaDeviceSynchronize());
+    } catch (const failure &e) {
+        return report(e, err, errlen);
+    }
+    return 0;
+}
+
+int gemma_cuda_rsqrt(const float *x, float *y, long n, char *err, size_t errlen) {
+    try {
+        if (n < 1) return 0;
+        test_buffers B;
+        float *dx = B.copy(x, (size_t)n), *dy = B.copy<float>(nullptr, (size_t)n);
+        k_rsqrt<<<grid_for(n, 256), 256>>>(dx, dy, n);
+        CU(cudaGetLastError());
+        CU(cudaMemcpy(y, dy, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost));
+    } catch (const failure &e) {
+        return report(e, err, errlen);
+    }
+    return 0;
+}
 
 int gemma_cuda_fp8_product(int input_grad, long rows, long n_out, long k_in, const uint8_t *codes,
                            const float *row_scale, const uint16_t *x, uint16_t *y, uint8_t *xq, float *x_scale,

@@ -181,6 +181,51 @@ int gemma_cuda_fp8_product(int input_grad, long rows, long n_out, long k_in, con
                            const float *row_scale, const uint16_t *x, uint16_t *y, uint8_t *xq, float *x_scale,
                            int *compute_capability, char *err, size_t errlen);
 
+/* The decoder layer's residual kernels alone, for tests (which hold them against a host
+ * implementation of the same f32 operations, byte for byte): rows [rows, n] of E, bf16 bits
+ * (uint16_t) when bf16_rows, else f32; weights f32 [n]. Each row is one block of 256 threads, thread
+ * i taking entries i, i + 256, … in order; a row's sums run per thread in that order (each term
+ * fused into the running sum: fmaf), then over each warp of 32 as a butterfly (lane j adds lane
+ * j ^ 16, then j ^ 8, … j ^ 1), then the 8 warp sums padded with zeros to 32 the same way; E
+ * roundings are to nearest even. inv(v) = rsqrtf(v / n + eps) on the device (gemma_cuda_rsqrt).
+ *   residual_norm, the close of a layer's attention or MLP half with the next norm:
+ *     t = E(x · inv(Σx²) · w), s = E(resid + t) (in f32, where E is no rounding, s = fmaf(x · inv,
+ *     w, resid)), with scale ≠ 1 s = E(s · scale), h = s, and with w2 (not NULL)
+ *     y2 = E(h · inv(Σh²) · w2).
+ *   residual_norms_bwd, the backward through h = x + norm(ao)·w_post_attn, mi = norm(h)·w_pre_ffw
+ *     and out = (h + …)·scalar, for each norm norm'(x, w, dy) = fmaf(inv·dy, w, −(x·k)) with
+ *     k = inv·inv·inv·Σfmaf(x, dy·w) / n:
+ *     dx = E(E(dout · scalar) + norm'(h, w_pre_ffw, d_mi)), d_ao = E(0 + norm'(ao, w_post_attn, dx)).
+ * 0, or -1 with a one-line message. */
+int gemma_cuda_residual_norm(int bf16_rows, long rows, int n, const void *resid, const void *x, const float *w,
+                             float scale, const float *w2, float eps, void *h, void *y2, char *err, size_t errlen);
+int gemma_cuda_residual_norms_bwd(int bf16_rows, long rows, int n, const void *dout, float scalar, const void *h,
+                                  const float *w_pre_ffw, const void *d_mi, const void *ao, const float *w_post_attn,
+                                  float eps, void *dx, void *d_ao, char *err, size_t errlen);
+/* The per-head kernels of a layer's fused q|k|v projection alone, forward then backward, for the
+ * same tests: qkv [T, ld] of E (bf16 bits when bf16_rows, else f32) with ld = (heads + kv_heads +
+ * (k_eq_v ? 0 : kv_heads)) · D, q's heads first, then k's, then v's (k_eq_v: none, the values are
+ * the raw keys); q_w, k_w [D]; the RoPE tables cosv, sinv [positions, D / 2] f32 and each row's
+ * position pos[T]. One warp per head vector: lane l takes entries l, l + 32, … (of D in the
+ * forward, pairs (j, j + D/2) for j = l, l + 32, … < D/2 in the backward), its sums in that order,
+ * then the butterfly of 32 lanes; inv = rsqrtf(Σ / D + eps); a·b + c·d is fmaf(a, b, c·d),
+ * a·b − c·d is fmaf(a, b, −(c·d)), a weight of 1 (v) is no multiply.
+ *   forward: qr, kr = E(rope(x · inv · w)) with rope (x1, x2) → (x1·c − x2·s, x2·c + x1·s) at the
+ *     row's position; vn = E(v · inv) with v_norm, else E(v) ([T, heads or kv_heads, D]).
+ *   backward, from d_qr, d_kr, d_vn into d_qkv (q|k|v as qkv): u = rope⁻¹(dy) = (a·c + b·s,
+ *     b·c − a·s); Σx² as fmaf(x1, x1, x2·x2) a pair, g·x as u1·w1·x1 + u2·w2·x2 a pair; dx =
+ *     inv·u·w − x·k with k = inv·inv·inv·Σg·x / D; with k_eq_v the k heads add the weightless norm
+ *     backward of d_vn, inv·dv − x·k2 (k2 from Σ dv·x); v heads (separate) the weightless norm
+ *     backward (v_norm) or dv as is.
+ * 0, or -1 with a one-line message. */
+int gemma_cuda_qkv_heads(int bf16_rows, int T, int heads, int kv_heads, int D, int k_eq_v, int v_norm, float eps,
+                         const void *qkv, const float *q_w, const float *k_w, const int32_t *pos, int positions,
+                         const float *cosv, const float *sinv, const void *d_qr, const void *d_kr, const void *d_vn,
+                         void *qr, void *kr, void *vn, void *d_qkv, char *err, size_t errlen);
+/* y[i] = the device's rsqrtf(x[i]) (the special function unit's approximation, which the host
+ * cannot reproduce): the one device operation the tests' host implementations borrow. */
+int gemma_cuda_rsqrt(const float *x, float *y, long n, char *err, size_t errlen);
+
 #ifdef __cplusplus
 }
 #endif

@@ -125,3 +125,33 @@ int gemma_cuda_fp8_product(int input_grad, long rows, long n_out, long k_in, con
     *compute_capability = 0;
     return no_cuda(err, errlen);
 }
+
+int gemma_cuda_residual_norm(int bf16_rows, long rows, int n, const void *resid, const void *x, const float *w,
+                             float scale, const float *w2, float eps, void *h, void *y2, char *err, size_t errlen) {
+    (void)bf16_rows, (void)rows, (void)n, (void)resid, (void)x, (void)w, (void)scale, (void)w2, (void)eps, (void)h;
+    (void)y2;
+    return no_cuda(err, errlen);
+}
+
+int gemma_cuda_residual_norms_bwd(int bf16_rows, long rows, int n, const void *dout, float scalar, const void *h,
+                                  const float *w_pre_ffw, const void *d_mi, const void *ao, const float *w_post_attn,
+                                  float eps, void *dx, void *d_ao, char *err, size_t errlen) {
+    (void)bf16_rows, (void)rows, (void)n, (void)dout, (void)scalar, (void)h, (void)w_pre_ffw, (void)d_mi, (void)ao;
+    (void)w_post_attn, (void)eps, (void)dx, (void)d_ao;
+    return no_cuda(err, errlen);
+}
+
+int gemma_cuda_qkv_heads(int bf16_rows, int T, int heads, int kv_heads, int D, int k_eq_v, int v_norm, float eps,
+                         const void *qkv, const float *q_w, const float *k_w, const int32_t *pos, int positions,
+                         const float *cosv, const float *sinv, const void *d_qr, const void *d_kr, const void *d_vn,
+                         void *qr, void *kr, void *vn, void *d_qkv, char *err, size_t errlen) {
+    (void)bf16_rows, (void)T, (void)heads, (void)kv_heads, (void)D, (void)k_eq_v, (void)v_norm, (void)eps, (void)qkv;
+    (void)q_w, (void)k_w, (void)pos, (void)positions, (void)cosv, (void)sinv, (void)d_qr, (void)d_kr, (void)d_vn;
+    (void)qr, (void)kr, (void)vn, (void)d_qkv;
+    return no_cuda(err, errlen);
+}
+
+int gemma_cuda_rsqrt(const float *x, float *y, long n, char *err, size_t errlen) {
+    (void)x, (void)y, (void)n;
+    return no_cuda(err, errlen);
+}
