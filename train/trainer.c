@@ -1457,9 +1457,20 @@ int train_run(const train_options *o, char *err, size_t errlen) {
         owed_eval = !log_has_eval(path, batches_done) &&
                     (strcmp(resumed_log, path) == 0 || !log_has_eval(resumed_log, batches_done));
     }
+    /* the batches to come: their tokens (the progress line's total), the largest batch (on the
+     * GPU the host memory the layer inputs take is allocated for it) and the longest record */
     progress prog = {0};
-    for (int i = (int)batches_done; i < iters; i++)
-        for (int j = 0; j < o->batch; j++) prog.total_tokens += train.seq[order[i] + j].len;
+    long largest_batch = 0;
+    longest_record longest_train = {0, 0, "train"};
+    for (int i = (int)batches_done; i < iters; i++) {
+        long tokens = 0;
+        for (int j = 0; j < o->batch; j++) {
+            tokens += train.seq[order[i] + j].len;
+            longest_note(&longest_train, &train, order[i] + j, "train");
+        }
+        prog.total_tokens += tokens;
+        largest_batch = tokens > largest_batch ? tokens : largest_batch;
+    }
     if (valid.count) prog.valid_pass_tokens = eval_tokens(&valid, eval_records(&valid, o->batch, o->val_batches));
     if (test.count) prog.test_pass_tokens = eval_tokens(&test, eval_records(&test, o->batch, 0));
     char sched[160], clip[48] = "";
@@ -1478,24 +1489,13 @@ int train_run(const train_options *o, char *err, size_t errlen) {
      * the log is written */
     long pass_tokens = LONG_MAX;
     if (gpu && o->pack) {
-        /* the largest batch to come: the host memory the layer inputs take is allocated for it */
-        long largest_batch = 0;
-        longest_record longest = {0, 0, "train"};
-        for (int i = (int)batches_done; i < iters; i++) {
-            long tokens = 0;
-            for (int j = 0; j < o->batch; j++) {
-                tokens += train.seq[order[i] + j].len;
-                longest_note(&longest, &train, order[i] + j, "train");
-            }
-            largest_batch = tokens > largest_batch ? tokens : largest_batch;
-        }
         pass_tokens = gemma_cuda_token_budget(gpu, largest_batch);
         printf("device: up to %ld tokens per pass, a larger batch runs its records in several passes; %s\n",
                pass_tokens, gemma_cuda_layer_inputs(gpu));
         fflush(stdout);
         int valid_evaluated = valid.count && (owed_eval || (o->eval_every && batches_done == 0) ||
                                               evals_after(o, batches_done, iters) > 0);
-        if (longest_fits(&longest, pass_tokens, "a training pass", gpu, o, err, errlen) != 0 ||
+        if (longest_fits(&longest_train, pass_tokens, "a training pass", gpu, o, err, errlen) != 0 ||
             eval_records_fit(gpu, &valid, valid_evaluated, &test, o, err, errlen) != 0)
             goto done;
     }
