@@ -9,7 +9,7 @@ of train/corpus/build_corpus.py (171 training and 21 held-out records), `--epoch
 step 86 (`--eval`), learning rate 2e-4, seed 0, a checkpoint every 10 updates.
 
   python3 bench/train_job.py run --winattn build/winattn --out DIR [--segment-seconds 540]
-          [--layers N] [--device cuda|cpu] [--model DIR] [--data DIR] [--threads T] [...]
+          [--layers N] [--device cuda|cpu] [--model DIR] [--data DIR] [--threads T] [--profile] [...]
   python3 bench/train_job.py report --out DIR [--reference DIR2] [--json FILE]
 
 `run` is one segment: it starts the job in DIR (the adapters and checkpoints in DIR/adapters), or
@@ -26,7 +26,10 @@ or one `run` per command on a machine that limits each, finishes it.
 
 `report` prints the job's time (the segments' time after start-up, and with it), tokens/s, peak
 host and device memory, the held-out losses and the segment count, beside the write-up's
-8,228 s. With --reference (an uninterrupted run of the same job) it compares every step's loss
+8,228 s. Where the segments ran with --profile (the trainer's WINATTN_TRAIN_PROFILE=1 on the GPU:
+each step's device time by phase and its products' operations in log.jsonl), it also prints the
+steps' time per phase against the FLOP floor: 6·P·T (P the model's parameters, frozen and
+trainable, T the tokens trained) at the rate the frozen products reached in the same steps. With --reference (an uninterrupted run of the same job) it compares every step's loss
 and evaluation (the trainer's log.jsonl) and the final adapters.safetensors and
 optimizer.safetensors byte for byte (SHA-256), and prints PASS or FAIL (exit 1).
 
@@ -56,6 +59,11 @@ STEP = re.compile(r"^step (\d+)/(\d+) +loss (\S+) +.*?tokens (\d+) +longest \d+ 
                   r"peak RSS ([0-9.]+) GB(?: +device peak ([0-9.]+) GB)?")
 EVAL = re.compile(r"^eval(?: (.*?))?: held-out loss (\S+) over (\d+) tokens.*\(([0-9.]+) s\)")
 CHECKPOINT = re.compile(r"^checkpoint: ")
+LORA = re.compile(r"^lora: .*? (\d+) trainable parameters; base (\d+) parameters frozen")
+# log.jsonl's device phases (WINATTN_TRAIN_PROFILE=1), in the trainer's order, and their names here
+PHASES = [("products", "products"), ("lora", "LoRA products"), ("attention", "attention"),
+          ("elementwise", "elementwise"), ("head", "head"), ("fp8_quant", "FP8 quantization"),
+          ("copy_waits", "layer-input copy waits"), ("optimizer", "optimizer")]
 DATA = re.compile(r"^data: ")
 
 
@@ -192,6 +200,10 @@ def cmd_run(a):
     cmd = [a.winattn, "train"] + args + (["--resume", adapters] if resume else ["--adapter-path", adapters])
     if a.threads:
         cmd += ["--threads", str(a.threads)]
+    env = dict(os.environ)
+    env.pop("WINATTN_TRAIN_PROFILE", None)
+    if a.profile:
+        env["WINATTN_TRAIN_PROFILE"] = "1"
     index = len(segments) + 1
     est = Estimates(segments, a.device)
     budget = a.segment_seconds
@@ -208,11 +220,11 @@ def cmd_run(a):
     # becomes of this script
     with open(out_path, "w") as out_file, open(err_path, "w") as err_file:
         proc = subprocess.Popen(cmd, stdout=out_file, stderr=err_file, start_new_session=True,
-                                preexec_fn=die_with_parent)
+                                preexec_fn=die_with_parent, env=env)
     reader = open(out_path, errors="replace")
 
     seg = {"segment": index, "resumed": resume, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "segment_seconds": budget, "steps": [], "evals": [], "checkpoints": []}
+           "segment_seconds": budget, "profiled": a.profile, "steps": [], "evals": [], "checkpoints": []}
     iters, last_step_at, startup, sigterm_at, second_at = None, None, None, None, None
     pending, exited = "", None
 
@@ -245,6 +257,9 @@ def cmd_run(a):
             moved = False  # a step or an evaluation after one has just ended
             if DATA.match(text) and startup is None:
                 startup = now
+            m = LORA.match(text)
+            if m:
+                seg["parameters"] = {"trainable": int(m.group(1)), "frozen": int(m.group(2))}
             m = STEP.match(text)
             if m:
                 step, iters = int(m.group(1)), int(m.group(2))
@@ -365,6 +380,28 @@ def sha256(path):
     return h.hexdigest()
 
 
+def phase_times(steps, segments):
+    """The profiled steps' device time by phase (log.jsonl's device_ms and device_flop, from a run
+    with --profile), the rate of their frozen products, and the FLOP floor 6·P·T at that rate:
+    None where no step was profiled."""
+    prof = [r for r in steps.values() if "device_ms" in r]
+    if not prof:
+        return None
+    ms = {k: sum(r["device_ms"].get(k, 0.0) for r in prof) for k, _ in PHASES}
+    flop = {k: sum(r.get("device_flop", {}).get(k, 0) for r in prof) for k, _ in PHASES}
+    step_s = sum(r["seconds"] for r in prof)
+    tokens = sum(r["tokens"] for r in prof)
+    seconds = {k: v / 1e3 for k, v in ms.items()}
+    rate = flop["products"] / seconds["products"] if seconds["products"] > 0 else None
+    r = {"steps": len(prof), "step_seconds": step_s, "tokens": tokens, "seconds": seconds, "flop": flop,
+         "products_flop_per_s": rate, "host_and_gaps_s": step_s - sum(seconds.values())}
+    params = next((s["parameters"] for s in reversed(segments) if s.get("parameters")), None)
+    if params and rate:
+        p = params["frozen"] + params["trainable"]
+        r.update(parameters=p, floor_flop=6 * p * tokens, floor_s=6 * p * tokens / rate)
+    return r
+
+
 def summarize(out):
     job = read_json(os.path.join(out, "job.json"))
     if job is None:
@@ -393,6 +430,7 @@ def summarize(out):
         "peak_rss_gb": max([s["max_rss_gb"] for s in segments] + [0]),
         "device_peak_gb": max(dev) / 1e9 if dev else None,
         "evals": {str(k): v for k, v in sorted(evals.items())},
+        "phases": phase_times(steps, segments),
         "losses": {str(k): v["loss"] for k, v in sorted(steps.items())},
         "sha256": files,
     }
@@ -424,6 +462,25 @@ def cmd_report(a):
         print(f"the job ({r['shape']}): {r['wall_s']:,.0f} s with start-up, beside the write-up's "
               f"{WRITEUP_SECONDS:,} s "
               f"(137 min on its Mac Studio, docs/train.md §7): {WRITEUP_SECONDS / r['wall_s']:.1f}x")
+    ph = r["phases"]
+    if ph:
+        floor = ph.get("floor_s")
+        print(f"phases: the device time of {ph['steps']} of the {r['steps']} steps (run --profile), whose step time "
+              f"is {ph['step_seconds']:.1f} s" + (f"; against the FLOP floor of {floor:.1f} s (below)" if floor else ""))
+        rows = [(name, ph["seconds"][key], key) for key, name in PHASES if ph["seconds"][key] > 0 or key == "products"]
+        rows.append(("host and gaps (step time - device phases)", ph["host_and_gaps_s"], None))
+        for name, secs, key in rows:
+            rate = ""
+            if key in ("products", "lora") and secs > 0 and ph["flop"][key]:
+                rate = f"  {ph['flop'][key] / secs / 1e12:,.0f} TFLOP/s"
+            against = f"  {secs / floor:5.2f}x the floor" if floor else ""
+            print(f"  {name:<44} {secs:9.1f} s  {100 * secs / ph['step_seconds']:5.1f} %{against}{rate}")
+        if floor:
+            print(f"FLOP floor: 6 * P * T = 6 x {ph['parameters']:,} parameters x {ph['tokens']:,} tokens = "
+                  f"{ph['floor_flop'] / 1e15:,.2f} PFLOP, {floor:.1f} s at the frozen products' measured "
+                  f"{ph['products_flop_per_s'] / 1e12:,.0f} TFLOP/s; the steps take {ph['step_seconds'] / floor:.2f}x it")
+        else:
+            print("FLOP floor: not known (no parameter count in the segments' output, or no frozen products timed)")
     ok = True
     if a.reference:
         ref = summarize(os.path.abspath(a.reference))
@@ -479,6 +536,8 @@ def main():
     run.add_argument("--threads", type=int, default=0)
     run.add_argument("--deterministic", action="store_true",
                      help="the trainer's --deterministic (GPU): needed for a bit-for-bit --reference check there")
+    run.add_argument("--profile", action="store_true",
+                     help="the trainer's WINATTN_TRAIN_PROFILE=1 (GPU): each step's device time by phase, for report")
     rep = sub.add_parser("report", help="the job's numbers; --reference checks it against an uninterrupted run")
     rep.add_argument("--out", required=True)
     rep.add_argument("--reference", default=None)

@@ -1480,6 +1480,94 @@ static void test_layer_inputs_offload(gemma_precision precision) {
     gemma_model_free_f32(&m);
 }
 
+/* WINATTN_TRAIN_PROFILE=1: the phases of the calls since the last take (gemma_cuda_profile_take, the
+ * trainer's log.jsonl fields), with the products' operations counted exactly. LoRA on all seven
+ * projections, so that the slots give every frozen projection's [in, out]: a forward + backward
+ * forms each frozen product three times over its T packed tokens (the forward sweep, the layer's
+ * recomputation, the input gradient), 6·T·Σ in·out, the head's two 4·T·vocab·hidden, each
+ * adapter's eight 8·T·r·(in + out) (twice x·A and (x·A)·B, then dB, d(x·A), dA and dx); a forward
+ * alone a third of the frozen products and half of the head's. */
+static void test_profile(void) {
+    char err[1024] = "", dir[1024], path[1100];
+    lora_config lc;
+    gemma_model_f32 m;
+    gemma_cuda *g = NULL;
+    reference r;
+    snprintf(dir, sizeof dir, "%s/gemma4_tiny", fixtures);
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    if (adapter_config_load(path, 1 << 20, &lc, err, sizeof err) != 0) {
+        check_fail("profile: %s", err);
+        return;
+    }
+    lc.proj_mask = (1u << PROJ_COUNT) - 1;
+    if (gemma_model_layout_f32(&m, dir, &lc, err, sizeof err) != 0) {
+        check_fail("profile: %s", err);
+        return;
+    }
+    gemma_cuda_options o = {PRECISION_BF16, 0, 0, 0, 0, BASE_BF16};
+    setenv("WINATTN_TRAIN_PROFILE", "1", 1); /* read when the model opens */
+    int rc = gemma_cuda_open(&m, dir, &o, &g, err, sizeof err);
+    unsetenv("WINATTN_TRAIN_PROFILE");
+    if (rc != 0 || reference_open(&r, dir) != 0) {
+        check_fail("profile: %s", rc ? err : "the reference batch cannot be read");
+        gemma_cuda_close(g);
+        gemma_model_free_f32(&m);
+        return;
+    }
+    const gemma_config *c = &m.cfg;
+    double T = (double)packed_rows(&r), frozen = 0, adapters = 0;
+    for (int i = 0; i < m.slot_count; i++) {
+        frozen += (double)m.slots[i].in * m.slots[i].out;
+        adapters += (double)m.lora.rank * (m.slots[i].in + m.slots[i].out);
+    }
+    double head = 2 * T * c->vocab * c->hidden;
+    gemma_cuda_profile none, step, fwd, after;
+    int took_none = gemma_cuda_profile_take(g, &none);
+    gemma_stats st = {0}, sf = {0};
+    gemma_cuda_adam a = {1e-3, 0.9, 0.999, 1e-8, 0, 0, 1, 1, 0};
+    double norm = 0;
+    int nonfinite = 0;
+    float *logits = malloc((size_t)packed_rows(&r) * c->vocab * sizeof(float));
+    rc = !logits || gemma_cuda_grads_zero(g, err, sizeof err) ||
+         gemma_cuda_backward_batch(g, &m, r.seqs, r.B, 1.0 / (double)r.targets, &st, err, sizeof err) ||
+         gemma_cuda_optimizer_step(g, &a, &norm, &nonfinite, err, sizeof err);
+    int took_step = rc ? 0 : gemma_cuda_profile_take(g, &step);
+    rc = rc || gemma_cuda_forward_batch(g, &m, r.seqs, r.B, &sf, logits, err, sizeof err);
+    int took_fwd = rc ? 0 : gemma_cuda_profile_take(g, &fwd);
+    int took_after = gemma_cuda_profile_take(g, &after);
+    if (rc) {
+        check_fail("profile: %s", logits ? err : "out of memory");
+    } else {
+        check(took_none == 0 && none.passes == 0 && took_after == 0 && after.passes == 0 && after.ms[0] == 0,
+              "profile: nothing before the first call nor after a take (%d, %d passes; %d, %d)", took_none,
+              none.passes, took_after, after.passes);
+        check(took_step && step.passes == 2 && step.tokens == (long)T,
+              "profile: a forward + backward and an update are 2 passes over %.0f tokens (%d, %d, %ld)", T, took_step,
+              step.passes, step.tokens);
+        int timed = 1;
+        for (int p = 0; p < GEMMA_PHASES; p++)
+            timed &= p == GEMMA_PHASE_FP8_QUANT || p == GEMMA_PHASE_COPY_WAITS ? step.ms[p] >= 0 : step.ms[p] > 0;
+        check(timed && step.ms[GEMMA_PHASE_FP8_QUANT] == 0,
+              "profile: every phase of a bf16 step took time, FP8 quantization none (products %.3f, LoRA %.3f, "
+              "attention %.3f, elementwise %.3f, head %.3f, FP8 %.3f, copies %.3f, optimizer %.3f ms)",
+              step.ms[0], step.ms[1], step.ms[2], step.ms[3], step.ms[4], step.ms[5], step.ms[6], step.ms[7]);
+        check(step.flop[GEMMA_PHASE_PRODUCTS] == 6 * T * frozen && step.flop[GEMMA_PHASE_HEAD] == 2 * head &&
+                  step.flop[GEMMA_PHASE_LORA] == 8 * T * adapters && step.flop[GEMMA_PHASE_ATTENTION] == 0,
+              "profile: the step's operations: products %.0f (6·T·Σ in·out %.0f), head %.0f (%.0f), LoRA %.0f "
+              "(%.0f), attention %.0f (0: winattn's own)",
+              step.flop[0], 6 * T * frozen, step.flop[4], 2 * head, step.flop[1], 8 * T * adapters, step.flop[2]);
+        check(took_fwd && fwd.passes == 1 && fwd.flop[GEMMA_PHASE_PRODUCTS] == 2 * T * frozen &&
+                  fwd.flop[GEMMA_PHASE_HEAD] == head && fwd.flop[GEMMA_PHASE_LORA] == 2 * T * adapters &&
+                  fwd.ms[GEMMA_PHASE_OPTIMIZER] == 0,
+              "profile: a forward alone: %d pass, products %.0f (%.0f), head %.0f (%.0f), LoRA %.0f (%.0f)",
+              fwd.passes, fwd.flop[0], 2 * T * frozen, fwd.flop[4], head, fwd.flop[1], 2 * T * adapters);
+    }
+    free(logits);
+    reference_close(&r);
+    gemma_cuda_close(g);
+    gemma_model_free_f32(&m);
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Quantizing at load on the device (gemma_cuda_quantize runs the loader's own functions) against
  * train/quant.c byte for byte, on tensors of awkward shapes and values; and a value that cannot be
@@ -1899,5 +1987,6 @@ int main(int argc, char **argv) {
     test_nonfinite_step();
     test_layer_inputs_offload(PRECISION_F32);
     test_layer_inputs_offload(PRECISION_BF16);
+    test_profile();
     return check_summary();
 }

@@ -827,6 +827,8 @@ struct gemma_cuda {
         std::vector<cudaEvent_t> ev;
         std::vector<int> phase;
         size_t used;
+        double flop[GEMMA_PHASES]; // the products' operations since the last close, by phase
+        gemma_cuda_profile sum;    // the closed calls since the last gemma_cuda_profile_take
     } prof;
     // RoPE tables per layer kind, for positions up to rope_len
     float *cosv[2], *sinv[2];
@@ -836,12 +838,24 @@ struct gemma_cuda {
 
 namespace {
 
-// PH_Q8: what the FP8 products add around their cuBLASLt calls (the inputs' per-row quantization, the
-// layer's transposed codes); PH_COPY: g->stream waiting for a layer input's copy to or from the host
-// to end (what of the copies the computation does not hide). Each is printed only where it ran.
-enum { PH_GEMM, PH_LORA, PH_ATTN, PH_ELEM, PH_HEAD, PH_Q8, PH_COPY, PH_COUNT };
+// model_cuda.h's phases, short names inside this file. PH_Q8: what the FP8 products add around their
+// cuBLASLt calls (the inputs' per-row quantization, the layer's transposed codes); PH_COPY:
+// g->stream waiting for a layer input's copy to or from the host to end (what of the copies the
+// computation does not hide); PH_OPT: gemma_cuda_optimizer_step. Each of these three is printed only
+// where it ran.
+enum {
+    PH_GEMM = GEMMA_PHASE_PRODUCTS,
+    PH_LORA = GEMMA_PHASE_LORA,
+    PH_ATTN = GEMMA_PHASE_ATTENTION,
+    PH_ELEM = GEMMA_PHASE_ELEMENTWISE,
+    PH_HEAD = GEMMA_PHASE_HEAD,
+    PH_Q8 = GEMMA_PHASE_FP8_QUANT,
+    PH_COPY = GEMMA_PHASE_COPY_WAITS,
+    PH_OPT = GEMMA_PHASE_OPTIMIZER,
+    PH_COUNT = GEMMA_PHASES
+};
 const char *const phase_name[PH_COUNT] = {"products", "LoRA products", "attention", "elementwise", "head",
-                                          "FP8 quantization", "layer-input copy waits"};
+                                          "FP8 quantization", "layer-input copy waits", "optimizer"};
 
 // From this point on the device's time counts towards phase p (until the next mark).
 void mark(gemma_cuda *g, int p) {
@@ -857,8 +871,21 @@ void mark(gemma_cuda *g, int p) {
     P.phase[P.used++] = p;
 }
 
-// Closes the marks of a step and prints the phases' device time.
-void profile_report(gemma_cuda *g, const char *what, int T) {
+// Starts a call's profile in phase p: marks a call left unclosed (it failed) are dropped.
+void profile_open(gemma_cuda *g, int p) {
+    g->prof.used = 0;
+    for (double &f : g->prof.flop) f = 0;
+    mark(g, p);
+}
+
+// A product of m x n x k counts 2·m·n·k operations towards the phase it runs in.
+void count_flop(gemma_cuda *g, long m, long n, long k) {
+    if (g->prof.on) g->prof.flop[g->prof.gemm_phase] += 2.0 * m * n * k;
+}
+
+// Closes the marks of a call (T tokens; 0 for the optimizer update) and adds its phases to the sum
+// gemma_cuda_profile_take hands over; with `what`, prints them, with the products' rate.
+void profile_close(gemma_cuda *g, const char *what, int T) {
     auto &P = g->prof;
     if (!P.on || P.used == 0) return;
     mark(g, PH_ELEM);
@@ -871,10 +898,21 @@ void profile_report(gemma_cuda *g, const char *what, int T) {
         total += t;
     }
     P.used = 0;
-    fprintf(stderr, "profile %s (%d tokens): %.1f ms on the device:", what, T, total);
-    for (int p = 0; p < PH_COUNT; p++)
-        if (p < PH_Q8 || ms[p] > 0) fprintf(stderr, "%s %s %.1f", p ? "," : "", phase_name[p], ms[p]);
-    fprintf(stderr, "\n");
+    P.sum.passes++;
+    P.sum.tokens += T;
+    for (int p = 0; p < PH_COUNT; p++) P.sum.ms[p] += ms[p], P.sum.flop[p] += P.flop[p];
+    if (what) {
+        fprintf(stderr, "profile %s (%d tokens): %.1f ms on the device:", what, T, total);
+        for (int p = 0; p < PH_COUNT; p++) {
+            if (p >= PH_Q8 && ms[p] == 0) continue;
+            fprintf(stderr, "%s %s %.1f", p ? "," : "", phase_name[p], ms[p]);
+            // the phases that are products alone (the head's time holds its cross-entropy too)
+            if ((p == PH_GEMM || p == PH_LORA) && P.flop[p] > 0 && ms[p] > 0)
+                fprintf(stderr, " (%.0f TFLOP/s)", P.flop[p] / (ms[p] * 1e9));
+        }
+        fprintf(stderr, "\n");
+    }
+    for (double &f : P.flop) f = 0;
 }
 
 void *dev_alloc(gemma_cuda *g, size_t bytes) {
@@ -919,6 +957,7 @@ void gemm(gemma_cuda *g, long m, long n, long k, float alpha, mat A, mat B, floa
           long ldc) {
     if (m == 0 || n == 0) return;
     mark(g, g->prof.gemm_phase);
+    count_flop(g, m, n, k);
     cublasStatus_t s = g->blas.gemm_ex(g->handle, B.trans ? CUBLAS_OP_T : CUBLAS_OP_N,
                                        A.trans ? CUBLAS_OP_T : CUBLAS_OP_N, (int)n, (int)m, (int)k, &alpha, B.p, B.t,
                                        (int)B.ld, A.p, A.t, (int)A.ld, &beta, C, ct, (int)ldc, CUBLAS_COMPUTE_32F,
@@ -1332,6 +1371,7 @@ void frozen_forward(gemma_cuda *g, const dlayer &L, int first, int last, acts<E>
     quant_rows<E>(g->stream, x, K, nullptr, T, K, A->q8, A->q8_scale);
     mark(g, g->prof.gemm_phase);
     for_group(L, first, last, [&](const qmat &q, long off) {
+        count_flop(g, T, q.rows, K);
         fp8_product(&g->fp8, g->stream, T, q.rows, K, A->q8, K, A->q8_scale, (const uint8_t *)q.fp8, K,
                     (const float *)q.row_scale, (bf16 *)(y + off), width);
     });
@@ -1353,6 +1393,7 @@ void frozen_input_grad(gemma_cuda *g, int l, int first, acts<E> *A, const E *dy,
     fp8_prepare_backward(g, l);
     quant_rows<E>(g->stream, dy, width, g->fp8.scale_t + fp8_scale_offset(L, first), T, width, A->q8, A->q8_scale);
     mark(g, g->prof.gemm_phase);
+    count_flop(g, T, K, width);
     fp8_product(&g->fp8, g->stream, T, K, width, A->q8, width, A->q8_scale, g->fp8.codes_t + L.packed[first].at, width,
                 g->fp8.ones, (bf16 *)dx, K);
     mark(g, g->prof.elem_phase);
@@ -1657,10 +1698,14 @@ double grads_sumsq(gemma_cuda *g) {
 }
 
 template <class E> void optimizer_step(gemma_cuda *g, const gemma_cuda_adam *o, double *grad_norm, int *nonfinite) {
+    profile_open(g, PH_OPT);
     double norm = sqrt(grads_sumsq(g));
     *grad_norm = norm;
     *nonfinite = !isfinite(norm);
-    if (*nonfinite) return;
+    if (*nonfinite) {
+        profile_close(g, nullptr, 0);
+        return;
+    }
     adam_args a;
     a.clip_scale = o->grad_clip > 0 ? fmin(1.0, o->grad_clip / (norm + 1e-6)) : 1.0;
     a.adamw = o->adamw != 0;
@@ -1677,10 +1722,12 @@ template <class E> void optimizer_step(gemma_cuda *g, const gemma_cuda_adam *o, 
                                                           g->moment2, n, a);
     CU(cudaGetLastError());
     CU(cudaStreamSynchronize(g->stream));
+    profile_close(g, nullptr, 0);
 }
 
 template <class E> void forward(gemma_cuda *g, const gemma_model_f32 *host, const gemma_seq *seqs, int n,
                                 gemma_stats *st, float *logits) {
+    profile_open(g, PH_ELEM);
     scratch S(g);
     dbatch b;
     batch_upload(g, S, seqs, n, &b);
@@ -1696,7 +1743,7 @@ template <class E> void forward(gemma_cuda *g, const gemma_model_f32 *host, cons
         std::swap(x, y);
     }
     head<E>(g, S, &b, x, st, logits, 0, nullptr);
-    profile_report(g, "forward", b.T);
+    profile_close(g, "forward", b.T);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1791,6 +1838,7 @@ struct copies_join {
 
 template <class E> void backward(gemma_cuda *g, gemma_model_f32 *host, const gemma_seq *seqs, int n,
                                  double grad_scale, gemma_stats *st) {
+    profile_open(g, PH_ELEM);
     scratch S(g);
     copies_join join{g};
     dbatch b;
@@ -1848,7 +1896,7 @@ template <class E> void backward(gemma_cuda *g, gemma_model_f32 *host, const gem
         std::swap(dx, dprev);
     }
     A.o = o_work, A.lse = lse_work;
-    profile_report(g, "forward + backward", b.T);
+    profile_close(g, "forward + backward", b.T);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2983,6 +3031,14 @@ int gemma_cuda_optimizer_step(gemma_cuda *g, const gemma_cuda_adam *a, double *g
         return report(f, err, errlen);
     }
     return 0;
+}
+
+int gemma_cuda_profile_take(gemma_cuda *g, gemma_cuda_profile *out) {
+    gemma_cuda_profile none = {};
+    if (out) *out = g->prof.on ? g->prof.sum : none;
+    int any = g->prof.on && g->prof.sum.passes > 0;
+    g->prof.sum = none;
+    return any;
 }
 
 void gemma_cuda_memory(gemma_cuda *g, size_t *peak, size_t *device_in_use) {

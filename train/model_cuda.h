@@ -145,6 +145,33 @@ long gemma_cuda_forward_token_budget(gemma_cuda *g);
  * cuBLAS's workspace), and what the whole device has in use now (cudaMemGetInfo). */
 void gemma_cuda_memory(gemma_cuda *g, size_t *peak, size_t *device_in_use);
 void gemma_cuda_reset_peak(gemma_cuda *g);
+
+/* Where the device's time goes, with WINATTN_TRAIN_PROFILE=1 in the environment (events recorded
+ * between the phases; off, nothing is recorded). The phases: the frozen projections' products (for
+ * an fp8 base the FP8 products alone), the LoRA products, attention (winattn), the elementwise
+ * kernels, the head (final norm, logits, cross-entropy and their backward), the FP8 inputs'
+ * quantization, the waits for the layer inputs' copies, and the optimizer update. */
+enum {
+    GEMMA_PHASE_PRODUCTS,
+    GEMMA_PHASE_LORA,
+    GEMMA_PHASE_ATTENTION,
+    GEMMA_PHASE_ELEMENTWISE,
+    GEMMA_PHASE_HEAD,
+    GEMMA_PHASE_FP8_QUANT,
+    GEMMA_PHASE_COPY_WAITS,
+    GEMMA_PHASE_OPTIMIZER,
+    GEMMA_PHASES
+};
+typedef struct gemma_cuda_profile {
+    int passes;                /* forward or forward + backward calls, and optimizer updates, summed */
+    long tokens;               /* the forward and forward + backward calls' tokens */
+    double ms[GEMMA_PHASES];   /* device milliseconds by phase */
+    double flop[GEMMA_PHASES]; /* the products' floating-point operations (2·m·n·k each) by phase */
+} gemma_cuda_profile;
+/* The profile summed since the last take into *out (when out is not NULL), and the sum started
+ * afresh: 1, or 0 when profiling is off or nothing ran since (*out then zero). */
+int gemma_cuda_profile_take(gemma_cuda *g, gemma_cuda_profile *out);
+
 /* "NVIDIA H200, 139.8 GiB, bf16" */
 const char *gemma_cuda_describe(const gemma_cuda *g);
 

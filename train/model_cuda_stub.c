@@ -100,6 +100,12 @@ void gemma_cuda_memory(gemma_cuda *g, size_t *peak, size_t *device_in_use) {
 
 void gemma_cuda_reset_peak(gemma_cuda *g) { (void)g; }
 
+int gemma_cuda_profile_take(gemma_cuda *g, gemma_cuda_profile *out) {
+    (void)g;
+    if (out) memset(out, 0, sizeof *out);
+    return 0;
+}
+
 const char *gemma_cuda_describe(const gemma_cuda *g) {
     (void)g;
     return "no CUDA";

@@ -605,6 +605,27 @@ static void log_line(FILE *log, const char *fmt, ...) {
     fflush(log);
 }
 
+/* log.jsonl's names for gemma_cuda_profile's phases (docs/design.md §6.5) */
+static const char *const phase_key[GEMMA_PHASES] = {"products", "lora",      "attention",  "elementwise",
+                                                    "head",     "fp8_quant", "copy_waits", "optimizer"};
+
+/* A step's device profile (WINATTN_TRAIN_PROFILE=1) as log.jsonl's fields: `, "device_ms": {...},
+ * "device_flop": {...}`, every phase's milliseconds and the operations of those that ran products
+ * (integers: a step's stay far below 2^53) */
+static void profile_json(const gemma_cuda_profile *p, char *buf, size_t n) {
+    int k = snprintf(buf, n, ", \"device_ms\": {");
+    for (int i = 0; i < GEMMA_PHASES && k > 0 && (size_t)k < n; i++)
+        k += snprintf(buf + k, n - (size_t)k, "%s\"%s\": %.3f", i ? ", " : "", phase_key[i], p->ms[i]);
+    if (k > 0 && (size_t)k < n) k += snprintf(buf + k, n - (size_t)k, "}, \"device_flop\": {");
+    for (int i = 0, first = 1; i < GEMMA_PHASES && k > 0 && (size_t)k < n; i++)
+        if (p->flop[i] > 0) {
+            k += snprintf(buf + k, n - (size_t)k, "%s\"%s\": %.0f", first ? "" : ", ", phase_key[i], p->flop[i]);
+            first = 0;
+        }
+    if (k > 0 && (size_t)k < n) k += snprintf(buf + k, n - (size_t)k, "}");
+    if (k < 0 || (size_t)k >= n) buf[0] = 0; /* cut short: no half a field */
+}
+
 /* 1 when the log at path (log.jsonl) records the held-out evaluation after `step` */
 static int log_has_eval(const char *path, long step) {
     FILE *f = fopen(path, "r");
@@ -1555,6 +1576,7 @@ int train_run(const train_options *o, char *err, size_t errlen) {
         }
         reset_peak_rss();
         if (gpu) gemma_cuda_reset_peak(gpu);
+        if (gpu) gemma_cuda_profile_take(gpu, NULL); /* the step's own phases, not an evaluation's before it */
         double t0 = now_seconds();
         gemma_stats st = {0};
         double scale = targets ? 1.0 / ((double)targets * o->grad_accum) : 0;
@@ -1650,12 +1672,15 @@ int train_run(const train_options *o, char *err, size_t errlen) {
         printf("step %d/%d  loss %.4f  %s  tokens %ld  longest %d  %.2f s  %.0f tok/s  peak RSS %.2f GB%s  ETA %s\n",
                i + 1, iters, loss, upd_text, tokens, longest, secs, tokens / secs, peak / 1e9, dev_text, eta);
         fflush(stdout);
-        char upd_log[96] = "";
+        char upd_log[96] = "", prof_log[640] = "";
         if (update) snprintf(upd_log, sizeof upd_log, ", \"lr\": %.9g, \"grad_norm\": %.9g", lr, grad_norm);
+        gemma_cuda_profile prof;
+        if (gpu && gemma_cuda_profile_take(gpu, &prof)) profile_json(&prof, prof_log, sizeof prof_log);
         log_line(log,
                  "{\"step\": %d, \"loss\": %.6f, \"targets\": %ld, \"tokens\": %ld, \"longest\": %d, \"seconds\": %.4f, "
-                 "\"peak_rss\": %zu, \"device_peak\": %zu, \"arm\": \"%s\", \"packed\": %d%s}",
-                 i + 1, loss, st.tokens, tokens, longest, secs, peak, dev_peak, attn_arm_name(o->arm), o->pack, upd_log);
+                 "\"peak_rss\": %zu, \"device_peak\": %zu, \"arm\": \"%s\", \"packed\": %d%s%s}",
+                 i + 1, loss, st.tokens, tokens, longest, secs, peak, dev_peak, attn_arm_name(o->arm), o->pack, upd_log,
+                 prof_log);
         batches_done = i + 1;
         if (train_batch_hook) train_batch_hook(batches_done);
         if (update && o->save_every > 0 && opt.updates % o->save_every == 0) {

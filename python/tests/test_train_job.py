@@ -11,11 +11,14 @@ than one segment, each exits 3 but the last (0); all five evaluations are there;
 optimizer.safetensors byte for byte) and FAILs on another job; an evaluation cut off by a SIGTERM
 (--stop-after-step) is made by the resumed trainer before its first step, to the uninterrupted
 run's value; another option on the same folder, a segment too short for one step and a missing
-corpus are refused with one line.
+corpus are refused with one line. The report's phases against the FLOP floor, from device profiles
+written into a finished job's log.jsonl as the GPU trainer writes them (WINATTN_TRAIN_PROFILE=1),
+with the parameter count the segment read off the trainer's output.
 """
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -114,6 +117,56 @@ def main():
                            capture_output=True, text=True, timeout=60)
         report(p.returncode == 1 and "\nFAIL" in p.stdout, "train_job report --reference FAILs on another job",
                p.stdout.strip().splitlines()[-1] if p.stdout.strip() else p.stderr.strip())
+
+    @case("train_job phases against the FLOP floor")
+    def _():
+        # the GPU trainer's fields, with numbers whose sums are known: a step's frozen products take
+        # 100 + step ms at 1e12 operations a ms (1 PFLOP/s), the other phases fixed times
+        prof = os.path.join(tmp.name, "prof")
+        shutil.copytree(ref, prof)
+        log_path = os.path.join(prof, "adapters", "log.jsonl")
+        with open(log_path) as f:
+            records = [json.loads(line) for line in f]
+        fixed = {"lora": 10.0, "attention": 20.0, "elementwise": 5.0, "head": 8.0, "fp8_quant": 0.0,
+                 "copy_waits": 0.5, "optimizer": 1.0}
+        for r in records:
+            if "step" in r:
+                r["device_ms"] = dict(products=100.0 + r["step"], **fixed)
+                r["device_flop"] = {"products": 1e12 * (100 + r["step"]), "lora": 1e9, "head": 2e9}
+        with open(log_path, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
+        out_json = os.path.join(tmp.name, "prof.json")
+        p = subprocess.run([sys.executable, SCRIPT, "report", "--out", prof, "--json", out_json],
+                           capture_output=True, text=True, timeout=60)
+        with open(out_json) as f:
+            ph = json.load(f)["phases"]
+        with open(os.path.join(ref, "segments.json")) as f:
+            params = json.load(f)[0].get("parameters")
+        steps = [r for r in records if "step" in r]
+        tokens = sum(r["tokens"] for r in steps)
+        products_s = sum(100.0 + r["step"] for r in steps) / 1e3
+        device_s = products_s + len(steps) * sum(fixed.values()) / 1e3
+        step_s = sum(r["seconds"] for r in steps)
+        p_all = params["frozen"] + params["trainable"] if params else 0
+        floor = 6 * p_all * tokens / 1e15
+        close = lambda x, y: abs(x - y) <= 1e-9 * max(abs(x), abs(y), 1)  # noqa: E731
+        report(params is not None and params["frozen"] > params["trainable"] > 0,
+               "train_job reads the parameter count off the trainer's \"lora: ...\" line", str(params))
+        report(p.returncode == 0 and ph and ph["steps"] == STEPS and close(ph["seconds"]["products"], products_s)
+               and close(ph["products_flop_per_s"], 1e15) and close(ph["host_and_gaps_s"], step_s - device_s)
+               and ph["parameters"] == p_all and close(ph["floor_s"], floor),
+               "train_job report: the profiled steps' phases, the products' rate and the floor 6·P·T at that rate",
+               f"{json.dumps(ph)[:400]}; expected products {products_s} s, floor {floor} s; {p.stderr.strip()}")
+        lines = p.stdout.splitlines()
+        report(any(l.startswith("FLOP floor: 6 * P * T") for l in lines) and any("products" in l and "1,000 TFLOP/s" in l
+                                                                                 for l in lines)
+               and not any("FP8 quantization" in l for l in lines),
+               "train_job report prints the phases (those that ran) and the floor line",
+               "\n".join(l for l in lines if "floor" in l or "TFLOP" in l))
+        p = subprocess.run([sys.executable, SCRIPT, "report", "--out", ref], capture_output=True, text=True,
+                           timeout=60)
+        report(p.returncode == 0 and "phases:" not in p.stdout and "FLOP floor" not in p.stdout,
+               "train_job report: no phase lines for a job run without profiles", p.stdout.strip()[-300:])
 
     @case("train_job evaluation cut off")
     def _():
