@@ -3,6 +3,7 @@
 #include "check.h"
 
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,6 +52,11 @@ int check_summary(void) {
     if (n_skip) printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
     else printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
+}
+
+void check_default_stop_signals(void) {
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
 }
 
 int check_copy_file(const char *from, const char *to) {

@@ -17,6 +17,12 @@ int check(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Prints "N passed, N failed" and returns the process exit code. */
 int check_summary(void);
 
+/* SIGINT and SIGTERM back to their default action, for a test that stops work with them: a shell
+ * without job control (a script's `cmd &`) starts a background command with SIGINT ignored, and
+ * the library leaves a signal ignored on entry alone (as it should), which such a test would take
+ * for a failure. */
+void check_default_stop_signals(void);
+
 /* Files for the trainer's tests: copies from to to (0, or -1 on any failure); 1 when both files
  * exist and hold the same bytes. */
 int check_copy_file(const char *from, const char *to);

@@ -1099,6 +1099,7 @@ int main(int argc, char **argv) {
     char tmp[] = "/tmp/test_train.XXXXXX";
     if (!mkdtemp(tmp)) return 1;
     setvbuf(stdout, NULL, _IOLBF, 0);
+    check_default_stop_signals();
     test_config();
     test_config_files(tmp);
     test_data(tmp);

@@ -359,6 +359,25 @@ static void test_resume(const char *tmp) {
     check(stopped && rc == 0 && same_state(straight, moved),
           "SIGINT after step 4, resumed into another folder: the uninterrupted run's state, bit for bit %s",
           rc ? err : "");
+
+    /* SIGINT ignored when the run starts (a background command of a shell without job control): the
+     * trainer leaves it so, trains through the SIGINT the hook raises to the end, and SIGINT is
+     * still ignored after */
+    char ignored[900];
+    snprintf(ignored, sizeof ignored, "%s/sigint_ignored", tmp);
+    o.resume_dir = NULL;
+    o.out_dir = ignored;
+    signal(SIGINT, SIG_IGN);
+    hook_stop_at = 3;
+    train_batch_hook = stop_hook;
+    rc = run(&o, err, sizeof err);
+    train_batch_hook = NULL;
+    hook_stop_at = -1;
+    sigaction(SIGINT, NULL, &after);
+    signal(SIGINT, SIG_DFL);
+    check(rc == 0 && after.sa_handler == SIG_IGN && same_state(straight, ignored),
+          "SIGINT ignored when training starts: left ignored, the run ends as the uninterrupted one, bit for bit %s",
+          rc ? err : "");
 }
 
 /* A write that fails half-way, as on a full disk: from batch 3 on no file may grow past 12000
@@ -908,6 +927,7 @@ int main(int argc, char **argv) {
     char tmp[] = "/tmp/test_train_ckpt.XXXXXX";
     if (!mkdtemp(tmp)) return 1;
     setvbuf(stdout, NULL, _IOLBF, 0);
+    check_default_stop_signals();
     snprintf(model, sizeof model, "%s/gemma4_smoke", fixtures);
     snprintf(data, sizeof data, "%s/data", tmp);
     mkdir(data, 0777);
