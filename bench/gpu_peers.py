@@ -66,7 +66,8 @@ of its rounds, timed with CUDA events, two ways: one call per event pair with a 
 after it ("per call": the GPU also waits for the host's work before the first kernel, Python and
 launch overhead included), and 10 calls back to back per event pair ("steady": as in a training
 step, where the host runs ahead of the GPU; taken as the per-call time where one call takes 0.1 s
-or more). Backward peak memory above inputs: PyTorch's
+or more); beside the medians, each time's spread over the rounds, (slowest - fastest) / median, in
+the table's spread column and the JSON's *_spread keys. Backward peak memory above inputs: PyTorch's
 max_memory_allocated during one backward minus what was allocated before it (q, k, v, dO and the
 forward's output and saved tensors), so it counts dQ, dK, dV and the system's scratch; winattn's
 own workspace (delta and lse*log2(e), 2*B*Hq*N floats with N rounded up to 64, plus for its
@@ -355,6 +356,8 @@ class Trial:
         """the medians, the backward's peak memory and the outputs' agreement with ref (the first
         system's o, dq, dk, dv at this shape, [B, H, N, D]; an empty list is filled instead)"""
         r = {key: statistics.median(ts) for key, ts in self.times.items()}
+        # each time's spread over the rounds: (slowest - fastest) / median
+        r.update({key + "_spread": (max(ts) - min(ts)) / statistics.median(ts) for key, ts in self.times.items()})
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
@@ -525,8 +528,9 @@ def main():
     print("gpu_peers: %s, torch %s, %s%s" % (torch.cuda.get_device_name(), torch.__version__, time.strftime("%Y-%m-%d"),
                                             ", winattn.torch's eager path: %s" % eager if eager else ""))
     print("| shape | N | system | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s | steady fwd / bwd TFLOP/s "
-          "| bwd peak above inputs GB | fwd / bwd vs %s | steady vs %s | note |" % (args.baseline, args.baseline))
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| spread fwd / bwd, per call / steady | bwd peak above inputs GB | fwd / bwd vs %s | steady vs %s | note |"
+          % (args.baseline, args.baseline))
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     results = []
     for label, hq, hkv, d, window, lens in SHAPES:
         if label not in args.shapes.split(","):
@@ -545,8 +549,8 @@ def main():
                         json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                                    "winattn_eager_path": eager, "rows": results}, f, indent=1)
                 if "error" in r:
-                    print("| %s | %d | %s | - | - | - | - | - | - | - | - | %s |" % (label, n, name, r["error"].replace("|", "/")),
-                          flush=True)
+                    print("| %s | %d | %s | - | - | - | - | - | - | - | - | - | %s |"
+                          % (label, n, name, r["error"].replace("|", "/")), flush=True)
                     continue
                 ratio = "%.2f / %.2f" % (base["fwd_s"] / r["fwd_s"], base["bwd_s"] / r["bwd_s"]) if base else "-"
                 steady = "%.2f / %.2f" % (base["fwd_steady_s"] / r["fwd_steady_s"], base["bwd_steady_s"] / r["bwd_steady_s"]) if base else "-"
@@ -557,9 +561,12 @@ def main():
                 if r["o_max_abs_err_vs_fp32_rows"] is not None:
                     r["note"] = ("%s; " % r["note"] if r["note"] else "") + "o vs fp32: %.1e" % (
                         r["o_max_abs_err_vs_fp32_rows"])
-                print("| %s | %d | %s | %.2f | %.1f | %.2f | %.1f | %.1f / %.1f | %.2f | %s | %s | %s |" % (
+                spread = "%.0f / %.0f %%, %.0f / %.0f %%" % tuple(
+                    100 * r[k + "_spread"] for k in ("fwd_s", "bwd_s", "fwd_steady_s", "bwd_steady_s"))
+                print("| %s | %d | %s | %.2f | %.1f | %.2f | %.1f | %.1f / %.1f | %s | %.2f | %s | %s | %s |" % (
                     label, n, name, r["fwd_s"] * 1e3, r["fwd_tflops"], r["bwd_s"] * 1e3, r["bwd_tflops"],
-                    r["fwd_steady_tflops"], r["bwd_steady_tflops"], r["bwd_peak_gb"], ratio, steady, r["note"]), flush=True)
+                    r["fwd_steady_tflops"], r["bwd_steady_tflops"], spread, r["bwd_peak_gb"], ratio, steady,
+                    r["note"]), flush=True)
 
 
 if __name__ == "__main__":
