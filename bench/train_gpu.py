@@ -15,7 +15,8 @@ Runs, in one process tree and one sitting:
     checkpointing, attn_implementation "winattn". bitsandbytes comes from --peers-dir (the GPU
     machine has none: bench/peer_wheels.py --set qlora carries it). The peer the C trainer's
     --base-dtype nf4 is measured against.
-Per length: the median step time after the first (warm-up) step, tokens/s, peak device memory
+Per length: the median step time after the first (warm-up) step (with two or more timed steps, their
+spread: (slowest - fastest) / median), tokens/s, peak device memory
 (the C trainer's own count: weights, adapters, the stream-ordered pool's high-water mark; torch's
 max_memory_allocated for transformers), or what stopped it (out of memory). Prints a table and,
 with --json, writes the numbers.
@@ -92,6 +93,8 @@ def parse_c_output(stdout, stderr, returncode, tokens):
         return {"error": lines[-1] if returncode != 0 else "no step line in the trainer's output: " + lines[-1]}
     t = statistics.median(times[1:]) if len(times) > 1 else times[0]
     r = {"seconds": t, "tokens_per_s": tokens / t, "peak_gb": peak, "losses": losses, "all_seconds": times}
+    if len(times) > 2:  # the timed steps' spread: (slowest - fastest) / median
+        r["spread"] = (max(times[1:]) - min(times[1:])) / t
     passes = [l for l in stdout.splitlines() if l.startswith("device: up to")]
     if passes:
         r["pass_tokens"] = passes[0]
@@ -287,7 +290,8 @@ def print_row(trainer, n, r):
         print(f"{trainer:32s} {n:6d} tokens  {r['error']}", flush=True)
     else:
         loaded = f"  base {r['base_gb']:.1f} GB, loaded in {r['load_seconds']:.1f} s" if "load_seconds" in r else ""
-        print(f"{trainer:32s} {n:6d} tokens  {r['seconds']:7.2f} s/step  {r['tokens_per_s']:7.0f} tok/s  "
+        spread = f" (spread {100 * r['spread']:.1f} %)" if "spread" in r else ""
+        print(f"{trainer:32s} {n:6d} tokens  {r['seconds']:7.2f} s/step{spread}  {r['tokens_per_s']:7.0f} tok/s  "
               f"peak {r['peak_gb']:6.1f} GB{loaded}", flush=True)
         if "pass_tokens" in r:
             print("    " + r["pass_tokens"], flush=True)

@@ -38,6 +38,13 @@ def main():
     report(r.get("seconds") == 3.42 and r.get("peak_gb") == 77.4 and r.get("losses") == ["12.3", "12.0104"]
            and "profile" in r, "train_gpu parses the device's step lines (lr and grad norm fields, device peak)",
            json.dumps(r)[:200])
+    report("spread" not in r, "train_gpu gives no spread for one timed step", json.dumps(r)[:200])
+    steps = "".join("step %d/4  loss 12.0  tokens 8192  longest 8192  %.2f s  2392 tok/s  device peak 70.00 GB  ETA 1s\n"
+                    % (i + 1, t) for i, t in enumerate((9.0, 3.0, 3.3, 3.1)))
+    r3 = parse_c_output(steps, "", 0, 8192)
+    report(r3.get("seconds") == 3.1 and abs(r3.get("spread", 0) - 0.3 / 3.1) < 1e-12,
+           "train_gpu: the timed steps' median (3.1 s of 3.0, 3.3, 3.1) and spread ((3.3 - 3.0) / 3.1)",
+           json.dumps(r3)[:200])
     report(r.get("load_seconds") == 41.5 and r.get("base_gb") == 19.93,
            "train_gpu reads the base's load time and device size from the device line", json.dumps(r)[:200])
     r = parse_c_output("", "profile forward + backward (30553 tokens): 13021.2 ms\nwinattn train: batch 1: out of memory\n"
