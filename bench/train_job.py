@@ -29,9 +29,10 @@ host and device memory, the held-out losses and the segment count, beside the wr
 8,228 s. Where the segments ran with --profile (the trainer's WINATTN_TRAIN_PROFILE=1 on the GPU:
 each step's device time by phase and its products' operations in log.jsonl), it also prints the
 steps' time per phase against the FLOP floor: 6·P·T (P the model's parameters, frozen and
-trainable, T the tokens trained) at the rate the frozen products reached in the same steps. With --reference (an uninterrupted run of the same job) it compares every step's loss
-and evaluation (the trainer's log.jsonl) and the final adapters.safetensors and
-optimizer.safetensors byte for byte (SHA-256), and prints PASS or FAIL (exit 1).
+trainable, T the tokens trained) at the rate the frozen products reached in the same steps. With
+--reference (an uninterrupted run of the same job) it compares every step's loss and evaluation
+(the trainer's log.jsonl) and the final adapters.safetensors and optimizer.safetensors byte for
+byte (SHA-256), and prints PASS or FAIL (exit 1).
 
 Needs only Python's standard library and the winattn binary. The corpus is built where there is
 network (`python3 train/corpus/build_corpus.py --out data/corpus` runs `apt-get download
@@ -224,7 +225,7 @@ def cmd_run(a):
     reader = open(out_path, errors="replace")
 
     seg = {"segment": index, "resumed": resume, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "segment_seconds": budget, "profiled": a.profile, "steps": [], "evals": [], "checkpoints": []}
+           "segment_seconds": budget, "steps": [], "evals": [], "checkpoints": []}
     iters, last_step_at, startup, sigterm_at, second_at = None, None, None, None, None
     pending, exited = "", None
 

@@ -871,7 +871,8 @@ void mark(gemma_cuda *g, int p) {
     P.phase[P.used++] = p;
 }
 
-// Starts a call's profile in phase p: marks a call left unclosed (it failed) are dropped.
+// Starts a call's profile in phase p: the marks and operation counts of a call left unclosed (it
+// failed) are dropped.
 void profile_open(gemma_cuda *g, int p) {
     g->prof.used = 0;
     for (double &f : g->prof.flop) f = 0;
@@ -912,7 +913,6 @@ void profile_close(gemma_cuda *g, const char *what, int T) {
         }
         fprintf(stderr, "\n");
     }
-    for (double &f : P.flop) f = 0;
 }
 
 void *dev_alloc(gemma_cuda *g, size_t bytes) {
